@@ -1,0 +1,157 @@
+// fna: neighborhood attention — the public, framework-free C++ API.
+//
+// A call is (Problem, tensor views, Options). Validation happens once, here at the boundary:
+// every entry point returns a Status whose message names the offending argument and its value.
+// No torch / Python headers are needed to use this API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fna {
+
+constexpr int kMaxRank = 3;
+// The largest number of dimensions any tensor of the API has: [B, L0, L1, L2, H, D].
+constexpr int kMaxDims = kMaxRank + 3;
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+enum class Device : int { cpu = 0, cuda = 1 };
+
+// Backends. `automatic` picks the best compiled-in backend for the tensors' device.
+enum class Backend : int {
+  automatic = 0,
+  reference = 1,   // CPU oracle: loops over all keys, tests membership, float64 accumulation
+  cpu = 2,         // production CPU backend: visits only the neighborhood
+  cuda_naive = 3,  // CUDA: unfused PN / softmax / NN / IN kernels (paper section 3.1)
+  cuda_fused = 4,  // CUDA: fused tensor-core kernels (paper section 3.3)
+};
+
+enum class Code : int {
+  ok = 0,
+  invalid_argument = 1,  // a bad shape, parameter, pointer, stride
+  unsupported = 2,       // valid input this backend / build cannot run (dtype, head dim ...)
+  not_compiled = 3,      // the backend asked for is not in this build (e.g. CUDA without nvcc)
+  runtime_error = 4,     // a failure while running (CUDA error, out of memory)
+};
+
+struct Status {
+  Code code = Code::ok;
+  std::string message;
+  bool ok() const { return code == Code::ok; }
+  static Status Ok() { return {}; }
+};
+
+// The problem: everything that is not a pointer or a stride.
+// Spatial parameters are per axis; entries at index >= rank are ignored.
+struct Problem {
+  int rank = 2;                        // 1, 2 or 3
+  int64_t batch = 1;                   // B
+  int64_t shape[kMaxRank] = {1, 1, 1};  // L_0 .. L_{rank-1}
+  int64_t heads = 1;                   // H (query heads)
+  int64_t heads_kv = 1;                // H_kv; H % H_kv == 0 (GQA / MQA)
+  int64_t dim = 1;                     // D  (query / key head dim)
+  int64_t dim_v = 1;                   // D_v (value / output head dim)
+  int64_t kernel_size[kMaxRank] = {1, 1, 1};
+  int64_t dilation[kMaxRank] = {1, 1, 1};
+  int64_t stride[kMaxRank] = {1, 1, 1};
+  bool is_causal[kMaxRank] = {false, false, false};
+  int64_t num_additional = 0;          // N_add: additional (global) keys / values; 0 = none
+  DType dtype = DType::f32;            // dtype of Q, K, V, O and gradients (LSE is always f32)
+
+  int64_t tokens() const;              // prod(shape[0..rank))
+  int64_t window() const;              // prod(kernel_size[0..rank)) = W
+};
+
+// A strided view. `strides` are in elements, one per dimension of the tensor's role:
+//   Q, dQ:          [B, L_0 .. L_{r-1}, H,    D  ]  (rank + 3 dims)
+//   K, dK:          [B, L_0 .. L_{r-1}, H_kv, D  ]
+//   V, dV:          [B, L_0 .. L_{r-1}, H_kv, D_v]
+//   O, dO:          [B, L_0 .. L_{r-1}, H,    D_v]
+//   LSE:            [B, L_0 .. L_{r-1}, H]          (rank + 2 dims, float32)
+//   attn (unfused): [B, L_0 .. L_{r-1}, H, W + N_add]  (rank + 3 dims)
+//   additional K:   [B, N_add, H_kv, D  ]           (4 dims)
+//   additional V:   [B, N_add, H_kv, D_v]           (4 dims)
+// A null `data` means "absent" for optional tensors.
+struct TensorRef {
+  void* data = nullptr;
+  int64_t strides[kMaxDims] = {0, 0, 0, 0, 0, 0};
+};
+
+// Dense row-major strides for a tensor with the given extents (helper for C++ users and tests).
+TensorRef dense(void* data, const std::vector<int64_t>& extents);
+
+struct Options {
+  Backend backend = Backend::automatic;
+  Device device = Device::cpu;   // where every pointer of the call lives
+  int device_index = 0;          // CUDA device ordinal
+  void* stream = nullptr;        // cudaStream_t; null = the legacy default stream
+  double scale = -1.0;           // attention scale; <= 0 means 1 / sqrt(D)
+  int num_threads = 0;           // CPU backends: 0 = hardware concurrency
+  bool deterministic = false;    // CUDA backward: no atomics-order dependence
+  std::string config;            // cuda_fused: explicit tile configuration name; empty = heuristic
+};
+
+struct ForwardArgs {
+  TensorRef q, k, v, o;
+  TensorRef lse;                 // optional output
+  TensorRef add_k, add_v;        // required iff problem.num_additional > 0
+};
+
+struct BackwardArgs {
+  TensorRef q, k, v, o, d_o;
+  TensorRef lse;                 // required: produced by forward
+  TensorRef dq, dk, dv;          // outputs (overwritten, not accumulated)
+  TensorRef add_k, add_v;        // required iff problem.num_additional > 0
+  TensorRef d_add_k, d_add_v;    // outputs, required iff problem.num_additional > 0
+};
+
+// Fused attention.
+Status forward(const Problem& p, const ForwardArgs& a, const Options& opt);
+Status backward(const Problem& p, const BackwardArgs& a, const Options& opt);
+
+// ---- Unfused operators (backends reference, cpu, cuda_naive) ----------------------------------
+// attn[..., w] for w < W is the logit of the w-th neighbor, neighbors numbered row-major over the
+// window box [start_0, start_0 + K_0) x .. (last axis fastest); attn[..., W + n] is the logit of
+// additional key n. Slots whose key is not a neighbor (only possible with causal windows near the
+// start of an axis) hold -inf in qk's output and are ignored by av. qk does not apply `scale`
+// unless Options::scale is given (> 0), matching NATTEN's na*d_qk which returns raw dot products.
+struct QKArgs {
+  TensorRef q, k, add_k;         // inputs
+  TensorRef attn;                // output [B, *shape, H, W + N_add]
+};
+struct QKBackwardArgs {
+  TensorRef q, k, add_k, d_attn; // inputs
+  TensorRef dq, dk, d_add_k;     // outputs
+};
+struct AVArgs {
+  TensorRef attn, v, add_v;      // inputs
+  TensorRef o;                   // output [B, *shape, H, D_v]
+};
+struct AVBackwardArgs {
+  TensorRef attn, v, add_v, d_o; // inputs
+  TensorRef d_attn, dv, d_add_v; // outputs
+};
+
+Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt);
+Status qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt);
+Status av_forward(const Problem& p, const AVArgs& a, const Options& opt);
+Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt);
+
+// ---- Introspection ------------------------------------------------------------------------------
+const char* backend_name(Backend b);       // "auto", "reference", "cpu", "cuda-naive", "cuda-fused"
+Status parse_backend(const std::string& name, Backend* out);
+const char* dtype_name(DType t);           // "float32", "float16", "bfloat16"
+bool backend_compiled(Backend b);          // is this backend in this build?
+bool cuda_available();                     // compiled with CUDA and a device is visible
+// Resolve `automatic` for a device; returns the backend that would run.
+Backend resolve_backend(Backend requested, Device device);
+// Validation alone (what every entry point runs first). Exposed for bindings and tests.
+Status validate_problem(const Problem& p);
+
+// Names of the cuda_fused tile configurations valid for (rank, dtype, head dim); empty without CUDA.
+std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim);
+
+const char* version();
+
+}  // namespace fna

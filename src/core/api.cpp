@@ -1,0 +1,295 @@
+// The API boundary: validate once, resolve the backend and the scale, dispatch.
+#include <cmath>
+#include <string>
+
+#include "core/backends.h"
+#include "core/validate.h"
+#include "fna/fna.h"
+
+namespace fna {
+
+namespace {
+
+using detail::TensorCheck;
+
+TensorCheck make(const char* name, const TensorRef& ref, const Problem& p, int role_heads,
+                 int64_t dim, bool output, bool required, int64_t elem) {
+  TensorCheck t{name, &ref, 0, {}, elem, output, required};
+  int64_t heads = role_heads == 0 ? p.heads : p.heads_kv;
+  detail::extents_qo(p, heads, dim, t.extents, &t.ndim);
+  return t;
+}
+
+TensorCheck make_lse(const char* name, const TensorRef& ref, const Problem& p, bool output,
+                     bool required) {
+  TensorCheck t{name, &ref, 0, {}, 4, output, required};
+  detail::extents_lse(p, t.extents, &t.ndim);
+  return t;
+}
+
+TensorCheck make_add(const char* name, const TensorRef& ref, const Problem& p, int64_t dim,
+                     bool output, int64_t elem) {
+  TensorCheck t{name, &ref, 0, {}, elem, output, p.num_additional > 0};
+  detail::extents_add(p, dim, t.extents, &t.ndim);
+  return t;
+}
+
+TensorCheck make_attn(const char* name, const TensorRef& ref, const Problem& p, bool output,
+                      int64_t elem) {
+  TensorCheck t{name, &ref, 0, {}, elem, output, true};
+  detail::extents_qo(p, p.heads, p.window() + p.num_additional, t.extents, &t.ndim);
+  return t;
+}
+
+// Validates the problem, options and every tensor; resolves backend and scale into `out`.
+template <size_t N>
+Status prepare(const Problem& p, const Options& opt, const TensorCheck (&checks)[N], bool unfused,
+               Backend* backend, Options* out) {
+  Status st = validate_problem(p);
+  if (!st.ok()) return st;
+  st = detail::validate_options(p, opt, backend, unfused);
+  if (!st.ok()) return st;
+  for (const auto& c : checks) {
+    st = detail::check_tensor(c, opt);
+    if (!st.ok()) return st;
+  }
+  *out = opt;
+  out->backend = *backend;
+  if (!(out->scale > 0.0)) out->scale = 1.0 / std::sqrt(static_cast<double>(p.dim));
+  return Status::Ok();
+}
+
+Status no_unfused(Backend b) {
+  return {Code::unsupported,
+          std::string("backend=") + backend_name(b) + " has no unfused (qk / av) operators"};
+}
+
+}  // namespace
+
+Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make("query", a.q, p, 0, p.dim, false, true, e),
+      make("key", a.k, p, 1, p.dim, false, true, e),
+      make("value", a.v, p, 1, p.dim_v, false, true, e),
+      make("output", a.o, p, 0, p.dim_v, true, true, e),
+      make_lse("lse", a.lse, p, true, false),
+      make_add("additional_keys", a.add_k, p, p.dim, false, e),
+      make_add("additional_values", a.add_v, p, p.dim_v, false, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, false, &b, &o);
+  if (!st.ok()) return st;
+  switch (b) {
+    case Backend::reference: return detail::reference_forward(p, a, o);
+    case Backend::cpu: return detail::cpu_forward(p, a, o);
+    case Backend::cuda_naive: return detail::cuda_naive_forward(p, a, o);
+    case Backend::cuda_fused: {
+      st = detail::cuda_fused_forward(p, a, o);
+      // `auto` falls back to the naive kernels for problems the fused tiles do not cover.
+      if (st.code == Code::unsupported && opt.backend == Backend::automatic)
+        return detail::cuda_naive_forward(p, a, o);
+      return st;
+    }
+    default: return {Code::unsupported, "backend could not be resolved"};
+  }
+}
+
+Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make("query", a.q, p, 0, p.dim, false, true, e),
+      make("key", a.k, p, 1, p.dim, false, true, e),
+      make("value", a.v, p, 1, p.dim_v, false, true, e),
+      make("output", a.o, p, 0, p.dim_v, false, true, e),
+      make("d_output", a.d_o, p, 0, p.dim_v, false, true, e),
+      make_lse("lse", a.lse, p, false, true),
+      make("d_query", a.dq, p, 0, p.dim, true, true, e),
+      make("d_key", a.dk, p, 1, p.dim, true, true, e),
+      make("d_value", a.dv, p, 1, p.dim_v, true, true, e),
+      make_add("additional_keys", a.add_k, p, p.dim, false, e),
+      make_add("additional_values", a.add_v, p, p.dim_v, false, e),
+      make_add("d_additional_keys", a.d_add_k, p, p.dim, true, e),
+      make_add("d_additional_values", a.d_add_v, p, p.dim_v, true, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, false, &b, &o);
+  if (!st.ok()) return st;
+  switch (b) {
+    case Backend::reference: return detail::reference_backward(p, a, o);
+    case Backend::cpu: return detail::cpu_backward(p, a, o);
+    case Backend::cuda_naive: return detail::cuda_naive_backward(p, a, o);
+    case Backend::cuda_fused: {
+      st = detail::cuda_fused_backward(p, a, o);
+      if (st.code == Code::unsupported && opt.backend == Backend::automatic)
+        return detail::cuda_naive_backward(p, a, o);
+      return st;
+    }
+    default: return {Code::unsupported, "backend could not be resolved"};
+  }
+}
+
+// Unfused ops: `scale` is applied by qk only when given explicitly (> 0).
+#define FNA_UNFUSED_DISPATCH(fn, args)                                        \
+  switch (b) {                                                                \
+    case Backend::reference: return detail::reference_##fn(p, args, o);       \
+    case Backend::cpu: return detail::cpu_##fn(p, args, o);                   \
+    case Backend::cuda_naive: return detail::cuda_naive_##fn(p, args, o);     \
+    default: return no_unfused(b);                                            \
+  }
+
+Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make("query", a.q, p, 0, p.dim, false, true, e),
+      make("key", a.k, p, 1, p.dim, false, true, e),
+      make_add("additional_keys", a.add_k, p, p.dim, false, e),
+      make_attn("attn", a.attn, p, true, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, true, &b, &o);
+  if (!st.ok()) return st;
+  if (!(opt.scale > 0.0)) o.scale = 1.0;
+  FNA_UNFUSED_DISPATCH(qk_forward, a)
+}
+
+Status qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make("query", a.q, p, 0, p.dim, false, true, e),
+      make("key", a.k, p, 1, p.dim, false, true, e),
+      make_add("additional_keys", a.add_k, p, p.dim, false, e),
+      make_attn("d_attn", a.d_attn, p, false, e),
+      make("d_query", a.dq, p, 0, p.dim, true, true, e),
+      make("d_key", a.dk, p, 1, p.dim, true, true, e),
+      make_add("d_additional_keys", a.d_add_k, p, p.dim, true, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, true, &b, &o);
+  if (!st.ok()) return st;
+  if (!(opt.scale > 0.0)) o.scale = 1.0;
+  FNA_UNFUSED_DISPATCH(qk_backward, a)
+}
+
+Status av_forward(const Problem& p, const AVArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make_attn("attn", a.attn, p, false, e),
+      make("value", a.v, p, 1, p.dim_v, false, true, e),
+      make_add("additional_values", a.add_v, p, p.dim_v, false, e),
+      make("output", a.o, p, 0, p.dim_v, true, true, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, true, &b, &o);
+  if (!st.ok()) return st;
+  FNA_UNFUSED_DISPATCH(av_forward, a)
+}
+
+Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt) {
+  const int64_t e = detail::dtype_size(p.dtype);
+  const TensorCheck checks[] = {
+      make_attn("attn", a.attn, p, false, e),
+      make("value", a.v, p, 1, p.dim_v, false, true, e),
+      make_add("additional_values", a.add_v, p, p.dim_v, false, e),
+      make("d_output", a.d_o, p, 0, p.dim_v, false, true, e),
+      make_attn("d_attn", a.d_attn, p, true, e),
+      make("d_value", a.dv, p, 1, p.dim_v, true, true, e),
+      make_add("d_additional_values", a.d_add_v, p, p.dim_v, true, e),
+  };
+  Backend b;
+  Options o;
+  Status st = prepare(p, opt, checks, true, &b, &o);
+  if (!st.ok()) return st;
+  FNA_UNFUSED_DISPATCH(av_backward, a)
+}
+#undef FNA_UNFUSED_DISPATCH
+
+TensorRef dense(void* data, const std::vector<int64_t>& extents) {
+  TensorRef t;
+  t.data = data;
+  int64_t s = 1;
+  for (int d = static_cast<int>(extents.size()) - 1; d >= 0; --d) {
+    if (d < kMaxDims) t.strides[d] = s;
+    s *= extents[d];
+  }
+  return t;
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::reference: return "reference";
+    case Backend::cpu: return "cpu";
+    case Backend::cuda_naive: return "cuda-naive";
+    case Backend::cuda_fused: return "cuda-fused";
+  }
+  return "unknown";
+}
+
+Status parse_backend(const std::string& name, Backend* out) {
+  const Backend all[] = {Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda_naive,
+                         Backend::cuda_fused};
+  for (Backend b : all) {
+    if (name == backend_name(b)) {
+      *out = b;
+      return Status::Ok();
+    }
+  }
+  if (name == "automatic" || name.empty()) {
+    *out = Backend::automatic;
+    return Status::Ok();
+  }
+  return {Code::invalid_argument,
+          "backend='" + name + "' is not one of auto, reference, cpu, cuda-naive, cuda-fused"};
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+bool backend_compiled(Backend b) {
+  switch (b) {
+    case Backend::automatic:
+    case Backend::reference:
+    case Backend::cpu: return true;
+#if defined(FNA_WITH_CUDA)
+    case Backend::cuda_naive: return true;
+#if defined(FNA_WITH_CUDA_FUSED)
+    case Backend::cuda_fused: return true;
+#endif
+#endif
+    default: return false;
+  }
+}
+
+bool cuda_available() { return detail::cuda_device_available(); }
+
+Backend resolve_backend(Backend requested, Device device) {
+  if (requested != Backend::automatic) return requested;
+  if (device == Device::cpu) return Backend::cpu;
+  if (backend_compiled(Backend::cuda_fused)) return Backend::cuda_fused;
+  return Backend::cuda_naive;
+}
+
+std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim) {
+#if defined(FNA_WITH_CUDA_FUSED)
+  return detail::cuda_fused_configs(rank, dtype, dim);
+#else
+  (void)rank; (void)dtype; (void)dim;
+  return {};
+#endif
+}
+
+const char* version() { return "0.1.0"; }
+
+}  // namespace fna

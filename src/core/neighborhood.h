@@ -1,0 +1,102 @@
+// The one definition of the neighborhood (SPEC.md section 1), shared by every kernel, host and
+// device. The CPU reference deliberately does NOT include this file: it re-derives membership from
+// the definition so that a bug here cannot hide.
+//
+// Everything is per axis, in the *local* coordinates of one dilation group: a token at global
+// coordinate x belongs to group g = x % d at local index i = x / d, and the group has
+// L_g = ceil((L - g) / d) tokens. The key at local index j of group g is the token j * d + g.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FNA_HD __host__ __device__ __forceinline__
+#else
+#define FNA_HD inline
+#endif
+
+namespace fna {
+namespace nbr {
+
+// One axis of the problem.
+struct Axis {
+  int length;    // L
+  int kernel;    // K
+  int dilation;  // d
+  int stride;    // s
+  bool causal;
+};
+
+// Half-open interval [begin, end) of local indices.
+struct Range {
+  int begin;
+  int end;
+  FNA_HD int size() const { return end > begin ? end - begin : 0; }
+};
+
+// Number of tokens of dilation group g.
+FNA_HD int group_length(const Axis& a, int g) { return (a.length - g + a.dilation - 1) / a.dilation; }
+
+// The window of the query at local index i in a group of length lg: [start, end).
+// Non-causal windows always hold exactly K keys (they slide inward at borders); causal windows are
+// truncated near the start of the axis.
+FNA_HD Range window(const Axis& a, int lg, int i) {
+  const int K = a.kernel, s = a.stride;
+  if (a.causal) {
+    int leader = (i / s) * s + s - 1;
+    leader = leader < lg - 1 ? leader : lg - 1;
+    int start = leader - K + 1;
+    start = start > 0 ? start : 0;
+    int end = i + 1 < lg ? i + 1 : lg;
+    return {start, end};
+  }
+  const int left = K / 2, right = K - 1 - left;
+  int leader = (i / s) * s + s / 2;
+  leader = leader < lg - 1 ? leader : lg - 1;
+  int start = leader - left > 0 ? leader - left : 0;
+  if (leader + right >= lg) start += lg - right - leader - 1;
+  return {start, start + K};
+}
+
+// Window start and end are both non-decreasing in i (see docs/design.md), so the queries whose
+// windows contain key j form one contiguous range: the inverse neighborhood. Found by binary search
+// on the two monotone bounds; O(log L).
+FNA_HD Range inverse_window(const Axis& a, int lg, int j) {
+  // first i with window(i).end > j
+  int lo = 0, hi = lg;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (window(a, lg, mid).end > j) hi = mid; else lo = mid + 1;
+  }
+  const int first = lo;
+  // first i with window(i).begin > j
+  lo = first; hi = lg;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (window(a, lg, mid).begin > j) hi = mid; else lo = mid + 1;
+  }
+  return {first, lo};
+}
+
+// Keys needed by a tile of queries [i0, i1) (local indices): the union of their windows, which by
+// monotonicity is [window(i0).begin, window(i1 - 1).end).
+FNA_HD Range tile_union(const Axis& a, int lg, int i0, int i1) {
+  return {window(a, lg, i0).begin, window(a, lg, i1 - 1).end};
+}
+
+// Keys in *every* window of the tile [i0, i1): [window(i1 - 1).begin, window(i0).end). Key tiles
+// inside this range need no mask.
+FNA_HD Range tile_intersection(const Axis& a, int lg, int i0, int i1) {
+  return {window(a, lg, i1 - 1).begin, window(a, lg, i0).end};
+}
+
+// Queries that need any key of [j0, j1): the union of inverse windows (monotone too).
+FNA_HD Range inverse_tile_union(const Axis& a, int lg, int j0, int j1) {
+  return {inverse_window(a, lg, j0).begin, inverse_window(a, lg, j1 - 1).end};
+}
+
+// Number of keys attended by the query (product over axes of window sizes); used for FLOP counts.
+FNA_HD int window_size(const Axis& a, int lg, int i) { return window(a, lg, i).size(); }
+
+}  // namespace nbr
+}  // namespace fna

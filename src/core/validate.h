@@ -1,0 +1,30 @@
+// Validation at the API boundary. Every message names the argument and its value.
+#pragma once
+
+#include "fna/fna.h"
+
+namespace fna {
+namespace detail {
+
+// One tensor argument to check: its role name (as the user knows it), view, extents, dtype size.
+struct TensorCheck {
+  const char* name;
+  const TensorRef* ref;
+  int ndim;
+  int64_t extents[kMaxDims];
+  int64_t elem_size;
+  bool output;
+  bool required;
+};
+
+Status check_tensor(const TensorCheck& t, const Options& opt);
+
+// Extents of each role for a problem.
+void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim);
+void extents_lse(const Problem& p, int64_t* out, int* ndim);
+void extents_add(const Problem& p, int64_t dim, int64_t* out, int* ndim);
+
+Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused);
+
+}  // namespace detail
+}  // namespace fna
