@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One call on the device machine: build fna for sm_90, then run the named steps.
+#   bash tools/gpu/run.sh [build] [test] [pytest] [sanitize] [bench] [bench-quick] [cli]
+# Logs go to $OUT (the device tool brings them back); a short table is printed last.
+# Extra arguments for the GPU suite can be passed in GPU_TEST_ARGS, for the benchmark in BENCH_ARGS.
+set -uo pipefail
+OUT=${OUT:-/tmp/fna-out}
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(test)
+export PYTHONUNBUFFERED=1
+summary=()
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | grep -q . && echo '+dirty')" | tee -a "$OUT/gpu.txt"
+
+t0=$(date +%s)
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
+  -DFNA_PYTHON=ON -DFNA_TESTS=OFF > "$OUT/build.log" 2>&1 \
+  && cmake --build build/gpu -j 16 >> "$OUT/build.log" 2>&1
+rc=$?
+summary+=("build: rc=$rc ($(( $(date +%s) - t0 ))s)")
+if [ $rc -ne 0 ]; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  tail -20 "$OUT/build.log"
+  printf '%s\n' "${summary[@]}"
+  exit 1
+fi
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+
+for s in "${steps[@]}"; do
+  t0=$(date +%s)
+  case "$s" in
+    build) continue ;;
+    test)
+      ./build/gpu/fna-gpu-test ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/gpu_test.log" | tail -40
+      rc=${PIPESTATUS[0]}
+      summary+=("gpu-test: rc=$rc $(tail -1 "$OUT/gpu_test.log") ($(( $(date +%s) - t0 ))s)") ;;
+    sanitize)
+      compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
+        > "$OUT/sanitize.log" 2>&1
+      rc=$?
+      tail -15 "$OUT/sanitize.log"
+      summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) ($(( $(date +%s) - t0 ))s)") ;;
+    pytest)
+      python3 -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+      rc=${PIPESTATUS[0]}
+      summary+=("pytest: rc=$rc $(tail -1 "$OUT/pytest.log")") ;;
+    bench)
+      python3 bench/gpu_bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+      summary+=("bench: rc=${PIPESTATUS[0]} ($(( $(date +%s) - t0 ))s)") ;;
+    bench-quick)
+      python3 bench/gpu_bench.py --quick --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
+      summary+=("bench-quick: rc=${PIPESTATUS[0]} ($(( $(date +%s) - t0 ))s)") ;;
+    cli)
+      ./build/gpu/fna-bench --device cuda ${CLI_ARGS:-} 2>&1 | tee "$OUT/cli.log" | tail -20
+      summary+=("cli: rc=${PIPESTATUS[0]}") ;;
+    *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
+  esac
+done
+echo "==== summary ===="
+cat "$OUT/gpu.txt"
+printf '%s\n' "${summary[@]}"
