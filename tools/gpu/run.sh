@@ -9,9 +9,15 @@ mkdir -p "$OUT"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(test)
 export PYTHONUNBUFFERED=1
+# Build what is committed (HEAD), not the shared working tree, where teammates' files may be half
+# written. FNA_INPLACE=1 builds the working tree as it is.
+if [ -z "${FNA_INPLACE:-}" ] && git rev-parse -q --verify HEAD >/dev/null 2>&1; then
+  rm -rf /tmp/fna-src && mkdir -p /tmp/fna-src && git archive HEAD | tar -x -C /tmp/fna-src && cd /tmp/fna-src \
+    || { echo "could not export HEAD"; exit 1; }
+fi
 summary=()
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | grep -q . && echo '+dirty')" | tee -a "$OUT/gpu.txt"
+echo "commit: $(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unknown) in $PWD, $(date -u +%FT%TZ)" | tee -a "$OUT/gpu.txt"
 
 t0=$(date +%s)
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
