@@ -1,0 +1,221 @@
+#include "args.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace fna_bench {
+
+const char* usage() {
+  return R"(fna-bench: time one neighborhood-attention problem on each backend.
+
+usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in seconds on the CPU)
+  --shape 128x128        token grid; its number of axes is the rank (1, 2 or 3)
+  --batch N  --heads N  --heads-kv N  --dim N  --dim-v N
+  --kernel 13x13         per-axis window (an int means every axis)
+  --dilation 1  --stride 1
+  --causal 0             per-axis causal flags, e.g. 1x0 (an int means every axis)
+  --additional N         additional (global) keys/values per batch
+  --dtype float32|float16|bfloat16
+  --device cpu|cuda
+  --backend LIST         comma list of cpu, reference, cuda-naive, cuda-fused (default: all compiled
+                         backends for the device, reference excluded on cuda)
+  --mode fwd|bwd|both    forward only, or forward + backward (default both)
+  --repeats N  --warmup N  --threads N
+  --check N              queries checked against the reference (default 64; 0 = none)
+  --sweep                run the built-in list of problems for the device, with a progress line
+  --json FILE            append one JSON object per result line to FILE
+)";
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : s) {
+    if (c == 'x' || c == ',' || c == 'X') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  parts.push_back(cur);
+  return parts;
+}
+
+bool to_int(const std::string& s, long long* v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *v = std::strtoll(s.c_str(), &end, 10);
+  return end && *end == '\0';
+}
+
+}  // namespace
+
+bool parse_axes(const std::string& s, int rank, long long out[3], std::string* err,
+                const char* flag) {
+  auto parts = split(s);
+  if (parts.size() != 1 && static_cast<int>(parts.size()) != rank) {
+    *err = std::string(flag) + "=" + s + " has " + std::to_string(parts.size()) +
+           " entries for a rank-" + std::to_string(rank) + " problem";
+    return false;
+  }
+  for (int i = 0; i < rank; ++i) {
+    long long v;
+    if (!to_int(parts.size() == 1 ? parts[0] : parts[i], &v)) {
+      *err = std::string(flag) + "=" + s + " is not an integer list";
+      return false;
+    }
+    out[i] = v;
+  }
+  return true;
+}
+
+bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool* help) {
+  fna::Problem& p = cfg->problem;
+  // Defaults: the issue's CPU target problem.
+  p.rank = 2;
+  p.batch = 1;
+  p.shape[0] = p.shape[1] = 128;
+  p.heads = p.heads_kv = 4;
+  p.dim = p.dim_v = 64;
+  p.kernel_size[0] = p.kernel_size[1] = 13;
+  p.dtype = fna::DType::f32;
+  std::string shape, kernel = "13", dilation = "1", stride = "1", causal = "0";
+  bool heads_kv_set = false, dim_v_set = false;
+  *help = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) {
+        *err = f + " needs a value";
+        return false;
+      }
+      *out = argv[++i];
+      return true;
+    };
+    auto int_value = [&](long long* out) {
+      std::string s;
+      if (!value(&s)) return false;
+      if (!to_int(s, out)) {
+        *err = f + "=" + s + " is not an integer";
+        return false;
+      }
+      return true;
+    };
+    long long v = 0;
+    std::string s;
+    if (f == "-h" || f == "--help") {
+      *help = true;
+      return true;
+    } else if (f == "--shape") {
+      if (!value(&shape)) return false;
+    } else if (f == "--kernel") {
+      if (!value(&kernel)) return false;
+    } else if (f == "--dilation") {
+      if (!value(&dilation)) return false;
+    } else if (f == "--stride") {
+      if (!value(&stride)) return false;
+    } else if (f == "--causal") {
+      if (!value(&causal)) return false;
+    } else if (f == "--batch") {
+      if (!int_value(&v)) return false;
+      p.batch = v;
+    } else if (f == "--heads") {
+      if (!int_value(&v)) return false;
+      p.heads = v;
+      if (!heads_kv_set) p.heads_kv = v;
+    } else if (f == "--heads-kv") {
+      if (!int_value(&v)) return false;
+      p.heads_kv = v;
+      heads_kv_set = true;
+    } else if (f == "--dim") {
+      if (!int_value(&v)) return false;
+      p.dim = v;
+      if (!dim_v_set) p.dim_v = v;
+    } else if (f == "--dim-v") {
+      if (!int_value(&v)) return false;
+      p.dim_v = v;
+      dim_v_set = true;
+    } else if (f == "--additional") {
+      if (!int_value(&v)) return false;
+      p.num_additional = v;
+    } else if (f == "--repeats") {
+      if (!int_value(&v)) return false;
+      if (v < 1) { *err = "--repeats=" + std::to_string(v) + " must be >= 1"; return false; }
+      cfg->repeats = static_cast<int>(v);
+    } else if (f == "--warmup") {
+      if (!int_value(&v)) return false;
+      if (v < 0) { *err = "--warmup=" + std::to_string(v) + " must be >= 0"; return false; }
+      cfg->warmup = static_cast<int>(v);
+    } else if (f == "--threads") {
+      if (!int_value(&v)) return false;
+      cfg->threads = static_cast<int>(v);
+    } else if (f == "--check") {
+      if (!int_value(&v)) return false;
+      cfg->check_samples = static_cast<int>(v);
+    } else if (f == "--dtype") {
+      if (!value(&s)) return false;
+      if (s == "float32" || s == "fp32" || s == "f32") p.dtype = fna::DType::f32;
+      else if (s == "float16" || s == "fp16" || s == "f16") p.dtype = fna::DType::f16;
+      else if (s == "bfloat16" || s == "bf16") p.dtype = fna::DType::bf16;
+      else { *err = "--dtype=" + s + " is not one of float32, float16, bfloat16"; return false; }
+    } else if (f == "--device") {
+      if (!value(&s)) return false;
+      if (s == "cpu") cfg->device = fna::Device::cpu;
+      else if (s == "cuda") cfg->device = fna::Device::cuda;
+      else { *err = "--device=" + s + " is not cpu or cuda"; return false; }
+    } else if (f == "--backend") {
+      if (!value(&s)) return false;
+      std::stringstream ss(s);
+      std::string name;
+      while (std::getline(ss, name, ',')) {
+        fna::Backend b;
+        fna::Status st = fna::parse_backend(name, &b);
+        if (!st.ok()) { *err = "--backend: " + st.message; return false; }
+        cfg->backends.push_back(b);
+      }
+    } else if (f == "--mode") {
+      if (!value(&s)) return false;
+      if (s == "fwd") { cfg->forward = true; cfg->backward = false; }
+      else if (s == "bwd" || s == "both") { cfg->forward = true; cfg->backward = true; }
+      else { *err = "--mode=" + s + " is not fwd, bwd or both"; return false; }
+    } else if (f == "--sweep") {
+      cfg->sweep = true;
+    } else if (f == "--json") {
+      if (!value(&cfg->json)) return false;
+    } else {
+      *err = "unknown flag " + f + " (see --help)";
+      return false;
+    }
+  }
+  if (!shape.empty()) {
+    auto parts = split(shape);
+    if (parts.empty() || parts.size() > 3) {
+      *err = "--shape=" + shape + " must have 1 to 3 axes";
+      return false;
+    }
+    p.rank = static_cast<int>(parts.size());
+    for (int i = 0; i < p.rank; ++i) {
+      long long n;
+      if (!to_int(parts[i], &n)) { *err = "--shape=" + shape + " is not an integer list"; return false; }
+      p.shape[i] = n;
+    }
+  }
+  long long k[3], d[3], st[3], c[3];
+  if (!parse_axes(kernel, p.rank, k, err, "--kernel")) return false;
+  if (!parse_axes(dilation, p.rank, d, err, "--dilation")) return false;
+  if (!parse_axes(stride, p.rank, st, err, "--stride")) return false;
+  if (!parse_axes(causal, p.rank, c, err, "--causal")) return false;
+  for (int i = 0; i < p.rank; ++i) {
+    p.kernel_size[i] = k[i];
+    p.dilation[i] = d[i];
+    p.stride[i] = st[i];
+    p.is_causal[i] = c[i] != 0;
+  }
+  return true;
+}
+
+}  // namespace fna_bench

@@ -1,0 +1,295 @@
+#include "buffers.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "core/backends.h"
+#include "core/dtype.h"
+
+#if defined(FNA_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace fna_bench {
+
+using fna::detail::load_as_float;
+using fna::detail::store_from_float;
+
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Timer::Timer(fna::Device d) : device_(d) {
+#if defined(FNA_WITH_CUDA)
+  if (device_ == fna::Device::cuda) {
+    cudaEventCreate(reinterpret_cast<cudaEvent_t*>(&ev_[0]));
+    cudaEventCreate(reinterpret_cast<cudaEvent_t*>(&ev_[1]));
+    cudaEventRecord(static_cast<cudaEvent_t>(ev_[0]), nullptr);
+    return;
+  }
+#endif
+  t0_ = now_ms();
+}
+
+Timer::~Timer() {
+#if defined(FNA_WITH_CUDA)
+  for (void* e : ev_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#endif
+}
+
+double Timer::stop_ms() {
+#if defined(FNA_WITH_CUDA)
+  if (device_ == fna::Device::cuda) {
+    cudaEventRecord(static_cast<cudaEvent_t>(ev_[1]), nullptr);
+    cudaEventSynchronize(static_cast<cudaEvent_t>(ev_[1]));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ev_[0]), static_cast<cudaEvent_t>(ev_[1]));
+    return ms;
+  }
+#endif
+  return now_ms() - t0_;
+}
+
+Buffers::Buffers(const fna::Problem& p, fna::Device device, uint64_t seed)
+    : p_(p), device_(device), rng_(seed) {
+  const int64_t e = fna::detail::dtype_size(p.dtype);
+  auto qo = [&](int64_t heads, int64_t dim) {
+    std::vector<int64_t> x{p.batch};
+    for (int i = 0; i < p.rank; ++i) x.push_back(p.shape[i]);
+    x.push_back(heads);
+    x.push_back(dim);
+    return x;
+  };
+  std::vector<int64_t> lse_ext = qo(p.heads, 1);
+  lse_ext.pop_back();
+  q_ = &make(qo(p.heads, p.dim), e, true);
+  k_ = &make(qo(p.heads_kv, p.dim), e, true);
+  v_ = &make(qo(p.heads_kv, p.dim_v), e, true);
+  o_ = &make(qo(p.heads, p.dim_v), e, false);
+  lse_ = &make(lse_ext, 4, false);
+  do_ = &make(qo(p.heads, p.dim_v), e, true);
+  dq_ = &make(qo(p.heads, p.dim), e, false);
+  dk_ = &make(qo(p.heads_kv, p.dim), e, false);
+  dv_ = &make(qo(p.heads_kv, p.dim_v), e, false);
+  if (p.num_additional > 0) {
+    ak_ = &make({p.batch, p.num_additional, p.heads_kv, p.dim}, e, true);
+    av_ = &make({p.batch, p.num_additional, p.heads_kv, p.dim_v}, e, true);
+    dak_ = &make({p.batch, p.num_additional, p.heads_kv, p.dim}, e, false);
+    dav_ = &make({p.batch, p.num_additional, p.heads_kv, p.dim_v}, e, false);
+  }
+  if (device_ == fna::Device::cuda) {
+#if defined(FNA_WITH_CUDA)
+    for (Tensor* t : all_) {
+      if (cudaMalloc(&t->dev, t->count * t->elem) != cudaSuccess) {
+        error_ = "cudaMalloc of " + std::to_string(t->count * t->elem) + " bytes failed";
+        return;
+      }
+      device_bytes_ += static_cast<double>(t->count * t->elem);
+      upload(*t);
+    }
+    // The backends' workspaces come from the default stream-ordered pool: reset its high-water mark.
+    cudaMemPool_t pool;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+      uint64_t zero = 0;
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+    }
+#else
+    error_ = "this build of fna has no CUDA support";
+#endif
+  }
+}
+
+Buffers::~Buffers() {
+  for (Tensor* t : all_) {
+#if defined(FNA_WITH_CUDA)
+    if (t->dev) cudaFree(t->dev);
+#endif
+    delete t;
+  }
+}
+
+Buffers::Tensor& Buffers::make(const std::vector<int64_t>& extents, int64_t elem, bool random) {
+  auto* t = new Tensor;
+  t->extents = extents;
+  t->elem = elem;
+  t->count = 1;
+  for (int64_t x : extents) t->count *= x;
+  t->host.resize(static_cast<size_t>(t->count * elem));
+  const fna::DType dt = elem == 4 ? fna::DType::f32 : p_.dtype;
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t->count; ++i)
+    store_from_float(t->host.data(), i, dt, random ? dist(rng_) : std::nanf(""));
+  all_.push_back(t);
+  return *t;
+}
+
+fna::TensorRef Buffers::ref(Tensor& t) { return fna::dense(t.ptr(), t.extents); }
+
+void Buffers::upload(Tensor& t) {
+#if defined(FNA_WITH_CUDA)
+  if (t.dev) cudaMemcpy(t.dev, t.host.data(), t.host.size(), cudaMemcpyHostToDevice);
+#else
+  (void)t;
+#endif
+}
+
+void Buffers::poison(Tensor& t) {
+  if (t.dev) {
+#if defined(FNA_WITH_CUDA)
+    cudaMemset(t.dev, 0xff, t.count * t.elem);  // all-ones bits: NaN in every float format
+#endif
+  } else {
+    std::memset(t.host.data(), 0xff, t.host.size());
+  }
+}
+
+void Buffers::poison_outputs() {
+  poison(*o_);
+  poison(*lse_);
+}
+
+void Buffers::poison_grads() {
+  for (Tensor* t : {dq_, dk_, dv_, dak_, dav_})
+    if (t) poison(*t);
+}
+
+fna::ForwardArgs Buffers::forward_args() {
+  fna::ForwardArgs a;
+  a.q = ref(*q_);
+  a.k = ref(*k_);
+  a.v = ref(*v_);
+  a.o = ref(*o_);
+  a.lse = ref(*lse_);
+  if (ak_) {
+    a.add_k = ref(*ak_);
+    a.add_v = ref(*av_);
+  }
+  return a;
+}
+
+fna::BackwardArgs Buffers::backward_args() {
+  fna::BackwardArgs a;
+  a.q = ref(*q_);
+  a.k = ref(*k_);
+  a.v = ref(*v_);
+  a.o = ref(*o_);
+  a.d_o = ref(*do_);
+  a.lse = ref(*lse_);
+  a.dq = ref(*dq_);
+  a.dk = ref(*dk_);
+  a.dv = ref(*dv_);
+  if (ak_) {
+    a.add_k = ref(*ak_);
+    a.add_v = ref(*av_);
+    a.d_add_k = ref(*dak_);
+    a.d_add_v = ref(*dav_);
+  }
+  return a;
+}
+
+std::vector<float> Buffers::download_as_float(Tensor& t) {
+  std::vector<uint8_t> bytes(t.host.size());
+  if (t.dev) {
+#if defined(FNA_WITH_CUDA)
+    cudaMemcpy(bytes.data(), t.dev, bytes.size(), cudaMemcpyDeviceToHost);
+#endif
+  } else {
+    bytes = t.host;
+  }
+  const fna::DType dt = t.elem == 4 ? fna::DType::f32 : p_.dtype;
+  std::vector<float> out(static_cast<size_t>(t.count));
+  for (int64_t i = 0; i < t.count; ++i) out[i] = load_as_float(bytes.data(), i, dt);
+  return out;
+}
+
+std::string Buffers::make_reference_sample(int samples, ReferenceSample* out) {
+  // The reference loops over every key for every query (it is the definition, not a kernel):
+  // B * H * N^2 membership tests. Beyond a few billion that takes minutes, so large problems are
+  // not checked here; the test suites check every backend against it on smaller problems.
+  const double n = static_cast<double>(p_.tokens());
+  const double work = static_cast<double>(p_.batch) * p_.heads * n * (n + p_.num_additional);
+  if (work > 4e9)
+    return "the problem is too large for the all-keys reference (" + std::to_string(work / 1e9) +
+           "G query-key pairs > 4G)";
+  // float32 copies of the (already rounded) inputs, so the reference sees exactly the same values.
+  fna::Problem pf = p_;
+  pf.dtype = fna::DType::f32;
+  auto to_f32 = [&](Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.count));
+    const fna::DType dt = t.elem == 4 ? fna::DType::f32 : p_.dtype;
+    for (int64_t i = 0; i < t.count; ++i) v[i] = load_as_float(t.host.data(), i, dt);
+    return v;
+  };
+  std::vector<float> q = to_f32(*q_), k = to_f32(*k_), v = to_f32(*v_);
+  std::vector<float> o(static_cast<size_t>(o_->count)), lse(static_cast<size_t>(lse_->count));
+  std::vector<float> ak, av;
+  fna::ForwardArgs a;
+  a.q = fna::dense(q.data(), q_->extents);
+  a.k = fna::dense(k.data(), k_->extents);
+  a.v = fna::dense(v.data(), v_->extents);
+  a.o = fna::dense(o.data(), o_->extents);
+  a.lse = fna::dense(lse.data(), lse_->extents);
+  if (ak_) {
+    ak = to_f32(*ak_);
+    av = to_f32(*av_);
+    a.add_k = fna::dense(ak.data(), ak_->extents);
+    a.add_v = fna::dense(av.data(), av_->extents);
+  }
+  fna::Options opt;
+  opt.backend = fna::Backend::reference;
+  fna::Status st = fna::forward(pf, a, opt);
+  if (!st.ok()) return st.message;
+  const int64_t rows = p_.batch * p_.tokens();
+  const int64_t row_size = p_.heads * p_.dim_v;
+  std::uniform_int_distribution<int64_t> pick(0, rows - 1);
+  out->rows.clear();
+  out->out.clear();
+  for (int s = 0; s < samples; ++s) {
+    const int64_t r = pick(rng_);
+    out->rows.push_back(r);
+    out->out.insert(out->out.end(), o.begin() + r * row_size, o.begin() + (r + 1) * row_size);
+  }
+  return "";
+}
+
+ErrorStat Buffers::compare_forward(const ReferenceSample& ref) {
+  std::vector<float> o = download_as_float(*o_);
+  const int64_t row_size = p_.heads * p_.dim_v;
+  ErrorStat e;
+  for (size_t s = 0; s < ref.rows.size(); ++s) {
+    for (int64_t j = 0; j < row_size; ++j) {
+      const double r = ref.out[s * row_size + j];
+      const double x = o[ref.rows[s] * row_size + j];
+      const double d = std::isnan(x) ? INFINITY : std::fabs(x - r);
+      e.max_err = std::max(e.max_err, d);
+      e.scale = std::max(e.scale, std::fabs(r));
+    }
+  }
+  return e;
+}
+
+double Buffers::device_peak_mb() const {
+  double workspace = 0;
+#if defined(FNA_WITH_CUDA)
+  cudaMemPool_t pool;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t high = 0;
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
+    workspace = static_cast<double>(high);
+  }
+#endif
+  return (device_bytes_ + workspace) / (1024.0 * 1024.0);
+}
+
+}  // namespace fna_bench

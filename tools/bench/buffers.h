@@ -1,0 +1,79 @@
+// Tensors of one benchmark problem on the host or a CUDA device, random-filled, with poisoning,
+// timing and the sampled reference check.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fna/fna.h"
+
+namespace fna_bench {
+
+// Reference rows for a sample of queries: all heads of each sampled (batch, token).
+struct ReferenceSample {
+  std::vector<int64_t> rows;   // flattened (batch, token) indices
+  std::vector<float> out;      // [rows, H, D_v]
+};
+
+struct ErrorStat {
+  double max_err = 0;
+  double scale = 0;  // max |ref|
+};
+
+class Timer {
+ public:
+  explicit Timer(fna::Device d);
+  ~Timer();
+  double stop_ms();
+
+ private:
+  fna::Device device_;
+  double t0_ = 0;
+  void* ev_[2] = {nullptr, nullptr};
+};
+
+class Buffers {
+ public:
+  Buffers(const fna::Problem& p, fna::Device device, uint64_t seed);
+  ~Buffers();
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+
+  const std::string& error() const { return error_; }
+  fna::ForwardArgs forward_args();
+  fna::BackwardArgs backward_args();
+  void poison_outputs();
+  void poison_grads();
+  // Computes the reference for `samples` random queries; returns an error string on failure.
+  std::string make_reference_sample(int samples, ReferenceSample* out);
+  ErrorStat compare_forward(const ReferenceSample& ref);
+  double device_peak_mb() const;
+
+ private:
+  struct Tensor {
+    std::vector<int64_t> extents;
+    int64_t elem = 2;
+    int64_t count = 0;
+    std::vector<uint8_t> host;  // dtype bytes; the device copy's source
+    void* dev = nullptr;
+    void* ptr() { return dev ? dev : host.data(); }
+  };
+  Tensor& make(const std::vector<int64_t>& extents, int64_t elem, bool random);
+  fna::TensorRef ref(Tensor& t);
+  void upload(Tensor& t);
+  void poison(Tensor& t);
+  std::vector<float> download_as_float(Tensor& t);
+
+  fna::Problem p_;
+  fna::Device device_;
+  std::mt19937_64 rng_;
+  std::string error_;
+  std::vector<Tensor*> all_;
+  Tensor *q_, *k_, *v_, *o_, *lse_, *do_, *dq_, *dk_, *dv_;
+  Tensor *ak_ = nullptr, *av_ = nullptr, *dak_ = nullptr, *dav_ = nullptr;
+  double device_bytes_ = 0;
+};
+
+}  // namespace fna_bench

@@ -1,0 +1,278 @@
+// fna-bench: times forward and backward of one problem (or a sweep) on each backend and prints a
+// table: backend, forward ms, backward ms, effective TFLOP/s (SPEC.md section 3), max error against
+// the reference on a sample of queries, peak memory.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "buffers.h"
+#include "core/neighborhood.h"
+
+namespace fna_bench {
+namespace {
+
+// Attended (query, key) pairs summed over all queries of one (batch, head): N*W for non-causal NA,
+// fewer with causal windows; plus N * N_add for additional keys.
+double attended_pairs(const fna::Problem& p) {
+  double total = 1.0;
+  for (int ax = 0; ax < p.rank; ++ax) {
+    fna::nbr::Axis a{static_cast<int>(p.shape[ax]), static_cast<int>(p.kernel_size[ax]),
+                     static_cast<int>(p.dilation[ax]), static_cast<int>(p.stride[ax]),
+                     p.is_causal[ax]};
+    double axis_sum = 0;
+    for (int g = 0; g < a.dilation; ++g) {
+      const int lg = fna::nbr::group_length(a, g);
+      for (int i = 0; i < lg; ++i) axis_sum += fna::nbr::window_size(a, lg, i);
+    }
+    total *= axis_sum;  // the neighborhood is a product over axes, so the pair count factorizes
+  }
+  return total + static_cast<double>(p.tokens()) * static_cast<double>(p.num_additional);
+}
+
+double forward_flops(const fna::Problem& p) {
+  return 2.0 * p.batch * p.heads * attended_pairs(p) * static_cast<double>(p.dim + p.dim_v);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::string problem_string(const fna::Problem& p) {
+  auto axes = [&](const int64_t* v) {
+    std::string s;
+    for (int i = 0; i < p.rank; ++i) s += (i ? "x" : "") + std::to_string(v[i]);
+    return s;
+  };
+  std::string causal;
+  for (int i = 0; i < p.rank; ++i) causal += (i ? "x" : "") + std::to_string(p.is_causal[i] ? 1 : 0);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "B=%lld H=%lld/%lld shape=%s D=%lld/%lld kernel=%s dilation=%s stride=%s causal=%s "
+                "add=%lld %s",
+                (long long)p.batch, (long long)p.heads, (long long)p.heads_kv,
+                axes(p.shape).c_str(), (long long)p.dim, (long long)p.dim_v,
+                axes(p.kernel_size).c_str(), axes(p.dilation).c_str(), axes(p.stride).c_str(),
+                causal.c_str(), (long long)p.num_additional, fna::dtype_name(p.dtype));
+  return buf;
+}
+
+struct Result {
+  std::string backend;
+  double fwd_ms = NAN, bwd_ms = NAN, fwd_tflops = NAN, total_tflops = NAN;
+  double max_err = NAN, err_bound = NAN;
+  double peak_mb = NAN;
+  std::string error;
+};
+
+double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
+                   const ReferenceSample* ref) {
+  const fna::Problem& p = cfg.problem;
+  Result r;
+  r.backend = fna::backend_name(backend);
+  fna::Options opt;
+  opt.backend = backend;
+  opt.device = cfg.device;
+  opt.num_threads = cfg.threads;
+  const int repeats = backend == fna::Backend::reference ? 1 : cfg.repeats;
+  const int warmup = backend == fna::Backend::reference ? 0 : cfg.warmup;
+
+  std::vector<double> times;
+  for (int it = 0; it < warmup + repeats; ++it) {
+    buf.poison_outputs();
+    Timer t(cfg.device);
+    fna::Status st = fna::forward(p, buf.forward_args(), opt);
+    const double ms = t.stop_ms();
+    if (!st.ok()) {
+      r.error = st.message;
+      return r;
+    }
+    if (it >= warmup) times.push_back(ms);
+  }
+  r.fwd_ms = median(times);
+  const double flops = forward_flops(p);
+  r.fwd_tflops = flops / (r.fwd_ms * 1e-3) / 1e12;
+  if (ref != nullptr) {
+    ErrorStat e = buf.compare_forward(*ref);
+    r.max_err = e.max_err;
+    r.err_bound = e.scale;
+  }
+  if (cfg.backward) {
+    times.clear();
+    for (int it = 0; it < warmup + repeats; ++it) {
+      buf.poison_grads();
+      Timer t(cfg.device);
+      fna::Status st = fna::backward(p, buf.backward_args(), opt);
+      const double ms = t.stop_ms();
+      if (!st.ok()) {
+        r.error = "backward: " + st.message;
+        break;
+      }
+      if (it >= warmup) times.push_back(ms);
+    }
+    if (!times.empty()) {
+      r.bwd_ms = median(times);
+      r.total_tflops = 3.5 * flops / ((r.fwd_ms + r.bwd_ms) * 1e-3) / 1e12;
+    }
+  }
+  r.peak_mb = cfg.device == fna::Device::cpu ? peak_rss_mb() : buf.device_peak_mb();
+  return r;
+}
+
+void print_header() {
+  std::printf("%-11s %10s %10s %9s %9s %10s %8s %9s\n", "backend", "fwd ms", "bwd ms", "fwd TF/s",
+              "f+b TF/s", "max err", "(scale)", "peak MB");
+}
+
+void print_result(const Result& r) {
+  if (!r.error.empty()) {
+    std::printf("%-11s %s\n", r.backend.c_str(), r.error.c_str());
+    return;
+  }
+  std::printf("%-11s %10.3f %10.3f %9.4f %9.4f %10.2e %8.1e %9.1f\n", r.backend.c_str(), r.fwd_ms,
+              r.bwd_ms, r.fwd_tflops, r.total_tflops, r.max_err, r.err_bound, r.peak_mb);
+}
+
+void write_json(const BenchConfig& cfg, const Result& r) {
+  if (cfg.json.empty()) return;
+  std::ofstream f(cfg.json, std::ios::app);
+  auto num = [](double v) { return std::isfinite(v) ? std::to_string(v) : std::string("null"); };
+  f << "{\"problem\":\"" << problem_string(cfg.problem) << "\",\"name\":\"" << cfg.name
+    << "\",\"backend\":\"" << r.backend << "\",\"fwd_ms\":" << num(r.fwd_ms)
+    << ",\"bwd_ms\":" << num(r.bwd_ms) << ",\"fwd_tflops\":" << num(r.fwd_tflops)
+    << ",\"fwd_bwd_tflops\":" << num(r.total_tflops) << ",\"max_err\":" << num(r.max_err)
+    << ",\"peak_mb\":" << num(r.peak_mb) << ",\"error\":\"" << r.error << "\"}\n";
+}
+
+int run_one(const BenchConfig& cfg) {
+  fna::Status st = fna::validate_problem(cfg.problem);
+  if (!st.ok()) {
+    std::fprintf(stderr, "fna-bench: %s\n", st.message.c_str());
+    return 2;
+  }
+  std::vector<fna::Backend> backends = cfg.backends;
+  if (backends.empty()) {
+    if (cfg.device == fna::Device::cpu) {
+      backends = {fna::Backend::cpu, fna::Backend::reference};
+    } else {
+      for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused})
+        if (fna::backend_compiled(b)) backends.push_back(b);
+    }
+  }
+  if (cfg.device == fna::Device::cuda && !fna::cuda_available()) {
+    std::fprintf(stderr, "fna-bench: --device cuda, but %s\n",
+                 fna::backend_compiled(fna::Backend::cuda_naive)
+                     ? "no CUDA device is visible"
+                     : "this build of fna has no CUDA backends");
+    return 2;
+  }
+  std::printf("problem: %s\n", problem_string(cfg.problem).c_str());
+  std::printf("forward FLOPs: %.4g (SPEC.md section 3), device: %s, threads: %d\n",
+              forward_flops(cfg.problem), cfg.device == fna::Device::cpu ? "cpu" : "cuda",
+              cfg.threads);
+  Buffers buf(cfg.problem, cfg.device, /*seed=*/1234);
+  if (!buf.error().empty()) {
+    std::fprintf(stderr, "fna-bench: %s\n", buf.error().c_str());
+    return 2;
+  }
+  ReferenceSample ref;
+  const ReferenceSample* ref_ptr = nullptr;
+  if (cfg.check_samples > 0) {
+    std::string err = buf.make_reference_sample(cfg.check_samples, &ref);
+    if (err.empty()) ref_ptr = &ref;
+    else std::fprintf(stderr, "fna-bench: reference check skipped: %s\n", err.c_str());
+  }
+  print_header();
+  int failures = 0;
+  for (fna::Backend b : backends) {
+    Result r = run_backend(cfg, b, buf, ref_ptr);
+    print_result(r);
+    write_json(cfg, r);
+    if (!r.error.empty()) ++failures;
+  }
+  if (ref_ptr)
+    std::printf("max err: max |out - ref| over %d sampled queries x all heads (ref: float64 "
+                "reference); scale: max |ref|\n", cfg.check_samples);
+  return failures ? 1 : 0;
+}
+
+std::vector<std::pair<std::string, fna::Problem>> sweep_problems(const BenchConfig& base) {
+  std::vector<std::pair<std::string, fna::Problem>> out;
+  auto make = [&](const char* name, int rank, std::vector<int64_t> shape, int64_t b, int64_t h,
+                  int64_t d, std::vector<int64_t> k) {
+    fna::Problem p = base.problem;
+    p.rank = rank;
+    p.batch = b;
+    p.heads = p.heads_kv = h;
+    p.dim = p.dim_v = d;
+    for (int i = 0; i < rank; ++i) {
+      p.shape[i] = shape[i];
+      p.kernel_size[i] = k[i];
+      p.dilation[i] = 1;
+      p.stride[i] = 1;
+      p.is_causal[i] = false;
+    }
+    out.emplace_back(name, p);
+    fna::Problem dil = p;
+    for (int i = 0; i < rank; ++i) dil.dilation[i] = 2;
+    out.emplace_back(std::string(name) + "-dil2", dil);
+    fna::Problem causal = p;
+    causal.is_causal[0] = true;
+    out.emplace_back(std::string(name) + "-causal0", causal);
+  };
+  if (base.device == fna::Device::cpu) {
+    make("1d", 1, {4096}, 1, 4, 64, {255});
+    make("2d", 2, {64, 64}, 1, 4, 64, {13, 13});
+    make("3d", 3, {12, 16, 16}, 1, 4, 64, {5, 7, 7});
+  } else {  // SPEC.md section 3 standard problems
+    make("1d-long", 1, {32768}, 1, 16, 128, {2048});
+    make("2d-nat", 2, {128, 128}, 8, 8, 64, {13, 13});
+    make("2d-large", 2, {256, 256}, 1, 16, 128, {63, 63});
+    make("3d-video", 3, {30, 48, 80}, 1, 24, 128, {18, 24, 24});
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fna_bench
+
+int main(int argc, char** argv) {
+  using namespace fna_bench;
+  BenchConfig cfg;
+  std::string err;
+  bool help = false;
+  if (!parse_args(argc, argv, &cfg, &err, &help)) {
+    std::fprintf(stderr, "fna-bench: %s\n%s", err.c_str(), usage());
+    return 2;
+  }
+  if (help) {
+    std::printf("%s", usage());
+    return 0;
+  }
+  if (!cfg.sweep) return run_one(cfg);
+  auto problems = sweep_problems(cfg);
+  int rc = 0, i = 0;
+  for (auto& [name, p] : problems) {
+    ++i;
+    std::printf("\n[%d/%zu] %s\n", i, problems.size(), name.c_str());
+    std::fflush(stdout);
+    BenchConfig c = cfg;
+    c.problem = p;
+    c.name = name;
+    rc |= run_one(c);
+  }
+  return rc;
+}
