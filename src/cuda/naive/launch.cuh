@@ -1,0 +1,82 @@
+// Host-side launchers for the naive kernels: one grid-stride launch each, the launch error
+// checked right after (as a Status naming the operator), and the dtype switch of an entry point.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common/runtime.cuh"
+#include "cuda/naive/kernels.cuh"
+
+namespace fna {
+namespace naive {
+
+template <typename TIn, typename TOut>
+Status pn(const Geometry& g, int64_t p0, int64_t rows, const void* a, const View& va,
+          const void* b, const View& vb, const void* add_b, const AddView& vab, int width,
+          void* out, const View& vo, float scale, float masked, cudaStream_t stream) {
+  pn_kernel<TIn, TOut><<<grid_for(rows * g.cols), kThreads, 0, stream>>>(
+      g, p0, rows, static_cast<const TIn*>(a), va, static_cast<const TIn*>(b), vb,
+      static_cast<const TIn*>(add_b), vab, width, static_cast<TOut*>(out), vo, scale, masked);
+  FNA_CUDA_CHECK_LAUNCH("cuda-naive PN kernel");
+  return Status::Ok();
+}
+
+template <typename TAttn, typename T>
+Status nn(const Geometry& g, int64_t p0, int64_t rows, const void* attn, const View& vattn,
+          const void* b, const View& vb, const void* add_b, const AddView& vab, int width,
+          void* out, const View& vo, float scale, cudaStream_t stream) {
+  nn_kernel<TAttn, T><<<grid_for(rows * width), kThreads, 0, stream>>>(
+      g, p0, rows, static_cast<const TAttn*>(attn), vattn, static_cast<const T*>(b), vb,
+      static_cast<const T*>(add_b), vab, width, static_cast<T*>(out), vo, scale);
+  FNA_CUDA_CHECK_LAUNCH("cuda-naive NN kernel");
+  return Status::Ok();
+}
+
+// `pairs` (batch, kv head) pairs starting at p0: every key token of them.
+template <typename TAttn, typename T>
+Status inverse(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, const View& vattn,
+               const void* a, const View& va, int width, void* out, const View& vo, float scale,
+               cudaStream_t stream) {
+  const int64_t kv_rows = pairs * g.tokens;
+  in_kernel<TAttn, T><<<grid_for(kv_rows * width), kThreads, 0, stream>>>(
+      g, p0, kv_rows, static_cast<const TAttn*>(attn), vattn, static_cast<const T*>(a), va, width,
+      static_cast<T*>(out), vo, scale);
+  FNA_CUDA_CHECK_LAUNCH("cuda-naive IN kernel");
+  return Status::Ok();
+}
+
+template <typename TAttn, typename T>
+Status add_grad(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, const View& vattn,
+                const void* a, const View& va, int width, void* out, const AddView& vo,
+                float scale, cudaStream_t stream) {
+  if (g.num_add == 0) return Status::Ok();
+  add_grad_kernel<TAttn, T><<<grid_for(pairs * g.num_add * width), kThreads, 0, stream>>>(
+      g, p0, pairs, static_cast<const TAttn*>(attn), vattn, static_cast<const T*>(a), va, width,
+      static_cast<T*>(out), vo, scale);
+  FNA_CUDA_CHECK_LAUNCH("cuda-naive additional-KV gradient kernel");
+  return Status::Ok();
+}
+
+// Calls fn.template operator()<T>() with T the CUDA element type of `dtype`.
+template <typename Fn>
+Status dispatch_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f16: return fn(__half{});
+    case DType::bf16: return fn(__nv_bfloat16{});
+  }
+  return {Code::unsupported, "cuda-naive: unknown dtype"};
+}
+
+#define FNA_TRY(expr)                  \
+  do {                                 \
+    ::fna::Status fna_st_ = (expr);    \
+    if (!fna_st_.ok()) return fna_st_; \
+  } while (0)
+
+}  // namespace naive
+}  // namespace fna

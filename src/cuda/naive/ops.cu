@@ -1,0 +1,131 @@
+// cuda-naive forward and backward: the unfused operator chain of the paper's section 3.1 over an
+// f32 workspace of attention weights.
+//   forward:  S = scale * PN(Q, K)           -> softmax (P, LSE) -> O = NN(P, V)
+//   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = exp(S - LSE), dS = P (dP - rowsum(P dP))
+//             dQ = scale * NN(dS, K), dK = scale * IN(dS, Q), dV = IN(P, dO)
+// The workspace holds all rows of a chunk of (batch, kv head) pairs; a chunk always holds whole
+// pairs, so the IN sums over every query (and every query head of the group) of its keys.
+#include <cmath>
+
+#include "core/backends.h"
+#include "cuda/naive/launch.cuh"
+
+namespace fna {
+namespace detail {
+
+namespace {
+
+using naive::AddView;
+using naive::Geometry;
+using naive::View;
+
+// How many (batch, kv head) pairs one workspace chunk holds, with `buffers` f32 row buffers.
+struct Chunks {
+  int64_t pairs;      // B * H_kv
+  int64_t per_chunk;  // pairs per chunk
+  size_t bytes;       // workspace bytes for one chunk
+};
+
+Chunks plan_chunks(const Geometry& g, int buffers) {
+  Chunks c;
+  c.pairs = g.batch * g.heads_kv;
+  const size_t per_pair = size_t(g.tokens) * g.group * g.cols * sizeof(float) * buffers;
+  // Half the free memory at most (the caller's tensors and other streams need the rest), and a
+  // cap so one call does not hold many GiB for the naive path's benefit.
+  size_t budget = cuda_free_memory() / 2;
+  budget = std::min(budget, size_t(4) << 30);
+  c.per_chunk = std::max<int64_t>(1, std::min<int64_t>(c.pairs, int64_t(budget / per_pair)));
+  c.bytes = per_pair * size_t(c.per_chunk);
+  return c;
+}
+
+template <typename T>
+Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  const Geometry g = naive::make_geometry(p);
+  const int r = p.rank, G = g.group;
+  const cudaStream_t stream = stream_of(opt);
+  const View vq = naive::user_view(a.q, r, G, true), vk = naive::user_view(a.k, r, 1, true),
+             vv = naive::user_view(a.v, r, 1, true), vo = naive::user_view(a.o, r, G, true);
+  const View vlse = a.lse.data ? naive::user_view(a.lse, r, G, false) : View{};
+  const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v);
+  const float scale = static_cast<float>(opt.scale);
+
+  const Chunks ch = plan_chunks(g, 1);
+  Workspace ws(stream);
+  FNA_TRY(ws.allocate(ch.bytes, "cuda-naive forward attention weights"));
+  for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
+    const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
+    const int64_t rows = np * g.tokens * G;
+    const View vw = naive::workspace_view(g, p0);
+    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data, vak,
+                                 g.dim, ws.get(), vw, scale, -INFINITY, stream)));
+    FNA_CUDA_TRY(naive::launch_softmax_forward(g, p0, rows, ws.as<float>(),
+                                               static_cast<float*>(a.lse.data), vlse, stream));
+    FNA_TRY((naive::nn<float, T>(g, p0, rows, ws.get(), vw, a.v.data, vv, a.add_v.data, vav,
+                                 g.dim_v, a.o.data, vo, 1.f, stream)));
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  const Geometry g = naive::make_geometry(p);
+  const int r = p.rank, G = g.group;
+  const cudaStream_t stream = stream_of(opt);
+  const View vq = naive::user_view(a.q, r, G, true), vk = naive::user_view(a.k, r, 1, true),
+             vv = naive::user_view(a.v, r, 1, true), vdo = naive::user_view(a.d_o, r, G, true),
+             vlse = naive::user_view(a.lse, r, G, false);
+  const View vdq = naive::user_view(a.dq, r, G, true), vdk = naive::user_view(a.dk, r, 1, true),
+             vdv = naive::user_view(a.dv, r, 1, true);
+  const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v),
+                vdak = naive::add_view(a.d_add_k), vdav = naive::add_view(a.d_add_v);
+  const float scale = static_cast<float>(opt.scale);
+
+  const Chunks ch = plan_chunks(g, 2);
+  Workspace ws(stream);
+  FNA_TRY(ws.allocate(ch.bytes, "cuda-naive backward attention weights and gradients"));
+  float* ws_p = ws.as<float>();                       // S, then P
+  float* ws_ds = ws_p + ch.bytes / 2 / sizeof(float);  // dP, then dS
+  for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
+    const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
+    const int64_t rows = np * g.tokens * G;
+    const View vw = naive::workspace_view(g, p0);
+    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data, vak,
+                                 g.dim, ws_p, vw, scale, -INFINITY, stream)));
+    // Masked slots of dP only ever meet P = 0, so any finite value does.
+    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv, a.add_v.data, vav,
+                                 g.dim_v, ws_ds, vw, 1.f, 0.f, stream)));
+    FNA_CUDA_TRY(naive::launch_softmax_backward(g, p0, rows, ws_p, ws_ds,
+                                                static_cast<const float*>(a.lse.data), vlse,
+                                                stream));
+    FNA_TRY((naive::nn<float, T>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data, vak, g.dim,
+                                 a.dq.data, vdq, scale, stream)));
+    FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.dk.data, vdk,
+                                      scale, stream)));
+    FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v, a.dv.data,
+                                      vdv, 1.f, stream)));
+    FNA_TRY((naive::add_grad<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.d_add_k.data,
+                                       vdak, scale, stream)));
+    FNA_TRY((naive::add_grad<float, T>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
+                                       a.d_add_v.data, vdav, 1.f, stream)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status cuda_naive_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  DeviceGuard guard;
+  FNA_TRY(guard.set(opt.device_index));
+  return naive::dispatch_dtype(p.dtype, [&](auto t) { return forward_t<decltype(t)>(p, a, opt); });
+}
+
+Status cuda_naive_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  DeviceGuard guard;
+  FNA_TRY(guard.set(opt.device_index));
+  return naive::dispatch_dtype(p.dtype,
+                               [&](auto t) { return backward_t<decltype(t)>(p, a, opt); });
+}
+
+}  // namespace detail
+}  // namespace fna

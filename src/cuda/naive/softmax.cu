@@ -1,0 +1,87 @@
+// Row softmax forward / backward over the f32 workspace, one warp per row of attention weights.
+#include <cmath>
+
+#include "cuda/naive/kernels.cuh"
+
+namespace fna {
+namespace naive {
+
+namespace {
+
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Every row holds at least the query itself (every window contains its query), so the row maximum
+// is finite and the sum is >= 1.
+__global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws, float* lse,
+                                       View vlse) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += int64_t(gridDim.x) * kWarpsPerBlock) {
+    float* s = ws + r * g.cols;
+    float m = -INFINITY;
+    for (int c = lane; c < g.cols; c += 32) m = fmaxf(m, s[c]);
+    m = warp_max(m);
+    float sum = 0.f;
+    for (int c = lane; c < g.cols; c += 32) sum += expf(s[c] - m);
+    sum = warp_sum(sum);
+    const float inv = 1.f / sum;
+    for (int c = lane; c < g.cols; c += 32) s[c] = expf(s[c] - m) * inv;
+    if (lse != nullptr && lane == 0) {
+      const Row row = decode_row(g, p0, r);
+      lse[vlse.at(row.b, row.c, row.hkv, row.g, 0)] = m + logf(sum);
+    }
+  }
+}
+
+__global__ void softmax_backward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws_s,
+                                        float* ws_dp, const float* lse, View vlse) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += int64_t(gridDim.x) * kWarpsPerBlock) {
+    const Row row = decode_row(g, p0, r);
+    const float l = lse[vlse.at(row.b, row.c, row.hkv, row.g, 0)];
+    float* s = ws_s + r * g.cols;
+    float* dp = ws_dp + r * g.cols;
+    float delta = 0.f;
+    for (int c = lane; c < g.cols; c += 32) {
+      const float p = expf(s[c] - l);  // masked slots: exp(-inf) = 0
+      s[c] = p;
+      delta = fmaf(p, dp[c], delta);
+    }
+    delta = warp_sum(delta);
+    for (int c = lane; c < g.cols; c += 32) dp[c] = s[c] * (dp[c] - delta);
+  }
+}
+
+unsigned warp_grid(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < (int64_t(1) << 20) ? (blocks > 0 ? blocks : 1)
+                                                           : (int64_t(1) << 20));
+}
+
+}  // namespace
+
+cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, float* ws,
+                                   float* lse, const View& vlse, cudaStream_t stream) {
+  softmax_forward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, ws, lse, vlse);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
+                                    float* dp, const float* lse, const View& vlse,
+                                    cudaStream_t stream) {
+  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp, lse, vlse);
+  return cudaGetLastError();
+}
+
+}  // namespace naive
+}  // namespace fna
