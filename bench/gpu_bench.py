@@ -1,0 +1,289 @@
+"""GPU benchmark: fna's CUDA backends against their peers, in the same run.
+
+For each standard problem of SPEC.md section 3 (and its dilation / causal / fp16 / fp32 variants) it
+times, forward and forward+backward: every fna CUDA backend, PyTorch SDPA (flash and cuDNN, dense
+self attention) and FlexAttention with a neighborhood mask_mod (compiled). FlexAttention's output
+is checked against fna's on every problem, so both compute the same function. Prints effective
+TFLOP/s, speed relative to each peer and peak memory; writes results.json and results.md.
+
+    python3 bench/gpu_bench.py [--quick] [--problems 2d-large,3d-video] [--variants base,dil2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fna  # noqa: E402
+from flex_na import na_mask_mod  # noqa: E402
+
+PROBLEMS = {
+    # name: (B, H, shape, D, kernel)
+    "1d-long": (1, 16, (32768,), 128, (2048,)),
+    "2d-nat": (8, 8, (128, 128), 64, (13, 13)),
+    "2d-large": (1, 16, (256, 256), 128, (63, 63)),
+    "3d-video": (1, 24, (30, 48, 80), 128, (18, 24, 24)),
+}
+VARIANTS = ["base", "dil2", "causal0", "fp16", "fp32"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def make_case(name, variant):
+    B, H, shape, D, kernel = PROBLEMS[name]
+    rank = len(shape)
+    dilation = [1] * rank
+    causal = [False] * rank
+    dtype = "bf16"
+    if variant == "dil2":
+        # dilation 2 on every axis where the window still fits (3d-video's first axis does not)
+        dilation = [2 if kernel[i] * 2 <= shape[i] else 1 for i in range(rank)]
+    elif variant == "causal0":
+        causal[0] = True
+    elif variant in ("fp16", "fp32"):
+        dtype = variant
+    return dict(name=name, variant=variant, B=B, H=H, shape=tuple(shape), D=D,
+                kernel=tuple(kernel), dilation=tuple(dilation), stride=(1,) * rank,
+                causal=tuple(causal), dtype=dtype)
+
+
+def attended_pairs(case):
+    """Sum over queries of the neighborhood size, from fna's own qk op on one axis at a time.
+
+    The neighborhood is a product over axes, so the total factorizes into per-axis sums; each
+    per-axis sum is the number of finite logits of a 1-D qk on the CPU.
+    """
+    total = 1
+    for ax, L in enumerate(case["shape"]):
+        K, d, c = case["kernel"][ax], case["dilation"][ax], case["causal"][ax]
+        if not c:
+            total *= L * K  # non-causal windows always hold exactly K keys
+            continue
+        q = torch.ones(1, L, 1, 1)
+        logits = fna.na1d_qk(q, q, K, dilation=d, is_causal=c)
+        total *= int(torch.isfinite(logits).sum())
+    return total
+
+
+def timed(fn, reps, warmup, budget_s=20.0):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    t_end = time.time() + budget_s
+    for i in range(reps):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+        if time.time() > t_end and i >= 2:
+            break
+    return statistics.median(times), len(times)
+
+
+def peak_mb(fn, baseline):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    extra = 0
+    if hasattr(fna, "_cuda_workspace_peak_bytes"):
+        extra = fna._cuda_workspace_peak_bytes()
+    return (torch.cuda.max_memory_allocated() - baseline + extra) / 2**20
+
+
+def run_impl(label, fwd, case, flops, args, inputs):
+    res = dict(impl=label)
+    q, k, v = inputs
+    try:
+        base = torch.cuda.memory_allocated()
+        ms, n = timed(lambda: fwd(q, k, v), args.reps, args.warmup)
+        res.update(fwd_ms=ms, fwd_reps=n, fwd_tflops=flops / ms / 1e9)
+        res["peak_mb_fwd"] = peak_mb(lambda: fwd(q, k, v), base)
+        if not args.no_bwd:
+            qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            out0 = fwd(qg, kg, vg)
+            go = torch.randn_like(out0)
+
+            def step():
+                qg.grad = kg.grad = vg.grad = None
+                fwd(qg, kg, vg).backward(go)
+
+            ms2, n2 = timed(step, args.reps, args.warmup)
+            res.update(fb_ms=ms2, fb_reps=n2, fb_tflops=3.5 * flops / ms2 / 1e9)
+            res["peak_mb_fb"] = peak_mb(step, base)
+            del out0, go
+    except Exception as exc:  # noqa: BLE001 - report the failure and carry on
+        msg = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        res["error"] = msg
+        torch.cuda.empty_cache()
+    return res
+
+
+def run_case(case, args, backends):
+    dt = DTYPES[case["dtype"]]
+    B, H, shape, D = case["B"], case["H"], case["shape"], case["D"]
+    N = math.prod(shape)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, *shape, H, D, device="cuda", dtype=dt, generator=g) for _ in range(3))
+    scale = D ** -0.5
+    pairs = attended_pairs(case)
+    flops = 4.0 * B * H * pairs * D
+    dense_flops = 4.0 * B * H * N * N * D
+    rank = len(shape)
+    na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+    kw = dict(kernel_size=case["kernel"], dilation=case["dilation"], stride=case["stride"],
+              is_causal=case["causal"])
+    results = []
+
+    fna_out = None
+    for b in backends:
+        def f(q_, k_, v_, b=b):
+            return na(q_, k_, v_, backend=b, **kw)
+
+        # Naive kernels materialize the [B, N, H, W] weights in float32: skip what cannot fit.
+        if b == "cuda-naive":
+            need = 4.0 * B * N * H * math.prod(case["kernel"]) * 3
+            free = torch.cuda.mem_get_info()[0]
+            if need > 0.8 * free:
+                results.append(dict(impl=f"fna {b}", error=f"skipped: attention weights need "
+                                    f"{need / 2**30:.0f} GiB of {free / 2**30:.0f} GiB free"))
+                continue
+        r = run_impl(f"fna {b}", f, case, flops, args, (q, k, v))
+        results.append(r)
+        if fna_out is None and "error" not in r:
+            with torch.no_grad():
+                fna_out = f(q, k, v).float()
+
+    # Peers take their preferred layout, [B, H, N, D] contiguous.
+    qh, kh, vh = (t.reshape(B, N, H, D).transpose(1, 2).contiguous() for t in (q, k, v))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    if case["variant"] in ("base", "fp16") and dt != torch.float32 and not args.no_sdpa:
+        for label, be in (("sdpa flash (dense)", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa cudnn (dense)", SDPBackend.CUDNN_ATTENTION)):
+            def f(q_, k_, v_, be=be):
+                with sdpa_kernel([be]):
+                    return F.scaled_dot_product_attention(q_, k_, v_, scale=scale)
+            results.append(run_impl(label, f, case, dense_flops, args, (qh, kh, vh)))
+
+    if not args.no_flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+        mask = na_mask_mod(shape, case["kernel"], case["dilation"], case["stride"], case["causal"])
+        try:
+            bm = create_block_mask(mask, None, None, N, N, device="cuda")
+
+            def f(q_, k_, v_):
+                return flex(q_, k_, v_, block_mask=bm, scale=scale)
+
+            r = run_impl("flex NA", f, case, flops, args, (qh, kh, vh))
+            if fna_out is not None and "error" not in r:
+                with torch.no_grad():
+                    fo = f(qh, kh, vh).transpose(1, 2).reshape(fna_out.shape).float()
+                diff = (fo - fna_out).abs().max().item()
+                tol = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-3}[case["dtype"]]
+                r["check"] = f"{'match' if diff <= tol else 'MISMATCH'} (max diff {diff:.1e})"
+            results.append(r)
+        except Exception as exc:  # noqa: BLE001
+            results.append(dict(impl="flex NA", error=str(exc).splitlines()[0][:160]))
+    del q, k, v, qh, kh, vh
+    torch.cuda.empty_cache()
+    return dict(case=case, flops=flops, results=results)
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def table(all_runs):
+    lines = ["| problem | variant | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms | f+b TFLOP/s | "
+             "fna speedup (fwd / f+b) | peak MB (f+b) | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in all_runs:
+        c = run["case"]
+        best = None
+        for r in run["results"]:
+            if r["impl"].startswith("fna") and "fwd_ms" in r:
+                if best is None or r["fwd_ms"] < best["fwd_ms"]:
+                    best = r
+        for r in run["results"]:
+            sp = "-"
+            if best is not None and not r["impl"].startswith("fna") and "fwd_ms" in r:
+                f = r["fwd_ms"] / best["fwd_ms"]
+                fb = (r["fb_ms"] / best["fb_ms"]) if "fb_ms" in r and "fb_ms" in best else None
+                sp = f"{f:.2f}x / {fmt(fb, '.2f')}x"
+            note = r.get("error") or r.get("check", "")
+            lines.append(
+                f"| {c['name']} | {c['variant']} {c['dtype']} | {r['impl']} | {fmt(r.get('fwd_ms'), '.3f')} | "
+                f"{fmt(r.get('fwd_tflops'))} | {fmt(r.get('fb_ms'), '.3f')} | {fmt(r.get('fb_tflops'))} | "
+                f"{sp} | {fmt(r.get('peak_mb_fb', r.get('peak_mb_fwd')), '.0f')} | {note} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--backends", default=None, help="comma list of fna CUDA backends")
+    ap.add_argument("--quick", action="store_true", help="base variants only, fewer repeats")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_bench: no CUDA device visible")
+    if args.quick:
+        args.variants = "base"
+    backends = args.backends.split(",") if args.backends else [
+        b for b in ("cuda-naive", "cuda-fused") if fna.backend_compiled(b)]
+    problems = [p for p in args.problems.split(",") if p]
+    variants = [v for v in args.variants.split(",") if v]
+    for p in problems:
+        if p not in PROBLEMS:
+            sys.exit(f"gpu_bench: --problems entry {p!r} is not one of {', '.join(PROBLEMS)}")
+    for v in variants:
+        if v not in VARIANTS:
+            sys.exit(f"gpu_bench: --variants entry {v!r} is not one of {', '.join(VARIANTS)}")
+    dev = torch.cuda.get_device_name()
+    log(f"device: {dev}, torch {torch.__version__}, fna backends: {', '.join(backends)}")
+    runs = []
+    total = len(problems) * len(variants)
+    t0 = time.time()
+    for i, (p, v) in enumerate(((p, v) for p in problems for v in variants), 1):
+        case = make_case(p, v)
+        log(f"[{i}/{total}] {p} {v} ({time.time() - t0:.0f}s elapsed)")
+        run = run_case(case, args, backends)
+        runs.append(run)
+        for r in run["results"]:
+            log(f"    {r['impl']:<20} fwd {fmt(r.get('fwd_tflops'))} TF/s  f+b {fmt(r.get('fb_tflops'))}"
+                f" TF/s  {r.get('error') or r.get('check', '')}")
+    md = table(runs)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(device=dev, torch=torch.__version__, runs=runs), f, indent=1, default=str)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(f"device: {dev}, torch {torch.__version__}\n\n{md}\n")
+    print()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
