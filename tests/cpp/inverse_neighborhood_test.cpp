@@ -1,0 +1,111 @@
+// nbr::inverse_window and nbr::inverse_tile_union against brute force over nbr::window, for every
+// small axis: length <= 12, every valid kernel, dilation, stride, causal flag, dilation group and
+// key. The brute force inverts the forward window by scanning all queries, so the binary searches
+// (and the monotonicity they rely on) are what is tested; nbr::window itself is checked against
+// the SPEC definition by the support library's spec_window.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "core/neighborhood.h"
+#include "support/problem.h"
+
+namespace {
+
+using fna::nbr::Axis;
+using fna::nbr::Range;
+
+std::string describe(const Axis& a, int g) {
+  std::ostringstream os;
+  os << "L=" << a.length << " K=" << a.kernel << " d=" << a.dilation << " s=" << a.stride
+     << " causal=" << a.causal << " group=" << g;
+  return os.str();
+}
+
+template <typename Fn>
+void for_every_small_axis(Fn&& fn) {
+  for (int L = 1; L <= 12; ++L)
+    for (int d = 1; d <= L; ++d)
+      for (int K = 1; K * d <= L; ++K)
+        for (int s = 1; s <= K; ++s)
+          for (int causal = 0; causal < 2; ++causal) {
+            const Axis a{L, K, d, s, causal != 0};
+            for (int g = 0; g < d; ++g) fn(a, g, fna::nbr::group_length(a, g));
+          }
+}
+
+// The window of nbr::window is the SPEC's (per global coordinate); the inverse tests below then
+// rest on a checked forward window.
+TEST(InverseNeighborhood, WindowMatchesSpec) {
+  int checked = 0;
+  for_every_small_axis([&](const Axis& a, int g, int lg) {
+    for (int i = 0; i < lg; ++i) {
+      const Range w = fna::nbr::window(a, lg, i);
+      const auto spec = fna_test::spec_window(a.length, a.kernel, a.dilation, a.stride, a.causal,
+                                              int64_t(i) * a.dilation + g);
+      ASSERT_EQ(spec.group, g) << describe(a, g) << " i=" << i;
+      ASSERT_EQ(w.begin, spec.start) << describe(a, g) << " i=" << i;
+      ASSERT_EQ(w.end, spec.end) << describe(a, g) << " i=" << i;
+      ++checked;
+    }
+  });
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(InverseNeighborhood, InverseWindowEqualsBruteForce) {
+  int checked = 0;
+  for_every_small_axis([&](const Axis& a, int g, int lg) {
+    for (int j = 0; j < lg; ++j) {
+      // Brute force: every query whose window holds j; it must be one contiguous run.
+      int first = -1, last = -1, count = 0;
+      for (int i = 0; i < lg; ++i) {
+        const Range w = fna::nbr::window(a, lg, i);
+        if (j >= w.begin && j < w.end) {
+          if (first < 0) first = i;
+          last = i;
+          ++count;
+        }
+      }
+      const Range inv = fna::nbr::inverse_window(a, lg, j);
+      if (count == 0) {
+        ASSERT_EQ(inv.size(), 0) << describe(a, g) << " j=" << j;
+      } else {
+        ASSERT_EQ(last - first + 1, count) << "inverse neighborhood not contiguous: "
+                                           << describe(a, g) << " j=" << j;
+        ASSERT_EQ(inv.begin, first) << describe(a, g) << " j=" << j;
+        ASSERT_EQ(inv.end, last + 1) << describe(a, g) << " j=" << j;
+      }
+      ++checked;
+    }
+  });
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(InverseNeighborhood, InverseTileUnionEqualsBruteForce) {
+  int checked = 0;
+  for_every_small_axis([&](const Axis& a, int g, int lg) {
+    for (int j0 = 0; j0 < lg; ++j0)
+      for (int j1 = j0 + 1; j1 <= lg; ++j1) {
+        int first = -1, last = -1;
+        for (int i = 0; i < lg; ++i) {
+          const Range w = fna::nbr::window(a, lg, i);
+          if (w.begin < j1 && w.end > j0) {  // the window meets [j0, j1)
+            if (first < 0) first = i;
+            last = i;
+          }
+        }
+        const Range u = fna::nbr::inverse_tile_union(a, lg, j0, j1);
+        if (first < 0) {
+          ASSERT_EQ(u.size(), 0) << describe(a, g) << " keys [" << j0 << "," << j1 << ")";
+        } else {
+          ASSERT_EQ(u.begin, first) << describe(a, g) << " keys [" << j0 << "," << j1 << ")";
+          ASSERT_EQ(u.end, last + 1) << describe(a, g) << " keys [" << j0 << "," << j1 << ")";
+        }
+        ++checked;
+      }
+  });
+  EXPECT_GT(checked, 1000);
+}
+
+}  // namespace
