@@ -1,0 +1,207 @@
+// Multi-dimensional tiling for the fused kernels (paper section 3.3), shared by forward and
+// backward. Every problem is lifted to three axes: a rank-r problem occupies the last r axes and
+// the leading ones have length 1, kernel 1 (tile shapes of lower ranks have leading extents of 1),
+// so one kernel body serves ranks 1-3 and the compile-time tile shape decides the rest.
+//
+// All coordinates here are *local* to one dilation group (see core/neighborhood.h): the token at
+// local index c of group g on an axis is the global index c * d + g. The window arithmetic itself
+// is never rewritten here; it comes from nbr::window / tile_union / tile_intersection /
+// inverse_tile_union.
+#pragma once
+
+#include "core/neighborhood.h"
+
+namespace fna {
+namespace fused {
+
+constexpr int kAxes = 3;
+
+// A compile-time tile shape, last axis fastest when flattened.
+template <int E0, int E1, int E2>
+struct Tile {
+  static constexpr int kExt[kAxes] = {E0, E1, E2};
+  static constexpr int kSize = E0 * E1 * E2;
+  FNA_HD static int ext(int ax) { return ax == 0 ? E0 : (ax == 1 ? E1 : E2); }
+  // Flat index in [0, kSize) -> coordinate inside the tile.
+  FNA_HD static void coord(int idx, int (&c)[kAxes]) {
+    c[2] = idx % E2;
+    c[1] = (idx / E2) % E1;
+    c[0] = idx / (E1 * E2);
+  }
+};
+
+// The lifted problem geometry (only the neighborhood parameters; shapes of heads / dims live in
+// the kernels' own params).
+struct Geometry {
+  nbr::Axis axis[kAxes];
+  // Lifts the first `rank` entries of per-axis arrays onto the last `rank` axes.
+  FNA_HD static Geometry lift(int rank, const int64_t* length, const int64_t* kernel,
+                              const int64_t* dilation, const int64_t* stride, const bool* causal) {
+    Geometry g;
+    for (int ax = 0; ax < kAxes; ++ax) {
+      const int src = ax - (kAxes - rank);
+      if (src < 0) {
+        g.axis[ax] = nbr::Axis{1, 1, 1, 1, false};
+      } else {
+        g.axis[ax] = nbr::Axis{static_cast<int>(length[src]), static_cast<int>(kernel[src]),
+                               static_cast<int>(dilation[src]), static_cast<int>(stride[src]),
+                               causal[src]};
+      }
+    }
+    return g;
+  }
+  // Dilation groups: the product over axes of d. The group index is flattened last axis fastest.
+  FNA_HD int num_groups() const {
+    return axis[0].dilation * axis[1].dilation * axis[2].dilation;
+  }
+  // Largest group length per axis (group 0 is never shorter than any other).
+  FNA_HD int max_group_length(int ax) const { return nbr::group_length(axis[ax], 0); }
+};
+
+// One dilation group: its index per axis and its local length per axis.
+struct Group {
+  int g[kAxes];
+  int len[kAxes];
+  FNA_HD static Group of(const Geometry& geo, int flat) {
+    Group gr;
+    for (int ax = kAxes - 1; ax >= 0; --ax) {
+      const int d = geo.axis[ax].dilation;
+      gr.g[ax] = flat % d;
+      flat /= d;
+      gr.len[ax] = nbr::group_length(geo.axis[ax], gr.g[ax]);
+    }
+    return gr;
+  }
+  // Global index along `ax` of local index c.
+  FNA_HD int global(const Geometry& geo, int ax, int c) const { return c * geo.axis[ax].dilation + g[ax]; }
+};
+
+// Number of tiles of extent `ext` covering `len`.
+FNA_HD int tiles_over(int len, int ext) { return (len + ext - 1) / ext; }
+
+// The key/value tiles a query tile visits. Per axis they start at the first key of the union of
+// the tile's windows (not at a multiple of the tile extent: that never needs more tiles and often
+// one fewer) and cover the union. Every tile of that box holds at least one neighbor pair, since
+// windows are boxes and the per-axis unions are contiguous. A key tile lying inside the per-axis
+// intersection of all windows on every axis is neighbor to every query: it needs no mask.
+struct KvSpan {
+  int origin[kAxes];       // local coordinate of the first key tile per axis
+  int count[kAxes];        // key tiles per axis
+  int inner_begin[kAxes];  // per-axis intersection [inner_begin, inner_end) of all windows
+  int inner_end[kAxes];
+  FNA_HD int total() const { return count[0] * count[1] * count[2]; }
+};
+
+// `q_origin` is the query tile's first local coordinate per axis; queries beyond the group length
+// are ignored (a tile may overhang the end of an axis).
+template <class QT, class KT>
+FNA_HD KvSpan kv_span(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes]) {
+  KvSpan s;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int i0 = q_origin[ax];
+    const int i1 = i0 + QT::ext(ax) < gr.len[ax] ? i0 + QT::ext(ax) : gr.len[ax];
+    const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
+    const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
+    s.origin[ax] = u.begin;
+    s.count[ax] = tiles_over(u.size(), KT::ext(ax));
+    s.inner_begin[ax] = x.begin;
+    s.inner_end[ax] = x.end;
+  }
+  return s;
+}
+
+// Key tile number `t` of a span (last axis fastest) -> its first local coordinate per axis, and
+// whether it lies wholly inside every query's window (no mask needed).
+template <class KT>
+FNA_HD bool kv_tile_at(const KvSpan& s, int t, int (&k_origin)[kAxes]) {
+  bool inside = true;
+  for (int ax = kAxes - 1; ax >= 0; --ax) {
+    const int ti = t % s.count[ax];
+    t /= s.count[ax];
+    k_origin[ax] = s.origin[ax] + ti * KT::ext(ax);
+    inside = inside && k_origin[ax] >= s.inner_begin[ax] &&
+             k_origin[ax] + KT::ext(ax) <= s.inner_end[ax];
+  }
+  return inside;
+}
+
+// The window of one query (local coordinates) on every axis; a query beyond the group's length
+// gets an empty window so its row is fully masked.
+struct RowWindow {
+  int begin[kAxes];
+  int end[kAxes];
+  FNA_HD static RowWindow of(const Geometry& geo, const Group& gr, const int (&q)[kAxes]) {
+    RowWindow w;
+    bool valid = true;
+    for (int ax = 0; ax < kAxes; ++ax) valid = valid && q[ax] < gr.len[ax];
+    for (int ax = 0; ax < kAxes; ++ax) {
+      if (valid) {
+        const nbr::Range r = nbr::window(geo.axis[ax], gr.len[ax], q[ax]);
+        w.begin[ax] = r.begin;
+        w.end[ax] = r.end;
+      } else {
+        w.begin[ax] = 0;
+        w.end[ax] = 0;
+      }
+    }
+    return w;
+  }
+  // Axes below `first_axis` are skipped (lifted axes of a lower-rank problem always match).
+  FNA_HD bool contains(const int (&k)[kAxes], int first_axis = 0) const {
+    bool in = true;
+    for (int ax = first_axis; ax < kAxes; ++ax) in = in && k[ax] >= begin[ax] && k[ax] < end[ax];
+    return in;
+  }
+};
+
+// For the backward pass: the query tiles (aligned to multiples of QT's extents, as the forward
+// grid places them) that need any key of the key tile starting at `k_origin`, per axis:
+// [first[ax], first[ax] + count[ax]).
+template <class QT, class KT>
+FNA_HD void query_tiles_for(const Geometry& geo, const Group& gr, const int (&k_origin)[kAxes],
+                            int (&first)[kAxes], int (&count)[kAxes]) {
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int j0 = k_origin[ax];
+    const int j1 = j0 + KT::ext(ax) < gr.len[ax] ? j0 + KT::ext(ax) : gr.len[ax];
+    const nbr::Range inv = nbr::inverse_tile_union(geo.axis[ax], gr.len[ax], j0, j1);
+    first[ax] = inv.begin / QT::ext(ax);
+    const int last = inv.size() > 0 ? (inv.end - 1) / QT::ext(ax) : first[ax] - 1;
+    count[ax] = last - first[ax] + 1;
+  }
+}
+
+// Host-side tiling statistics over the whole problem (all groups and query tiles): key tiles
+// visited and those needing no mask. Tile counts are separable per axis, so the sums over the
+// product of groups and query tiles factor into a product of per-axis sums.
+struct TilingStats {
+  double visited = 0;
+  double unmasked = 0;
+};
+template <class QT, class KT>
+inline TilingStats tiling_stats(const Geometry& geo) {
+  double visited = 1, unmasked = 1;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const nbr::Axis& a = geo.axis[ax];
+    double v = 0, u = 0;
+    for (int g = 0; g < a.dilation; ++g) {
+      const int len = nbr::group_length(a, g);
+      for (int i0 = 0; i0 < len; i0 += QT::ext(ax)) {
+        const int i1 = i0 + QT::ext(ax) < len ? i0 + QT::ext(ax) : len;
+        const nbr::Range un = nbr::tile_union(a, len, i0, i1);
+        const nbr::Range x = nbr::tile_intersection(a, len, i0, i1);
+        const int n = tiles_over(un.size(), KT::ext(ax));
+        v += n;
+        for (int t = 0; t < n; ++t) {
+          const int o = un.begin + t * KT::ext(ax);
+          u += (o >= x.begin && o + KT::ext(ax) <= x.end) ? 1 : 0;
+        }
+      }
+    }
+    visited *= v;
+    unmasked *= u;
+  }
+  return {visited, unmasked};
+}
+
+}  // namespace fused
+}  // namespace fna
