@@ -1,0 +1,380 @@
+// The CPU reference: the oracle every other backend is checked against.
+//
+// Straight from SPEC.md: for every query it scans ALL key tokens and tests membership with its own
+// evaluation of the SPEC formulas (it deliberately does not include core/neighborhood.h, so a bug
+// in the shared window arithmetic cannot hide), then does the math in float64. Slow by design.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/backends.h"
+#include "cpu/strided.h"
+
+namespace fna {
+namespace detail {
+
+namespace {
+
+using cpu::Strided;
+
+// SPEC.md section 1 for one axis: the dilation group and the local [start, end) of coordinate x.
+struct SpecAxis {
+  int64_t L, K, d, s;
+  bool causal;
+};
+struct SpecWindow {
+  int64_t group, start, end;
+};
+
+SpecWindow spec_window(const SpecAxis& a, int64_t x) {
+  const int64_t g = x % a.d, i = x / a.d;
+  const int64_t Lg = (a.L - g + a.d - 1) / a.d;  // ceil((L - g) / d)
+  if (a.causal) {
+    int64_t leader = (i / a.s) * a.s + a.s - 1;
+    if (leader > Lg - 1) leader = Lg - 1;
+    const int64_t start = leader - a.K + 1 > 0 ? leader - a.K + 1 : 0;
+    const int64_t end = i + 1 < Lg ? i + 1 : Lg;
+    return {g, start, end};
+  }
+  const int64_t left = a.K / 2, right = a.K - 1 - left;
+  int64_t leader = (i / a.s) * a.s + a.s / 2;
+  if (leader > Lg - 1) leader = Lg - 1;
+  int64_t start = leader - left > 0 ? leader - left : 0;
+  if (leader + right >= Lg) start += Lg - right - leader - 1;
+  return {g, start, start + a.K};
+}
+
+// Neighbors of each query, found by testing every key token.
+class Membership {
+ public:
+  explicit Membership(const Problem& p) : p_(p), n_(p.tokens()) {
+    for (int a = 0; a < p.rank; ++a) {
+      ax_[a] = {p.shape[a], p.kernel_size[a], p.dilation[a], p.stride[a], p.is_causal[a]};
+      win_[a].resize(static_cast<size_t>(p.shape[a]));
+      for (int64_t x = 0; x < p.shape[a]; ++x) win_[a][x] = spec_window(ax_[a], x);
+    }
+  }
+
+  // Key tokens of query token qt in increasing token order, and their slot in the window box
+  // (row-major over [start_a, start_a + K_a), last axis fastest).
+  void neighbors(int64_t qt, std::vector<int64_t>* keys, std::vector<int64_t>* slots) const {
+    keys->clear();
+    slots->clear();
+    int64_t qc[kMaxRank] = {0, 0, 0};
+    for (int a = p_.rank - 1; a >= 0; --a) {
+      qc[a] = qt % p_.shape[a];
+      qt /= p_.shape[a];
+    }
+    int64_t kc[kMaxRank] = {0, 0, 0};
+    for (int64_t kt = 0; kt < n_; ++kt) {
+      bool member = true;
+      int64_t slot = 0;
+      for (int a = 0; a < p_.rank && member; ++a) {
+        const SpecWindow& w = win_[a][qc[a]];
+        const int64_t j = kc[a] / ax_[a].d;
+        member = kc[a] % ax_[a].d == w.group && j >= w.start && j < w.end;
+        slot = slot * ax_[a].K + (j - w.start);
+      }
+      if (member) {
+        keys->push_back(kt);
+        slots->push_back(slot);
+      }
+      for (int a = p_.rank - 1; a >= 0; --a) {  // next key coordinate (odometer)
+        if (++kc[a] < p_.shape[a]) break;
+        kc[a] = 0;
+      }
+    }
+  }
+
+ private:
+  const Problem& p_;
+  int64_t n_;
+  SpecAxis ax_[kMaxRank];
+  std::vector<SpecWindow> win_[kMaxRank];
+};
+
+// All views of a call plus the combined key list: key index j < N is a grid token, j >= N the
+// additional token j - N.
+struct Views {
+  const Problem& p;
+  int64_t N, A, group;
+  Strided k, v, add_k, add_v;
+  Views(const Problem& p_, const TensorRef& k_, const TensorRef& v_, const TensorRef& ak,
+        const TensorRef& av)
+      : p(p_), N(p_.tokens()), A(p_.num_additional), group(p_.heads / p_.heads_kv),
+        k(cpu::grid_view(k_, p_, p_.dtype)), v(cpu::grid_view(v_, p_, p_.dtype)),
+        add_k(cpu::add_view(ak, p_)), add_v(cpu::add_view(av, p_)) {}
+  void load_row(const Strided& s, int64_t b, int64_t t, int64_t h, int64_t n,
+                std::vector<double>* out) const {
+    out->resize(static_cast<size_t>(n));
+    const int64_t off = s.token_offset(b, t, h);
+    for (int64_t e = 0; e < n; ++e) (*out)[e] = s.load(off + e * s.se);
+  }
+  void key(int64_t b, int64_t j, int64_t hk, std::vector<double>* out) const {
+    if (j < N) load_row(k, b, j, hk, p.dim, out);
+    else load_row(add_k, b, j - N, hk, p.dim, out);
+  }
+  void value(int64_t b, int64_t j, int64_t hk, std::vector<double>* out) const {
+    if (j < N) load_row(v, b, j, hk, p.dim_v, out);
+    else load_row(add_v, b, j - N, hk, p.dim_v, out);
+  }
+};
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t e = 0; e < a.size(); ++e) s += a[e] * b[e];
+  return s;
+}
+
+// Dense float64 accumulator for KV-shaped gradients over the combined key list.
+struct KVAccum {
+  int64_t N, A, Hk, dim;
+  std::vector<double> acc;
+  KVAccum(int64_t B, int64_t N_, int64_t A_, int64_t Hk_, int64_t dim_)
+      : N(N_), A(A_), Hk(Hk_), dim(dim_), acc(static_cast<size_t>(B * (N_ + A_) * Hk_ * dim_), 0.0) {}
+  double* at(int64_t b, int64_t j, int64_t hk) { return &acc[((b * (N + A) + j) * Hk + hk) * dim]; }
+  void write(const Problem& p, const TensorRef& grid, const TensorRef& add) {
+    const Strided g = cpu::grid_view(grid, p, p.dtype), ad = cpu::add_view(add, p);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t j = 0; j < N + A; ++j)
+        for (int64_t hk = 0; hk < Hk; ++hk) {
+          const Strided& s = j < N ? g : ad;
+          if (!s.present()) continue;
+          const int64_t off = s.token_offset(b, j < N ? j : j - N, hk);
+          const double* src = at(b, j, hk);
+          for (int64_t e = 0; e < dim; ++e) s.store(off + e * s.se, src[e]);
+        }
+  }
+};
+
+// Logits (scaled) of one query row over its neighbors then the additional keys.
+void row_logits(const Views& vw, const std::vector<double>& q, int64_t b, int64_t hk,
+                const std::vector<int64_t>& keys, double scale, std::vector<double>* logits) {
+  std::vector<double> kr;
+  logits->clear();
+  for (int64_t j : keys) {
+    vw.key(b, j, hk, &kr);
+    logits->push_back(scale * dot(q, kr));
+  }
+  for (int64_t n = 0; n < vw.A; ++n) {
+    vw.key(b, vw.N + n, hk, &kr);
+    logits->push_back(scale * dot(q, kr));
+  }
+}
+
+}  // namespace
+
+Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  const Views vw(p, a.k, a.v, a.add_k, a.add_v);
+  const Strided q = cpu::grid_view(a.q, p, p.dtype), o = cpu::grid_view(a.o, p, p.dtype);
+  const Strided lse = cpu::grid_view(a.lse, p, DType::f32, false);
+  const Membership mem(p);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> qr, vr, logits, acc;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        vw.load_row(q, b, t, h, p.dim, &qr);
+        row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
+        double m = -std::numeric_limits<double>::infinity();
+        for (double l : logits) m = std::max(m, l);
+        double sum = 0;
+        for (double l : logits) sum += std::exp(l - m);
+        const double row_lse = m + std::log(sum);
+        acc.assign(static_cast<size_t>(p.dim_v), 0.0);
+        for (size_t w = 0; w < logits.size(); ++w) {
+          const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());
+          vw.value(b, j, hk, &vr);
+          const double pw = std::exp(logits[w] - row_lse);
+          for (int64_t e = 0; e < p.dim_v; ++e) acc[e] += pw * vr[e];
+        }
+        const int64_t off = o.token_offset(b, t, h);
+        for (int64_t e = 0; e < p.dim_v; ++e) o.store(off + e * o.se, acc[e]);
+        if (lse.present()) lse.store(lse.token_offset(b, t, h), row_lse);
+      }
+  }
+  return Status::Ok();
+}
+
+Status reference_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  const Views vw(p, a.k, a.v, a.add_k, a.add_v);
+  const Strided q = cpu::grid_view(a.q, p, p.dtype), o = cpu::grid_view(a.o, p, p.dtype);
+  const Strided d_o = cpu::grid_view(a.d_o, p, p.dtype), dq = cpu::grid_view(a.dq, p, p.dtype);
+  const Strided lse = cpu::grid_view(a.lse, p, DType::f32, false);
+  const Membership mem(p);
+  KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim), dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> qr, orow, dorow, kr, vr, logits, dqr;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        vw.load_row(q, b, t, h, p.dim, &qr);
+        vw.load_row(o, b, t, h, p.dim_v, &orow);
+        vw.load_row(d_o, b, t, h, p.dim_v, &dorow);
+        const double row_lse = lse.load(lse.token_offset(b, t, h));
+        const double delta = dot(dorow, orow);  // D_i = rowsum(dO * O)
+        row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
+        dqr.assign(static_cast<size_t>(p.dim), 0.0);
+        for (size_t w = 0; w < logits.size(); ++w) {
+          const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());
+          vw.key(b, j, hk, &kr);
+          vw.value(b, j, hk, &vr);
+          const double pw = std::exp(logits[w] - row_lse);
+          const double ds = pw * (dot(dorow, vr) - delta);
+          double* dkj = dk.at(b, j, hk);
+          double* dvj = dv.at(b, j, hk);
+          for (int64_t e = 0; e < p.dim; ++e) {
+            dqr[e] += opt.scale * ds * kr[e];
+            dkj[e] += opt.scale * ds * qr[e];
+          }
+          for (int64_t e = 0; e < p.dim_v; ++e) dvj[e] += pw * dorow[e];
+        }
+        const int64_t off = dq.token_offset(b, t, h);
+        for (int64_t e = 0; e < p.dim; ++e) dq.store(off + e * dq.se, dqr[e]);
+      }
+  }
+  dk.write(p, a.dk, a.d_add_k);
+  dv.write(p, a.dv, a.d_add_v);
+  return Status::Ok();
+}
+
+// ---- unfused operators ----------------------------------------------------------------------------
+
+Status reference_qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
+  const Views vw(p, a.k, TensorRef{}, a.add_k, TensorRef{});
+  const Strided q = cpu::grid_view(a.q, p, p.dtype), attn = cpu::grid_view(a.attn, p, p.dtype);
+  const int64_t W = p.window();
+  const Membership mem(p);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> qr, kr;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        vw.load_row(q, b, t, h, p.dim, &qr);
+        const int64_t off = attn.token_offset(b, t, h);
+        for (int64_t w = 0; w < W; ++w)
+          attn.store(off + w * attn.se, -std::numeric_limits<double>::infinity());
+        for (size_t n = 0; n < keys.size(); ++n) {
+          vw.key(b, keys[n], hk, &kr);
+          attn.store(off + slots[n] * attn.se, opt.scale * dot(qr, kr));
+        }
+        for (int64_t n = 0; n < vw.A; ++n) {
+          vw.key(b, vw.N + n, hk, &kr);
+          attn.store(off + (W + n) * attn.se, opt.scale * dot(qr, kr));
+        }
+      }
+  }
+  return Status::Ok();
+}
+
+Status reference_qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt) {
+  const Views vw(p, a.k, TensorRef{}, a.add_k, TensorRef{});
+  const Strided q = cpu::grid_view(a.q, p, p.dtype), da = cpu::grid_view(a.d_attn, p, p.dtype);
+  const Strided dq = cpu::grid_view(a.dq, p, p.dtype);
+  const int64_t W = p.window();
+  const Membership mem(p);
+  KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> qr, kr, dqr;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        vw.load_row(q, b, t, h, p.dim, &qr);
+        const int64_t off = da.token_offset(b, t, h);
+        dqr.assign(static_cast<size_t>(p.dim), 0.0);
+        const size_t total = keys.size() + static_cast<size_t>(vw.A);
+        for (size_t n = 0; n < total; ++n) {
+          const bool grid = n < keys.size();
+          const int64_t j = grid ? keys[n] : vw.N + static_cast<int64_t>(n - keys.size());
+          const int64_t slot = grid ? slots[n] : W + static_cast<int64_t>(n - keys.size());
+          const double g = opt.scale * da.load(off + slot * da.se);
+          vw.key(b, j, hk, &kr);
+          double* dkj = dk.at(b, j, hk);
+          for (int64_t e = 0; e < p.dim; ++e) {
+            dqr[e] += g * kr[e];
+            dkj[e] += g * qr[e];
+          }
+        }
+        const int64_t qo = dq.token_offset(b, t, h);
+        for (int64_t e = 0; e < p.dim; ++e) dq.store(qo + e * dq.se, dqr[e]);
+      }
+  }
+  dk.write(p, a.dk, a.d_add_k);
+  return Status::Ok();
+}
+
+Status reference_av_forward(const Problem& p, const AVArgs& a, const Options&) {
+  const Views vw(p, TensorRef{}, a.v, TensorRef{}, a.add_v);
+  const Strided attn = cpu::grid_view(a.attn, p, p.dtype), o = cpu::grid_view(a.o, p, p.dtype);
+  const int64_t W = p.window();
+  const Membership mem(p);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> vr, acc;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        const int64_t off = attn.token_offset(b, t, h);
+        acc.assign(static_cast<size_t>(p.dim_v), 0.0);
+        const size_t total = keys.size() + static_cast<size_t>(vw.A);
+        for (size_t n = 0; n < total; ++n) {
+          const bool grid = n < keys.size();
+          const int64_t j = grid ? keys[n] : vw.N + static_cast<int64_t>(n - keys.size());
+          const int64_t slot = grid ? slots[n] : W + static_cast<int64_t>(n - keys.size());
+          const double wgt = attn.load(off + slot * attn.se);
+          vw.value(b, j, hk, &vr);
+          for (int64_t e = 0; e < p.dim_v; ++e) acc[e] += wgt * vr[e];
+        }
+        const int64_t oo = o.token_offset(b, t, h);
+        for (int64_t e = 0; e < p.dim_v; ++e) o.store(oo + e * o.se, acc[e]);
+      }
+  }
+  return Status::Ok();
+}
+
+Status reference_av_backward(const Problem& p, const AVBackwardArgs& a, const Options&) {
+  const Views vw(p, TensorRef{}, a.v, TensorRef{}, a.add_v);
+  const Strided attn = cpu::grid_view(a.attn, p, p.dtype), d_o = cpu::grid_view(a.d_o, p, p.dtype);
+  const Strided da = cpu::grid_view(a.d_attn, p, p.dtype);
+  const int64_t W = p.window();
+  const Membership mem(p);
+  KVAccum dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
+  std::vector<int64_t> keys, slots;
+  std::vector<double> vr, dorow;
+  for (int64_t t = 0; t < vw.N; ++t) {
+    mem.neighbors(t, &keys, &slots);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t hk = h / vw.group;
+        const int64_t off = attn.token_offset(b, t, h), doff = da.token_offset(b, t, h);
+        vw.load_row(d_o, b, t, h, p.dim_v, &dorow);
+        // Slots that are not neighbors do not influence the output: their gradient is 0.
+        for (int64_t w = 0; w < W; ++w) da.store(doff + w * da.se, 0.0);
+        const size_t total = keys.size() + static_cast<size_t>(vw.A);
+        for (size_t n = 0; n < total; ++n) {
+          const bool grid = n < keys.size();
+          const int64_t j = grid ? keys[n] : vw.N + static_cast<int64_t>(n - keys.size());
+          const int64_t slot = grid ? slots[n] : W + static_cast<int64_t>(n - keys.size());
+          const double wgt = attn.load(off + slot * attn.se);
+          vw.value(b, j, hk, &vr);
+          da.store(doff + slot * da.se, dot(dorow, vr));
+          double* dvj = dv.at(b, j, hk);
+          for (int64_t e = 0; e < p.dim_v; ++e) dvj[e] += wgt * dorow[e];
+        }
+      }
+  }
+  dv.write(p, a.dv, a.d_add_v);
+  return Status::Ok();
+}
+
+}  // namespace detail
+}  // namespace fna
