@@ -1,0 +1,226 @@
+"""The torch path: ``torch.library.custom_op``s with fake (meta) implementations and autograd.
+
+Each op allocates its outputs on the inputs' device and calls the extension on that device's
+current CUDA stream (0 on the CPU). The fake implementations only compute shapes, so
+``torch.compile(fullgraph=True)`` traces through the ops, forward and backward, without graph
+breaks. Parameters travel as lists of ints / bools, a float scale and a backend name.
+
+Ops (namespace ``fna``):
+  na_forward(q, k, v, add_k?, add_v?, ...) -> (out, lse)
+  na_backward(q, k, v, out, lse, d_out, add_k?, add_v?, ...) -> [dq, dk, dv(, d_add_k, d_add_v)]
+  na_qk(q, k, add_k?, ...) -> attn                 na_qk_backward(...) -> [dq, dk(, d_add_k)]
+  na_av(attn, v, add_v?, ...) -> out               na_av_backward(...) -> [d_attn, dv(, d_add_v)]
+"""
+
+import contextlib
+import math
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+
+def _call(fn, device, *arrays, sp, backend, scale=-1.0):
+    kernel_size, stride, dilation, is_causal = sp
+    # DLPack refuses tensors that require grad; the op's inputs are never differentiated here.
+    arrays = [None if a is None else a.detach() for a in arrays]
+    if device.type == "cuda":
+        # torch's DLPack export requires the tensor's device to be the current one.
+        ctx = torch.cuda.device(device)
+    else:
+        ctx = contextlib.nullcontext()
+    with ctx:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation,
+           is_causal=is_causal, backend=backend, scale=scale, stream=stream)
+
+
+def _sp(kernel_size, stride, dilation, is_causal):
+    return (list(kernel_size), list(stride), list(dilation), list(is_causal))
+
+
+def _out_shape(q, v):
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
+# ---- fused forward / backward -------------------------------------------------------------------
+
+@torch.library.custom_op("fna::na_forward", mutates_args=())
+def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optional[Tensor],
+               additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
+               dilation: List[int], is_causal: List[bool], scale: float,
+               backend: str) -> Tuple[Tensor, Tensor]:
+    out = query.new_empty(_out_shape(query, value))
+    lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
+    _call(_C.forward, query.device, query, key, value, out, lse, additional_keys,
+          additional_values, sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend,
+          scale=scale)
+    return out, lse
+
+
+@na_forward.register_fake
+def _(query, key, value, additional_keys, additional_values, kernel_size, stride, dilation,
+      is_causal, scale, backend):
+    out = query.new_empty(_out_shape(query, value))
+    lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("fna::na_backward", mutates_args=())
+def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: Tensor,
+                d_output: Tensor, additional_keys: Optional[Tensor],
+                additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
+                dilation: List[int], is_causal: List[bool], scale: float,
+                backend: str) -> List[Tensor]:
+    grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
+    add = [] if additional_keys is None else [torch.empty_like(additional_keys),
+                                              torch.empty_like(additional_values)]
+    _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
+          additional_keys, additional_values, *(add or [None, None]),
+          sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale)
+    return grads + add
+
+
+@na_backward.register_fake
+def _(query, key, value, output, lse, d_output, additional_keys, additional_values, kernel_size,
+      stride, dilation, is_causal, scale, backend):
+    grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
+    if additional_keys is not None:
+        grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
+    return grads
+
+
+def _na_setup(ctx, inputs, output):
+    query, key, value, add_k, add_v, kernel_size, stride, dilation, is_causal, scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
+    ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend)
+    # LSE is an auxiliary output: the C++ backward has no term for a gradient flowing into it.
+    ctx.mark_non_differentiable(lse)
+
+
+def _na_backward(ctx, d_out, d_lse):
+    query, key, value, out, lse, add_k, add_v = ctx.saved_tensors
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    grads = torch.ops.fna.na_backward(query, key, value, out, lse, d_out, add_k, add_v,
+                                      *ctx.params)
+    d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
+    return (grads[0], grads[1], grads[2]) + d_add + (None,) * 6
+
+
+na_forward.register_autograd(_na_backward, setup_context=_na_setup)
+
+
+# ---- unfused qk -----------------------------------------------------------------------------------
+
+def _attn_shape(query, kernel_size, additional):
+    n_add = 0 if additional is None else additional.shape[1]
+    return tuple(query.shape[:-1]) + (math.prod(kernel_size) + n_add,)
+
+
+@torch.library.custom_op("fna::na_qk", mutates_args=())
+def na_qk(query: Tensor, key: Tensor, additional_keys: Optional[Tensor], kernel_size: List[int],
+          stride: List[int], dilation: List[int], is_causal: List[bool], scale: float,
+          backend: str) -> Tensor:
+    attn = query.new_empty(_attn_shape(query, kernel_size, additional_keys))
+    _call(_C.qk_forward, query.device, query, key, attn, additional_keys,
+          sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale)
+    return attn
+
+
+@na_qk.register_fake
+def _(query, key, additional_keys, kernel_size, stride, dilation, is_causal, scale, backend):
+    return query.new_empty(_attn_shape(query, kernel_size, additional_keys))
+
+
+@torch.library.custom_op("fna::na_qk_backward", mutates_args=())
+def na_qk_backward(query: Tensor, key: Tensor, additional_keys: Optional[Tensor], d_attn: Tensor,
+                   kernel_size: List[int], stride: List[int], dilation: List[int],
+                   is_causal: List[bool], scale: float, backend: str) -> List[Tensor]:
+    grads = [torch.empty_like(query), torch.empty_like(key)]
+    add = [] if additional_keys is None else [torch.empty_like(additional_keys)]
+    _call(_C.qk_backward, query.device, query, key, d_attn, *grads, additional_keys,
+          add[0] if add else None, sp=_sp(kernel_size, stride, dilation, is_causal),
+          backend=backend, scale=scale)
+    return grads + add
+
+
+@na_qk_backward.register_fake
+def _(query, key, additional_keys, d_attn, kernel_size, stride, dilation, is_causal, scale,
+      backend):
+    grads = [torch.empty_like(query), torch.empty_like(key)]
+    if additional_keys is not None:
+        grads.append(torch.empty_like(additional_keys))
+    return grads
+
+
+def _qk_setup(ctx, inputs, output):
+    query, key, add_k, kernel_size, stride, dilation, is_causal, scale, backend = inputs
+    ctx.save_for_backward(query, key, add_k)
+    ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend)
+
+
+def _qk_backward(ctx, d_attn):
+    query, key, add_k = ctx.saved_tensors
+    grads = torch.ops.fna.na_qk_backward(query, key, add_k, d_attn, *ctx.params)
+    d_add_k = grads[2] if add_k is not None else None
+    return (grads[0], grads[1], d_add_k) + (None,) * 6
+
+
+na_qk.register_autograd(_qk_backward, setup_context=_qk_setup)
+
+
+# ---- unfused av -----------------------------------------------------------------------------------
+
+@torch.library.custom_op("fna::na_av", mutates_args=())
+def na_av(attn: Tensor, value: Tensor, additional_values: Optional[Tensor],
+          kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[bool],
+          backend: str) -> Tensor:
+    out = attn.new_empty(_out_shape(attn, value))
+    _call(_C.av_forward, attn.device, attn, value, out, additional_values,
+          sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend)
+    return out
+
+
+@na_av.register_fake
+def _(attn, value, additional_values, kernel_size, stride, dilation, is_causal, backend):
+    return attn.new_empty(_out_shape(attn, value))
+
+
+@torch.library.custom_op("fna::na_av_backward", mutates_args=())
+def na_av_backward(attn: Tensor, value: Tensor, additional_values: Optional[Tensor],
+                   d_output: Tensor, kernel_size: List[int], stride: List[int],
+                   dilation: List[int], is_causal: List[bool], backend: str) -> List[Tensor]:
+    grads = [torch.empty_like(attn), torch.empty_like(value)]
+    add = [] if additional_values is None else [torch.empty_like(additional_values)]
+    _call(_C.av_backward, attn.device, attn, value, d_output, *grads, additional_values,
+          add[0] if add else None, sp=_sp(kernel_size, stride, dilation, is_causal),
+          backend=backend)
+    return grads + add
+
+
+@na_av_backward.register_fake
+def _(attn, value, additional_values, d_output, kernel_size, stride, dilation, is_causal, backend):
+    grads = [torch.empty_like(attn), torch.empty_like(value)]
+    if additional_values is not None:
+        grads.append(torch.empty_like(additional_values))
+    return grads
+
+
+def _av_setup(ctx, inputs, output):
+    attn, value, add_v, kernel_size, stride, dilation, is_causal, backend = inputs
+    ctx.save_for_backward(attn, value, add_v)
+    ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), backend)
+
+
+def _av_backward(ctx, d_out):
+    attn, value, add_v = ctx.saved_tensors
+    grads = torch.ops.fna.na_av_backward(attn, value, add_v, d_out, *ctx.params)
+    d_add_v = grads[2] if add_v is not None else None
+    return (grads[0], grads[1], d_add_v) + (None,) * 5
+
+
+na_av.register_autograd(_av_backward, setup_context=_av_setup)

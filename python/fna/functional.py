@@ -1,0 +1,305 @@
+"""Neighborhood attention functions with NATTEN's signatures, for torch tensors and NumPy arrays.
+
+Layout is heads-last: ``query [B, *spatial, H, D]``, ``key [B, *spatial, H_kv, D]``,
+``value [B, *spatial, H_kv, D_v]``, output ``[B, *spatial, H, D_v]``; ``H % H_kv == 0``.
+Any strides are accepted (a heads-first tensor passed as a ``permute`` view works).
+
+torch tensors go through ``torch.ops.fna.*`` custom ops (autograd, ``torch.compile``), on the
+tensors' device and current stream. NumPy arrays run on the CPU backends; for their gradients use
+:func:`na_backward`, :func:`na_qk_backward` and :func:`na_av_backward`.
+"""
+
+import numpy as np
+
+from . import _args
+from ._compat import torch
+
+__all__ = [
+    "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
+    "na_backward", "na_qk_backward", "na_av_backward",
+]
+
+
+# ---- framework selection -------------------------------------------------------------------------
+
+def _is_torch(x):
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _framework(fn, named):
+    """'torch' or 'numpy' for the arrays in `named` (name -> array or None); mixing is an error."""
+    kind, first = None, None
+    for name, t in named:
+        if t is None:
+            continue
+        if _is_torch(t):
+            k = "torch"
+        elif isinstance(t, np.ndarray):
+            k = "numpy"
+        else:
+            raise TypeError(
+                f"{fn}: {name} must be a torch.Tensor or a numpy.ndarray, got {type(t).__name__}"
+            )
+        if kind is None:
+            kind, first = k, name
+        elif k != kind:
+            raise TypeError(f"{fn}: {name} is a {k} array but {first} is a {kind} array")
+    return kind
+
+
+def _check_devices(fn, backend, named):
+    """torch: every tensor on one device; CUDA backends need CUDA tensors."""
+    first_name, first = None, None
+    for name, t in named:
+        if t is None:
+            continue
+        if first is None:
+            first_name, first = name, t.device
+        elif t.device != first:
+            raise ValueError(
+                f"{fn}: {name} is on {t.device} but {first_name} is on {first}; "
+                "all tensors must be on one device"
+            )
+    if backend in _args.CUDA_BACKENDS and first.type != "cuda":
+        raise ValueError(
+            f"{fn}: backend={backend!r} needs CUDA tensors, but {first_name} is on {first}"
+        )
+    if backend in ("reference", "cpu") and first.type != "cpu":
+        raise ValueError(
+            f"{fn}: backend={backend!r} runs on the CPU, but {first_name} is on {first}"
+        )
+
+
+def _numpy_backend(fn, backend):
+    if backend in _args.CUDA_BACKENDS:
+        raise ValueError(
+            f"{fn}: backend={backend!r} needs CUDA tensors; NumPy arrays live on the CPU"
+        )
+
+
+# ---- fused attention ---------------------------------------------------------------------------
+
+def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
+        additional_keys, additional_values, backend, return_lse):
+    named = [("query", query), ("key", key), ("value", value),
+             ("additional_keys", additional_keys), ("additional_values", additional_values)]
+    kind = _framework(fn, named)
+    for name, t in named[:3]:
+        _args.check_rank(fn, rank, name, t)
+    _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
+    if additional_keys is not None:
+        _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
+        _args.check_additional("additional_values", additional_values, query.shape[0], rank)
+    sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    scale = _args.resolve_scale(scale, query.shape[-1])
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        out, lse = torch.ops.fna.na_forward(query, key, value, additional_keys,
+                                            additional_values, *sp, scale, backend)
+    else:
+        _numpy_backend(fn, backend)
+        from . import _numpy
+        out, lse = _numpy.forward(query, key, value, additional_keys, additional_values, sp,
+                                  scale, backend)
+    return (out, lse) if return_lse else out
+
+
+def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+    """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
+    ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
+    ``return_lse``). See :func:`na2d`."""
+    return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
+               additional_keys, additional_values, backend, return_lse)
+
+
+def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+    """2-D neighborhood attention, NATTEN's ``na2d``.
+
+    query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
+    kernel_size, stride, dilation: int (every axis) or a tuple with one entry per axis.
+    is_causal: bool or a tuple of bools. scale: default ``D ** -0.5``.
+    additional_keys / additional_values: ``[B, N_add, H_kv, D(_v)]`` tokens every query also
+    attends to (one softmax with the neighborhood).
+    backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused".
+    Returns ``[B, X, Y, H, D_v]``, or ``(output, lse)`` with ``lse [B, X, Y, H]`` float32 (natural
+    log of the softmax denominator; not differentiable) when ``return_lse``.
+    """
+    return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
+               additional_keys, additional_values, backend, return_lse)
+
+
+def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
+         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+    """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
+    return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
+               additional_keys, additional_values, backend, return_lse)
+
+
+def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
+                is_causal=False, scale=None, additional_keys=None, additional_values=None,
+                backend=None):
+    """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
+
+    ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
+    parameters and additional keys/values). Returns ``(d_query, d_key, d_value)``, plus
+    ``(d_additional_keys, d_additional_values)`` when additional keys/values are given.
+    Works for NumPy arrays and torch tensors.
+    """
+    fn = "na_backward"
+    named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
+             ("output", output), ("lse", lse), ("additional_keys", additional_keys),
+             ("additional_values", additional_values)]
+    kind = _framework(fn, named)
+    rank = query.ndim - 3
+    if rank not in (1, 2, 3):
+        raise ValueError(f"{fn}: query has {query.ndim} dims; expected 4, 5 or 6")
+    _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
+    sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    scale = _args.resolve_scale(scale, query.shape[-1])
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
+                                          additional_keys, additional_values, *sp, scale, backend)
+    else:
+        _numpy_backend(fn, backend)
+        from . import _numpy
+        grads = _numpy.backward(query, key, value, output, lse, d_output, additional_keys,
+                                additional_values, sp, scale, backend)
+    return tuple(grads)
+
+
+# ---- unfused operators ---------------------------------------------------------------------------
+
+def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, additional_keys, backend):
+    named = [("query", query), ("key", key), ("additional_keys", additional_keys)]
+    kind = _framework(fn, named)
+    _args.check_rank(fn, rank, "query", query)
+    _args.check_rank(fn, rank, "key", key)
+    if additional_keys is not None:
+        _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
+    sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        return torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
+    _numpy_backend(fn, backend)
+    from . import _numpy
+    return _numpy.qk(query, key, additional_keys, sp, backend)
+
+
+def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additional_values,
+        backend):
+    named = [("attn", attn), ("value", value), ("additional_values", additional_values)]
+    kind = _framework(fn, named)
+    _args.check_rank(fn, rank, "attn", attn, last="window + n_additional")
+    _args.check_rank(fn, rank, "value", value)
+    if additional_values is not None:
+        _args.check_additional("additional_values", additional_values, attn.shape[0], rank)
+    sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        return torch.ops.fna.na_av(attn, value, additional_values, *sp, backend)
+    _numpy_backend(fn, backend)
+    from . import _numpy
+    return _numpy.av(attn, value, additional_values, sp, backend)
+
+
+_QK_DOC = """{r}-D attention logits over the neighborhood (NATTEN's ``na{r}d_qk``).
+
+    query ``[B, {axes}, H, D]``, key ``[B, {axes}, H_kv, D]`` -> attn ``[B, {axes}, H, W + N_add]``
+    with ``W = prod(kernel_size)``. ``attn[..., w]`` for ``w < W`` is ``<q, k>`` for the w-th
+    neighbor, neighbors numbered row-major over the window box (last axis fastest);
+    ``attn[..., W + n]`` is the logit of additional key n. Slots that hold no neighbor (causal
+    windows near the start of an axis) are ``-inf``. No scale is applied: softmax(attn * scale)
+    followed by ``na{r}d_av`` equals ``na{r}d``.
+    """
+
+_AV_DOC = """{r}-D weighted sum of values over the neighborhood (NATTEN's ``na{r}d_av``).
+
+    attn ``[B, {axes}, H, W + N_add]`` (in :func:`na{r}d_qk`'s neighbor order; non-neighbor slots
+    are ignored), value ``[B, {axes}, H_kv, D_v]``, additional_values ``[B, N_add, H_kv, D_v]``
+    -> ``[B, {axes}, H, D_v]``.
+    """
+
+
+def na1d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_keys=None, backend=None):
+    return _qk("na1d_qk", 1, query, key, kernel_size, stride, dilation, is_causal,
+               additional_keys, backend)
+
+
+def na2d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_keys=None, backend=None):
+    return _qk("na2d_qk", 2, query, key, kernel_size, stride, dilation, is_causal,
+               additional_keys, backend)
+
+
+def na3d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_keys=None, backend=None):
+    return _qk("na3d_qk", 3, query, key, kernel_size, stride, dilation, is_causal,
+               additional_keys, backend)
+
+
+def na1d_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_values=None, backend=None):
+    return _av("na1d_av", 1, attn, value, kernel_size, stride, dilation, is_causal,
+               additional_values, backend)
+
+
+def na2d_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_values=None, backend=None):
+    return _av("na2d_av", 2, attn, value, kernel_size, stride, dilation, is_causal,
+               additional_values, backend)
+
+
+def na3d_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
+            additional_values=None, backend=None):
+    return _av("na3d_av", 3, attn, value, kernel_size, stride, dilation, is_causal,
+               additional_values, backend)
+
+
+for _r, _axes in ((1, "L"), (2, "X, Y"), (3, "X, Y, Z")):
+    globals()[f"na{_r}d_qk"].__doc__ = _QK_DOC.format(r=_r, axes=_axes)
+    globals()[f"na{_r}d_av"].__doc__ = _AV_DOC.format(r=_r, axes=_axes)
+
+
+def na_qk_backward(d_attn, query, key, kernel_size, stride=1, dilation=1, is_causal=False,
+                   additional_keys=None, backend=None):
+    """Gradients of ``na{r}d_qk`` without autograd: ``(d_query, d_key[, d_additional_keys])``."""
+    fn = "na_qk_backward"
+    named = [("d_attn", d_attn), ("query", query), ("key", key),
+             ("additional_keys", additional_keys)]
+    kind = _framework(fn, named)
+    sp = _args.spatial(query.ndim - 3, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        return tuple(torch.ops.fna.na_qk_backward(query, key, additional_keys, d_attn, *sp, -1.0,
+                                                  backend))
+    _numpy_backend(fn, backend)
+    from . import _numpy
+    return tuple(_numpy.qk_backward(query, key, additional_keys, d_attn, sp, backend))
+
+
+def na_av_backward(d_output, attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
+                   additional_values=None, backend=None):
+    """Gradients of ``na{r}d_av`` without autograd: ``(d_attn, d_value[, d_additional_values])``.
+    ``d_attn`` is 0 in slots that hold no neighbor."""
+    fn = "na_av_backward"
+    named = [("d_output", d_output), ("attn", attn), ("value", value),
+             ("additional_values", additional_values)]
+    kind = _framework(fn, named)
+    sp = _args.spatial(attn.ndim - 3, kernel_size, stride, dilation, is_causal)
+    backend = _args.backend_name(backend)
+    if kind == "torch":
+        _check_devices(fn, backend, named)
+        return tuple(torch.ops.fna.na_av_backward(attn, value, additional_values, d_output, *sp,
+                                                  backend))
+    _numpy_backend(fn, backend)
+    from . import _numpy
+    return tuple(_numpy.av_backward(attn, value, additional_values, d_output, sp, backend))

@@ -1,0 +1,477 @@
+// fna._C: the Python binding of the C++ API. Tensors arrive as DLPack arrays (NumPy, torch, CPU or
+// CUDA) and are passed to the library zero-copy as (pointer, strides). The C++ API never allocates,
+// so every output is allocated by the Python side and passed in.
+//
+// The C++ TensorRef carries no extents (they are implied by the tensor's role), so this file is the
+// place where each array's shape is checked against its role: a wrong shape here would otherwise
+// be an out-of-bounds access, not an error.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fna/fna.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// Inputs are read-only views so read-only NumPy arrays are accepted; outputs must be writable.
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;
+using OptIn = std::optional<In>;
+using OptOut = std::optional<Out>;
+
+// DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 (pinned host memory).
+constexpr int kDLCPU = 1;
+constexpr int kDLCUDA = 2;
+constexpr int kDLCUDAHost = 3;
+
+[[noreturn]] void raise(PyObject* type, const std::string& msg) {
+  PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+// Status codes map to Python exception types; the message is the library's own.
+void check(const fna::Status& st) {
+  if (st.ok()) return;
+  switch (st.code) {
+    case fna::Code::invalid_argument: raise(PyExc_ValueError, st.message);
+    case fna::Code::unsupported:
+      // An unsupported dtype is a type problem; other unsupported inputs are missing features.
+      if (st.message.rfind("dtype", 0) == 0) raise(PyExc_TypeError, st.message);
+      raise(PyExc_NotImplementedError, st.message);
+    case fna::Code::not_compiled: raise(PyExc_NotImplementedError, st.message);
+    default: raise(PyExc_RuntimeError, st.message);
+  }
+}
+
+std::string dtype_str(nb::dlpack::dtype t) {
+  const char* code = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
+    case nb::dlpack::dtype_code::Int: code = "int"; break;
+    case nb::dlpack::dtype_code::UInt: code = "uint"; break;
+    case nb::dlpack::dtype_code::Float: code = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: code = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: code = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: return "bool";
+  }
+  return code + std::to_string(static_cast<int>(t.bits));
+}
+
+bool to_dtype(nb::dlpack::dtype t, fna::DType* out) {
+  if (t.lanes != 1) return false;
+  if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32) {
+    *out = fna::DType::f32;
+  } else if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16) {
+    *out = fna::DType::f16;
+  } else if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) {
+    *out = fna::DType::bf16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+template <typename A>
+std::string shape_str(const A& a) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
+  os << (a.ndim() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+std::string extents_str(const std::vector<int64_t>& e) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < e.size(); ++i) os << (i ? ", " : "") << e[i];
+  os << (e.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+// Spatial parameters as the Python layer passes them: one entry per axis.
+struct Spatial {
+  std::vector<int64_t> kernel_size, stride, dilation;
+  std::vector<bool> is_causal;
+};
+
+struct Call {
+  fna::Problem p;
+  fna::Options opt;
+  bool have_device = false;
+  const char* first_name = nullptr;
+  int dev_type = 0, dev_id = 0;
+
+  // Device of every array must agree; the first array seen sets it.
+  template <typename A>
+  void note_device(const char* name, const A& a) {
+    const int t = a.device_type() == kDLCUDAHost ? kDLCPU : a.device_type();
+    if (t != kDLCPU && t != kDLCUDA)
+      raise(PyExc_ValueError, std::string(name) + " lives on DLPack device type " +
+                                  std::to_string(a.device_type()) +
+                                  "; fna supports CPU and CUDA memory");
+    const int id = t == kDLCPU ? 0 : a.device_id();
+    if (!have_device) {
+      have_device = true;
+      first_name = name;
+      dev_type = t;
+      dev_id = id;
+      opt.device = t == kDLCUDA ? fna::Device::cuda : fna::Device::cpu;
+      opt.device_index = id;
+      return;
+    }
+    if (t != dev_type || id != dev_id) {
+      auto where = [](int type, int idx) {
+        return type == kDLCUDA ? "cuda:" + std::to_string(idx) : std::string("cpu");
+      };
+      raise(PyExc_ValueError, std::string(name) + " is on " + where(t, id) + " but " + first_name +
+                                  " is on " + where(dev_type, dev_id) +
+                                  "; all tensors must be on one device");
+    }
+  }
+
+  // Checks `a` against its role (extents, dtype, device) and returns its strided view.
+  template <typename A>
+  fna::TensorRef ref(const char* name, const A& a, const std::vector<int64_t>& extents,
+                     bool float32_only = false) {
+    note_device(name, a);
+    fna::DType t;
+    if (!to_dtype(a.dtype(), &t))
+      raise(PyExc_TypeError, std::string(name) + " has dtype " + dtype_str(a.dtype()) +
+                                 "; fna supports float32, float16 and bfloat16");
+    if (float32_only && t != fna::DType::f32)
+      raise(PyExc_TypeError,
+            std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; it must be float32");
+    if (!float32_only && t != p.dtype)
+      raise(PyExc_TypeError, std::string(name) + " has dtype " + fna::dtype_name(t) +
+                                 " but the problem's dtype is " + fna::dtype_name(p.dtype) +
+                                 "; all tensors must share one dtype");
+    bool same = a.ndim() == extents.size();
+    for (size_t i = 0; same && i < extents.size(); ++i)
+      same = static_cast<int64_t>(a.shape(i)) == extents[i];
+    if (!same)
+      raise(PyExc_ValueError, std::string(name) + " has shape " + shape_str(a) + ", expected " +
+                                  extents_str(extents));
+    fna::TensorRef r;
+    r.data = const_cast<void*>(static_cast<const void*>(a.data()));
+    for (size_t i = 0; i < a.ndim(); ++i) r.strides[i] = a.stride(i);
+    return r;
+  }
+
+  template <typename A>
+  fna::TensorRef opt_ref(const char* name, const std::optional<A>& a,
+                         const std::vector<int64_t>& extents, bool float32_only = false) {
+    if (!a.has_value()) return fna::TensorRef{};
+    return ref(name, *a, extents, float32_only);
+  }
+
+  // Extents of each role (the C++ API's table in fna.h).
+  std::vector<int64_t> grid(int64_t heads, int64_t last) const {
+    std::vector<int64_t> e{p.batch};
+    for (int i = 0; i < p.rank; ++i) e.push_back(p.shape[i]);
+    e.push_back(heads);
+    if (last >= 0) e.push_back(last);
+    return e;
+  }
+  std::vector<int64_t> q(int64_t dim) const { return grid(p.heads, dim); }
+  std::vector<int64_t> kv(int64_t dim) const { return grid(p.heads_kv, dim); }
+  std::vector<int64_t> lse() const { return grid(p.heads, -1); }
+  std::vector<int64_t> attn() const { return grid(p.heads, p.window() + p.num_additional); }
+  std::vector<int64_t> add(int64_t dim) const { return {p.batch, p.num_additional, p.heads_kv, dim}; }
+};
+
+// Fills rank, batch, shape, heads, dim (= last dim) and dtype from the array that defines the
+// problem (query, or attn for av), plus the spatial parameters.
+template <typename A>
+void init_problem(Call& c, const char* name, const A& a, const Spatial& s) {
+  const int ndim = static_cast<int>(a.ndim());
+  if (ndim < 4 || ndim > fna::kMaxDims)
+    raise(PyExc_ValueError, std::string(name) + " has " + std::to_string(ndim) +
+                                " dimensions; expected 4, 5 or 6 ([batch, *spatial (1-3 axes), "
+                                "heads, head_dim])");
+  const int rank = ndim - 3;
+  auto count = [&](const char* arg, size_t n) {
+    if (n != static_cast<size_t>(rank))
+      raise(PyExc_ValueError, std::string(arg) + " has " + std::to_string(n) + " entries for a " +
+                                  std::to_string(rank) + "-D input");
+  };
+  count("kernel_size", s.kernel_size.size());
+  count("stride", s.stride.size());
+  count("dilation", s.dilation.size());
+  count("is_causal", s.is_causal.size());
+  fna::Problem& p = c.p;
+  p.rank = rank;
+  p.batch = static_cast<int64_t>(a.shape(0));
+  for (int i = 0; i < rank; ++i) {
+    p.shape[i] = static_cast<int64_t>(a.shape(1 + i));
+    p.kernel_size[i] = s.kernel_size[i];
+    p.stride[i] = s.stride[i];
+    p.dilation[i] = s.dilation[i];
+    p.is_causal[i] = s.is_causal[i];
+  }
+  p.heads = static_cast<int64_t>(a.shape(rank + 1));
+  p.dim = p.dim_v = static_cast<int64_t>(a.shape(rank + 2));
+  if (!to_dtype(a.dtype(), &p.dtype))
+    raise(PyExc_TypeError, std::string(name) + " has dtype " + dtype_str(a.dtype()) +
+                               "; fna supports float32, float16 and bfloat16");
+  c.note_device(name, a);
+}
+
+// Reads heads_kv and a head dim from a K or V array (shape checked later by Call::ref).
+template <typename A>
+void kv_dims(Call& c, const char* name, const A& a, int64_t* dim) {
+  if (static_cast<int>(a.ndim()) != c.p.rank + 3)
+    raise(PyExc_ValueError, std::string(name) + " has " + std::to_string(a.ndim()) +
+                                " dimensions; expected " + std::to_string(c.p.rank + 3));
+  c.p.heads_kv = static_cast<int64_t>(a.shape(c.p.rank + 1));
+  *dim = static_cast<int64_t>(a.shape(c.p.rank + 2));
+}
+
+template <typename A>
+void num_additional(Call& c, const char* name, const std::optional<A>& a) {
+  if (!a.has_value()) return;
+  if (a->ndim() != 4)
+    raise(PyExc_ValueError, std::string(name) + " has " + std::to_string(a->ndim()) +
+                                " dimensions; expected 4 ([batch, n_additional, heads_kv, dim])");
+  c.p.num_additional = static_cast<int64_t>(a->shape(1));
+}
+
+void set_options(Call& c, const std::string& backend, double scale, uintptr_t stream,
+                 int num_threads, bool deterministic, const std::string& config) {
+  // Problem errors first: the role extents checked next are only meaningful for a valid problem.
+  check(fna::validate_problem(c.p));
+  check(fna::parse_backend(backend, &c.opt.backend));
+  c.opt.scale = scale;
+  c.opt.stream = reinterpret_cast<void*>(stream);
+  c.opt.num_threads = num_threads;
+  c.opt.deterministic = deterministic;
+  c.opt.config = config;
+}
+
+// Runs `fn` without the GIL: the arrays stay alive in the caller's frame.
+template <typename F>
+void run(F&& fn) {
+  fna::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = fn();
+  }
+  check(st);
+}
+
+#define FNA_OPTION_PARAMS                                                                     \
+  const std::vector<int64_t>&kernel_size, const std::vector<int64_t>&stride,                  \
+      const std::vector<int64_t>&dilation, const std::vector<bool>&is_causal,                 \
+      const std::string &backend, double scale, uintptr_t stream, int num_threads,            \
+      bool deterministic, const std::string &config
+
+#define FNA_OPTION_ARGS                                                                       \
+  nb::kw_only(), nb::arg("kernel_size"), nb::arg("stride"), nb::arg("dilation"),              \
+      nb::arg("is_causal"), nb::arg("backend") = "auto", nb::arg("scale") = -1.0,             \
+      nb::arg("stream") = 0, nb::arg("num_threads") = 0, nb::arg("deterministic") = false,    \
+      nb::arg("config") = ""
+
+void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
+             const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS) {
+  Call c;
+  init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  kv_dims(c, "value", v, &c.p.dim_v);
+  num_additional(c, "additional_keys", add_k);
+  if (add_k.has_value() != add_v.has_value())
+    raise(PyExc_ValueError, "additional_keys and additional_values must be given together");
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::ForwardArgs a;
+  a.q = c.ref("query", q, c.q(c.p.dim));
+  a.k = c.ref("key", k, c.kv(c.p.dim));
+  a.v = c.ref("value", v, c.kv(c.p.dim_v));
+  a.o = c.ref("output", o, c.q(c.p.dim_v));
+  a.lse = c.opt_ref("lse", lse, c.lse(), true);
+  a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
+  a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
+  run([&] { return fna::forward(c.p, a, c.opt); });
+}
+
+void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o, const In& lse,
+              const Out& dq, const Out& dk, const Out& dv, const OptIn& add_k, const OptIn& add_v,
+              const OptOut& d_add_k, const OptOut& d_add_v, FNA_OPTION_PARAMS) {
+  Call c;
+  init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  kv_dims(c, "value", v, &c.p.dim_v);
+  num_additional(c, "additional_keys", add_k);
+  if (add_k.has_value() != add_v.has_value() || add_k.has_value() != d_add_k.has_value() ||
+      add_k.has_value() != d_add_v.has_value())
+    raise(PyExc_ValueError,
+          "additional_keys, additional_values, d_additional_keys and d_additional_values must be "
+          "given together");
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::BackwardArgs a;
+  a.q = c.ref("query", q, c.q(c.p.dim));
+  a.k = c.ref("key", k, c.kv(c.p.dim));
+  a.v = c.ref("value", v, c.kv(c.p.dim_v));
+  a.o = c.ref("output", o, c.q(c.p.dim_v));
+  a.d_o = c.ref("d_output", d_o, c.q(c.p.dim_v));
+  a.lse = c.ref("lse", lse, c.lse(), true);
+  a.dq = c.ref("d_query", dq, c.q(c.p.dim));
+  a.dk = c.ref("d_key", dk, c.kv(c.p.dim));
+  a.dv = c.ref("d_value", dv, c.kv(c.p.dim_v));
+  a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
+  a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
+  a.d_add_k = c.opt_ref("d_additional_keys", d_add_k, c.add(c.p.dim));
+  a.d_add_v = c.opt_ref("d_additional_values", d_add_v, c.add(c.p.dim_v));
+  run([&] { return fna::backward(c.p, a, c.opt); });
+}
+
+void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, FNA_OPTION_PARAMS) {
+  Call c;
+  init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  int64_t dim_k = 0;
+  kv_dims(c, "key", k, &dim_k);
+  num_additional(c, "additional_keys", add_k);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::QKArgs a;
+  a.q = c.ref("query", q, c.q(c.p.dim));
+  a.k = c.ref("key", k, c.kv(c.p.dim));
+  a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
+  a.attn = c.ref("attn", attn, c.attn());
+  run([&] { return fna::qk_forward(c.p, a, c.opt); });
+}
+
+void qk_backward(const In& q, const In& k, const In& d_attn, const Out& dq, const Out& dk,
+                 const OptIn& add_k, const OptOut& d_add_k, FNA_OPTION_PARAMS) {
+  Call c;
+  init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  int64_t dim_k = 0;
+  kv_dims(c, "key", k, &dim_k);
+  num_additional(c, "additional_keys", add_k);
+  if (add_k.has_value() != d_add_k.has_value())
+    raise(PyExc_ValueError, "additional_keys and d_additional_keys must be given together");
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::QKBackwardArgs a;
+  a.q = c.ref("query", q, c.q(c.p.dim));
+  a.k = c.ref("key", k, c.kv(c.p.dim));
+  a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
+  a.d_attn = c.ref("d_attn", d_attn, c.attn());
+  a.dq = c.ref("d_query", dq, c.q(c.p.dim));
+  a.dk = c.ref("d_key", dk, c.kv(c.p.dim));
+  a.d_add_k = c.opt_ref("d_additional_keys", d_add_k, c.add(c.p.dim));
+  run([&] { return fna::qk_backward(c.p, a, c.opt); });
+}
+
+// For av the problem is read from attn ([B, *shape, H, W + N_add]) and value; `dim` is unused
+// by av and set to dim_v.
+template <typename A>
+void init_av(Call& c, const A& attn, const In& v, const OptIn& add_v, const Spatial& s) {
+  init_problem(c, "attn", attn, s);
+  kv_dims(c, "value", v, &c.p.dim_v);
+  c.p.dim = c.p.dim_v;
+  num_additional(c, "additional_values", add_v);
+  const int64_t last = static_cast<int64_t>(attn.shape(c.p.rank + 2));
+  check(fna::validate_problem(c.p));
+  if (last != c.p.window() + c.p.num_additional)
+    raise(PyExc_ValueError,
+          "attn has " + std::to_string(last) + " entries in its last dimension, expected " +
+              std::to_string(c.p.window() + c.p.num_additional) + " (window " +
+              std::to_string(c.p.window()) + " + additional " +
+              std::to_string(c.p.num_additional) + ")");
+}
+
+void av_forward(const In& attn, const In& v, const Out& o, const OptIn& add_v, FNA_OPTION_PARAMS) {
+  Call c;
+  init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::AVArgs a;
+  a.attn = c.ref("attn", attn, c.attn());
+  a.v = c.ref("value", v, c.kv(c.p.dim_v));
+  a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
+  a.o = c.ref("output", o, c.q(c.p.dim_v));
+  run([&] { return fna::av_forward(c.p, a, c.opt); });
+}
+
+void av_backward(const In& attn, const In& v, const In& d_o, const Out& d_attn, const Out& dv,
+                 const OptIn& add_v, const OptOut& d_add_v, FNA_OPTION_PARAMS) {
+  Call c;
+  init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
+  if (add_v.has_value() != d_add_v.has_value())
+    raise(PyExc_ValueError, "additional_values and d_additional_values must be given together");
+  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  fna::AVBackwardArgs a;
+  a.attn = c.ref("attn", attn, c.attn());
+  a.v = c.ref("value", v, c.kv(c.p.dim_v));
+  a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
+  a.d_o = c.ref("d_output", d_o, c.q(c.p.dim_v));
+  a.d_attn = c.ref("d_attn", d_attn, c.attn());
+  a.dv = c.ref("d_value", dv, c.kv(c.p.dim_v));
+  a.d_add_v = c.opt_ref("d_additional_values", d_add_v, c.add(c.p.dim_v));
+  run([&] { return fna::av_backward(c.p, a, c.opt); });
+}
+
+fna::Backend backend_arg(const std::string& name) {
+  fna::Backend b;
+  check(fna::parse_backend(name, &b));
+  return b;
+}
+
+fna::DType dtype_arg(const std::string& name) {
+  const fna::DType all[] = {fna::DType::f32, fna::DType::f16, fna::DType::bf16};
+  for (fna::DType t : all)
+    if (name == fna::dtype_name(t)) return t;
+  raise(PyExc_TypeError, "dtype='" + name + "' is not one of float32, float16, bfloat16");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "fna: neighborhood attention (C++ core). Use the functions of the `fna` package.";
+
+  m.def("forward", &forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
+        nb::arg("output"), nb::arg("lse").none() = nb::none(),
+        nb::arg("additional_keys").none() = nb::none(),
+        nb::arg("additional_values").none() = nb::none(), FNA_OPTION_ARGS,
+        "Fused NA forward into preallocated `output` (and `lse`, float32, if given).");
+  m.def("backward", &backward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
+        nb::arg("output"), nb::arg("d_output"), nb::arg("lse"), nb::arg("d_query"),
+        nb::arg("d_key"), nb::arg("d_value"), nb::arg("additional_keys").none() = nb::none(),
+        nb::arg("additional_values").none() = nb::none(),
+        nb::arg("d_additional_keys").none() = nb::none(),
+        nb::arg("d_additional_values").none() = nb::none(), FNA_OPTION_ARGS,
+        "Fused NA backward into preallocated gradients (overwritten, not accumulated).");
+  m.def("qk_forward", &qk_forward, nb::arg("query"), nb::arg("key"), nb::arg("attn"),
+        nb::arg("additional_keys").none() = nb::none(), FNA_OPTION_ARGS,
+        "Unfused logits over the neighborhood (+ additional keys) into `attn`.");
+  m.def("qk_backward", &qk_backward, nb::arg("query"), nb::arg("key"), nb::arg("d_attn"),
+        nb::arg("d_query"), nb::arg("d_key"), nb::arg("additional_keys").none() = nb::none(),
+        nb::arg("d_additional_keys").none() = nb::none(), FNA_OPTION_ARGS);
+  m.def("av_forward", &av_forward, nb::arg("attn"), nb::arg("value"), nb::arg("output"),
+        nb::arg("additional_values").none() = nb::none(), FNA_OPTION_ARGS,
+        "Unfused weights x values over the neighborhood (+ additional values) into `output`.");
+  m.def("av_backward", &av_backward, nb::arg("attn"), nb::arg("value"), nb::arg("d_output"),
+        nb::arg("d_attn"), nb::arg("d_value"), nb::arg("additional_values").none() = nb::none(),
+        nb::arg("d_additional_values").none() = nb::none(), FNA_OPTION_ARGS);
+
+  m.def("backend_compiled", [](const std::string& name) {
+    return fna::backend_compiled(backend_arg(name));
+  }, nb::arg("backend"), "Is the named backend in this build?");
+  m.def("resolve_backend", [](const std::string& name, const std::string& device) {
+    fna::Device d;
+    if (device == "cpu") d = fna::Device::cpu;
+    else if (device == "cuda") d = fna::Device::cuda;
+    else raise(PyExc_ValueError, "device='" + device + "' is not 'cpu' or 'cuda'");
+    return std::string(fna::backend_name(fna::resolve_backend(backend_arg(name), d)));
+  }, nb::arg("backend"), nb::arg("device"), "The backend `backend` runs as on `device`.");
+  m.def("cuda_available", &fna::cuda_available,
+        "Compiled with CUDA and a device is visible.");
+  m.def("fused_configs", [](int rank, const std::string& dtype, int64_t dim) {
+    return fna::fused_configs(rank, dtype_arg(dtype), dim);
+  }, nb::arg("rank"), nb::arg("dtype"), nb::arg("dim"),
+     "Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.");
+  m.def("version", [] { return std::string(fna::version()); });
+  m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
+}
