@@ -1,0 +1,277 @@
+// fna-gpu-test: every compiled CUDA backend against the CPU reference over the random sweep of the
+// CPU tests (ranks 1-3, every SPEC parameter, dtypes, GQA, additional KV, odd shapes,
+// non-contiguous layouts) plus fixed special cases and error paths. Outputs are poisoned (NaN)
+// before each run. Problems a backend declines with Code::unsupported are counted apart.
+// The last line is always `N passed, N failed`; the exit code is non-zero on any failure.
+//
+//   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
+//                [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype float16|bfloat16|float32]
+//                [--config NAME] [--intensity I] [--sanitize] [--verbose]
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace {
+
+using fna_gpu_test::Op;
+using fna_gpu_test::Outcome;
+using fna_gpu_test::Verdict;
+using fna_test::Case;
+
+struct Args {
+  std::vector<fna::Backend> backends;
+  std::string filter;   // comma list of op families; empty = all
+  int cases = 40;       // random cases per rank
+  uint64_t seed = 0;
+  int rank = 0;         // 0 = all
+  int64_t dim = 0;      // > 0: force D (and D_v unless --dim-v)
+  int64_t dim_v = 0;
+  std::vector<fna::DType> dtypes;
+  std::string config;
+  int intensity = 0;    // 0 = mixed (mostly 1, every fourth case 2)
+  bool sanitize = false;
+  bool verbose = false;
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "fna-gpu-test: %s\nusage: fna-gpu-test [--backend NAME] [--filter fwd,bwd,qk,av] "
+               "[--cases N] [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype NAME] "
+               "[--config NAME] [--intensity I] [--sanitize] [--verbose]\n",
+               msg);
+  std::printf("0 passed, 1 failed\n");
+  std::exit(2);
+}
+
+bool parse_dtype(const std::string& s, fna::DType* out) {
+  const fna::DType all[] = {fna::DType::f32, fna::DType::f16, fna::DType::bf16};
+  for (fna::DType t : all) {
+    if (s == fna::dtype_name(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  if (s == "f32" || s == "fp32") *out = fna::DType::f32;
+  else if (s == "f16" || s == "fp16" || s == "half") *out = fna::DType::f16;
+  else if (s == "bf16") *out = fna::DType::bf16;
+  else return false;
+  return true;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + k).c_str());
+      return argv[++i];
+    };
+    if (k == "--backend") {
+      fna::Backend b;
+      const fna::Status st = fna::parse_backend(value(), &b);
+      if (!st.ok()) usage(st.message.c_str());
+      a.backends.push_back(b);
+    } else if (k == "--filter") {
+      a.filter = value();
+    } else if (k == "--cases") {
+      a.cases = std::atoi(value().c_str());
+    } else if (k == "--seed") {
+      a.seed = std::strtoull(value().c_str(), nullptr, 10);
+    } else if (k == "--rank") {
+      a.rank = std::atoi(value().c_str());
+    } else if (k == "--dim") {
+      a.dim = std::atoll(value().c_str());
+    } else if (k == "--dim-v") {
+      a.dim_v = std::atoll(value().c_str());
+    } else if (k == "--dtype") {
+      fna::DType t;
+      const std::string v = value();
+      if (!parse_dtype(v, &t)) usage(("unknown dtype " + v).c_str());
+      a.dtypes.push_back(t);
+    } else if (k == "--config") {
+      a.config = value();
+    } else if (k == "--intensity") {
+      a.intensity = std::atoi(value().c_str());
+    } else if (k == "--sanitize") {
+      a.sanitize = true;
+    } else if (k == "--verbose" || k == "-v") {
+      a.verbose = true;
+    } else {
+      usage(("unknown argument " + k).c_str());
+    }
+  }
+  if (a.dtypes.empty()) a.dtypes = {fna::DType::f32, fna::DType::f16, fna::DType::bf16};
+  if (a.backends.empty()) {
+    for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused})
+      if (fna::backend_compiled(b)) a.backends.push_back(b);
+  }
+  if (a.sanitize && a.cases == 40) a.cases = 3;
+  return a;
+}
+
+bool family_selected(const Args& a, Op op) {
+  if (a.filter.empty()) return true;
+  const std::string f = "," + a.filter + ",";
+  return f.find(std::string(",") + fna_gpu_test::op_family(op) + ",") != std::string::npos ||
+         f.find(std::string(",") + fna_gpu_test::op_name(op) + ",") != std::string::npos;
+}
+
+// Hand-made cases for the special cases of SPEC.md section 1 and the shapes around them.
+std::vector<Case> fixed_cases(fna::DType dtype) {
+  std::vector<Case> out;
+  auto add = [&](int rank, std::vector<int64_t> shape, std::vector<int64_t> kernel,
+                 std::vector<int64_t> dilation, std::vector<int64_t> stride,
+                 std::vector<bool> causal, int64_t H, int64_t Hkv, int64_t D, int64_t Dv,
+                 int64_t n_add, fna_test::Layout layout) {
+    Case c;
+    fna::Problem& p = c.p;
+    p.rank = rank;
+    p.batch = 1 + static_cast<int64_t>(out.size() % 2);
+    for (int i = 0; i < rank; ++i) {
+      p.shape[i] = shape[i];
+      p.kernel_size[i] = kernel[i];
+      p.dilation[i] = dilation.empty() ? 1 : dilation[i];
+      p.stride[i] = stride.empty() ? 1 : stride[i];
+      p.is_causal[i] = causal.empty() ? false : causal[i];
+    }
+    p.heads = H;
+    p.heads_kv = Hkv;
+    p.dim = D;
+    p.dim_v = Dv;
+    p.num_additional = n_add;
+    p.dtype = dtype;
+    c.layout = layout;
+    c.seed = 0xf1eed000u + out.size() * 131 + static_cast<uint64_t>(dtype);
+    out.push_back(c);
+  };
+  using L = fna_test::Layout;
+  add(1, {17}, {17}, {}, {}, {}, 2, 2, 32, 32, 0, L::contiguous);            // self attention
+  add(2, {5, 7}, {5, 7}, {}, {}, {}, 2, 1, 16, 16, 0, L::heads_first);       // 2-D self, MQA
+  add(1, {19}, {1}, {}, {}, {}, 1, 1, 8, 24, 0, L::contiguous);              // K = 1
+  add(1, {33}, {33}, {}, {}, {true}, 2, 2, 16, 16, 0, L::padded);            // causal, K = L
+  add(1, {24}, {6}, {}, {6}, {}, 2, 2, 32, 32, 0, L::contiguous);            // blocked
+  add(2, {12, 8}, {4, 4}, {}, {4, 4}, {}, 3, 1, 16, 8, 0, L::mixed);         // blocked 2-D
+  add(1, {23}, {5}, {3}, {2}, {}, 2, 1, 24, 24, 2, L::contiguous);           // dilation 3 | 23
+  add(2, {9, 11}, {3, 4}, {2, 2}, {1, 3}, {false, true}, 4, 2, 8, 16, 3, L::heads_first);
+  add(3, {6, 5, 7}, {3, 5, 2}, {1, 1, 3}, {2, 1, 1}, {true, false, false}, 2, 2, 16, 16, 1,
+      L::padded);
+  add(3, {4, 4, 4}, {4, 4, 4}, {}, {}, {true, true, true}, 1, 1, 64, 64, 0, L::contiguous);
+  add(1, {70}, {13}, {}, {3}, {}, 2, 1, 64, 64, 0, L::contiguous);           // past a 64-tile
+  add(2, {17, 9}, {7, 3}, {2, 1}, {1, 3}, {}, 2, 2, 128, 128, 0, L::contiguous);
+  add(2, {16, 16}, {5, 5}, {}, {}, {true, false}, 4, 4, 64, 32, 2, L::contiguous);
+  return out;
+}
+
+std::vector<Case> make_cases(const Args& a) {
+  std::vector<Case> cases;
+  fna_test::RandomLimits lim;
+  lim.dtypes = a.dtypes;
+  for (fna::DType t : a.dtypes) {
+    std::vector<Case> f = fixed_cases(t);
+    if (a.sanitize) f.resize(4);
+    for (Case& c : f)
+      if (a.rank == 0 || c.p.rank == a.rank) cases.push_back(c);
+  }
+  for (int rank = 1; rank <= 3; ++rank) {
+    if (a.rank != 0 && rank != a.rank) continue;
+    for (int i = 0; i < a.cases; ++i) {
+      const int intensity = a.intensity > 0 ? a.intensity : (i % 4 == 3 ? 2 : 1);
+      cases.push_back(fna_test::random_case(a.seed * 1000003ull + i, rank, intensity, lim));
+    }
+  }
+  for (Case& c : cases) {
+    if (a.dim > 0) c.p.dim = c.p.dim_v = a.dim;
+    if (a.dim_v > 0) c.p.dim_v = a.dim_v;
+  }
+  return cases;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  int passed = 0, failed = 0, unsupported = 0;
+  if (!fna::cuda_available()) {
+    std::printf("FAIL: no CUDA device is visible (fna::cuda_available() is false)\n");
+    std::printf("0 passed, 1 failed\n");
+    return 1;
+  }
+  if (args.backends.empty()) {
+    std::printf("FAIL: no CUDA backend is compiled into this build\n0 passed, 1 failed\n");
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<Case> cases = make_cases(args);
+  const Op ops[] = {Op::forward, Op::backward, Op::qk_forward, Op::qk_backward, Op::av_forward,
+                    Op::av_backward};
+  // per backend/op: {passed, failed, unsupported}
+  std::map<std::string, std::array<int, 3>> tally;
+  std::map<std::string, int> unsupported_reasons;
+
+  for (fna::Backend backend : args.backends) {
+    if (!fna::backend_compiled(backend) && backend != fna::Backend::automatic) {
+      std::printf("FAIL [%s]: backend not compiled into this build\n", fna::backend_name(backend));
+      ++failed;
+      continue;
+    }
+    fna_gpu_test::RunConfig rc;
+    rc.backend = backend;
+    rc.config = args.config;
+    const fna_gpu_test::ErrorResults er = fna_gpu_test::run_error_paths(backend);
+    passed += er.passed;
+    failed += static_cast<int>(er.failures.size());
+    for (const std::string& f : er.failures) std::printf("FAIL %s\n", f.c_str());
+    for (Op op : ops) {
+      if (!family_selected(args, op)) continue;
+      // The fused backend has no unfused operators (API contract, checked in the error paths).
+      if (fna_gpu_test::op_is_unfused(op) && backend == fna::Backend::cuda_fused) continue;
+      auto& t = tally[std::string(fna::backend_name(backend)) + " " + fna_gpu_test::op_name(op)];
+      for (size_t i = 0; i < cases.size(); ++i) {
+        rc.use_stream = i % 2 == 1;
+        const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
+        if (o.verdict == Verdict::pass) {
+          ++passed;
+          ++t[0];
+          if (args.verbose)
+            std::printf("ok   [%s] %s #%zu %s\n", fna::backend_name(backend),
+                        fna_gpu_test::op_name(op), i, cases[i].str().c_str());
+        } else if (o.verdict == Verdict::unsupported) {
+          ++unsupported;
+          ++t[2];
+          ++unsupported_reasons[o.detail];
+        } else {
+          ++failed;
+          ++t[1];
+          std::printf("FAIL [%s] %s #%zu %s\n%s\n", fna::backend_name(backend),
+                      fna_gpu_test::op_name(op), i, cases[i].str().c_str(), o.detail.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("---- %zu cases per op, %.1f s ----\n", cases.size(), secs);
+  for (const auto& kv : tally)
+    std::printf("%-24s %4d passed %4d failed %4d unsupported\n", kv.first.c_str(), kv.second[0],
+                kv.second[1], kv.second[2]);
+  int shown = 0;
+  for (const auto& kv : unsupported_reasons) {
+    if (shown++ == 8) {
+      std::printf("  (%zu more unsupported reasons)\n", unsupported_reasons.size() - 8);
+      break;
+    }
+    std::printf("  unsupported x%d: %s\n", kv.second, kv.first.c_str());
+  }
+  std::printf("%d unsupported\n", unsupported);
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
