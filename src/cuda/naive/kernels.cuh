@@ -177,10 +177,9 @@ __global__ void add_grad_kernel(Geometry g, int64_t p0, int64_t pairs, const TAt
 cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, float* ws,
                                    float* lse, const View& vlse, cudaStream_t stream);
 
-// Softmax backward in place: `s` holds the logits and becomes P = exp(s - LSE); `dp` holds dL/dP
-// and becomes dL/dS = P * (dP - sum(P * dP)).
-cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
-                                    float* dp, const float* lse, const View& vlse,
+// Softmax backward in place over `rows` workspace rows: `s` holds the logits and becomes
+// P = softmax(s); `dp` holds dL/dP and becomes dL/dS = P * (dP - sum(P * dP)).
+cudaError_t launch_softmax_backward(const Geometry& g, int64_t rows, float* s, float* dp,
                                     cudaStream_t stream);
 
 // Blocks for a grid-stride launch over `total` elements.

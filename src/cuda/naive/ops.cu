@@ -1,10 +1,12 @@
 // cuda-naive forward and backward: the unfused operator chain of the paper's section 3.1 over an
 // f32 workspace of attention weights.
 //   forward:  S = scale * PN(Q, K)           -> softmax (P, LSE) -> O = NN(P, V)
-//   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = exp(S - LSE), dS = P (dP - rowsum(P dP))
+//   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = softmax(S), dS = P (dP - rowsum(P dP))
 //             dQ = scale * NN(dS, K), dK = scale * IN(dS, Q), dV = IN(P, dO)
 // The workspace holds all rows of a chunk of (batch, kv head) pairs; a chunk always holds whole
 // pairs, so the IN sums over every query (and every query head of the group) of its keys.
+// The backward renormalizes P from the recomputed logits instead of reading the LSE input (see
+// softmax.cu); the LSE is still validated and produced by the forward for callers that need it.
 #include <cmath>
 
 #include "core/backends.h"
@@ -73,8 +75,7 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int r = p.rank, G = g.group;
   const cudaStream_t stream = stream_of(opt);
   const View vq = naive::user_view(a.q, r, G, true), vk = naive::user_view(a.k, r, 1, true),
-             vv = naive::user_view(a.v, r, 1, true), vdo = naive::user_view(a.d_o, r, G, true),
-             vlse = naive::user_view(a.lse, r, G, false);
+             vv = naive::user_view(a.v, r, 1, true), vdo = naive::user_view(a.d_o, r, G, true);
   const View vdq = naive::user_view(a.dq, r, G, true), vdk = naive::user_view(a.dk, r, 1, true),
              vdv = naive::user_view(a.dv, r, 1, true);
   const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v),
@@ -95,9 +96,7 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
     // Masked slots of dP only ever meet P = 0, so any finite value does.
     FNA_TRY((naive::pn<T, float>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv, a.add_v.data, vav,
                                  g.dim_v, ws_ds, vw, 1.f, 0.f, stream)));
-    FNA_CUDA_TRY(naive::launch_softmax_backward(g, p0, rows, ws_p, ws_ds,
-                                                static_cast<const float*>(a.lse.data), vlse,
-                                                stream));
+    FNA_CUDA_TRY(naive::launch_softmax_backward(g, rows, ws_p, ws_ds, stream));
     FNA_TRY((naive::nn<float, T>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data, vak, g.dim,
                                  a.dq.data, vdq, scale, stream)));
     FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.dk.data, vdk,

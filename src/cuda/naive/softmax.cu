@@ -42,18 +42,24 @@ __global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, flo
   }
 }
 
-__global__ void softmax_backward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws_s,
-                                        float* ws_dp, const float* lse, View vlse) {
+// P is renormalized from the row itself rather than taken as exp(s - LSE): the forward's LSE was
+// rounded separately, and a row whose softmax is exactly one-hot (K = 1, or a causal row that
+// sees only its query) must give dS = 0 exactly, as the true gradient is.
+__global__ void softmax_backward_kernel(Geometry g, int64_t rows, float* ws_s, float* ws_dp) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock) {
-    const Row row = decode_row(g, p0, r);
-    const float l = lse[vlse.at(row.b, row.c, row.hkv, row.g, 0)];
     float* s = ws_s + r * g.cols;
     float* dp = ws_dp + r * g.cols;
+    float m = -INFINITY;
+    for (int c = lane; c < g.cols; c += 32) m = fmaxf(m, s[c]);
+    m = warp_max(m);
+    float sum = 0.f;
+    for (int c = lane; c < g.cols; c += 32) sum += expf(s[c] - m);  // masked slots: exp(-inf) = 0
+    const float inv = 1.f / warp_sum(sum);
     float delta = 0.f;
     for (int c = lane; c < g.cols; c += 32) {
-      const float p = expf(s[c] - l);  // masked slots: exp(-inf) = 0
+      const float p = expf(s[c] - m) * inv;
       s[c] = p;
       delta = fmaf(p, dp[c], delta);
     }
@@ -76,10 +82,9 @@ cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
-                                    float* dp, const float* lse, const View& vlse,
+cudaError_t launch_softmax_backward(const Geometry& g, int64_t rows, float* s, float* dp,
                                     cudaStream_t stream) {
-  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp, lse, vlse);
+  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, rows, s, dp);
   return cudaGetLastError();
 }
 
