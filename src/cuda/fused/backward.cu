@@ -1,12 +1,210 @@
-// Placeholder until the fused backward kernels land: `cuda-fused` answers `unsupported`, and `auto`
-// falls back to `cuda-naive`.
+// Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
+// per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
+// and dQ kernels (bwd_dkdv.cuh, bwd_dq.cuh). Anything outside the fast path answers `unsupported`
+// so that `auto` falls back to the naive backend.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
 #include "core/backends.h"
+#include "core/neighborhood.h"
+#include "cuda/common/runtime.cuh"
+#include "cuda/fused/bwd_launch.cuh"
 
 namespace fna {
+namespace bwd {
+
+FNA_BWD_DECLARE(__half, 64)
+FNA_BWD_DECLARE(__half, 128)
+FNA_BWD_DECLARE(__nv_bfloat16, 64)
+FNA_BWD_DECLARE(__nv_bfloat16, 128)
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// One warp per (batch, token, head): stats = {LSE * log2(e), sum_d dO * O}.
+template <typename T>
+__global__ void stats_kernel(const Params p, const T* o, TokStrides so, const float* lse,
+                             TokStrides sl, float2* stats) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+  if (row >= rows) return;
+  const int h = int(row % p.heads);
+  const int64_t tok = (row / p.heads) % p.tokens;
+  const int b = int(row / (int64_t(p.heads) * p.tokens));
+  int x[kAxes];
+  token_coords(p, tok, x);
+  const T* gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, b, x, h);
+  const T* gO = o + tok_offset(so, b, x, h);
+  float acc = 0.f;
+  for (int d = lane; d < p.dim_v; d += 32) acc += float(gdO[d]) * float(gO[d]);
+  for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  if (lane == 0) stats[row] = make_float2(lse[tok_offset(sl, b, x, h)] * kLog2e, acc);
+}
+
+// Strides of a [B, L.., H, D] TensorRef lifted to 3 axes. Returns false when the head dim is not
+// contiguous (no path reads that); clears *aligned when rows are not 16-byte aligned (cp.async).
+bool lift(const Problem& p, const TensorRef& t, TokStrides* s, bool* aligned) {
+  s->b = t.strides[0];
+  const int lead = kAxes - p.rank;  // lifted axes (tiling.cuh): the problem's are the last ones
+  for (int a = 0; a < kAxes; ++a) s->x[a] = a >= lead ? t.strides[1 + a - lead] : 0;
+  s->h = t.strides[p.rank + 1];
+  bool al = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % 8 == 0 && s->h % 8 == 0;
+  for (int a = 0; a < kAxes; ++a) al = al && s->x[a] % 8 == 0;
+  *aligned = *aligned && al;
+  return t.strides[p.rank + 2] == 1;
+}
+bool lift_add(const TensorRef& t, AddStrides* s, bool* aligned) {
+  s->b = t.strides[0];
+  s->n = t.strides[1];
+  s->h = t.strides[2];
+  *aligned = *aligned && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % 8 == 0 &&
+             s->n % 8 == 0 && s->h % 8 == 0;
+  return t.strides[3] == 1;
+}
+
+int next_pow2(int v) {
+  int r = 1;
+  while (r < v) r *= 2;
+  return r;
+}
+
+// Spreads `rows` (a power of two) over the axes as powers of two: each doubling goes to the axis
+// whose group is longest relative to the tile so far (ties to the later axis, contiguous in
+// memory), so short axes are not over-tiled and the halo per tile stays small. Once every axis is
+// covered, the last axis (always one of the problem's: lifted axes lead) takes the rest.
+void pick_tile(const Params& p, int rows, int* shape) {
+  int cap[kAxes];
+  for (int a = 0; a < kAxes; ++a) {
+    shape[a] = 1;
+    cap[a] = next_pow2(nbr::group_length(p.geo.axis[a], 0));
+  }
+  for (int n = 1; n < rows; n *= 2) {
+    int best = kAxes - 1;
+    double best_ratio = 1.0;
+    for (int a = kAxes - 1; a >= 0; --a) {
+      const double r = double(cap[a]) / shape[a];
+      if (r > best_ratio) best_ratio = r, best = a;
+    }
+    shape[best] *= 2;
+  }
+}
+
+void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, int64_t* n_tiles) {
+  pick_tile(*p, q_rows, p->tq);
+  pick_tile(*p, kv_rows, p->tkv);
+  *n_tiles = 1;
+  for (int a = 0; a < kAxes; ++a) {
+    const int t = own_kv ? p->tkv[a] : p->tq[a];
+    p->tiles[a] = (nbr::group_length(p->geo.axis[a], 0) + t - 1) / t;
+    *n_tiles *= p->tiles[a];
+  }
+}
+
+template <typename T>
+Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad) {
+  cudaStream_t stream = detail::stream_of(opt);
+  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+  detail::Workspace ws(stream);
+  Status st = ws.allocate(size_t(rows) * sizeof(float2), "backward statistics");
+  if (!st.ok()) return st;
+  p.stats = ws.as<float2>();
+
+  TokStrides so{}, sl{};
+  bool unused = true;
+  lift(pr, a.o, &so, &unused);
+  sl.b = a.lse.strides[0];
+  const int lead = kAxes - pr.rank;
+  for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
+  sl.h = a.lse.strides[pr.rank + 1];
+
+  Params p_dkdv = p, p_dq = p;
+  int64_t n_dkdv = 0, n_dq = 0;
+  set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);
+  set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
+  const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
+  const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
+  if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
+    return {Code::unsupported, "backend=cuda-fused: batch * heads * dilation groups = " +
+                                   std::to_string(y_dq) + " exceeds the grid"};
+  const dim3 grid_dkdv{unsigned(n_dkdv), unsigned(y_dkdv)};
+  const dim3 grid_add{unsigned((p.num_add + kDkdvKeys - 1) / kDkdvKeys), unsigned(p.batch * p.heads_kv)};
+  const dim3 grid_dq{unsigned(n_dq), unsigned(y_dq)};
+
+  const int threads = 256;
+  const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);
+  stats_kernel<T><<<blocks, threads, 0, stream>>>(p, static_cast<const T*>(a.o.data), so,
+                                                  static_cast<const float*>(a.lse.data), sl,
+                                                  ws.as<float2>());
+  FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
+  if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+  return launch_backward<T, 128>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+}
+
+}  // namespace
+}  // namespace bwd
+
 namespace detail {
 
-Status cuda_fused_backward(const Problem&, const BackwardArgs&, const Options&) {
-  return {Code::unsupported, "backend=cuda-fused: backward is not implemented yet"};
+Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt) {
+  using namespace bwd;
+  auto unsupported = [](const std::string& why) {
+    return Status{Code::unsupported, "backend=cuda-fused backward: " + why};
+  };
+  if (pr.dtype == DType::f32) return unsupported("dtype=float32 is not implemented (f16/bf16 only)");
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 128) return unsupported("head dim " + std::to_string(dmax) + " > 128");
+  if (opt.config.size() > 0) return unsupported("explicit configurations are not supported: " + opt.config);
+
+  for (int ax = 0; ax < pr.rank; ++ax)
+    if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
+  Params p{};
+  p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
+                                pr.is_causal);
+  p.num_groups = p.geo.num_groups();
+  p.batch = int(pr.batch);
+  p.heads = int(pr.heads);
+  p.heads_kv = int(pr.heads_kv);
+  p.heads_per_kv = int(pr.heads / pr.heads_kv);
+  p.dim = int(pr.dim);
+  p.dim_v = int(pr.dim_v);
+  p.num_add = int(pr.num_additional);
+  p.tokens = pr.tokens();
+  p.scale = float(opt.scale);
+  p.scale_log2 = float(opt.scale) * 1.4426950408889634f;
+
+  bool al = pr.dim % 8 == 0 && pr.dim_v % 8 == 0;
+  bool ok = lift(pr, a.q, &p.sq, &al) && lift(pr, a.k, &p.sk, &al) && lift(pr, a.v, &p.sv, &al) &&
+            lift(pr, a.d_o, &p.sdo, &al) && lift(pr, a.dq, &p.sdq, &al) &&
+            lift(pr, a.dk, &p.sdk, &al) && lift(pr, a.dv, &p.sdv, &al) &&
+            a.o.strides[pr.rank + 2] == 1;
+  if (p.num_add > 0)
+    ok = ok && lift_add(a.add_k, &p.sak, &al) && lift_add(a.add_v, &p.sav, &al) &&
+         lift_add(a.d_add_k, &p.sdak, &al) && lift_add(a.d_add_v, &p.sdav, &al);
+  if (!ok) return unsupported("needs unit stride on the head dim of every tensor");
+  p.aligned = al;
+  p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.d_o = a.d_o.data;
+  p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
+  p.add_k = a.add_k.data, p.add_v = a.add_v.data;
+  p.d_add_k = a.d_add_k.data, p.d_add_v = a.d_add_v.data;
+
+  DeviceGuard guard;
+  Status st = guard.set(opt.device_index);
+  if (!st.ok()) return st;
+  int major = 0;
+  FNA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device_index));
+  if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16/f16)");
+  if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
+
+  const int dpad = dmax <= 64 ? 64 : 128;
+  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad);
+  return run<__nv_bfloat16>(pr, a, opt, p, dpad);
 }
 
 }  // namespace detail

@@ -1,0 +1,330 @@
+// dK / dV kernel of the fused backward (FlashAttention-2 style, recomputing attention from Q, K
+// and LSE). A CTA owns one multi-dimensional key/value tile of one (batch, kv head, dilation
+// group) and visits the query tiles of its inverse neighborhood for every query head of its GQA
+// group, so it writes dK / dV once, without atomics. Everything is computed transposed (keys as
+// rows): S^T = K Q^T, so P^T and dS^T come out of the tensor cores already in the A-operand layout
+// of dV += P^T dO and dK += dS^T Q and never leave registers.
+//
+// Each warp owns 16 keys. The additional (global) keys run through the same mainloop with
+// `additional` set: their tile is a run of additional tokens and the queries are all tokens in
+// flat order, with no neighborhood mask.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/fused/bwd_mma.cuh"
+#include "cuda/fused/bwd_params.cuh"
+
+namespace fna {
+namespace bwd {
+
+template <typename T, int kD, int kWarps, int kQ, int kQSub>
+struct DkdvTraits {
+  static constexpr int kKV = 16 * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kChunks = kD / 8;
+  static constexpr int kTile = kD * int(sizeof(T));  // bytes of one row
+  static constexpr size_t kSmemK = size_t(kKV) * kTile;
+  static constexpr size_t kSmemQ = size_t(kQ) * kTile;
+  static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + 2 * kQ * sizeof(float2) +
+                                  kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2);
+  static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
+};
+
+template <typename T, int kD, int kWarps, int kQ, int kQSub>
+__global__ void __launch_bounds__(32 * kWarps, 1)
+    dkdv_kernel(const Params p, const bool additional) {
+  using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub>;
+  constexpr int kKV = Tr::kKV, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
+  constexpr int kNB = kQSub / 8;  // n8 blocks of queries per sub-tile
+  constexpr int kDB = kD / 8;     // n8 blocks of the head dim
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kKV * kD;
+  T* sQ = sV + kKV * kD;       // [2][kQ][kD]
+  T* sdO = sQ + 2 * kQ * kD;   // [2][kQ][kD]
+  float2* s_stat = reinterpret_cast<float2*>(sdO + 2 * kQ * kD);  // [2][kQ]
+  uint32_t* s_qoff = reinterpret_cast<uint32_t*>(s_stat + 2 * kQ);
+  int2* s_kinv = reinterpret_cast<int2*>(s_qoff + kQ);  // [kKV][kAxes]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // ---- which tile this CTA owns ------------------------------------------------------------
+  int b, hkv, kv0[kAxes] = {0, 0, 0};
+  Group G;
+  int64_t n0 = 0;  // additional mode: first additional token
+  if (!additional) {
+    int y = blockIdx.y;
+    const int group = y % p.num_groups;
+    y /= p.num_groups;
+    hkv = y % p.heads_kv;
+    b = y / p.heads_kv;
+    G = Group::of(p.geo, group);
+    int x = blockIdx.x;
+    for (int a = kAxes - 1; a >= 0; --a) {
+      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
+      x /= p.tiles[a];
+      if (kv0[a] >= G.len[a]) return;  // this group is shorter than group 0 on this axis
+    }
+  } else {
+    hkv = blockIdx.y % p.heads_kv;
+    b = blockIdx.y / p.heads_kv;
+    n0 = int64_t(blockIdx.x) * kKV;
+    for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
+  }
+
+  // ---- the key/value tile, once --------------------------------------------------------------
+  const T* gK = static_cast<const T*>(additional ? p.add_k : p.k);
+  const T* gV = static_cast<const T*>(additional ? p.add_v : p.v);
+  for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    bool valid;
+    int64_t ok = 0, ov = 0;
+    if (!additional) {
+      const uint32_t off = pack_offsets(p.tkv, row);
+      int i[kAxes], x[kAxes];
+      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
+      valid = to_global(p, G, i, x);
+      ok = tok_offset(p.sk, b, x, hkv);
+      ov = tok_offset(p.sv, b, x, hkv);
+    } else {
+      valid = n0 + row < p.num_add;
+      ok = b * p.sak.b + (n0 + row) * p.sak.n + hkv * p.sak.h;
+      ov = b * p.sav.b + (n0 + row) * p.sav.n + hkv * p.sav.h;
+    }
+    const int so = Swizzled<kD>::offset(row, c);
+    load_chunk(sK + so, valid ? gK + ok : nullptr, c, p.dim, p.aligned, gK);
+    load_chunk(sV + so, valid ? gV + ov : nullptr, c, p.dim_v, p.aligned, gV);
+  }
+  cp_async_commit();
+
+  // Inverse windows of this tile's keys: the mask of border tiles reads them.
+  nbr::Range qr[kAxes];  // queries to visit per axis (neighborhood mode)
+  int nq[kAxes] = {1, 1, 1};
+  int64_t n_tiles;
+  if (!additional) {
+    if (tid < kKV) {
+      const uint32_t off = pack_offsets(p.tkv, tid);
+      int i[kAxes];
+      bool valid = true;
+      for (int a = 0; a < kAxes; ++a) {
+        i[a] = kv0[a] + unpack_offset(off, a);
+        valid = valid && i[a] < G.len[a];
+      }
+      for (int a = 0; a < kAxes; ++a) {
+        const nbr::Range r = valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
+        s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
+      }
+    }
+    n_tiles = 1;
+    for (int a = 0; a < kAxes; ++a) {
+      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
+      qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
+      nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
+      n_tiles *= nq[a];
+    }
+  } else {
+    n_tiles = (p.tokens + kQ - 1) / kQ;
+  }
+  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
+  __syncthreads();  // s_qoff is read by the first query-tile load
+
+  const int64_t n_iter = n_tiles * p.heads_per_kv;
+  const T* gQ = static_cast<const T*>(p.q);
+  const T* gdO = static_cast<const T*>(p.d_o);
+
+  // Query tile `it`: its first local coordinates (neighborhood mode) and head.
+  auto tile_origin = [&](int64_t it, int* q0, int* h) {
+    const int64_t hh = it / n_tiles;
+    int64_t t = it - hh * n_tiles;
+    *h = hkv * p.heads_per_kv + int(hh);
+    for (int a = kAxes - 1; a >= 0; --a) {
+      q0[a] = additional ? 0 : qr[a].begin + int(t % nq[a]) * p.tq[a];
+      if (!additional) t /= nq[a];
+    }
+    if (additional) q0[0] = int(t);  // flat tile index
+  };
+
+  auto load_q_tile = [&](int64_t it, int buf) {
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
+    T* dQ_ = sQ + buf * kQ * kD;
+    T* ddO = sdO + buf * kQ * kD;
+    for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
+      const int row = idx / kChunks, c = idx % kChunks;
+      int x[kAxes];
+      bool valid;
+      if (!additional) {
+        int i[kAxes];
+        const uint32_t off = s_qoff[row];
+        for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
+        valid = to_global(p, G, i, x);
+      } else {
+        const int64_t tok = int64_t(q0[0]) * kQ + row;
+        valid = tok < p.tokens;
+        token_coords(p, valid ? tok : 0, x);
+      }
+      const int so = Swizzled<kD>::offset(row, c);
+      load_chunk(dQ_ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned,
+                 gQ);
+      load_chunk(ddO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
+                 p.aligned, gdO);
+      if (c == 0) {
+        float2 st = make_float2(INFINITY, 0.f);  // no query: P = exp2(-inf) = 0
+        if (valid) st = p.stats[(int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h];
+        s_stat[buf * kQ + row] = st;
+      }
+    }
+    cp_async_commit();
+  };
+
+  // A (key tile, query tile) pair needs no mask when both lie inside the group and the keys are
+  // in every window of the query tile.
+  auto tile_is_full = [&](int64_t it) {
+    if (additional) return true;
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
+    bool full = true;
+    for (int a = 0; a < kAxes; ++a) {
+      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
+      if (q1 > G.len[a] || k1 > G.len[a]) return false;
+      const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
+      full = full && in.begin <= kv0[a] && k1 <= in.end;
+    }
+    return full;
+  };
+
+  float acc_dk[kDB][4], acc_dv[kDB][4];
+#pragma unroll
+  for (int n = 0; n < kDB; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
+
+  const uint32_t baseK = smem_u32(sK), baseV = smem_u32(sV);
+  const int wrow = warp * 16;
+
+  if (n_iter > 0) load_q_tile(0, 0);
+  for (int64_t it = 0; it < n_iter; ++it) {
+    const int buf = int(it & 1);
+    cp_async_wait_all();
+    __syncthreads();
+    if (it + 1 < n_iter) load_q_tile(it + 1, buf ^ 1);
+    const bool masked = !tile_is_full(it);
+    int q0[kAxes], h_unused;
+    tile_origin(it, q0, &h_unused);
+    const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
+    const float2* stat = s_stat + buf * kQ;
+
+#pragma unroll 1
+    for (int qs = 0; qs < kQ; qs += kQSub) {
+      float s[kNB][4], dp[kNB][4];
+#pragma unroll
+      for (int n = 0; n < kNB; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+
+      // S^T = K Q^T and dP^T = V dO^T over the head dim.
+#pragma unroll
+      for (int k0 = 0; k0 < kD; k0 += 16) {
+        uint32_t a[4], bb[4];
+        load_a<kD>(a, baseK, wrow, k0, lane);
+#pragma unroll
+        for (int n = 0; n < kNB; n += 2) {
+          load_b_nk<kD>(bb, baseQ, qs + n * 8, k0, lane);
+          mma16816<T>(s[n], a, bb[0], bb[1]);
+          mma16816<T>(s[n + 1], a, bb[2], bb[3]);
+        }
+        load_a<kD>(a, baseV, wrow, k0, lane);
+#pragma unroll
+        for (int n = 0; n < kNB; n += 2) {
+          load_b_nk<kD>(bb, baseO, qs + n * 8, k0, lane);
+          mma16816<T>(dp[n], a, bb[0], bb[1]);
+          mma16816<T>(dp[n + 1], a, bb[2], bb[3]);
+        }
+      }
+
+      // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
+#pragma unroll
+      for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = qs + n * 8 + 2 * (lane & 3) + (e & 1);
+          const float2 st = stat[col];
+          float x = s[n][e] * p.scale_log2 - st.x;
+          if (masked) {
+            const int row = wrow + (lane >> 2) + ((e >> 1) << 3);
+            const uint32_t off = s_qoff[col];
+            bool in = true;
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) {
+              const int qi = q0[a] + unpack_offset(off, a);
+              const int2 r = s_kinv[row * kAxes + a];
+              in = in && qi >= r.x && qi < r.y;
+            }
+            if (!in) x = -INFINITY;
+          }
+          const float pe = mma::fast_exp2(x);
+          s[n][e] = pe;
+          dp[n][e] = pe * (dp[n][e] - st.y);
+        }
+      }
+
+      // dV += P^T dO, dK += dS^T Q: the accumulators' C layout is the A layout of the next mma.
+#pragma unroll
+      for (int kk = 0; kk < kNB / 2; ++kk) {
+        uint32_t ap[4], ad[4], bb[4];
+        ap[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        ap[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        ap[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        ap[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        ad[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+        ad[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+        ad[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+        ad[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < kDB; n += 2) {
+          load_b_kn<kD>(bb, baseO, qs + kk * 16, n * 8, lane);
+          mma16816<T>(acc_dv[n], ap, bb[0], bb[1]);
+          mma16816<T>(acc_dv[n + 1], ap, bb[2], bb[3]);
+          load_b_kn<kD>(bb, baseQ, qs + kk * 16, n * 8, lane);
+          mma16816<T>(acc_dk[n], ad, bb[0], bb[1]);
+          mma16816<T>(acc_dk[n + 1], ad, bb[2], bb[3]);
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
+  T* gdK = static_cast<T*>(additional ? p.d_add_k : p.dk);
+  T* gdV = static_cast<T*>(additional ? p.d_add_v : p.dv);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+    bool valid;
+    int64_t ok, ov;
+    if (!additional) {
+      const uint32_t off = pack_offsets(p.tkv, row);
+      int i[kAxes], x[kAxes];
+      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
+      valid = to_global(p, G, i, x);
+      ok = tok_offset(p.sdk, b, x, hkv);
+      ov = tok_offset(p.sdv, b, x, hkv);
+    } else {
+      valid = n0 + row < p.num_add;
+      ok = b * p.sdak.b + (n0 + row) * p.sdak.n + hkv * p.sdak.h;
+      ov = b * p.sdav.b + (n0 + row) * p.sdav.n + hkv * p.sdav.h;
+    }
+    if (!valid) continue;
+#pragma unroll
+    for (int n = 0; n < kDB; ++n) {
+      const int col = n * 8 + 2 * (lane & 3);
+      store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
+                 acc_dk[n][2 * half + 1] * p.scale, p.aligned);
+      store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1], p.aligned);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace fna
