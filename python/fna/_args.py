@@ -10,6 +10,8 @@ NotImplementedError / RuntimeError.
 import math
 import numbers
 
+import numpy as np
+
 BACKENDS = ("auto", "reference", "cpu", "cuda-naive", "cuda-fused")
 CUDA_BACKENDS = ("cuda-naive", "cuda-fused")
 
@@ -26,7 +28,7 @@ def _is_int(v):
 
 def _is_bool(v):
     # numpy.bool_ is not a subclass of bool.
-    return isinstance(v, bool) or type(v).__name__ == "bool_"
+    return isinstance(v, (bool, np.bool_))
 
 
 def per_axis(name, value, rank, boolean=False):

@@ -1,0 +1,276 @@
+"""Every error path: the exception type and a message naming the argument and its value."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import fna
+from fna import _C
+from helpers import check_close, dense_na, seed_of
+
+
+def arrays(shape=(1, 8, 8, 2, 4), n=3, dtype=np.float32, seed="errors"):
+    rng = np.random.default_rng(seed_of(seed, shape))
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(n)]
+
+
+# ---- argument normalization (Python side) --------------------------------------------------------
+
+def test_per_axis_arity_message():
+    q, k, v = arrays()
+    with pytest.raises(ValueError, match=r"^kernel_size=\(3, 3, 3\) has 3 entries for a 2-D input$"):
+        fna.na2d(q, k, v, kernel_size=(3, 3, 3))
+    with pytest.raises(ValueError, match=r"stride=\(1,\) has 1 entries for a 2-D input"):
+        fna.na2d(q, k, v, 3, stride=(1,))
+    with pytest.raises(ValueError, match=r"dilation=\[1, 1, 1\]|dilation=\(1, 1, 1\)"):
+        fna.na2d(q, k, v, 3, dilation=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"is_causal=\(True, False, True\) has 3 entries"):
+        fna.na2d(q, k, v, 3, is_causal=(True, False, True))
+
+
+def test_per_axis_types():
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match="kernel_size=3.0"):
+        fna.na2d(q, k, v, 3.0)
+    with pytest.raises(TypeError, match="kernel_size=True"):
+        fna.na2d(q, k, v, True)
+    with pytest.raises(TypeError, match="is_causal=1"):
+        fna.na2d(q, k, v, 3, is_causal=1)
+    # numpy integers and bools are accepted
+    fna.na2d(q, k, v, np.int64(3), is_causal=np.bool_(False), backend="reference")
+
+
+@pytest.mark.parametrize("fn,shape", [(fna.na1d, (1, 8, 8, 2, 4)), (fna.na2d, (1, 8, 2, 4)),
+                                      (fna.na3d, (1, 8, 8, 2, 4))])
+def test_wrong_rank(fn, shape):
+    q, k, v = arrays(shape)
+    with pytest.raises(ValueError, match=r"query has shape .* expected \d dims"):
+        fn(q, k, v, 3)
+
+
+def test_wrong_shapes():
+    q, k, v = arrays()
+    with pytest.raises(ValueError, match=r"key has shape \(1, 8, 7, 2, 4\), expected \(1, 8, 8, 2, 4\)"):
+        fna.na2d(q, k[:, :, :7], v, 3)
+    with pytest.raises(ValueError, match=r"value has shape \(1, 8, 7, 2, 4\)"):
+        fna.na2d(q, k, v[:, :, :7], 3)
+    with pytest.raises(ValueError, match=r"key has shape \(1, 8, 8, 2, 3\), expected \(1, 8, 8, 2, 4\)"):
+        fna.na2d(q, k[..., :3], v, 3)
+    with pytest.raises(ValueError, match="key has shape"):
+        fna.na2d(q, k[:, :, :, :1], v, 3)  # key heads != value heads
+    with pytest.raises(ValueError, match=r"value has shape \(2, 8, 8, 2, 4\)"):
+        fna.na2d(q, k, np.concatenate([v, v]), 3)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(kernel_size=9), r"kernel_size\[0\]=9 \* dilation\[0\]=1 exceeds input length 8"),
+    (dict(kernel_size=(3, 5), dilation=(1, 2)), r"kernel_size\[1\]=5 \* dilation\[1\]=2 exceeds input length 8"),
+    (dict(kernel_size=(3, 0)), r"kernel_size\[1\]=0 must be >= 1"),
+    (dict(kernel_size=3, stride=4), r"stride\[0\]=4 must be in \[1, kernel_size\[0\]=3\]"),
+    (dict(kernel_size=3, stride=(1, 0)), r"stride\[1\]=0 must be in \[1, kernel_size\[1\]=3\]"),
+    (dict(kernel_size=3, dilation=0), r"dilation\[0\]=0 must be >= 1"),
+    (dict(kernel_size=3, dilation=(1, -2)), r"dilation\[1\]=-2 must be >= 1"),
+])
+def test_bad_parameters(kwargs, message):
+    q, k, v = arrays()
+    for backend in ("reference", "cpu", None):
+        with pytest.raises(ValueError, match=message):
+            fna.na2d(q, k, v, backend=backend, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        fna.na2d_qk(q, k, **kwargs)
+
+
+def test_gqa_heads():
+    q, = arrays((1, 8, 8, 3, 4), n=1)
+    k, v = arrays((1, 8, 8, 2, 4), n=2)
+    with pytest.raises(ValueError, match=r"heads=3 is not a multiple of heads_kv=2"):
+        fna.na2d(q, k, v, 3)
+
+
+def test_dtypes():
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match="key has dtype float16 but the problem's dtype is float32"):
+        fna.na2d(q, k.astype(np.float16), v, 3)
+    with pytest.raises(TypeError, match="query has dtype float64; fna supports float32, float16 and bfloat16"):
+        fna.na2d(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 3)
+    with pytest.raises(TypeError, match="query has dtype int32"):
+        fna.na2d(q.astype(np.int32), k, v, 3)
+
+
+def test_backend_names():
+    q, k, v = arrays()
+    with pytest.raises(ValueError, match=r"backend='flash' is not one of auto, reference, cpu"):
+        fna.na2d(q, k, v, 3, backend="flash")
+    with pytest.raises(TypeError, match="backend=3 must be a string"):
+        fna.na2d(q, k, v, 3, backend=3)
+    with pytest.raises(ValueError, match=r"backend='cuda-naive' needs CUDA tensors"):
+        fna.na2d(q, k, v, 3, backend="cuda-naive")
+    with pytest.raises(ValueError, match=r"backend='cuda-fused' needs CUDA tensors"):
+        fna.na2d_qk(q, k, 3, backend="cuda-fused")
+    with pytest.raises(ValueError, match="is not one of"):
+        fna.backend_compiled("nope")
+    assert fna.backend_compiled("reference") and fna.backend_compiled("cpu")
+    assert fna.resolve_backend(None, "cpu") == "cpu"
+
+
+def test_additional_kv_errors():
+    q, k, v = arrays()
+    ak, av = arrays((1, 3, 2, 4), n=2)
+    with pytest.raises(ValueError, match="additional_keys and additional_values must be given together"):
+        fna.na2d(q, k, v, 3, additional_keys=ak)
+    with pytest.raises(ValueError, match=r"additional_keys has shape \(3, 2, 4\) \(3 dims\); expected 4 dims"):
+        fna.na2d(q, k, v, 3, additional_keys=ak[0], additional_values=av)
+    with pytest.raises(ValueError, match=r"additional_values has shape \(1, 2, 2, 4\), expected \(1, 3, 2, 4\)"):
+        fna.na2d(q, k, v, 3, additional_keys=ak, additional_values=av[:, :2])
+    with pytest.raises(ValueError, match=r"additional_keys has batch 2 but query has batch 1"):
+        fna.na2d(q, k, v, 3, additional_keys=np.concatenate([ak, ak]), additional_values=av)
+    with pytest.raises(ValueError, match=r"additional_keys has shape \(1, 3, 1, 4\), expected \(1, 3, 2, 4\)"):
+        fna.na2d(q, k, v, 3, additional_keys=ak[:, :, :1], additional_values=av)
+
+
+def test_scale_errors():
+    q, k, v = arrays()
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale=.* must be a finite number > 0"):
+            fna.na2d(q, k, v, 3, scale=bad)
+    with pytest.raises(TypeError, match="scale='1'"):
+        fna.na2d(q, k, v, 3, scale="1")
+
+
+def test_framework_mixing_and_types():
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match="query must be a torch.Tensor or a numpy.ndarray, got list"):
+        fna.na2d(q.tolist(), k, v, 3)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="key is a torch array but query is a numpy array"):
+        fna.na2d(q, torch.from_numpy(k), v, 3)
+
+
+def test_unfused_errors():
+    q, k, v = arrays()
+    attn = fna.na2d_qk(q, k, 3, backend="reference")
+    with pytest.raises(ValueError, match=r"attn has 8 entries in its last dimension, expected 9"):
+        fna.na2d_av(attn[..., :8], v, 3)
+    with pytest.raises(ValueError, match=r"attn has 9 entries in its last dimension, expected 12 \(window 9 \+ additional 3\)"):
+        fna.na2d_av(attn, v, 3, additional_values=arrays((1, 3, 2, 4), n=1)[0])
+    with pytest.raises(ValueError, match=r"na2d_av: attn has shape .* expected 5 dims \[batch, X, Y, heads, window \+ n_additional\]"):
+        fna.na2d_av(attn[0], v, 3)
+    with pytest.raises(TypeError, match="value has dtype float16"):
+        fna.na2d_av(attn, v.astype(np.float16), 3)
+
+
+def test_backward_errors():
+    q, k, v = arrays()
+    out, lse = fna.na2d(q, k, v, 3, return_lse=True, backend="reference")
+    with pytest.raises(TypeError, match="lse has dtype float16; it must be float32"):
+        fna.na_backward(out, q, k, v, out, lse.astype(np.float16), 3)
+    with pytest.raises(ValueError, match=r"lse has shape \(1, 8, 8\), expected \(1, 8, 8, 2\)"):
+        fna.na_backward(out, q, k, v, out, lse[..., 0], 3)
+    with pytest.raises(ValueError, match=r"d_output has shape"):
+        fna.na_backward(out[:, :4], q, k, v, out, lse, 3)
+    with pytest.raises(ValueError, match=r"kernel_size\[0\]=9"):
+        fna.na_backward(out, q, k, v, out, lse, 9)
+
+
+# ---- the extension directly: shape safety, poisoned outputs, read-only memory ---------------------
+
+SP2 = dict(kernel_size=[3, 3], stride=[1, 1], dilation=[1, 1], is_causal=[False, False],
+           backend="reference")
+
+
+def test_extension_writes_every_output():
+    """Outputs poisoned with NaN before the call come back finite and correct."""
+    q, k, v = arrays()
+    out = np.full_like(q, np.nan)
+    lse = np.full(q.shape[:-1], np.nan, np.float32)
+    _C.forward(q, k, v, out, lse, **SP2)
+    ref = dense_na(q, k, v, [3, 3])
+    check_close(out, ref["out"])
+    check_close(lse, ref["lse"], what="lse")
+    d_out, = arrays(n=1, seed="d_out")
+    grads = [np.full_like(x, np.nan) for x in (q, k, v)]
+    _C.backward(q, k, v, out, d_out, lse, *grads, **SP2)
+    ref = dense_na(q, k, v, [3, 3], d_out=d_out)
+    for g, name in zip(grads, ("dq", "dk", "dv")):
+        check_close(g, ref[name], what=name)
+
+
+def test_extension_checks_every_shape():
+    """TensorRef carries no extents: the binding must refuse any array whose shape does not fit
+    its role (else the kernels would read or write out of bounds)."""
+    q, k, v = arrays()
+    out = np.empty_like(q)
+    with pytest.raises(ValueError, match=r"output has shape \(1, 8, 8, 2, 3\)"):
+        _C.forward(q, k, v, out[..., :3], **SP2)
+    with pytest.raises(ValueError, match=r"lse has shape \(1, 8, 8\)"):
+        _C.forward(q, k, v, out, np.empty((1, 8, 8), np.float32), **SP2)
+    with pytest.raises(ValueError, match="query has 3 dimensions; expected 4, 5 or 6"):
+        _C.forward(q[0, 0], k, v, out, **SP2)
+    with pytest.raises(ValueError, match="kernel_size has 3 entries for a 2-D input"):
+        _C.forward(q, k, v, out, **dict(SP2, kernel_size=[3, 3, 3]))
+    with pytest.raises(ValueError, match=r"attn has shape \(1, 8, 8, 2, 8\), expected \(1, 8, 8, 2, 9\)"):
+        _C.qk_forward(q, k, np.empty((1, 8, 8, 2, 8), np.float32), **SP2)
+    with pytest.raises(ValueError, match="backend='x' is not one of"):
+        _C.forward(q, k, v, out, **dict(SP2, backend="x"))
+
+
+def test_extension_refuses_readonly_output():
+    q, k, v = arrays()
+    out = np.empty_like(q)
+    out.flags.writeable = False
+    with pytest.raises(TypeError):
+        _C.forward(q, k, v, out, **SP2)
+
+
+# ---- torch-specific ---------------------------------------------------------------------------
+
+def test_torch_errors():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(x) for x in arrays())
+    with pytest.raises(ValueError, match=r"backend='cuda-naive' needs CUDA tensors, but query is on cpu"):
+        fna.na2d(q, k, v, 3, backend="cuda-naive")
+    with pytest.raises(TypeError, match="key has dtype bfloat16 but the problem's dtype is float32"):
+        fna.na2d(q, k.bfloat16(), v, 3)
+    with pytest.raises(TypeError, match="query has dtype float64"):
+        fna.na2d(q.double(), k.double(), v.double(), 3)
+    with pytest.raises(ValueError, match=r"kernel_size\[0\]=9 \* dilation\[0\]=1 exceeds input length 8"):
+        fna.na2d(q, k, v, 9)
+    with pytest.raises(ValueError, match=r"stride\[1\]=5"):
+        fna.na2d(q, k, v, 3, stride=(1, 5))
+    with pytest.raises(ValueError, match="heads=2 is not a multiple of heads_kv=3"):
+        kv = torch.randn(1, 8, 8, 3, 4)
+        fna.na2d(q, kv, kv, 3)
+    if torch.cuda.is_available() and fna.cuda_available():
+        with pytest.raises(ValueError, match="key is on cuda:0 but query is on cpu"):
+            fna.na2d(q, k.cuda(), v, 3)
+
+
+# ---- torch is optional ------------------------------------------------------------------------
+
+def test_import_without_torch():
+    """With torch hidden, `import fna` works, the NumPy path runs, and the modules say they need
+    torch."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # makes `import torch` raise ImportError
+        import numpy as np
+        import fna
+        q = np.random.default_rng(0).standard_normal((1, 6, 2, 4)).astype(np.float32)
+        out = fna.na1d(q, q, q, 3, backend="reference")
+        assert out.shape == q.shape and np.isfinite(out).all()
+        try:
+            fna.NeighborhoodAttention2D
+        except ImportError as e:
+            assert "needs torch" in str(e)
+        else:
+            raise AssertionError("modules must need torch")
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -1,0 +1,149 @@
+"""torch on the GPU: the CUDA backends through fna.na*d against the float64 oracle, the current
+stream, torch.compile, the unfused ops, the modules, and device errors. Runs on the device
+(tools/gpu/run.sh pytest); skipped where torch sees no GPU."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fna  # noqa: E402
+from helpers import check_close, seed_of  # noqa: E402
+from test_numpy import random_problem  # noqa: E402
+from test_torch import (AV, NA, QK, TORCH_DTYPE, naive_low_precision, np64, oracle,  # noqa: E402
+                        run_na, to_torch)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA_BACKENDS = [None, "cuda-naive"]
+
+
+def cuda_problem(rng, rank, dtype=torch.float32):
+    t = to_torch(random_problem(rng, rank), dtype)
+    for n in ("q", "k", "v", "add_k", "add_v"):
+        if t[n] is not None:
+            t[n] = t[n].cuda().requires_grad_(True)
+    return t
+
+
+def to_cpu(t):
+    tensors = ("q", "k", "v", "add_k", "add_v")
+    return {n: x.detach().cpu() if n in tensors and x is not None else x for n, x in t.items()}
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_cuda_forward_backward(backend, rank):
+    for case in range(3):
+        rng = np.random.default_rng(seed_of("gpu", rank, case))
+        t = cuda_problem(rng, rank)
+        out, lse = run_na(t, backend, return_lse=True)
+        assert out.is_cuda and lse.is_cuda
+        d_out = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32)).cuda()
+        out.backward(d_out)
+        cpu = to_cpu(t)
+        ref = oracle(cpu, d_out=d_out.cpu())
+        check_close(np64(out.cpu()), ref["out"], what="output")
+        check_close(np64(lse.cpu()), ref["lse"], what="lse")
+        pairs = [("q", "dq"), ("k", "dk"), ("v", "dv")]
+        if t["add_k"] is not None:
+            pairs += [("add_k", "d_add_k"), ("add_v", "d_add_v")]
+        for name, g in pairs:
+            check_close(np64(t[name].grad.cpu()), ref[g], what=g)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_low_precision(dtype):
+    for rank in (1, 2, 3):
+        rng = np.random.default_rng(seed_of("gpu-lowp", dtype, rank))
+        t = cuda_problem(rng, rank, TORCH_DTYPE[dtype])
+        out = run_na(t)
+        cpu = to_cpu(t)
+        with torch.no_grad():
+            naive = naive_low_precision(cpu, TORCH_DTYPE[dtype])
+        check_close(np64(out.cpu()), oracle(cpu)["out"], dtype, naive=np64(naive),
+                    what=f"rank {rank}")
+
+
+def test_current_stream():
+    """The op runs on torch's current stream: work queued on a side stream right before it
+    (filling the inputs) must be complete when it reads them."""
+    rng = np.random.default_rng(seed_of("stream"))
+    host = [torch.from_numpy(rng.standard_normal((2, 64, 64, 4, 32)).astype(np.float32))
+            for _ in range(3)]
+    ref = fna.na2d(*host, 7)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        dev = [torch.empty_like(x, device="cuda") for x in host]
+        for d, h in zip(dev, host):
+            d.copy_(h.pin_memory(), non_blocking=True)
+        out = fna.na2d(*dev, 7)
+    s.synchronize()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_unfused():
+    rng = np.random.default_rng(seed_of("gpu-unfused"))
+    t = cuda_problem(rng, 2)
+    sp = dict(stride=t["st"], dilation=t["dil"], is_causal=t["causal"])
+    attn = QK[2](t["q"], t["k"], t["ks"], additional_keys=t["add_k"], **sp)
+    attn_cpu = QK[2](t["q"].detach().cpu(), t["k"].detach().cpu(), t["ks"],
+                     additional_keys=None if t["add_k"] is None else t["add_k"].detach().cpu(),
+                     backend="reference", **sp)
+    check_close(np64(attn.cpu()), np64(attn_cpu), what="qk")
+    out = AV[2](torch.softmax(attn * t["q"].shape[-1] ** -0.5, -1), t["v"], t["ks"],
+                additional_values=t["add_v"], **sp)
+    torch.testing.assert_close(out, run_na(t), rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert all(torch.isfinite(t[n].grad).all() for n in ("q", "k", "v"))
+
+
+def test_cuda_compile():
+    torch._dynamo.reset()
+    rng = np.random.default_rng(seed_of("gpu-compile"))
+    leaves = [torch.from_numpy(rng.standard_normal((1, 12, 10, 2, 32)).astype(np.float32))
+              .cuda().requires_grad_(True) for _ in range(3)]
+    f = lambda q, k, v: fna.na2d(q, k, v, 5, dilation=2) * 2  # noqa: E731
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(*leaves)
+    out.sum().backward()
+    grads = [x.grad.clone() for x in leaves]
+    for x in leaves:
+        x.grad = None
+    ref = f(*leaves)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    for g, x in zip(grads, leaves):
+        torch.testing.assert_close(g, x.grad)
+
+
+def test_cuda_module():
+    m = fna.NeighborhoodAttention2D(64, 4, 7).cuda()
+    x = torch.randn(2, 16, 16, 64, device="cuda", requires_grad=True)
+    y = m(x)
+    assert y.shape == x.shape and y.is_cuda
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(m.cpu()(x.detach().cpu()), y.detach().cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_errors():
+    q = torch.randn(1, 8, 8, 2, 16, device="cuda")
+    with pytest.raises(ValueError, match="key is on cpu but query is on cuda:0"):
+        fna.na2d(q, q.cpu(), q, 3)
+    with pytest.raises(ValueError, match=r"backend='cpu' runs on the CPU, but query is on cuda:0"):
+        fna.na2d(q, q, q, 3, backend="cpu")
+    with pytest.raises(ValueError, match=r"backend='reference' runs on the CPU"):
+        fna.na2d_qk(q, q, 3, backend="reference")
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(ValueError, match="key is on cuda:1 but query is on cuda:0"):
+            fna.na2d(q, q.to("cuda:1"), q, 3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device():
+    """Tensors on cuda:1 run there (the op sets the device), whatever the current device is."""
+    q = torch.randn(1, 8, 8, 2, 16, device="cuda:1")
+    out = fna.na2d(q, q, q, 3)
+    assert out.device == q.device
+    torch.testing.assert_close(out.cpu(), fna.na2d(q.cpu(), q.cpu(), q.cpu(), 3),
+                               rtol=1e-5, atol=1e-5)
