@@ -177,23 +177,24 @@ struct TilingStats {
   double visited = 0;
   double unmasked = 0;
 };
-template <class QT, class KT>
-inline TilingStats tiling_stats(const Geometry& geo) {
+inline TilingStats tiling_stats(const Geometry& geo, const int (&q_ext)[kAxes],
+                                const int (&kv_ext)[kAxes]) {
   double visited = 1, unmasked = 1;
   for (int ax = 0; ax < kAxes; ++ax) {
     const nbr::Axis& a = geo.axis[ax];
+    const int qe = q_ext[ax], ke = kv_ext[ax];
     double v = 0, u = 0;
     for (int g = 0; g < a.dilation; ++g) {
       const int len = nbr::group_length(a, g);
-      for (int i0 = 0; i0 < len; i0 += QT::ext(ax)) {
-        const int i1 = i0 + QT::ext(ax) < len ? i0 + QT::ext(ax) : len;
+      for (int i0 = 0; i0 < len; i0 += qe) {
+        const int i1 = i0 + qe < len ? i0 + qe : len;
         const nbr::Range un = nbr::tile_union(a, len, i0, i1);
         const nbr::Range x = nbr::tile_intersection(a, len, i0, i1);
-        const int n = tiles_over(un.size(), KT::ext(ax));
+        const int n = tiles_over(un.size(), ke);
         v += n;
         for (int t = 0; t < n; ++t) {
-          const int o = un.begin + t * KT::ext(ax);
-          u += (o >= x.begin && o + KT::ext(ax) <= x.end) ? 1 : 0;
+          const int o = un.begin + t * ke;
+          u += (o >= x.begin && o + ke <= x.end) ? 1 : 0;
         }
       }
     }
@@ -201,6 +202,10 @@ inline TilingStats tiling_stats(const Geometry& geo) {
     unmasked *= u;
   }
   return {visited, unmasked};
+}
+template <class QT, class KT>
+inline TilingStats tiling_stats(const Geometry& geo) {
+  return tiling_stats(geo, QT::kExt, KT::kExt);
 }
 
 }  // namespace fused
