@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <utility>
@@ -77,6 +78,11 @@ class DeviceTensors {
       const cudaError_t e = cudaMemcpy(h.data(), b.second, h.bytes(), cudaMemcpyDeviceToHost);
       if (e != cudaSuccess && error_.empty()) error_ = cuda_error("cudaMemcpy to host", e);
     }
+  }
+  // Poisons the device copy of `h` again (all-ones bytes: NaN in f32, f16 and bf16).
+  void poison(HostTensor& h) {
+    for (auto& b : bufs_)
+      if (b.first == &h) cudaMemset(b.second, 0xff, h.bytes());
   }
   const std::string& error() const { return error_; }
 
@@ -189,12 +195,36 @@ Outcome run_backward(const Case& c, const RunConfig& rc) {
     a.d_add_k = dev.up(got.d_add_k);
     a.d_add_v = dev.up(got.d_add_v);
     if (!dev.error().empty()) return fail(dev.error());
-    st = fna::backward(c.p, a, device_options(c, rc, stream.s));
+    fna::Options opt = device_options(c, rc, stream.s);
+    opt.deterministic = rc.deterministic;
+    st = fna::backward(c.p, a, opt);
     if (!st.ok()) return from_status(st, "backward");
-    const std::string err = finish(stream.s);
+    std::string err = finish(stream.s);
     if (!err.empty()) return fail(err);
-    for (HostTensor* h : {&got.dq, &got.dk, &got.dv, &got.d_add_k, &got.d_add_v}) dev.down(*h);
+    HostTensor* outs[] = {&got.dq, &got.dk, &got.dv, &got.d_add_k, &got.d_add_v};
+    for (HostTensor* h : outs) dev.down(*h);
     if (!dev.error().empty()) return fail(dev.error());
+    if (rc.deterministic) {
+      std::vector<HostTensor> first;
+      for (HostTensor* h : outs) {
+        first.push_back(*h);
+        dev.poison(*h);
+      }
+      st = fna::backward(c.p, a, opt);
+      if (!st.ok()) return from_status(st, "backward (second deterministic run)");
+      err = finish(stream.s);
+      if (!err.empty()) return fail(err);
+      const char* names[] = {"d_query", "d_key", "d_value", "d_additional_keys",
+                             "d_additional_values"};
+      for (int i = 0; i < 5; ++i) {
+        dev.down(*outs[i]);
+        // Logical elements only: the padding of a strided layout is never written.
+        const std::vector<double> x = outs[i]->to_double(), y = first[i].to_double();
+        if (!x.empty() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) != 0)
+          return fail(std::string("deterministic=true: two runs gave different ") + names[i]);
+      }
+      if (!dev.error().empty()) return fail(dev.error());
+    }
   }
   ProblemTensors ref = got.as_f32();
   for (HostTensor* h : {&ref.dq, &ref.dk, &ref.dv, &ref.d_add_k, &ref.d_add_v})

@@ -30,6 +30,8 @@ struct RunConfig {
   fna::Backend backend = fna::Backend::cuda_naive;
   std::string config;      // Options::config (cuda-fused tile configuration), empty = heuristic
   bool use_stream = false; // run on a created stream instead of the legacy default stream
+  // Backward only: ask for Options::deterministic and run twice; the results must be bitwise equal.
+  bool deterministic = false;
   int ref_threads = 0;     // CPU reference threads (0 = all)
 };
 
