@@ -6,7 +6,9 @@
 //
 //   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
 //                [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype float16|bfloat16|float32]
-//                [--config NAME] [--intensity I] [--sanitize] [--verbose]
+//                [--config NAME] [--intensity I] [--only I] [--sanitize] [--verbose]
+// e.g. `fna-gpu-test --backend cuda-fused --filter fwd --dtype bf16 --dim 64 --cases 100`;
+// a failure prints its case index after '#': rerun it alone with the same flags plus --only I.
 #include <cuda_runtime.h>
 
 #include <array>
@@ -39,13 +41,14 @@ struct Args {
   int intensity = 0;    // 0 = mixed (mostly 1, every fourth case 2)
   bool sanitize = false;
   bool verbose = false;
+  int only = -1;        // >= 0: run only this case index (as printed after '#' on a failure)
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "fna-gpu-test: %s\nusage: fna-gpu-test [--backend NAME] [--filter fwd,bwd,qk,av] "
                "[--cases N] [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype NAME] "
-               "[--config NAME] [--intensity I] [--sanitize] [--verbose]\n",
+               "[--config NAME] [--intensity I] [--only I] [--sanitize] [--verbose]\n",
                msg);
   std::printf("0 passed, 1 failed\n");
   std::exit(2);
@@ -100,6 +103,8 @@ Args parse(int argc, char** argv) {
       a.config = value();
     } else if (k == "--intensity") {
       a.intensity = std::atoi(value().c_str());
+    } else if (k == "--only") {
+      a.only = std::atoi(value().c_str());
     } else if (k == "--sanitize") {
       a.sanitize = true;
     } else if (k == "--verbose" || k == "-v") {
@@ -167,6 +172,20 @@ std::vector<Case> fixed_cases(fna::DType dtype) {
   add(1, {70}, {13}, {}, {3}, {}, 2, 1, 64, 64, 0, L::contiguous);           // past a 64-tile
   add(2, {17, 9}, {7, 3}, {2, 1}, {1, 3}, {}, 2, 2, 128, 128, 0, L::contiguous);
   add(2, {16, 16}, {5, 5}, {}, {}, {true, false}, 4, 4, 64, 32, 2, L::contiguous);
+  // Around the fused kernels' tile edges (64 / 128 queries in 1-D, 8x8 / 16x8 in 2-D, 4x4x4 in
+  // 3-D): one below, at, and one past a tile, with windows at the borders.
+  add(1, {63}, {63}, {}, {}, {}, 2, 2, 64, 64, 0, L::contiguous);
+  add(1, {64}, {9}, {}, {}, {true}, 2, 1, 64, 64, 0, L::contiguous);
+  add(1, {65}, {8}, {}, {2}, {}, 1, 1, 128, 128, 1, L::heads_first);
+  add(1, {129}, {31}, {2}, {}, {}, 2, 2, 32, 32, 0, L::contiguous);
+  add(1, {127}, {127}, {}, {}, {true}, 1, 1, 64, 64, 0, L::padded);
+  add(2, {15, 17}, {7, 9}, {}, {}, {}, 2, 2, 64, 64, 0, L::contiguous);
+  add(2, {16, 16}, {16, 16}, {}, {}, {}, 2, 1, 32, 32, 0, L::contiguous);
+  add(2, {17, 33}, {5, 11}, {1, 3}, {1, 2}, {false, true}, 2, 2, 64, 64, 0, L::mixed);
+  add(3, {8, 8, 8}, {3, 3, 3}, {}, {}, {}, 2, 2, 64, 64, 0, L::contiguous);
+  add(3, {9, 5, 17}, {4, 5, 6}, {2, 1, 2}, {2, 1, 3}, {false, false, true}, 2, 1, 32, 64, 0,
+      L::contiguous);
+  add(3, {7, 9, 8}, {7, 3, 8}, {}, {}, {true, true, false}, 1, 1, 128, 128, 2, L::heads_first);
   return out;
 }
 
@@ -176,7 +195,7 @@ std::vector<Case> make_cases(const Args& a) {
   lim.dtypes = a.dtypes;
   for (fna::DType t : a.dtypes) {
     std::vector<Case> f = fixed_cases(t);
-    if (a.sanitize) f.resize(4);
+    if (a.sanitize) f.resize(4);  // small ones: memcheck is slow
     for (Case& c : f)
       if (a.rank == 0 || c.p.rank == a.rank) cases.push_back(c);
   }
@@ -235,6 +254,7 @@ int main(int argc, char** argv) {
       if (fna_gpu_test::op_is_unfused(op) && backend == fna::Backend::cuda_fused) continue;
       auto& t = tally[std::string(fna::backend_name(backend)) + " " + fna_gpu_test::op_name(op)];
       for (size_t i = 0; i < cases.size(); ++i) {
+        if (args.only >= 0 && static_cast<int>(i) != args.only) continue;
         rc.use_stream = i % 2 == 1;
         rc.deterministic = i % 4 == 0;
         // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
