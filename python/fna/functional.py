@@ -79,8 +79,23 @@ def _numpy_backend(fn, backend):
 
 # ---- fused attention ---------------------------------------------------------------------------
 
+# NATTEN's performance knobs: accepted (so NATTEN call sites work unchanged) and ignored, since fna
+# chooses its own tiling. Any other keyword is an error.
+NATTEN_TUNING_KWARGS = frozenset({
+    "attention_kwargs", "q_tile_shape", "kv_tile_shape", "backward_q_tile_shape",
+    "backward_kv_tile_shape", "backward_kv_splits", "backward_use_pt_reduction",
+    "run_persistent_kernel", "kernel_schedule", "torch_compile", "try_fuse_additional_kv",
+})
+
+
+def _check_tuning(fn, kwargs):
+    for name in kwargs:
+        if name not in NATTEN_TUNING_KWARGS:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, backend, return_lse):
+        additional_keys, additional_values, backend, return_lse, tuning):
+    _check_tuning(fn, tuning)
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
     kind = _framework(fn, named)
@@ -106,16 +121,18 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 
 
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+         additional_keys=None, additional_values=None, backend=None, return_lse=False,
+         **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse)
+               additional_keys, additional_values, backend, return_lse, natten_tuning)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+         additional_keys=None, additional_values=None, backend=None, return_lse=False,
+         **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -126,16 +143,20 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused".
     Returns ``[B, X, Y, H, D_v]``, or ``(output, lse)`` with ``lse [B, X, Y, H]`` float32 (natural
     log of the softmax denominator; not differentiable) when ``return_lse``.
+    NATTEN's tuning keywords (``q_tile_shape``, ``kv_tile_shape``, ``backward_*``,
+    ``run_persistent_kernel``, ``kernel_schedule``, ``torch_compile``, ``attention_kwargs``,
+    ``try_fuse_additional_kv``) are accepted and ignored; any other keyword is a TypeError.
     """
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse)
+               additional_keys, additional_values, backend, return_lse, natten_tuning)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-         additional_keys=None, additional_values=None, backend=None, return_lse=False):
+         additional_keys=None, additional_values=None, backend=None, return_lse=False,
+         **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse)
+               additional_keys, additional_values, backend, return_lse, natten_tuning)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,

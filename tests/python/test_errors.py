@@ -84,6 +84,16 @@ def test_bad_parameters(kwargs, message):
         fna.na2d_qk(q, k, **kwargs)
 
 
+def test_natten_tuning_keywords():
+    """NATTEN's tuning keywords are accepted (and ignored); unknown keywords are a TypeError."""
+    q, k, v = arrays()
+    out = fna.na2d(q, k, v, 3, backend="reference", q_tile_shape=(8, 8), kv_tile_shape=(8, 8),
+                   backward_kv_splits=(1, 1), run_persistent_kernel=False, torch_compile=False)
+    np.testing.assert_array_equal(out, fna.na2d(q, k, v, 3, backend="reference"))
+    with pytest.raises(TypeError, match="na2d\\(\\) got an unexpected keyword argument 'kernel'"):
+        fna.na2d(q, k, v, 3, kernel=3)
+
+
 def test_gqa_heads():
     q, = arrays((1, 8, 8, 3, 4), n=1)
     k, v = arrays((1, 8, 8, 2, 4), n=2)

@@ -55,7 +55,7 @@ def oracle(p, scale=None, d_out=None):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rank", [1, 2, 3])
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(10))
 def test_forward_random(backend, rank, case):
     rng = np.random.default_rng(seed_of("fwd", rank, case))
     p = random_problem(rng, rank)
@@ -68,7 +68,7 @@ def test_forward_random(backend, rank, case):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(6))
 def test_forward_float16(backend, case):
     """float16 (NumPy has no bfloat16; the torch tests cover it) against the SPEC criterion."""
     rng = np.random.default_rng(seed_of("fwd16", case))
@@ -113,7 +113,7 @@ def naive_float16(p):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rank", [1, 2, 3])
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(8))
 def test_backward_random(backend, rank, case):
     """na_backward's gradients against the oracle's analytic float64 gradients (which
     test_oracle.py checks against finite differences)."""
