@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 
@@ -57,6 +58,7 @@ Check compare(const std::string& name, const std::vector<double>& out,
     if (dtype != fna::DType::f32 && i < naive.size() && std::isfinite(naive[i]))
       naive_err = std::max(naive_err, std::fabs(naive[i] - ref[i]));
   }
+  ref_max = std::max(ref_max, tol.magnitude_floor);
   const double u = unit_roundoff(dtype);
   double bound;
   if (dtype == fna::DType::f32) {
@@ -193,6 +195,15 @@ struct KVGrad {
           }
   }
 };
+
+// The largest |value| over several reference tensors (finite values only).
+double max_abs(std::initializer_list<const std::vector<double>*> vs) {
+  double m = 0;
+  for (const auto* v : vs)
+    for (double x : *v)
+      if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
 
 }  // namespace
 
@@ -392,14 +403,17 @@ Check check_forward(const ProblemTensors& got, const ProblemTensors& ref, const 
 Check check_backward(const ProblemTensors& got, const ProblemTensors& ref, const Tolerance& tol) {
   const fna::DType dt = got.c.p.dtype;
   const NaiveBackward nv = dt == fna::DType::f32 ? NaiveBackward{} : naive_backward(got);
-  Check c = compare("d_query", got.dq.to_double(), ref.dq.to_double(), nv.dq, dt, tol);
-  c.merge(compare("d_key", got.dk.to_double(), ref.dk.to_double(), nv.dk, dt, tol));
-  c.merge(compare("d_value", got.dv.to_double(), ref.dv.to_double(), nv.dv, dt, tol));
+  const std::vector<double> rq = ref.dq.to_double(), rk = ref.dk.to_double(),
+                            rv = ref.dv.to_double(), rak = ref.d_add_k.to_double(),
+                            rav = ref.d_add_v.to_double();
+  Tolerance t = tol;
+  t.magnitude_floor = std::max(tol.magnitude_floor, max_abs({&rq, &rk, &rv, &rak, &rav}));
+  Check c = compare("d_query", got.dq.to_double(), rq, nv.dq, dt, t);
+  c.merge(compare("d_key", got.dk.to_double(), rk, nv.dk, dt, t));
+  c.merge(compare("d_value", got.dv.to_double(), rv, nv.dv, dt, t));
   if (got.c.p.num_additional > 0) {
-    c.merge(compare("d_additional_keys", got.d_add_k.to_double(), ref.d_add_k.to_double(),
-                    nv.d_add_k, dt, tol));
-    c.merge(compare("d_additional_values", got.d_add_v.to_double(), ref.d_add_v.to_double(),
-                    nv.d_add_v, dt, tol));
+    c.merge(compare("d_additional_keys", got.d_add_k.to_double(), rak, nv.d_add_k, dt, t));
+    c.merge(compare("d_additional_values", got.d_add_v.to_double(), rav, nv.d_add_v, dt, t));
   }
   return c;
 }
@@ -419,11 +433,14 @@ Check check_av(const ProblemTensors& got, const ProblemTensors& ref, const Toler
 Check check_qk_backward(const ProblemTensors& got, const ProblemTensors& ref, const Tolerance& tol) {
   const fna::DType dt = got.c.p.dtype;
   const NaiveBackward nv = dt == fna::DType::f32 ? NaiveBackward{} : naive_qk_backward(got);
-  Check c = compare("d_query", got.dq.to_double(), ref.dq.to_double(), nv.dq, dt, tol);
-  c.merge(compare("d_key", got.dk.to_double(), ref.dk.to_double(), nv.dk, dt, tol));
+  const std::vector<double> rq = ref.dq.to_double(), rk = ref.dk.to_double(),
+                            rak = ref.d_add_k.to_double();
+  Tolerance t = tol;
+  t.magnitude_floor = std::max(tol.magnitude_floor, max_abs({&rq, &rk, &rak}));
+  Check c = compare("d_query", got.dq.to_double(), rq, nv.dq, dt, t);
+  c.merge(compare("d_key", got.dk.to_double(), rk, nv.dk, dt, t));
   if (got.c.p.num_additional > 0)
-    c.merge(compare("d_additional_keys", got.d_add_k.to_double(), ref.d_add_k.to_double(),
-                    nv.d_add_k, dt, tol));
+    c.merge(compare("d_additional_keys", got.d_add_k.to_double(), rak, nv.d_add_k, dt, t));
   return c;
 }
 

@@ -1,0 +1,19 @@
+// The tile kernels compiled for avx2 (see kernels_impl.h).
+// kernels_{avx512,avx2,generic}.cpp differ only in the ISA lines.
+#include "cpu/tile.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define FNA_CPU_ISA avx2
+#define FNA_CPU_VW 8
+#include "cpu/kernels_impl.h"
+#pragma GCC pop_options
+
+namespace fna {
+namespace cpu {
+const Kernels& avx2_kernel_table() {
+  static const Kernels k{"avx2", 8, &avx2::forward_tile, &avx2::backward_tile};
+  return k;
+}
+}  // namespace cpu
+}  // namespace fna

@@ -1,0 +1,19 @@
+// The tile kernels compiled for avx512 (see kernels_impl.h).
+// kernels_{avx512,avx2,generic}.cpp differ only in the ISA lines.
+#include "cpu/tile.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma")
+#define FNA_CPU_ISA avx512
+#define FNA_CPU_VW 16
+#include "cpu/kernels_impl.h"
+#pragma GCC pop_options
+
+namespace fna {
+namespace cpu {
+const Kernels& avx512_kernel_table() {
+  static const Kernels k{"avx512", 16, &avx512::forward_tile, &avx512::backward_tile};
+  return k;
+}
+}  // namespace cpu
+}  // namespace fna

@@ -1,0 +1,85 @@
+// The CPU backend's tile contract: what the driver (backend.cpp) gathers for one tile of queries
+// and what the ISA-specific kernels (kernels_impl.h, compiled once per instruction set) compute.
+//
+// A tile is up to kTileQueries queries that are consecutive (in local dilation-group indices) along
+// the LAST axis and share every other coordinate, so they share the windows of all other axes: the
+// key box is R "rows" (the product of those windows) times M columns (the union of the queries'
+// last-axis windows). Query t's neighbors are columns [col_begin[t], col_begin[t] + col_count[t])
+// of every row. Additional keys are A extra keys every query sees.
+#pragma once
+
+#include <cstdint>
+
+namespace fna {
+namespace cpu {
+
+constexpr int kTileQueries = 16;
+
+struct TileShape {
+  int T = 0;      // queries
+  int R = 0;      // key rows
+  int M = 0;      // key columns (box width)
+  int Mp = 0;     // padded row pitch of the transposed buffers (>= max col_begin + vector slack)
+  int D = 0, Dp = 0;    // head dim and its padding to the vector width
+  int Dv = 0, Dvp = 0;  // value head dim and its padding
+  int A = 0;            // additional keys
+  int col_begin[kTileQueries];
+  int col_count[kTileQueries];
+};
+
+// Forward: scores, exact softmax over the (fully buffered) window, P V.
+struct ForwardTile {
+  TileShape s;
+  float scale_log2 = 0;  // scale * log2(e): scores are kept in base 2
+  const float* q;        // [T][Dp]
+  const float* kt;       // [R][D][Mp]   keys, transposed per row (columns contiguous)
+  const float* v;        // [R][M][Dvp]
+  const float* add_k;    // [A][Dp]
+  const float* add_v;    // [A][Dvp]
+  float* o;              // [T][Dvp] normalized output
+  float* lse;            // [T] natural-log LSE
+  float* scratch;        // >= R * Mpad_window + A floats (see scratch_floats)
+};
+
+// Backward for one query head: P from the saved LSE, dS, dQ; dK / dV of the box are accumulated.
+struct BackwardTile {
+  TileShape s;
+  float scale = 0, scale_log2 = 0;
+  const float* q;      // [T][Dp]
+  const float* d_o;    // [T][Dvp]
+  const float* delta;  // [T] rowsum(dO * O)
+  const float* lse2;   // [T] LSE in base 2 (lse * log2(e))
+  const float* kt;     // [R][D][Mp]
+  const float* k;      // [R][M][Dp]
+  const float* vt;     // [R][Dv][Mp]
+  const float* add_k;  // [A][Dp]
+  const float* add_v;  // [A][Dvp]
+  float* dq;           // [T][Dp]  (written)
+  float* dk;           // [R][M][Dp]  (accumulated)
+  float* dv;           // [R][M][Dvp] (accumulated)
+  float* d_add_k;      // [A][Dp]  (accumulated)
+  float* d_add_v;      // [A][Dvp] (accumulated)
+  float* p;            // scratch [T][R][Wp] probabilities
+  float* ds;           // scratch [T][R][Wp] dS
+  float* p_add;        // scratch [T][A]
+  float* ds_add;       // scratch [T][A]
+};
+
+// Columns a query's window occupies in the score buffers, padded to the vector width.
+inline int padded_window(int count, int vw) { return (count + vw - 1) / vw * vw; }
+
+// Per-ISA kernel table.
+struct Kernels {
+  const char* name;
+  int vector_width;  // floats per vector
+  void (*forward)(const ForwardTile&);
+  void (*backward)(const BackwardTile&);
+};
+
+const Kernels& best_kernels();     // picked once, by __builtin_cpu_supports
+const Kernels& generic_kernels();  // portable fallback (for tests)
+const Kernels* avx2_kernels();     // null when the CPU lacks AVX2 + FMA
+const Kernels* avx512_kernels();   // null when the CPU lacks AVX-512F
+
+}  // namespace cpu
+}  // namespace fna

@@ -1,0 +1,312 @@
+// The CPU backend's unfused operators (qk -> attn logits, av -> output, and their backwards).
+// Memory-bound and secondary to the fused path, so they are plain float loops; they visit only the
+// neighborhood (nbr::window), and key-side gradients are gathered per key through the inverse
+// neighborhood (nbr::inverse_window), so threads never write the same element.
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/neighborhood.h"
+#include "cpu/parallel.h"
+#include "cpu/strided.h"
+
+namespace fna {
+namespace cpu {
+namespace {
+
+struct Geometry {
+  const Problem& p;
+  nbr::Axis ax[kMaxRank];
+  int64_t N, W, A, group;
+  explicit Geometry(const Problem& p_) : p(p_), N(p_.tokens()), W(p_.window()), A(p_.num_additional),
+                                         group(p_.heads / p_.heads_kv) {
+    for (int a = 0; a < p.rank; ++a)
+      ax[a] = {static_cast<int>(p.shape[a]), static_cast<int>(p.kernel_size[a]),
+               static_cast<int>(p.dilation[a]), static_cast<int>(p.stride[a]), p.is_causal[a]};
+  }
+  void coords(int64_t t, int* c) const {
+    for (int a = p.rank - 1; a >= 0; --a) {
+      c[a] = static_cast<int>(t % p.shape[a]);
+      t /= p.shape[a];
+    }
+  }
+  // Window of the query at coordinates c on axis a, in local indices of its group.
+  nbr::Range window(const int* c, int a) const {
+    const nbr::Axis& x = ax[a];
+    return nbr::window(x, nbr::group_length(x, c[a] % x.dilation), c[a] / x.dilation);
+  }
+  // Slot -> key token of the query at c (-1: the slot is not a neighbor).
+  void slots(const int* c, std::vector<int64_t>* out) const {
+    nbr::Range w[kMaxRank];
+    for (int a = 0; a < p.rank; ++a) w[a] = window(c, a);
+    out->resize(static_cast<size_t>(W));
+    for (int64_t s = 0; s < W; ++s) {
+      int64_t rest = s, key = 0;
+      int off[kMaxRank];
+      for (int a = p.rank - 1; a >= 0; --a) {
+        off[a] = static_cast<int>(rest % p.kernel_size[a]);
+        rest /= p.kernel_size[a];
+      }
+      bool member = true;
+      for (int a = 0; a < p.rank; ++a) {
+        const int j = w[a].begin + off[a];
+        if (j >= w[a].end) member = false;
+        key = key * p.shape[a] + static_cast<int64_t>(j) * ax[a].dilation + c[a] % ax[a].dilation;
+      }
+      (*out)[static_cast<size_t>(s)] = member ? key : -1;
+    }
+  }
+};
+
+void load(const Strided& s, int64_t off, int64_t n, std::vector<float>* out) {
+  out->resize(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) (*out)[static_cast<size_t>(e)] = static_cast<float>(s.load(off + e * s.se));
+}
+
+float dot(const std::vector<float>& a, const std::vector<float>& b) {
+  float s = 0.f;
+  for (size_t e = 0; e < a.size(); ++e) s += a[e] * b[e];
+  return s;
+}
+
+// Calls fn(query token, head, slot) for every (query, head) whose window holds key token kt of
+// KV head hk, with the key's slot in that query's window: the inverse neighborhood, per axis.
+template <typename Fn>
+void for_each_query_of_key(const Geometry& g, int64_t kt, int64_t hk, Fn&& fn) {
+  const Problem& p = g.p;
+  int kc[kMaxRank];
+  g.coords(kt, kc);
+  nbr::Range inv[kMaxRank] = {{0, 1}, {0, 1}, {0, 1}};
+  for (int a = 0; a < p.rank; ++a) {
+    const nbr::Axis& x = g.ax[a];
+    inv[a] = nbr::inverse_window(x, nbr::group_length(x, kc[a] % x.dilation), kc[a] / x.dilation);
+    if (inv[a].size() == 0) return;
+  }
+  int li[kMaxRank] = {inv[0].begin, inv[1].begin, inv[2].begin};
+  while (true) {
+    int qc[kMaxRank];
+    int64_t qt = 0, slot = 0;
+    for (int a = 0; a < p.rank; ++a) {
+      qc[a] = li[a] * g.ax[a].dilation + kc[a] % g.ax[a].dilation;
+      qt = qt * p.shape[a] + qc[a];
+    }
+    for (int a = 0; a < p.rank; ++a) slot = slot * p.kernel_size[a] + (kc[a] / g.ax[a].dilation - g.window(qc, a).begin);
+    for (int64_t gi = 0; gi < g.group; ++gi) fn(qt, hk * g.group + gi, slot);
+    int a = p.rank - 1;
+    for (; a >= 0; --a) {
+      if (++li[a] < inv[a].end) break;
+      li[a] = inv[a].begin;
+    }
+    if (a < 0) break;
+  }
+}
+
+}  // namespace
+
+Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
+  const Geometry g(p);
+  const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
+  const Strided ak = add_view(a.add_k, p), attn = grid_view(a.attn, p, p.dtype);
+  const int64_t rows = p.batch * g.N;
+  parallel_for(rows, resolve_threads(opt.num_threads, rows), [&](int64_t row, int) {
+    const int64_t b = row / g.N, t = row % g.N;
+    int c[kMaxRank];
+    g.coords(t, c);
+    std::vector<int64_t> slots;
+    g.slots(c, &slots);
+    std::vector<float> qr, kr;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t hk = h / g.group;
+      load(q, q.token_offset(b, t, h), p.dim, &qr);
+      const int64_t off = attn.token_offset(b, t, h);
+      for (int64_t s = 0; s < g.W + g.A; ++s) {
+        float val;
+        if (s < g.W && slots[static_cast<size_t>(s)] < 0) {
+          val = -std::numeric_limits<float>::infinity();
+        } else {
+          if (s < g.W) load(k, k.token_offset(b, slots[static_cast<size_t>(s)], hk), p.dim, &kr);
+          else load(ak, ak.token_offset(b, s - g.W, hk), p.dim, &kr);
+          val = static_cast<float>(opt.scale) * dot(qr, kr);
+        }
+        attn.store(off + s * attn.se, val);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt) {
+  const Geometry g(p);
+  const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
+  const Strided ak = add_view(a.add_k, p), da = grid_view(a.d_attn, p, p.dtype);
+  const Strided dq = grid_view(a.dq, p, p.dtype), dk = grid_view(a.dk, p, p.dtype);
+  const Strided dak = add_view(a.d_add_k, p);
+  const float scale = static_cast<float>(opt.scale);
+  const int64_t rows = p.batch * g.N;
+  const int threads = resolve_threads(opt.num_threads, rows);
+  // dQ per query.
+  parallel_for(rows, threads, [&](int64_t row, int) {
+    const int64_t b = row / g.N, t = row % g.N;
+    int c[kMaxRank];
+    g.coords(t, c);
+    std::vector<int64_t> slots;
+    g.slots(c, &slots);
+    std::vector<float> kr, acc;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t hk = h / g.group, off = da.token_offset(b, t, h);
+      acc.assign(static_cast<size_t>(p.dim), 0.f);
+      for (int64_t s = 0; s < g.W + g.A; ++s) {
+        if (s < g.W && slots[static_cast<size_t>(s)] < 0) continue;
+        if (s < g.W) load(k, k.token_offset(b, slots[static_cast<size_t>(s)], hk), p.dim, &kr);
+        else load(ak, ak.token_offset(b, s - g.W, hk), p.dim, &kr);
+        const float w = scale * static_cast<float>(da.load(off + s * da.se));
+        for (int64_t e = 0; e < p.dim; ++e) acc[static_cast<size_t>(e)] += w * kr[static_cast<size_t>(e)];
+      }
+      const int64_t o = dq.token_offset(b, t, h);
+      for (int64_t e = 0; e < p.dim; ++e) dq.store(o + e * dq.se, acc[static_cast<size_t>(e)]);
+    }
+  });
+  // dK per key (inverse neighborhood); additional keys see every query.
+  const int64_t krows = p.batch * (g.N + g.A);
+  parallel_for(krows, resolve_threads(opt.num_threads, krows), [&](int64_t row, int) {
+    const int64_t b = row / (g.N + g.A), j = row % (g.N + g.A);
+    std::vector<float> qr, acc;
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      acc.assign(static_cast<size_t>(p.dim), 0.f);
+      auto add = [&](int64_t qt, int64_t h, int64_t slot) {
+        load(q, q.token_offset(b, qt, h), p.dim, &qr);
+        const float w = scale * static_cast<float>(da.load(da.token_offset(b, qt, h) + slot * da.se));
+        for (int64_t e = 0; e < p.dim; ++e) acc[static_cast<size_t>(e)] += w * qr[static_cast<size_t>(e)];
+      };
+      if (j < g.N) {
+        for_each_query_of_key(g, j, hk, add);
+        const int64_t o = dk.token_offset(b, j, hk);
+        for (int64_t e = 0; e < p.dim; ++e) dk.store(o + e * dk.se, acc[static_cast<size_t>(e)]);
+      } else {
+        for (int64_t qt = 0; qt < g.N; ++qt)
+          for (int64_t gi = 0; gi < g.group; ++gi) add(qt, hk * g.group + gi, g.W + (j - g.N));
+        const int64_t o = dak.token_offset(b, j - g.N, hk);
+        for (int64_t e = 0; e < p.dim; ++e) dak.store(o + e * dak.se, acc[static_cast<size_t>(e)]);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status av_forward(const Problem& p, const AVArgs& a, const Options& opt) {
+  const Geometry g(p);
+  const Strided attn = grid_view(a.attn, p, p.dtype), v = grid_view(a.v, p, p.dtype);
+  const Strided av = add_view(a.add_v, p), o = grid_view(a.o, p, p.dtype);
+  const int64_t rows = p.batch * g.N;
+  parallel_for(rows, resolve_threads(opt.num_threads, rows), [&](int64_t row, int) {
+    const int64_t b = row / g.N, t = row % g.N;
+    int c[kMaxRank];
+    g.coords(t, c);
+    std::vector<int64_t> slots;
+    g.slots(c, &slots);
+    std::vector<float> vr, acc;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t hk = h / g.group, off = attn.token_offset(b, t, h);
+      acc.assign(static_cast<size_t>(p.dim_v), 0.f);
+      for (int64_t s = 0; s < g.W + g.A; ++s) {
+        if (s < g.W && slots[static_cast<size_t>(s)] < 0) continue;  // not a neighbor: ignored
+        if (s < g.W) load(v, v.token_offset(b, slots[static_cast<size_t>(s)], hk), p.dim_v, &vr);
+        else load(av, av.token_offset(b, s - g.W, hk), p.dim_v, &vr);
+        const float w = static_cast<float>(attn.load(off + s * attn.se));
+        for (int64_t e = 0; e < p.dim_v; ++e) acc[static_cast<size_t>(e)] += w * vr[static_cast<size_t>(e)];
+      }
+      const int64_t oo = o.token_offset(b, t, h);
+      for (int64_t e = 0; e < p.dim_v; ++e) o.store(oo + e * o.se, acc[static_cast<size_t>(e)]);
+    }
+  });
+  return Status::Ok();
+}
+
+Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt) {
+  const Geometry g(p);
+  const Strided attn = grid_view(a.attn, p, p.dtype), v = grid_view(a.v, p, p.dtype);
+  const Strided av = add_view(a.add_v, p), d_o = grid_view(a.d_o, p, p.dtype);
+  const Strided da = grid_view(a.d_attn, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
+  const Strided dav = add_view(a.d_add_v, p);
+  const int64_t rows = p.batch * g.N;
+  // d_attn per query: dO . V of each neighbor; 0 for slots that are not neighbors.
+  parallel_for(rows, resolve_threads(opt.num_threads, rows), [&](int64_t row, int) {
+    const int64_t b = row / g.N, t = row % g.N;
+    int c[kMaxRank];
+    g.coords(t, c);
+    std::vector<int64_t> slots;
+    g.slots(c, &slots);
+    std::vector<float> vr, dor;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t hk = h / g.group, off = da.token_offset(b, t, h);
+      load(d_o, d_o.token_offset(b, t, h), p.dim_v, &dor);
+      for (int64_t s = 0; s < g.W + g.A; ++s) {
+        float val = 0.f;
+        if (s >= g.W || slots[static_cast<size_t>(s)] >= 0) {
+          if (s < g.W) load(v, v.token_offset(b, slots[static_cast<size_t>(s)], hk), p.dim_v, &vr);
+          else load(av, av.token_offset(b, s - g.W, hk), p.dim_v, &vr);
+          val = dot(dor, vr);
+        }
+        da.store(off + s * da.se, val);
+      }
+    }
+  });
+  // dV per key through the inverse neighborhood.
+  const int64_t krows = p.batch * (g.N + g.A);
+  parallel_for(krows, resolve_threads(opt.num_threads, krows), [&](int64_t row, int) {
+    const int64_t b = row / (g.N + g.A), j = row % (g.N + g.A);
+    std::vector<float> dor, acc;
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      acc.assign(static_cast<size_t>(p.dim_v), 0.f);
+      auto add = [&](int64_t qt, int64_t h, int64_t slot) {
+        load(d_o, d_o.token_offset(b, qt, h), p.dim_v, &dor);
+        const float w = static_cast<float>(attn.load(attn.token_offset(b, qt, h) + slot * attn.se));
+        for (int64_t e = 0; e < p.dim_v; ++e) acc[static_cast<size_t>(e)] += w * dor[static_cast<size_t>(e)];
+      };
+      if (j < g.N) {
+        for_each_query_of_key(g, j, hk, add);
+        const int64_t o = dv.token_offset(b, j, hk);
+        for (int64_t e = 0; e < p.dim_v; ++e) dv.store(o + e * dv.se, acc[static_cast<size_t>(e)]);
+      } else {
+        for (int64_t qt = 0; qt < g.N; ++qt)
+          for (int64_t gi = 0; gi < g.group; ++gi) add(qt, hk * g.group + gi, g.W + (j - g.N));
+        const int64_t o = dav.token_offset(b, j - g.N, hk);
+        for (int64_t e = 0; e < p.dim_v; ++e) dav.store(o + e * dav.se, acc[static_cast<size_t>(e)]);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace cpu
+
+namespace detail {
+namespace {
+template <typename Fn>
+Status guarded(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return {Code::runtime_error, std::string("cpu ") + what + " failed: " + e.what()};
+  }
+}
+}  // namespace
+
+Status cpu_qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
+  return guarded("qk_forward", [&] { return cpu::qk_forward(p, a, opt); });
+}
+Status cpu_qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt) {
+  return guarded("qk_backward", [&] { return cpu::qk_backward(p, a, opt); });
+}
+Status cpu_av_forward(const Problem& p, const AVArgs& a, const Options& opt) {
+  return guarded("av_forward", [&] { return cpu::av_forward(p, a, opt); });
+}
+Status cpu_av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt) {
+  return guarded("av_backward", [&] { return cpu::av_backward(p, a, opt); });
+}
+
+}  // namespace detail
+}  // namespace fna

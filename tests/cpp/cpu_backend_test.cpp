@@ -1,0 +1,161 @@
+// The cpu backend against the reference on random problems over every parameter, with the
+// SPEC.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "cpu/tile.h"
+#include "support/check.h"
+
+namespace fna_test {
+namespace {
+
+int intensity() {
+  const char* s = std::getenv("FNA_TEST_INTENSITY");
+  return s ? std::max(1, std::atoi(s)) : 1;
+}
+
+std::vector<std::string> kernel_sets() {
+  std::vector<std::string> v{"generic"};
+  if (fna::cpu::avx2_kernels()) v.push_back("avx2");
+  if (fna::cpu::avx512_kernels()) v.push_back("avx512");
+  return v;
+}
+
+class CpuVsReference : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+ protected:
+  void SetUp() override { setenv("FNA_CPU_KERNELS", std::get<1>(GetParam()).c_str(), 1); }
+  void TearDown() override { unsetenv("FNA_CPU_KERNELS"); }
+  int rank() const { return std::get<0>(GetParam()); }
+};
+
+// Runs forward (and backward) on the cpu backend and on the reference (on float32 copies of the
+// same inputs) and checks with the SPEC criterion.
+void run_fused(const Case& c, int threads) {
+  ProblemTensors got(c);
+  got.c.with_lse = true;  // backward needs it; c.with_lse still decides whether LSE is compared
+  ProblemTensors ref = got.as_f32();
+  fna::Status st = fna::forward(c.p, got.forward_args(), options_for(c, fna::Backend::cpu, threads));
+  ASSERT_TRUE(st.ok()) << st.message;
+  fna::Problem p32 = c.p;
+  p32.dtype = fna::DType::f32;
+  st = fna::forward(p32, ref.forward_args(), options_for(c, fna::Backend::reference));
+  ASSERT_TRUE(st.ok()) << st.message;
+  got.c.with_lse = c.with_lse;
+  Check chk = check_forward(got, ref);
+  EXPECT_TRUE(chk.ok) << c.str() << "\n" << chk.str();
+  // Backward from each backend's own O and LSE.
+  st = fna::backward(c.p, got.backward_args(), options_for(c, fna::Backend::cpu, threads));
+  ASSERT_TRUE(st.ok()) << st.message;
+  st = fna::backward(p32, ref.backward_args(), options_for(c, fna::Backend::reference));
+  ASSERT_TRUE(st.ok()) << st.message;
+  chk = check_backward(got, ref);
+  EXPECT_TRUE(chk.ok) << "backward " << c.str() << "\n" << chk.str();
+}
+
+TEST_P(CpuVsReference, ForwardBackward) {
+  const int n = (rank() == 3 ? 30 : 40) * intensity();
+  for (int i = 0; i < n; ++i) {
+    const Case c = random_case(5000 + i, rank(), intensity());
+    SCOPED_TRACE("case " + std::to_string(i));
+    run_fused(c, 1 + i % 3);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Wider windows and longer axes than the random sweep, so tiles have interiors and many columns.
+TEST_P(CpuVsReference, LargerWindows) {
+  RandomLimits lim;
+  lim.max_axis[0] = 80;
+  lim.max_axis[1] = 20;
+  lim.max_axis[2] = 9;
+  lim.max_dim = 70;
+  for (int i = 0; i < 6 * intensity(); ++i) {
+    const Case c = random_case(7000 + i, rank(), 1, lim);
+    SCOPED_TRACE("case " + std::to_string(i));
+    run_fused(c, 2);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(CpuVsReference, Unfused) {
+  for (int i = 0; i < 20 * intensity(); ++i) {
+    const Case c = random_case(9000 + i, rank(), intensity());
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
+    fna::Problem p32 = c.p;
+    p32.dtype = fna::DType::f32;
+    const fna::Options cpu = options_for(c, fna::Backend::cpu, 2);
+    const fna::Options ref = options_for(c, fna::Backend::reference);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    ProblemTensors got(c);
+    ProblemTensors rf = got.as_f32();
+    got.attn.fill(nan);
+    ASSERT_TRUE(fna::qk_forward(c.p, got.qk_args(), cpu).ok());
+    ASSERT_TRUE(fna::qk_forward(p32, rf.qk_args(), ref).ok());
+    Check chk = check_qk(got, rf);
+    EXPECT_TRUE(chk.ok) << "qk\n" << chk.str();
+
+    ProblemTensors g2(c);
+    ProblemTensors r2 = g2.as_f32();
+    ASSERT_TRUE(fna::av_forward(c.p, g2.av_args(), cpu).ok());
+    ASSERT_TRUE(fna::av_forward(p32, r2.av_args(), ref).ok());
+    chk = check_av(g2, r2);
+    EXPECT_TRUE(chk.ok) << "av\n" << chk.str();
+    ASSERT_TRUE(fna::qk_backward(c.p, g2.qk_backward_args(), cpu).ok());
+    ASSERT_TRUE(fna::qk_backward(p32, r2.qk_backward_args(), ref).ok());
+    chk = check_qk_backward(g2, r2);
+    EXPECT_TRUE(chk.ok) << "qk backward\n" << chk.str();
+    g2.d_attn.fill(nan);
+    ASSERT_TRUE(fna::av_backward(c.p, g2.av_backward_args(), cpu).ok());
+    ASSERT_TRUE(fna::av_backward(p32, r2.av_backward_args(), ref).ok());
+    chk = check_av_backward(g2, r2);
+    EXPECT_TRUE(chk.ok) << "av backward\n" << chk.str();
+    // Slots that are not neighbors get a zero gradient, like the reference's.
+    const std::vector<double> mask = naive_qk(r2), dga = g2.d_attn.to_double();
+    for (size_t e = 0; e < mask.size(); ++e)
+      if (std::isinf(mask[e])) ASSERT_EQ(dga[e], 0.0) << "d_attn slot " << e;
+  }
+}
+
+// softmax(qk * scale) -> av equals the fused forward (float32).
+TEST_P(CpuVsReference, UnfusedComposesToForward) {
+  RandomLimits lim;
+  lim.dtypes = {fna::DType::f32};
+  for (int i = 0; i < 10 * intensity(); ++i) {
+    Case c = random_case(11000 + i, rank(), 1, lim);
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
+    ProblemTensors t(c);
+    fna::Options o = options_for(c, fna::Backend::cpu, 2);
+    o.scale = c.resolved_scale();
+    ASSERT_TRUE(fna::qk_forward(c.p, t.qk_args(), o).ok());
+    const int64_t S = c.p.window() + c.p.num_additional;
+    std::vector<double> w = t.attn.to_double();
+    for (size_t r = 0; r < w.size(); r += static_cast<size_t>(S)) {
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t s = 0; s < S; ++s) m = std::max(m, w[r + s]);
+      for (int64_t s = 0; s < S; ++s) sum += std::exp(w[r + s] - m);
+      for (int64_t s = 0; s < S; ++s) w[r + s] = std::exp(w[r + s] - m) / sum;
+    }
+    t.attn.from_double(w);
+    ASSERT_TRUE(fna::av_forward(c.p, t.av_args(), o).ok());
+    const std::vector<double> composed = t.o.to_double();
+    t.poison_outputs();
+    ASSERT_TRUE(fna::forward(c.p, t.forward_args(), o).ok());
+    const Check chk = compare("output", t.o.to_double(), composed, {}, fna::DType::f32);
+    EXPECT_TRUE(chk.ok) << chk.str();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndKernels, CpuVsReference,
+                         ::testing::Combine(::testing::Values(1, 2, 3),
+                                            ::testing::ValuesIn(kernel_sets())),
+                         [](const auto& info) {
+                           return "rank" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+}  // namespace
+}  // namespace fna_test
