@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import fna  # noqa: E402
 from helpers import check_close, seed_of  # noqa: E402
 from test_numpy import random_problem  # noqa: E402
-from test_torch import (AV, NA, QK, TORCH_DTYPE, naive_low_precision, np64, oracle,  # noqa: E402
+from test_torch import (AV, QK, TORCH_DTYPE, check_low_precision, np64, oracle,  # noqa: E402
                         run_na, to_torch)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -52,17 +52,34 @@ def test_cuda_forward_backward(backend, rank):
             check_close(np64(t[name].grad.cpu()), ref[g], what=g)
 
 
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_cuda_low_precision(dtype):
+def test_cuda_low_precision(dtype, backend):
+    """Random small problems (small head dims: `auto` falls back to cuda-naive where the fused
+    tiles do not apply), forward and backward, SPEC section 4 criterion."""
     for rank in (1, 2, 3):
         rng = np.random.default_rng(seed_of("gpu-lowp", dtype, rank))
         t = cuda_problem(rng, rank, TORCH_DTYPE[dtype])
-        out = run_na(t)
-        cpu = to_cpu(t)
-        with torch.no_grad():
-            naive = naive_low_precision(cpu, TORCH_DTYPE[dtype])
-        check_close(np64(out.cpu()), oracle(cpu)["out"], dtype, naive=np64(naive),
-                    what=f"rank {rank}")
+        check_low_precision(t, dtype, backend, rng, f"rank {rank}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_cuda_fused_sizes(dtype, rank):
+    """Head dim 64 and grids of several tiles, where the fused tensor-core kernels apply: `auto`
+    and, where it lists configurations, `cuda-fused` itself, forward and backward."""
+    shape, ks = {1: ((200,), [17]), 2: ((20, 24), [7, 5]), 3: ((6, 8, 10), [3, 5, 3])}[rank]
+    backends = [None]
+    if fna.backend_compiled("cuda-fused") and fna.fused_configs(rank, dtype, 64):
+        backends.append("cuda-fused")
+    for i, backend in enumerate(backends):
+        rng = np.random.default_rng(seed_of("gpu-fused", dtype, rank, i))
+        p = dict(q=None, k=None, v=None, add_k=None, add_v=None, ks=ks, st=[1] * rank,
+                 dil=[1] * rank, causal=[False] * rank)
+        for n in ("q", "k", "v"):
+            x = torch.from_numpy(rng.standard_normal((1, *shape, 2, 64)).astype(np.float32))
+            p[n] = x.to(TORCH_DTYPE[dtype]).cuda().requires_grad_(True)
+        check_low_precision(p, dtype, backend, rng, f"rank {rank} backend {backend}")
 
 
 def test_current_stream():
