@@ -38,8 +38,16 @@ def resolve_backend(backend=None, device="cpu"):
 
 
 def fused_configs(rank, dtype, head_dim):
-    """Tile configurations of cuda-fused for (rank, dtype name, head dim); empty without it."""
-    return list(_C.fused_configs(rank, str(dtype).replace("torch.", ""), head_dim))
+    """Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.
+    `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype."""
+    if not isinstance(dtype, str):
+        name = str(dtype)
+        if name.startswith("torch."):
+            dtype = name[len("torch."):]
+        else:
+            import numpy as np
+            dtype = np.dtype(dtype).name
+    return list(_C.fused_configs(rank, dtype, head_dim))
 
 
 def version():

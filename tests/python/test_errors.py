@@ -125,6 +125,22 @@ def test_backend_names():
         fna.backend_compiled("nope")
     assert fna.backend_compiled("reference") and fna.backend_compiled("cpu")
     assert fna.resolve_backend(None, "cpu") == "cpu"
+    assert fna.resolve_backend("reference", "cpu") == "reference"
+    with pytest.raises(ValueError, match="device='tpu' is not 'cpu' or 'cuda'"):
+        fna.resolve_backend(None, "tpu")
+
+
+def test_introspection():
+    assert fna.version() == fna.__version__ == "0.1.0"
+    assert fna.BACKENDS == ("auto", "reference", "cpu", "cuda-naive", "cuda-fused")
+    for dtype in ("float16", np.float16, "bfloat16"):
+        configs = fna.fused_configs(2, dtype, 64)
+        assert isinstance(configs, list) and all(isinstance(c, str) for c in configs)
+        if not fna.backend_compiled("cuda-fused"):
+            assert configs == []
+    with pytest.raises(TypeError, match="dtype='float64' is not one of float32, float16, bfloat16"):
+        fna.fused_configs(2, np.float64, 64)
+    assert isinstance(fna.cuda_available(), bool)
 
 
 def test_additional_kv_errors():
@@ -192,21 +208,45 @@ SP2 = dict(kernel_size=[3, 3], stride=[1, 1], dilation=[1, 1], is_causal=[False,
            backend="reference")
 
 
-def test_extension_writes_every_output():
-    """Outputs poisoned with NaN before the call come back finite and correct."""
-    q, k, v = arrays()
-    out = np.full_like(q, np.nan)
-    lse = np.full(q.shape[:-1], np.nan, np.float32)
-    _C.forward(q, k, v, out, lse, **SP2)
-    ref = dense_na(q, k, v, [3, 3])
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_extension_writes_every_output(backend):
+    """Every output of every op, poisoned with NaN before the call, comes back finite and equal
+    to the oracle (GQA, D_v != D, additional KV, a causal axis)."""
+    rng = np.random.default_rng(seed_of("poison", backend))
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    q, k, v = f(2, 7, 6, 4, 5), f(2, 7, 6, 2, 5), f(2, 7, 6, 2, 3)
+    ak, av = f(2, 2, 2, 5), f(2, 2, 2, 3)
+    sp = dict(kernel_size=[3, 4], stride=[1, 2], dilation=[2, 1], is_causal=[True, False],
+              backend=backend)
+    ref = dense_na(q, k, v, [3, 4], [1, 2], [2, 1], [True, False], None, ak, av,
+                   d_out=(d_out := f(2, 7, 6, 4, 3)))
+    poison = lambda x: np.full_like(x, np.nan)  # noqa: E731
+    out, lse = poison(ref["out"].astype(np.float32)), np.full((2, 7, 6, 4), np.nan, np.float32)
+    _C.forward(q, k, v, out, lse, ak, av, **sp)
     check_close(out, ref["out"])
     check_close(lse, ref["lse"], what="lse")
-    d_out, = arrays(n=1, seed="d_out")
-    grads = [np.full_like(x, np.nan) for x in (q, k, v)]
-    _C.backward(q, k, v, out, d_out, lse, *grads, **SP2)
-    ref = dense_na(q, k, v, [3, 3], d_out=d_out)
-    for g, name in zip(grads, ("dq", "dk", "dv")):
+    grads = [poison(x) for x in (q, k, v, ak, av)]
+    _C.backward(q, k, v, out, d_out, lse, *grads[:3], ak, av, *grads[3:], **sp)
+    for g, name in zip(grads, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
         check_close(g, ref[name], what=name)
+
+    # Unfused: qk, then av on softmax(qk * scale), and both backward ops.
+    attn = np.full((2, 7, 6, 4, 12 + 2), np.nan, np.float32)
+    _C.qk_forward(q, k, attn, ak, **sp)
+    assert not np.isnan(attn).any()
+    logits = attn.astype(np.float64) * 5 ** -0.5
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    out2 = poison(out)
+    _C.av_forward(w, v, out2, av, **sp)
+    check_close(out2, ref["out"], what="av(softmax(qk))")
+    dq, dk, dak = poison(q), poison(k), poison(ak)
+    _C.qk_backward(q, k, f(*attn.shape), dq, dk, ak, dak, **sp)
+    d_attn, dv, dav = poison(w), poison(v), poison(av)
+    _C.av_backward(w, v, d_out, d_attn, dv, av, dav, **sp)
+    for name, x in (("qk d_query", dq), ("qk d_key", dk), ("qk d_additional_keys", dak),
+                    ("av d_attn", d_attn), ("av d_value", dv), ("av d_additional_values", dav)):
+        assert np.isfinite(x).all(), f"{name} has unwritten (NaN) elements"
 
 
 def test_extension_checks_every_shape():
