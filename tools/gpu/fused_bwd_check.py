@@ -9,6 +9,7 @@ count 2.5x the forward FLOPs (SPEC.md section 3).
 """
 
 import argparse
+import faulthandler
 import math
 import sys
 
@@ -52,9 +53,12 @@ def forward(q, k, v, kw, ak, av, backends):
 def check(case):
     name, B, shape, H, Hkv, D, Dv, kw, n_add, dtype = case
     q, k, v, do, ak, av = inputs(B, shape, H, Hkv, D, Dv, dtype, sum(map(ord, name)), n_add)
+    print(f"  .. {name}", flush=True)
     (o, lse), fbe = forward(q, k, v, kw, ak, av, ("cuda-naive",))
+    torch.cuda.synchronize()
     res = {}
     for be in ("cuda-naive", "cuda-fused"):
+        print(f"  .. {name}: backward {be}", flush=True)
         res[be] = fna.na_backward(do, q, k, v, o, lse, additional_keys=ak, additional_values=av,
                                   backend=be, **kw)
     names = ["dq", "dk", "dv", "d_add_k", "d_add_v"]
@@ -155,6 +159,7 @@ def main():
     ap.add_argument("--skip-time", action="store_true")
     ap.add_argument("--problems", default="")
     args = ap.parse_args()
+    faulthandler.enable()
     print(torch.cuda.get_device_name(), flush=True)
     ok = True
     if not args.skip_check:

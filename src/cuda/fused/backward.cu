@@ -124,6 +124,17 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
   sl.h = a.lse.strides[pr.rank + 1];
 
+  // Default: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
+  // pairs instead of two); `deterministic` runs the separate dQ kernel instead.
+  detail::Workspace ws_dq(stream);
+  if (!opt.deterministic) {
+    p.dq_row = (p.dim + 7) / 8 * 8;
+    const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
+    st = ws_dq.allocate(bytes, "backward dQ accumulator");
+    if (!st.ok()) return st;
+    FNA_CUDA_TRY(cudaMemsetAsync(ws_dq.get(), 0, bytes, stream));
+    p.dq_accum = ws_dq.as<float>();
+  }
   Params p_dkdv = p, p_dq = p;
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);

@@ -18,7 +18,7 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD, int kWarps, int kQ, int kQSub>
+template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq>
 struct DkdvTraits {
   static constexpr int kKV = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
@@ -26,15 +26,86 @@ struct DkdvTraits {
   static constexpr int kTile = kD * int(sizeof(T));  // bytes of one row
   static constexpr size_t kSmemK = size_t(kKV) * kTile;
   static constexpr size_t kSmemQ = size_t(kQ) * kTile;
-  static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + 2 * kQ * sizeof(float2) +
+  // dS^T staged for dQ += dS K (atomic-dQ mode), two slots; rows padded by 16 bytes so the 8
+  // rows of one transposing ldmatrix phase hit 8 different bank groups.
+  static constexpr int kDsStride = kQSub + 8;
+  static constexpr size_t kSmemDs = kAtomicDq ? 2 * size_t(kKV) * kDsStride * sizeof(T) : 0;
+  static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + kSmemDs + 2 * kQ * sizeof(float2) +
                                   kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2);
   static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
 };
 
-template <typename T, int kD, int kWarps, int kQ, int kQSub>
+// dQ[qs .. qs + kQSub) += dS K over this CTA's keys, added into p.dq_accum (float32, unscaled,
+// [B, N, H, dq_row]). dS^T sits in shared memory as [key][query]; warps split the output into
+// 16-query x 32-column blocks.
+template <typename T, int kD, int kWarps, int kKV, int kQSub, int kDsStride>
+__device__ __forceinline__ void atomic_dq_block(const Params& p, const T* ds, uint32_t baseK,
+                                                int qs, int q_rows, const int* q0, int h, int b,
+                                                const Group& G, bool additional,
+                                                const uint32_t* s_qoff, int lane, int warp) {
+  constexpr int kMB = kQSub / 16;
+  constexpr int kWarpsPerM = kWarps / kMB;
+  constexpr int kCols = kD / kWarpsPerM;
+  static_assert(kWarps % kMB == 0 && kCols % 16 == 0, "dQ block split");
+  const int m0 = (warp % kMB) * 16, n0 = (warp / kMB) * kCols;
+  float acc[kCols / 8][4];
+#pragma unroll
+  for (int n = 0; n < kCols / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+  const uint32_t baseDs = smem_u32(ds);
+#pragma unroll
+  for (int k0 = 0; k0 < kKV; k0 += 16) {
+    uint32_t a[4], bb[4];
+    // A = dS (queries x keys) from [key][query] storage: the transposing ldmatrix.
+    const int kr = k0 + (lane & 7) + ((lane >> 4) << 3), qc = m0 + ((lane >> 3) & 1) * 8;
+    mma::ldsm_x4_trans(a, baseDs + 2 * (kr * kDsStride + qc));
+#pragma unroll
+    for (int n = 0; n < kCols / 8; n += 2) {
+      load_b_kn<kD>(bb, baseK, k0, n0 + n * 8, lane);
+      mma16816<T>(acc[n], a, bb[0], bb[1]);
+      mma16816<T>(acc[n + 1], a, bb[2], bb[3]);
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = qs + m0 + (lane >> 2) + half * 8;  // query row of the tile
+    int x[kAxes];
+    bool valid;
+    if (!additional) {
+      int i[kAxes];
+      const uint32_t off = s_qoff[row];
+      for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
+      valid = to_global(p, G, i, x);
+    } else {
+      const int64_t tok = int64_t(q0[0]) * q_rows + row;
+      valid = tok < p.tokens;
+      token_coords(p, valid ? tok : 0, x);
+    }
+    if (!valid) continue;
+    float* dst =
+        p.dq_accum + ((int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h) * p.dq_row;
+#pragma unroll
+    for (int n = 0; n < kCols / 8; ++n) {
+      const int col = n0 + n * 8 + 2 * (lane & 3);
+      if (col >= p.dim) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float2*>(dst + col),
+                make_float2(acc[n][2 * half], acc[n][2 * half + 1]));
+#else
+      atomicAdd(dst + col, acc[n][2 * half]);
+      atomicAdd(dst + col + 1, acc[n][2 * half + 1]);
+#endif
+    }
+  }
+}
+
+// kAtomicDq: also accumulate dQ (unscaled, float32) into p.dq_accum with atomics, so no separate
+// dQ pass is needed; the order of the atomic sums makes dQ non-deterministic.
+template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     dkdv_kernel(const Params p, const bool additional) {
-  using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub>;
+  using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub, kAtomicDq>;
   constexpr int kKV = Tr::kKV, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
   constexpr int kNB = kQSub / 8;  // n8 blocks of queries per sub-tile
   constexpr int kDB = kD / 8;     // n8 blocks of the head dim
@@ -44,7 +115,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   T* sV = sK + kKV * kD;
   T* sQ = sV + kKV * kD;       // [2][kQ][kD]
   T* sdO = sQ + 2 * kQ * kD;   // [2][kQ][kD]
-  float2* s_stat = reinterpret_cast<float2*>(sdO + 2 * kQ * kD);  // [2][kQ]
+  T* sdS = sdO + 2 * kQ * kD;  // [2][kKV][kDsStride] (atomic-dQ mode only)
+  float2* s_stat = reinterpret_cast<float2*>(reinterpret_cast<unsigned char*>(sdS) + Tr::kSmemDs);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(s_stat + 2 * kQ);
   int2* s_kinv = reinterpret_cast<int2*>(s_qoff + kQ);  // [kKV][kAxes]
 
@@ -203,6 +275,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
 
   const uint32_t baseK = smem_u32(sK), baseV = smem_u32(sV);
   const int wrow = warp * 16;
+  int ds_slot = 0;
 
   if (n_iter > 0) load_q_tile(0, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
@@ -211,8 +284,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     __syncthreads();
     if (it + 1 < n_iter) load_q_tile(it + 1, buf ^ 1);
     const bool masked = !tile_is_full(it);
-    int q0[kAxes], h_unused;
-    tile_origin(it, q0, &h_unused);
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
     const float2* stat = s_stat + buf * kQ;
 
@@ -282,6 +355,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         ad[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
         ad[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
         ad[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+        if (kAtomicDq) {
+          T* ds = sdS + ds_slot * kKV * Tr::kDsStride;
+          const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
+          *reinterpret_cast<uint32_t*>(ds + r * Tr::kDsStride + c) = ad[0];
+          *reinterpret_cast<uint32_t*>(ds + (r + 8) * Tr::kDsStride + c) = ad[1];
+          *reinterpret_cast<uint32_t*>(ds + r * Tr::kDsStride + c + 8) = ad[2];
+          *reinterpret_cast<uint32_t*>(ds + (r + 8) * Tr::kDsStride + c + 8) = ad[3];
+        }
 #pragma unroll
         for (int n = 0; n < kDB; n += 2) {
           load_b_kn<kD>(bb, baseO, qs + kk * 16, n * 8, lane);
@@ -291,6 +372,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
           mma16816<T>(acc_dk[n], ad, bb[0], bb[1]);
           mma16816<T>(acc_dk[n + 1], ad, bb[2], bb[3]);
         }
+      }
+      if (kAtomicDq) {
+        __syncthreads();  // dS^T of every warp is in sdS[ds_slot]
+        atomic_dq_block<T, kD, kWarps, kKV, kQSub, Tr::kDsStride>(
+            p, sdS + ds_slot * kKV * Tr::kDsStride, baseK, qs, kQ, q0, h, b, G, additional, s_qoff,
+            lane, warp);
+        ds_slot ^= 1;  // the other slot is free: every warp passed the barrier above after reading it
       }
     }
   }

@@ -45,14 +45,55 @@ Status set_smem(Kernel kernel, size_t bytes, const char* name) {
   return Status::Ok();
 }
 
-// p_dkdv / p_dq carry their own tile shapes and tile counts. `dkdv_groups` etc. are grid sizes.
+// dQ = scale * dq_accum, into the strided dQ tensor; one thread per element.
+template <typename T>
+__global__ void dq_convert_kernel(const Params p) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t total = int64_t(p.batch) * p.tokens * p.heads * p.dim;
+  if (idx >= total) return;
+  const int d = int(idx % p.dim);
+  const int64_t row = idx / p.dim;  // (b * N + tok) * H + h
+  const int h = int(row % p.heads);
+  const int64_t tok = (row / p.heads) % p.tokens;
+  const int b = int(row / (int64_t(p.heads) * p.tokens));
+  int x[kAxes];
+  token_coords(p, tok, x);
+  static_cast<T*>(p.dq)[tok_offset(p.sdq, b, x, h) + d] =
+      T(p.dq_accum[row * p.dq_row + d] * p.scale);
+}
+
+inline Status launch_error(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Status::Ok();
+  return {Code::runtime_error, std::string("launching ") + what + ": " + cudaGetErrorString(err)};
+}
+
+// p_dkdv / p_dq carry their own tile shapes and tile counts. With p_dkdv.dq_accum set (zeroed),
+// dQ is accumulated with atomics in the dK/dV kernel; otherwise the deterministic dQ kernel runs.
 template <typename T, int kD>
 Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv, dim3 grid_add,
                        dim3 grid_dq, cudaStream_t stream) {
   constexpr int kQSub = dkdv_qsub<kD>();
-  using DkdvT = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub>;
+  if (p_dkdv.dq_accum != nullptr) {
+    using Tr = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
+    auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
+    Status st = set_smem(dkdv, Tr::kSmem, "dkdv kernel (atomic dq)");
+    if (!st.ok()) return st;
+    dkdv<<<grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p_dkdv, false);
+    st = launch_error("dkdv (atomic dq)");
+    if (!st.ok()) return st;
+    if (grid_add.x > 0) {
+      dkdv<<<grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p_dkdv, true);
+      st = launch_error("dkdv (additional, atomic dq)");
+      if (!st.ok()) return st;
+    }
+    const int64_t n = int64_t(p_dkdv.batch) * p_dkdv.tokens * p_dkdv.heads * p_dkdv.dim;
+    dq_convert_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(p_dkdv);
+    return launch_error("dq convert");
+  }
+  using DkdvT = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, false>;
   using DqT = DqTraits<T, kD, kDqWarps, kDqKeys>;
-  auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub>;
+  auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, false>;
   auto dq = dq_kernel<T, kD, kDqWarps, kDqKeys>;
   Status st = set_smem(dkdv, DkdvT::kSmem, "dkdv kernel");
   if (!st.ok()) return st;

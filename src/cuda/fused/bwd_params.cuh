@@ -47,6 +47,10 @@ struct Params {
   // Rows 16-byte aligned and head dims multiples of 8: tiles load with cp.async and results store
   // in pairs. Otherwise every element goes through its own load / store (correct, slower).
   bool aligned;
+  // Atomic-dQ mode: float32 dQ * (1 / scale) accumulated as [B, N, H, dq_row], dq_row = D rounded
+  // up to 8 (8-byte aligned pairs for vector atomics).
+  float* dq_accum;
+  int dq_row;
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word
