@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
@@ -145,19 +146,12 @@ struct TileGeom {
     s.T = lt.i1 - lt.i0;
     s.R = static_cast<int>(row_token.size());
     s.M = u.size();
-    int wmax = 0, reach = 0;
     for (int t = 0; t < s.T; ++t) {
       const nbr::Range w = nbr::window(L, lg, lt.i0 + t);
       s.col_begin[t] = w.begin - u0;
       s.col_count[t] = w.size();
-      wmax = w.size() > wmax ? w.size() : wmax;
       q_token[t] = line_token + static_cast<int64_t>(lt.i0 + t) * L.dilation + lt.g;
     }
-    for (int t = 0; t < s.T; ++t) {
-      const int e = s.col_begin[t] + padded_window(wmax, pl.vw);
-      reach = e > reach ? e : reach;
-    }
-    s.Mp = round_up(reach > s.M ? reach : s.M, pl.vw);
     s.D = D;
     s.Dp = round_up(D, pl.vw);
     s.Dv = Dv;
@@ -173,22 +167,57 @@ struct TileGeom {
   }
 };
 
-// Gathers the box: transposed [R][dim][Mp] and/or row-major [R][M][pitch] buffers.
-void gather_box(const TileGeom& tg, const Strided& src, int dim, int pitch, float* transposed,
-                float* rows, std::vector<float>& tmp) {
-  const TileShape& s = tg.s;
-  tmp.resize(static_cast<size_t>(pitch));
-  if (transposed) std::memset(transposed, 0, sizeof(float) * s.R * dim * s.Mp);
-  for (int r = 0; r < s.R; ++r)
-    for (int m = 0; m < s.M; ++m) {
-      float* dst = rows ? rows + (static_cast<int64_t>(r) * s.M + m) * pitch : tmp.data();
-      load_row(src, src.token_offset(tg.b, tg.key_token(r, m), tg.hk), dim, pitch, dst);
-      if (transposed) {
-        float* col = transposed + static_cast<int64_t>(r) * dim * s.Mp + m;
-        for (int e = 0; e < dim; ++e) col[static_cast<int64_t>(e) * s.Mp] = dst[e];
+// Float panels of a key-side tensor (see cpu/tile.h): one per (b, hk, line, last-axis group),
+// columns = local indices along the last axis, zero beyond the group's length.
+struct Panels {
+  const Plan& pl;
+  int64_t count = 0;
+  int pitch = 0;  // columns of a transposed panel; also the rows of a row-major one
+  Panels(const Plan& plan) : pl(plan) {
+    const Problem& p = plan.p;
+    const nbr::Axis& L = plan.ax[plan.la];
+    count = p.batch * p.heads_kv * plan.lines * L.dilation;
+    pitch = round_up(nbr::group_length(L, 0), plan.vw) + plan.vw;
+  }
+  int64_t id(int64_t b, int64_t hk, int64_t line, int g) const {
+    return ((b * pl.p.heads_kv + hk) * pl.lines + line) * pl.ax[pl.la].dilation + g;
+  }
+  // Fills transposed [dim][pitch] and/or row-major [pitch][dim_pad] panels from a strided tensor.
+  void convert(const Strided& src, int dim, int dim_pad, std::vector<float>* transposed,
+               std::vector<float>* rows, int threads) const {
+    if (transposed) transposed->assign(static_cast<size_t>(count * dim * pitch), 0.f);
+    if (rows) rows->assign(static_cast<size_t>(count * pitch * dim_pad), 0.f);
+    const Problem& p = pl.p;
+    const nbr::Axis& L = pl.ax[pl.la];
+    parallel_for(count, threads, [&](int64_t id, int) {
+      const int g = static_cast<int>(id % L.dilation);
+      int64_t rest = id / L.dilation;
+      const int64_t line = rest % pl.lines;
+      rest /= pl.lines;
+      const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
+      const int lg = nbr::group_length(L, g);
+      std::vector<float> tmp(static_cast<size_t>(dim_pad));
+      for (int j = 0; j < lg; ++j) {
+        const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j) * L.dilation + g;
+        float* dst = rows ? rows->data() + (id * pitch + j) * dim_pad : tmp.data();
+        load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
+        if (transposed) {
+          float* col = transposed->data() + id * dim * pitch + j;
+          for (int e = 0; e < dim; ++e) col[static_cast<int64_t>(e) * pitch] = dst[e];
+        }
       }
-    }
-}
+    });
+  }
+  // Panel rows of a tile's box: pointers to column u0 of each row's panel.
+  template <typename T>
+  void rows_of(const TileGeom& tg, const int64_t* key_line, T* base, int64_t panel_floats,
+               int64_t col_floats, std::vector<T*>* out) const {
+    out->resize(static_cast<size_t>(tg.s.R));
+    for (int r = 0; r < tg.s.R; ++r)
+      (*out)[static_cast<size_t>(r)] =
+          base + id(tg.b, tg.hk, key_line[r], tg.g) * panel_floats + tg.u0 * col_floats;
+  }
+};
 
 void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim, int pitch, float* dst) {
   for (int n = 0; n < A; ++n)
@@ -196,14 +225,28 @@ void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim
 }
 
 struct Scratch {
-  std::vector<float> kt, k, v, vt, add_k, add_v, q, o, d_o, dq, lse, delta, work, work2, tmp;
-  std::vector<float> dk_box, dv_box, d_add_k, d_add_v, p_add, ds_add;
+  std::vector<float> add_k, add_v, q, o, d_o, dq, lse, delta, work, work2, w;
+  std::vector<float> d_add_k, d_add_v, p_add, ds_add;
+  std::vector<int64_t> key_line;
+  std::vector<const float*> r1, r2, r3;
+  std::vector<float*> r4, r5;
 };
 
 template <typename V>
-float* sized(V& v, int64_t n) {
+typename V::value_type* sized(V& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   return v.data();
+}
+
+int max_count(const TileShape& s) {
+  int w = 0;
+  for (int t = 0; t < s.T; ++t) w = s.col_count[t] > w ? s.col_count[t] : w;
+  return w;
+}
+
+void key_lines(const TileGeom& tg, int64_t last_len, std::vector<int64_t>* out) {
+  out->resize(tg.row_token.size());
+  for (size_t r = 0; r < tg.row_token.size(); ++r) (*out)[r] = tg.row_token[r] / last_len;
 }
 
 }  // namespace
@@ -217,7 +260,12 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Strided add_k = add_view(a.add_k, p), add_v = add_view(a.add_v, p);
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
+  const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
   const int threads = resolve_threads(opt.num_threads, plan.tasks());
+  const Panels panels(plan);
+  std::vector<float> kt, vr;
+  panels.convert(k, D, Dp, &kt, nullptr, threads);
+  panels.convert(v, Dv, Dvp, nullptr, &vr, threads);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
@@ -225,38 +273,37 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     TileGeom tg;
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
+    key_lines(tg, p.shape[plan.la], &sc.key_line);
+    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt.data()),
+                   static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
+    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr.data()),
+                   static_cast<int64_t>(panels.pitch) * Dvp, Dvp, &sc.r2);
     ForwardTile ft;
     ft.s = s;
+    ft.pitch = panels.pitch;
     ft.scale_log2 = scale_log2;
-    float* kt = sized(sc.kt, static_cast<int64_t>(s.R) * D * s.Mp);
-    float* vb = sized(sc.v, static_cast<int64_t>(s.R) * s.M * s.Dvp);
-    gather_box(tg, k, D, s.Dp, kt, nullptr, sc.tmp);
-    gather_box(tg, v, Dv, s.Dvp, nullptr, vb, sc.tmp);
-    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * s.Dp + 1);
-    float* av = sized(sc.add_v, static_cast<int64_t>(A) * s.Dvp + 1);
-    gather_additional(add_k, tg.b, tg.hk, A, D, s.Dp, ak);
-    gather_additional(add_v, tg.b, tg.hk, A, Dv, s.Dvp, av);
-    int wmax = 0;
-    for (int t = 0; t < s.T; ++t) wmax = s.col_count[t] > wmax ? s.col_count[t] : wmax;
-    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * s.Dp);
-    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * s.Dvp);
+    ft.kt_rows = sc.r1.data();
+    ft.v_rows = sc.r2.data();
+    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * Dp + 1);
+    float* av = sized(sc.add_v, static_cast<int64_t>(A) * Dvp + 1);
+    gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
+    gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
+    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * Dp);
+    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * Dvp);
     float* lb = sized(sc.lse, s.T);
-    float* work = sized(sc.work, static_cast<int64_t>(s.R) * padded_window(wmax, plan.vw) + A + 1);
-    ft.kt = kt;
-    ft.v = vb;
     ft.add_k = ak;
     ft.add_v = av;
     ft.q = qb;
     ft.o = ob;
     ft.lse = lb;
-    ft.scratch = work;
+    ft.scratch = sized(sc.work, static_cast<int64_t>(s.R) * padded_window(max_count(s), plan.vw) + A + 1);
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t)
-        load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, s.Dp, qb + static_cast<int64_t>(t) * s.Dp);
+        load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
       kern.forward(ft);
       for (int t = 0; t < s.T; ++t) {
-        store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * s.Dvp);
+        store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
@@ -275,125 +322,138 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
   const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
-  // dK / dV: every thread accumulates into its own float copy (boxes of different tiles
-  // overlap, so direct writes would race); they are summed at the end. Cap the copies' memory.
-  const int64_t keys = p.batch * (plan.N + A) * p.heads_kv;
-  const int64_t acc_floats = keys * (Dp + Dvp);
+  const Panels panels(plan);
+  // dK / dV: boxes of different tiles overlap, so every thread accumulates into its own float
+  // panels (summed at the end) instead of racing on shared ones. Cap the copies' memory.
+  const int64_t panel_k = static_cast<int64_t>(panels.pitch) * Dp;
+  const int64_t panel_v = static_cast<int64_t>(panels.pitch) * Dvp;
+  const int64_t add_floats = p.batch * A * p.heads_kv;
+  const int64_t acc_floats = panels.count * (panel_k + panel_v) + add_floats * (Dp + Dvp);
   int threads = resolve_threads(opt.num_threads, plan.tasks());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
+  std::vector<float> kt, kr, vt;
+  panels.convert(k, D, Dp, &kt, &kr, threads);
+  panels.convert(v, Dv, Dvp, &vt, nullptr, threads);
   std::vector<std::vector<float>> acc(static_cast<size_t>(threads));
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale = static_cast<float>(opt.scale);
-  auto acc_at = [&](int worker, int64_t b, int64_t token, int64_t hk) {
-    return acc[static_cast<size_t>(worker)].data() + ((b * (plan.N + A) + token) * p.heads_kv + hk) * (Dp + Dvp);
-  };
+  // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
+  const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
-    if (acc[static_cast<size_t>(worker)].empty()) acc[static_cast<size_t>(worker)].assign(static_cast<size_t>(acc_floats), 0.f);
+    std::vector<float>& ac = acc[static_cast<size_t>(worker)];
+    if (ac.empty()) ac.assign(static_cast<size_t>(acc_floats), 0.f);
     TileGeom tg;
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
-    int wmax = 0;
-    for (int t = 0; t < s.T; ++t) wmax = s.col_count[t] > wmax ? s.col_count[t] : wmax;
-    const int64_t plane = static_cast<int64_t>(s.R) * padded_window(wmax, plan.vw);
+    const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s), plan.vw);
+    key_lines(tg, p.shape[plan.la], &sc.key_line);
+    const int64_t* kl = sc.key_line.data();
+    panels.rows_of(tg, kl, static_cast<const float*>(kt.data()), static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
+    panels.rows_of(tg, kl, static_cast<const float*>(kr.data()), panel_k, Dp, &sc.r2);
+    panels.rows_of(tg, kl, static_cast<const float*>(vt.data()), static_cast<int64_t>(Dv) * panels.pitch, 1, &sc.r3);
+    panels.rows_of(tg, kl, ac.data(), panel_k, Dp, &sc.r4);
+    panels.rows_of(tg, kl, ac.data() + dv_base, panel_v, Dvp, &sc.r5);
     BackwardTile bt;
     bt.s = s;
+    bt.pitch = panels.pitch;
     bt.scale = scale;
     bt.scale_log2 = scale * kLog2e;
-    float* kt = sized(sc.kt, static_cast<int64_t>(s.R) * D * s.Mp);
-    float* kb = sized(sc.k, static_cast<int64_t>(s.R) * s.M * s.Dp);
-    float* vt = sized(sc.vt, static_cast<int64_t>(s.R) * Dv * s.Mp);
-    gather_box(tg, k, D, s.Dp, kt, kb, sc.tmp);
-    gather_box(tg, v, Dv, s.Dvp, vt, nullptr, sc.tmp);
-    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * s.Dp + 1);
-    float* av = sized(sc.add_v, static_cast<int64_t>(A) * s.Dvp + 1);
-    gather_additional(add_k, tg.b, tg.hk, A, D, s.Dp, ak);
-    gather_additional(add_v, tg.b, tg.hk, A, Dv, s.Dvp, av);
-    float* dkb = sized(sc.dk_box, static_cast<int64_t>(s.R) * s.M * s.Dp);
-    float* dvb = sized(sc.dv_box, static_cast<int64_t>(s.R) * s.M * s.Dvp);
-    float* dak = sized(sc.d_add_k, static_cast<int64_t>(A) * s.Dp + 1);
-    float* dav = sized(sc.d_add_v, static_cast<int64_t>(A) * s.Dvp + 1);
-    std::memset(dkb, 0, sizeof(float) * s.R * s.M * s.Dp);
-    std::memset(dvb, 0, sizeof(float) * s.R * s.M * s.Dvp);
-    std::memset(dak, 0, sizeof(float) * (A * s.Dp + 1));
-    std::memset(dav, 0, sizeof(float) * (A * s.Dvp + 1));
-    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * s.Dp);
-    float* dob = sized(sc.d_o, static_cast<int64_t>(s.T) * s.Dvp);
-    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * s.Dvp);
+    bt.kt_rows = sc.r1.data();
+    bt.k_rows = sc.r2.data();
+    bt.vt_rows = sc.r3.data();
+    bt.dk_rows = sc.r4.data();
+    bt.dv_rows = sc.r5.data();
+    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * Dp + 1);
+    float* av = sized(sc.add_v, static_cast<int64_t>(A) * Dvp + 1);
+    gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
+    gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
+    float* dak = sized(sc.d_add_k, static_cast<int64_t>(A) * Dp + 1);
+    float* dav = sized(sc.d_add_v, static_cast<int64_t>(A) * Dvp + 1);
+    std::fill(dak, dak + A * Dp, 0.f);
+    std::fill(dav, dav + A * Dvp, 0.f);
+    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * Dp);
+    float* dob = sized(sc.d_o, static_cast<int64_t>(s.T) * Dvp);
+    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * Dvp);
     float* lb = sized(sc.lse, s.T);
     float* db = sized(sc.delta, s.T);
-    float* dqb = sized(sc.dq, static_cast<int64_t>(s.T) * s.Dp);
+    float* dqb = sized(sc.dq, static_cast<int64_t>(s.T) * Dp);
     bt.q = qb;
     bt.d_o = dob;
     bt.delta = db;
     bt.lse2 = lb;
-    bt.kt = kt;
-    bt.k = kb;
-    bt.vt = vt;
     bt.add_k = ak;
     bt.add_v = av;
     bt.dq = dqb;
-    bt.dk = dkb;
-    bt.dv = dvb;
     bt.d_add_k = dak;
     bt.d_add_v = dav;
     bt.p = sized(sc.work, s.T * plane);
     bt.ds = sized(sc.work2, s.T * plane);
     bt.p_add = sized(sc.p_add, static_cast<int64_t>(s.T) * A + 1);
     bt.ds_add = sized(sc.ds_add, static_cast<int64_t>(s.T) * A + 1);
+    bt.w = sized(sc.w, 2 * kTileQueries);
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t) {
         const int64_t tok = tg.q_token[t];
-        load_row(q, q.token_offset(tg.b, tok, h), D, s.Dp, qb + static_cast<int64_t>(t) * s.Dp);
-        load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, s.Dvp, dob + static_cast<int64_t>(t) * s.Dvp);
-        load_row(o, o.token_offset(tg.b, tok, h), Dv, s.Dvp, ob + static_cast<int64_t>(t) * s.Dvp);
+        load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+        load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
+        load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
         double dl = 0;
-        for (int e = 0; e < Dv; ++e) dl += static_cast<double>(dob[t * s.Dvp + e]) * ob[t * s.Dvp + e];
+        for (int e = 0; e < Dv; ++e) dl += static_cast<double>(dob[t * Dvp + e]) * ob[t * Dvp + e];
         db[t] = static_cast<float>(dl);
         lb[t] = static_cast<float>(lse.load(lse.token_offset(tg.b, tok, h))) * kLog2e;
       }
       kern.backward(bt);
       for (int t = 0; t < s.T; ++t)
-        store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, dqb + static_cast<int64_t>(t) * s.Dp);
+        store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, dqb + static_cast<int64_t>(t) * Dp);
     }
-    for (int r = 0; r < s.R; ++r)
-      for (int m = 0; m < s.M; ++m) {
-        float* dst = acc_at(worker, tg.b, tg.key_token(r, m), tg.hk);
-        const float* sk = dkb + (static_cast<int64_t>(r) * s.M + m) * s.Dp;
-        const float* sv = dvb + (static_cast<int64_t>(r) * s.M + m) * s.Dvp;
-        for (int e = 0; e < D; ++e) dst[e] += sk[e];
-        for (int e = 0; e < Dv; ++e) dst[Dp + e] += sv[e];
-      }
     for (int n = 0; n < A; ++n) {
-      float* dst = acc_at(worker, tg.b, plan.N + n, tg.hk);
-      for (int e = 0; e < D; ++e) dst[e] += dak[n * s.Dp + e];
-      for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * s.Dvp + e];
+      float* dst = ac.data() + add_base + ((tg.b * A + n) * p.heads_kv + tg.hk) * (Dp + Dvp);
+      for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
+      for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
     }
   });
-  // Sum the per-thread accumulators and store, split over key tokens.
+  // Sum the per-thread accumulators and store: grid keys panel by panel, then additional keys.
   const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
   const Strided dak = add_view(a.d_add_k, p), dav = add_view(a.d_add_v, p);
-  const int64_t rows = p.batch * (plan.N + A);
-  const int store_threads = resolve_threads(opt.num_threads, rows);
-  parallel_for(rows, store_threads, [&](int64_t row, int) {
-    const int64_t b = row / (plan.N + A), j = row % (plan.N + A);
-    std::vector<float> sum(static_cast<size_t>(Dp + Dvp));
-    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      std::fill(sum.begin(), sum.end(), 0.f);
-      for (int w = 0; w < threads; ++w) {
-        if (acc[static_cast<size_t>(w)].empty()) continue;
-        const float* src = acc_at(w, b, j, hk);
-        for (int e = 0; e < Dp + Dvp; ++e) sum[static_cast<size_t>(e)] += src[e];
+  const nbr::Axis& L = plan.ax[plan.la];
+  const int store_threads = resolve_threads(opt.num_threads, panels.count);
+  parallel_for(panels.count, store_threads, [&](int64_t id, int) {
+    const int g = static_cast<int>(id % L.dilation);
+    int64_t rest = id / L.dilation;
+    const int64_t line = rest % plan.lines;
+    rest /= plan.lines;
+    const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
+    const int lg = nbr::group_length(L, g);
+    std::vector<float> sk(static_cast<size_t>(Dp)), sv(static_cast<size_t>(Dvp));
+    for (int j = 0; j < lg; ++j) {
+      std::fill(sk.begin(), sk.end(), 0.f);
+      std::fill(sv.begin(), sv.end(), 0.f);
+      for (const auto& ac : acc) {
+        if (ac.empty()) continue;
+        const float* srck = ac.data() + id * panel_k + static_cast<int64_t>(j) * Dp;
+        const float* srcv = ac.data() + dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
+        for (int e = 0; e < D; ++e) sk[static_cast<size_t>(e)] += srck[e];
+        for (int e = 0; e < Dv; ++e) sv[static_cast<size_t>(e)] += srcv[e];
       }
-      const Strided& sk = j < plan.N ? dk : dak;
-      const Strided& sv = j < plan.N ? dv : dav;
-      const int64_t tok = j < plan.N ? j : j - plan.N;
-      store_row(sk, sk.token_offset(b, tok, hk), D, sum.data());
-      store_row(sv, sv.token_offset(b, tok, hk), Dv, sum.data() + Dp);
+      const int64_t token = line * p.shape[plan.la] + static_cast<int64_t>(j) * L.dilation + g;
+      store_row(dk, dk.token_offset(b, token, hk), D, sk.data());
+      store_row(dv, dv.token_offset(b, token, hk), Dv, sv.data());
     }
   });
+  for (int64_t i = 0; i < add_floats; ++i) {
+    std::vector<float> sum(static_cast<size_t>(Dp + Dvp), 0.f);
+    for (const auto& ac : acc) {
+      if (ac.empty()) continue;
+      const float* src = ac.data() + add_base + i * (Dp + Dvp);
+      for (int e = 0; e < Dp + Dvp; ++e) sum[static_cast<size_t>(e)] += src[e];
+    }
+    const int64_t hk = i % p.heads_kv, n = (i / p.heads_kv) % A, b = i / (p.heads_kv * A);
+    store_row(dak, dak.token_offset(b, n, hk), D, sum.data());
+    store_row(dav, dav.token_offset(b, n, hk), Dv, sum.data() + Dp);
+  }
   return Status::Ok();
 }
 

@@ -92,53 +92,59 @@ static void dot_pairs_n(int n, const float* x, int D, const float* const* base, 
   }
 }
 
-// scores[r][0 .. Wp) = x . keys of row r at columns [cb, cb + Wp), for all R rows.
-// `t` is the transposed buffer [R][D][Mp] (keys or values).
-static void scores(const float* x, int D, const float* t, int R, int Mp, int cb, int Wp,
-                   float* out) {
+// scores[r][0 .. Wp) = x . (column cb .. cb + Wp of row r), for all R rows; rows[r] is a
+// transposed panel [dim][pitch].
+static void scores(const float* x, int D, const float* const* rows, int R, int pitch, int cb,
+                   int Wp, float* out) {
   const int nv = Wp / kVW, total = R * nv;
   const float* base[kPairs];
   for (int i0 = 0; i0 < total; i0 += kPairs) {
     const int n = total - i0 < kPairs ? total - i0 : kPairs;
     for (int i = 0; i < n; ++i) {
       const int r = (i0 + i) / nv, v = (i0 + i) % nv;
-      base[i] = t + static_cast<int64_t>(r) * D * Mp + cb + v * kVW;
+      base[i] = rows[r] + cb + v * kVW;
     }
-    dot_pairs_n(n, x, D, base, Mp, out + i0 * kVW);
+    dot_pairs_n(n, x, D, base, pitch, out + i0 * kVW);
   }
 }
 
-// out[0 .. nvec*kVW) (+)= sum over rows r, columns c < count of w[r][c] * rows[r][cb + c][:].
-// `rows` is a [R][M][pitch] buffer; `w` is [R][Wp].
+// out[col0 .. col0 + NV*kVW) (+)= sum_i w[i] * src[i * pitch + col0 ..].
 template <int NV>
-static inline void weighted_rows(const float* w, int R, int Wp, int count, const float* rows,
-                                 int M, int pitch, int cb, int col0, float* out, bool accumulate) {
+static inline void accum(const float* w, int n, const float* src, int pitch, int col0, float* out,
+                         bool accumulate) {
   vf acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = accumulate ? ld(out + j * kVW) : vf{};
-  for (int r = 0; r < R; ++r) {
-    const float* wr = w + static_cast<int64_t>(r) * Wp;
-    const float* base = rows + (static_cast<int64_t>(r) * M + cb) * pitch + col0;
-    for (int c = 0; c < count; ++c) {
-      const vf b = splat(wr[c]);
-      const float* src = base + static_cast<int64_t>(c) * pitch;
-      for (int j = 0; j < NV; ++j) acc[j] += b * ld(src + j * kVW);
-    }
+  for (int j = 0; j < NV; ++j) acc[j] = accumulate ? ld(out + col0 + j * kVW) : vf{};
+  for (int i = 0; i < n; ++i) {
+    const vf b = splat(w[i]);
+    const float* row = src + static_cast<int64_t>(i) * pitch + col0;
+    for (int j = 0; j < NV; ++j) acc[j] += b * ld(row + j * kVW);
   }
-  for (int j = 0; j < NV; ++j) st(out + j * kVW, acc[j]);
+  for (int j = 0; j < NV; ++j) st(out + col0 + j * kVW, acc[j]);
 }
 
-static void weighted_rows_all(const float* w, int R, int Wp, int count, const float* rows, int M,
-                              int pitch, int cb, int nvec, float* out, bool accumulate) {
+// out[0 .. nvec * kVW) (+)= sum_i w[i] * src row i (rows `pitch` floats apart).
+static void accum_all(const float* w, int n, const float* src, int pitch, int nvec, float* out,
+                      bool accumulate) {
   for (int j0 = 0; j0 < nvec; j0 += kOutVecs) {
-    const int n = nvec - j0 < kOutVecs ? nvec - j0 : kOutVecs;
+    const int k = nvec - j0 < kOutVecs ? nvec - j0 : kOutVecs;
     const int col0 = j0 * kVW;
-    switch (n) {
-      case 1: weighted_rows<1>(w, R, Wp, count, rows, M, pitch, cb, col0, out + col0, accumulate); break;
-      case 2: weighted_rows<2>(w, R, Wp, count, rows, M, pitch, cb, col0, out + col0, accumulate); break;
-      case 3: weighted_rows<3>(w, R, Wp, count, rows, M, pitch, cb, col0, out + col0, accumulate); break;
-      default: weighted_rows<4>(w, R, Wp, count, rows, M, pitch, cb, col0, out + col0, accumulate); break;
+    switch (k) {
+      case 1: accum<1>(w, n, src, pitch, col0, out, accumulate); break;
+      case 2: accum<2>(w, n, src, pitch, col0, out, accumulate); break;
+      case 3: accum<3>(w, n, src, pitch, col0, out, accumulate); break;
+      default: accum<4>(w, n, src, pitch, col0, out, accumulate); break;
     }
   }
+}
+
+// out = sum over rows r, columns c < count of w[r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
+static void weighted_rows(const float* w, int R, int Wp, int count, const float* const* rows,
+                          int pitch, int cb, int nvec, float* out) {
+  for (int r = 0; r < R; ++r)
+    accum_all(w + static_cast<int64_t>(r) * Wp, count, rows[r] + static_cast<int64_t>(cb) * pitch,
+              pitch, nvec, out, r > 0);
+  if (R == 0)
+    for (int e = 0; e < nvec * kVW; ++e) out[e] = 0.f;
 }
 
 static float dot(const float* a, const float* b, int n) {  // n is a multiple of kVW (padded)
@@ -191,7 +197,7 @@ void forward_tile(const ForwardTile& a) {
     const float* q = a.q + static_cast<int64_t>(t) * s.Dp;
     float* sc = a.scratch;
     float* sadd = a.scratch + static_cast<int64_t>(s.R) * Wp;
-    scores(q, s.D, a.kt, s.R, s.Mp, cb, Wp, sc);
+    scores(q, s.D, a.kt_rows, s.R, a.pitch, cb, Wp, sc);
     float m = mask_and_max(sc, s.R, Wp, count) * a.scale_log2;
     for (int n = 0; n < s.A; ++n) {
       sadd[n] = dot(q, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
@@ -203,7 +209,7 @@ void forward_tile(const ForwardTile& a) {
       l += sadd[n];
     }
     float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
-    weighted_rows_all(sc, s.R, Wp, count, a.v, s.M, s.Dvp, cb, s.Dvp / kVW, o, false);
+    weighted_rows(sc, s.R, Wp, count, a.v_rows, s.Dvp, cb, s.Dvp / kVW, o);
     for (int n = 0; n < s.A; ++n) axpy(sadd[n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
     const float inv = 1.f / l;
     for (int e = 0; e < s.Dvp; e += kVW) st(o + e, ld(o + e) * inv);
@@ -225,14 +231,14 @@ void backward_tile(const BackwardTile& a) {
     const float* d_o = a.d_o + static_cast<int64_t>(t) * s.Dvp;
     float* p = a.p + t * plane;
     float* ds = a.ds + t * plane;
-    scores(q, s.D, a.kt, s.R, s.Mp, cb, Wp, p);
+    scores(q, s.D, a.kt_rows, s.R, a.pitch, cb, Wp, p);
     mask_and_max(p, s.R, Wp, count);
     exp_rows(p, static_cast<int>(plane), a.scale_log2, a.lse2[t]);
-    scores(d_o, s.Dv, a.vt, s.R, s.Mp, cb, Wp, ds);  // dP
+    scores(d_o, s.Dv, a.vt_rows, s.R, a.pitch, cb, Wp, ds);  // dP
     const vf delta = splat(a.delta[t]);
     for (int64_t c = 0; c < plane; c += kVW) st(ds + c, ld(p + c) * (ld(ds + c) - delta));
     float* dq = a.dq + static_cast<int64_t>(t) * s.Dp;
-    weighted_rows_all(ds, s.R, Wp, count, a.k, s.M, s.Dp, cb, s.Dp / kVW, dq, false);
+    weighted_rows(ds, s.R, Wp, count, a.k_rows, s.Dp, cb, s.Dp / kVW, dq);
     for (int n = 0; n < s.A; ++n) {
       const float pn = exp2s(dot(q, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
       const float dpn = dot(d_o, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
@@ -244,20 +250,29 @@ void backward_tile(const BackwardTile& a) {
     const vf sc = splat(a.scale);
     for (int e = 0; e < s.Dp; e += kVW) st(dq + e, ld(dq + e) * sc);
   }
-  // Phase 2, per key of the box: dK += scale * sum_t dS * q_t, dV += sum_t P * dO_t, over the
-  // queries whose window holds the column (a contiguous range of t: windows are monotone).
-  for (int r = 0; r < s.R; ++r)
-    for (int m = 0; m < s.M; ++m) {
-      float* dk = a.dk + (static_cast<int64_t>(r) * s.M + m) * s.Dp;
-      float* dv = a.dv + (static_cast<int64_t>(r) * s.M + m) * s.Dvp;
-      for (int t = 0; t < s.T; ++t) {
-        const int c = m - s.col_begin[t];
-        if (c < 0 || c >= s.col_count[t]) continue;
-        const int64_t at = t * plane + static_cast<int64_t>(r) * Wp + c;
-        axpy(a.ds[at] * a.scale, a.q + static_cast<int64_t>(t) * s.Dp, dk, s.Dp);
-        axpy(a.p[at], a.d_o + static_cast<int64_t>(t) * s.Dvp, dv, s.Dvp);
+  // Phase 2, per key of the box: dK += scale * sum_t dS * q_t, dV += sum_t P * dO_t over the
+  // queries whose window holds the column: a contiguous range of t (windows are monotone), so
+  // the sums are register-blocked GEMV-like passes over consecutive q / dO rows.
+  float* wk = a.w;
+  float* wv = a.w + s.T;
+  for (int m = 0; m < s.M; ++m) {
+    int t0 = 0;
+    while (t0 < s.T && m >= s.col_begin[t0] + s.col_count[t0]) ++t0;
+    int t1 = t0;
+    while (t1 < s.T && m >= s.col_begin[t1]) ++t1;
+    if (t1 <= t0) continue;
+    for (int r = 0; r < s.R; ++r) {
+      for (int t = t0; t < t1; ++t) {
+        const int64_t at = t * plane + static_cast<int64_t>(r) * Wp + (m - s.col_begin[t]);
+        wk[t - t0] = a.ds[at] * a.scale;
+        wv[t - t0] = a.p[at];
       }
+      accum_all(wk, t1 - t0, a.q + static_cast<int64_t>(t0) * s.Dp, s.Dp, s.Dp / kVW,
+                a.dk_rows[r] + static_cast<int64_t>(m) * s.Dp, true);
+      accum_all(wv, t1 - t0, a.d_o + static_cast<int64_t>(t0) * s.Dvp, s.Dvp, s.Dvp / kVW,
+                a.dv_rows[r] + static_cast<int64_t>(m) * s.Dvp, true);
     }
+  }
   for (int n = 0; n < s.A; ++n)
     for (int t = 0; t < s.T; ++t) {
       axpy(a.ds_add[t * s.A + n] * a.scale, a.q + static_cast<int64_t>(t) * s.Dp,

@@ -19,7 +19,6 @@ struct TileShape {
   int T = 0;      // queries
   int R = 0;      // key rows
   int M = 0;      // key columns (box width)
-  int Mp = 0;     // padded row pitch of the transposed buffers (>= max col_begin + vector slack)
   int D = 0, Dp = 0;    // head dim and its padding to the vector width
   int Dv = 0, Dvp = 0;  // value head dim and its padding
   int A = 0;            // additional keys
@@ -27,42 +26,49 @@ struct TileShape {
   int col_count[kTileQueries];
 };
 
-// Forward: scores, exact softmax over the (fully buffered) window, P V.
+// Keys and values are pre-converted once per call into float "panels", one per (batch, KV head,
+// line of the other axes, dilation group of the last axis), in two layouts: transposed
+// [dim][pitch] (columns contiguous: scores vectorize over keys) and row-major [pitch][dim_pad]
+// (P V, dQ, dK, dV vectorize over the head dim). A tile sees row r of its box through pointers
+// already offset to the box's first column.
 struct ForwardTile {
   TileShape s;
-  float scale_log2 = 0;  // scale * log2(e): scores are kept in base 2
-  const float* q;        // [T][Dp]
-  const float* kt;       // [R][D][Mp]   keys, transposed per row (columns contiguous)
-  const float* v;        // [R][M][Dvp]
-  const float* add_k;    // [A][Dp]
-  const float* add_v;    // [A][Dvp]
-  float* o;              // [T][Dvp] normalized output
-  float* lse;            // [T] natural-log LSE
-  float* scratch;        // >= R * Mpad_window + A floats (see scratch_floats)
+  int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
+  float scale_log2 = 0;         // scale * log2(e): scores are kept in base 2
+  const float* q;               // [T][Dp]
+  const float* const* kt_rows;  // [R] -> [D][pitch] transposed keys
+  const float* const* v_rows;   // [R] -> [M][Dvp] values
+  const float* add_k;           // [A][Dp]
+  const float* add_v;           // [A][Dvp]
+  float* o;                     // [T][Dvp] normalized output
+  float* lse;                   // [T] natural-log LSE
+  float* scratch;               // >= R * padded_window(max count) + A floats
 };
 
-// Backward for one query head: P from the saved LSE, dS, dQ; dK / dV of the box are accumulated.
+// Backward for one query head: P from the saved LSE, dS, dQ; dK / dV are accumulated in place.
 struct BackwardTile {
   TileShape s;
+  int pitch = 0;
   float scale = 0, scale_log2 = 0;
-  const float* q;      // [T][Dp]
-  const float* d_o;    // [T][Dvp]
-  const float* delta;  // [T] rowsum(dO * O)
-  const float* lse2;   // [T] LSE in base 2 (lse * log2(e))
-  const float* kt;     // [R][D][Mp]
-  const float* k;      // [R][M][Dp]
-  const float* vt;     // [R][Dv][Mp]
-  const float* add_k;  // [A][Dp]
-  const float* add_v;  // [A][Dvp]
-  float* dq;           // [T][Dp]  (written)
-  float* dk;           // [R][M][Dp]  (accumulated)
-  float* dv;           // [R][M][Dvp] (accumulated)
-  float* d_add_k;      // [A][Dp]  (accumulated)
-  float* d_add_v;      // [A][Dvp] (accumulated)
-  float* p;            // scratch [T][R][Wp] probabilities
-  float* ds;           // scratch [T][R][Wp] dS
-  float* p_add;        // scratch [T][A]
-  float* ds_add;       // scratch [T][A]
+  const float* q;               // [T][Dp]
+  const float* d_o;             // [T][Dvp]
+  const float* delta;           // [T] rowsum(dO * O)
+  const float* lse2;            // [T] LSE in base 2 (lse * log2(e))
+  const float* const* kt_rows;  // [R] -> [D][pitch]
+  const float* const* k_rows;   // [R] -> [M][Dp]
+  const float* const* vt_rows;  // [R] -> [Dv][pitch]
+  const float* add_k;           // [A][Dp]
+  const float* add_v;           // [A][Dvp]
+  float* dq;                    // [T][Dp]  (written)
+  float* const* dk_rows;        // [R] -> [M][Dp]  (accumulated)
+  float* const* dv_rows;        // [R] -> [M][Dvp] (accumulated)
+  float* d_add_k;               // [A][Dp]  (accumulated)
+  float* d_add_v;               // [A][Dvp] (accumulated)
+  float* p;                     // scratch [T][R][Wp] probabilities
+  float* ds;                    // scratch [T][R][Wp] dS
+  float* p_add;                 // scratch [T][A]
+  float* ds_add;                // scratch [T][A]
+  float* w;                     // scratch [2 * T]
 };
 
 // Columns a query's window occupies in the score buffers, padded to the vector width.
