@@ -1,15 +1,255 @@
-// Placeholder until the fused forward kernels land: `cuda-fused` answers `unsupported`, and `auto`
-// falls back to `cuda-naive`.
+// cuda-fused forward: the configuration table, the choice of a configuration, layout checks and
+// the launch. The kernels are in fwd_kernel.cuh, instantiated by fwd_inst_<dtype>_r<rank>.cu from
+// the same table (config.h).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "core/backends.h"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/runtime.cuh"
+#include "cuda/fused/config.h"
+#include "cuda/fused/fwd_params.h"
 
 namespace fna {
 namespace detail {
 
-Status cuda_fused_forward(const Problem&, const ForwardArgs&, const Options&) {
-  return {Code::unsupported, "backend=cuda-fused: forward is not implemented yet"};
+namespace {
+
+using fused::FwdParams;
+using fused::kAxes;
+using fused::Tile;
+
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<mma::F16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<mma::BF16> {
+  static constexpr DType value = DType::bf16;
+};
+
+struct FwdEntry {
+  int rank;
+  DType dtype;
+  int dim;  // padded head dim the kernel is compiled for
+  int q[kAxes];
+  int kv[kAxes];
+  cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
+
+  int q_size() const { return q[0] * q[1] * q[2]; }
+  int kv_size() const { return kv[0] * kv[1] * kv[2]; }
+  std::string name() const {
+    auto shape = [&](const int* e) {
+      std::string s;
+      for (int ax = kAxes - rank; ax < kAxes; ++ax)
+        s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
+      return s;
+    };
+    return std::string("fna_fwd_sm80_") + (dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
+           std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv);
+  }
+};
+
+#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                     \
+  FwdEntry{R, DTypeOf<mma::DT>::value, D, {Q0, Q1, Q2}, {K0, K1, K2},       \
+           &fused::launch_fwd<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+
+const std::vector<FwdEntry>& table() {
+  static const std::vector<FwdEntry> t{FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16)
+                                           FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)};
+  return t;
+}
+#undef FNA_FWD_ENTRY
+
+Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
+
+// The smallest compiled head dim that holds max(D, D_v); 0 when none does.
+int dim_bucket(int rank, DType dtype, int64_t need) {
+  int best = 0;
+  for (const FwdEntry& e : table())
+    if (e.rank == rank && e.dtype == dtype && e.dim >= need && (best == 0 || e.dim < best))
+      best = e.dim;
+  return best;
 }
 
-std::vector<std::string> cuda_fused_configs(int, DType, int64_t) { return {}; }
+std::vector<const FwdEntry*> candidates(int rank, DType dtype, int64_t need) {
+  std::vector<const FwdEntry*> out;
+  const int bucket = dim_bucket(rank, dtype, need);
+  for (const FwdEntry& e : table())
+    if (e.rank == rank && e.dtype == dtype && e.dim == bucket) out.push_back(&e);
+  return out;
+}
+
+fused::Geometry geometry_of(const Problem& p) {
+  return fused::Geometry::lift(p.rank, p.shape, p.kernel_size, p.dilation, p.stride, p.is_causal);
+}
+
+// Work estimate of a configuration: every visited key tile costs kQ * kN score pairs, border
+// tiles about a quarter more for the mask, and each tile's copy about as much as 32 more query
+// rows would (so smaller query tiles pay for re-reading K/V).
+double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
+  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
+  const double masked = s.visited - s.unmasked;
+  return ((s.visited + 0.25 * masked) * double(e.q_size()) + 32.0 * s.visited) *
+         double(e.kv_size());
+}
+
+// The vectorized path copies 16-byte row chunks: unit stride on the head dim, 16-byte aligned
+// base and every other stride a multiple of 8 elements (dims of extent 1 never move the pointer).
+Status check_rows(const char* name, const TensorRef& t, int ndim, const int64_t* extents) {
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
+    return unsupported(std::string(name) + " pointer is not 16-byte aligned");
+  if (t.strides[ndim - 1] != 1)
+    return unsupported(std::string(name) + " stride[" + std::to_string(ndim - 1) + "]=" +
+                       std::to_string(t.strides[ndim - 1]) + " (head dim) must be 1");
+  for (int d = 0; d < ndim - 1; ++d)
+    if (extents[d] > 1 && t.strides[d] % 8 != 0)
+      return unsupported(std::string(name) + " stride[" + std::to_string(d) + "]=" +
+                         std::to_string(t.strides[d]) + " is not a multiple of 8 elements");
+  return Status::Ok();
+}
+
+// [B, L.., H] strides lifted to [B, axis 0, axis 1, axis 2, H].
+void lift_strides(const TensorRef& t, int rank, int64_t (&out)[5]) {
+  out[0] = t.strides[0];
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int src = ax - (kAxes - rank);
+    out[1 + ax] = src < 0 ? 0 : t.strides[1 + src];
+  }
+  out[4] = t.strides[1 + rank];
+}
+
+std::string join_names(const std::vector<const FwdEntry*>& es) {
+  std::string s;
+  for (const FwdEntry* e : es) s += (s.empty() ? "" : ", ") + e->name();
+  return s.empty() ? "(none)" : s;
+}
+
+}  // namespace
+
+std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
+  std::vector<std::string> names;
+  for (const FwdEntry* e : candidates(rank, dtype, dim)) names.push_back(e->name());
+  return names;
+}
+
+Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  if (p.dtype == DType::f32)
+    return unsupported("dtype=float32 has no tensor-core forward yet (float16 / bfloat16 only)");
+  if (p.dim % 8 != 0 || p.dim_v % 8 != 0)
+    return unsupported("dim=" + std::to_string(p.dim) + ", dim_v=" + std::to_string(p.dim_v) +
+                       ": head dims must be multiples of 8");
+  const int64_t need = std::max(p.dim, p.dim_v);
+
+  const FwdEntry* cfg = nullptr;
+  const fused::Geometry geo = geometry_of(p);
+  const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, need);
+  if (!opt.config.empty()) {
+    for (const FwdEntry& e : table())
+      if (e.name() == opt.config && e.rank == p.rank && e.dtype == p.dtype && e.dim >= need)
+        cfg = &e;
+    if (cfg == nullptr)
+      return {Code::invalid_argument,
+              "config='" + opt.config + "' is not a cuda-fused forward configuration for rank=" +
+                  std::to_string(p.rank) + ", dtype=" + dtype_name(p.dtype) +
+                  ", dim=" + std::to_string(need) + "; valid: " + join_names(cands)};
+  } else {
+    if (cands.empty())
+      return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
+    double best = 0;
+    for (const FwdEntry* e : cands) {
+      const double c = cost_of(*e, geo);
+      if (cfg == nullptr || c < best) {
+        cfg = e;
+        best = c;
+      }
+    }
+  }
+
+  // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte stores.
+  int64_t ext[kMaxDims];
+  int n = 0;
+  ext[n++] = p.batch;
+  for (int i = 0; i < p.rank; ++i) ext[n++] = p.shape[i];
+  ext[n++] = p.heads;
+  ext[n++] = p.dim;
+  const int nd = n;
+  Status st = check_rows("query", a.q, nd, ext);
+  if (!st.ok()) return st;
+  ext[nd - 1] = p.dim_v;
+  if (!(st = check_rows("output", a.o, nd, ext)).ok()) return st;
+  ext[nd - 2] = p.heads_kv;
+  if (!(st = check_rows("value", a.v, nd, ext)).ok()) return st;
+  ext[nd - 1] = p.dim;
+  if (!(st = check_rows("key", a.k, nd, ext)).ok()) return st;
+  if (p.num_additional > 0) {
+    const int64_t add_ext[4] = {p.batch, p.num_additional, p.heads_kv, p.dim};
+    const int64_t add_ext_v[4] = {p.batch, p.num_additional, p.heads_kv, p.dim_v};
+    if (!(st = check_rows("additional_keys", a.add_k, 4, add_ext)).ok()) return st;
+    if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v)).ok()) return st;
+  }
+  if (p.num_additional > (int64_t(1) << 30) || p.heads > (int64_t(1) << 30) ||
+      p.batch > (int64_t(1) << 30))
+    return unsupported("batch, heads and num_additional must each be below 2^30");
+
+  FwdParams fp{};
+  fp.q = a.q.data;
+  fp.k = a.k.data;
+  fp.v = a.v.data;
+  fp.o = a.o.data;
+  fp.lse = static_cast<float*>(a.lse.data);
+  fp.add_k = a.add_k.data;
+  fp.add_v = a.add_v.data;
+  lift_strides(a.q, p.rank, fp.q_stride);
+  lift_strides(a.k, p.rank, fp.k_stride);
+  lift_strides(a.v, p.rank, fp.v_stride);
+  lift_strides(a.o, p.rank, fp.o_stride);
+  if (a.lse.data != nullptr) {
+    fp.lse_stride[0] = a.lse.strides[0];
+    for (int ax = 0; ax < kAxes; ++ax) {
+      const int src = ax - (kAxes - p.rank);
+      fp.lse_stride[1 + ax] = src < 0 ? 0 : a.lse.strides[1 + src];
+    }
+    fp.lse_stride[4] = a.lse.strides[1 + p.rank];
+  }
+  if (p.num_additional > 0) {
+    for (int i = 0; i < 3; ++i) {
+      fp.add_k_stride[i] = a.add_k.strides[i];
+      fp.add_v_stride[i] = a.add_v.strides[i];
+    }
+  }
+  fp.geo = geo;
+  fp.batch = static_cast<int>(p.batch);
+  fp.heads = static_cast<int>(p.heads);
+  fp.heads_per_kv = static_cast<int>(p.heads / p.heads_kv);
+  fp.dim = static_cast<int>(p.dim);
+  fp.dim_v = static_cast<int>(p.dim_v);
+  fp.num_add = static_cast<int>(p.num_additional);
+  fp.groups = geo.num_groups();
+  fp.q_tiles_total = 1;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    fp.q_tiles[ax] = fused::tiles_over(geo.max_group_length(ax), cfg->q[ax]);
+    fp.q_tiles_total *= fp.q_tiles[ax];
+  }
+  fp.scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);
+
+  DeviceGuard guard;
+  if (!(st = guard.set(opt.device_index)).ok()) return st;
+  int major = 0, smem_optin = 0;
+  FNA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device_index));
+  if (major < 8) return unsupported("needs compute capability 8.0 or newer (mma.sync bf16/f16)");
+  FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                      opt.device_index));
+  const cudaError_t err = cfg->launch(fp, smem_optin, stream_of(opt));
+  if (err == cudaErrorInvalidConfiguration)
+    return unsupported("config " + cfg->name() + " does not fit this device (shared memory " +
+                       std::to_string(smem_optin) + " bytes per block, or grid size)");
+  return cuda_status(err, ("launching " + cfg->name()).c_str());
+}
 
 }  // namespace detail
 }  // namespace fna

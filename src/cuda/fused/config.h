@@ -1,0 +1,43 @@
+// The table of fused forward configurations: the one list that drives instantiation (one
+// fwd_inst_<dtype>_r<rank>.cu per rank and dtype), dispatch and the config listing
+// (fna::fused_configs / Options::config).
+//
+// An entry is X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2, dtype): the padded head dim the kernel
+// is compiled for (D and D_v are both padded up to it with zero-filled shared-memory columns) and
+// the query / key-value tile shapes lifted to three axes (leading extents 1 for lower ranks).
+// Name: fna_fwd_sm80_<dtype>_d<head_dim>_q<q tile>_kv<kv tile>, tiles over the problem's axes.
+//
+// Why these tiles: 128 queries (8 warps of 16 rows) amortize each K/V tile over the most rows
+// that still fit the registers at head dim 128; 64-key tiles keep S at 32 registers per thread.
+// Multi-dimensional shapes keep the haloed key region (query tile + kernel - 1 per axis) close to a
+// cube, which is what makes 2-D / 3-D neighborhoods cheap (the paper's section 3.3). Head dim 256
+// halves both tiles so O stays in registers and shared memory fits sm_80's 164 KiB. The 64-query
+// alternatives trade per-tile efficiency for less halo waste; the heuristic picks per problem by
+// counting visited tiles (forward.cu).
+#pragma once
+
+#define FNA_FWD_CONFIGS_RANK1(X, DT) \
+  X(1, 32, 1, 1, 128, 1, 1, 64, DT)  \
+  X(1, 64, 1, 1, 128, 1, 1, 64, DT)  \
+  X(1, 128, 1, 1, 128, 1, 1, 64, DT) \
+  X(1, 128, 1, 1, 64, 1, 1, 64, DT)  \
+  X(1, 256, 1, 1, 64, 1, 1, 32, DT)
+
+#define FNA_FWD_CONFIGS_RANK2(X, DT) \
+  X(2, 32, 1, 8, 16, 1, 8, 8, DT)    \
+  X(2, 64, 1, 8, 16, 1, 8, 8, DT)    \
+  X(2, 64, 1, 8, 8, 1, 8, 8, DT)     \
+  X(2, 128, 1, 8, 16, 1, 8, 8, DT)   \
+  X(2, 128, 1, 8, 8, 1, 8, 8, DT)    \
+  X(2, 256, 1, 8, 8, 1, 4, 8, DT)
+
+#define FNA_FWD_CONFIGS_RANK3(X, DT) \
+  X(3, 32, 4, 4, 8, 4, 4, 4, DT)     \
+  X(3, 64, 4, 4, 8, 4, 4, 4, DT)     \
+  X(3, 128, 4, 4, 8, 4, 4, 4, DT)    \
+  X(3, 128, 2, 8, 8, 2, 4, 8, DT)    \
+  X(3, 128, 2, 4, 8, 2, 4, 8, DT)    \
+  X(3, 256, 4, 4, 4, 2, 4, 4, DT)
+
+#define FNA_FWD_CONFIGS(X, DT) \
+  FNA_FWD_CONFIGS_RANK1(X, DT) FNA_FWD_CONFIGS_RANK2(X, DT) FNA_FWD_CONFIGS_RANK3(X, DT)

@@ -1,0 +1,16 @@
+// Instantiates the rank-3 f16 forward configurations of config.h (one file per rank and
+// dtype so the kernels compile in parallel).
+#include "cuda/fused/config.h"
+#include "cuda/fused/fwd_kernel.cuh"
+
+namespace fna {
+namespace fused {
+
+#define FNA_FWD_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                             \
+  template cudaError_t launch_fwd<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>( \
+      const FwdParams&, int, cudaStream_t);
+FNA_FWD_CONFIGS_RANK3(FNA_FWD_INSTANTIATE, F16)
+#undef FNA_FWD_INSTANTIATE
+
+}  // namespace fused
+}  // namespace fna

@@ -1,0 +1,401 @@
+// The fused neighborhood attention forward kernel (FlashAttention-2 style, mma.sync, sm_80+).
+//
+// A CTA owns one multi-dimensional query tile (QT) of one (batch, head, dilation group); each warp
+// owns 16 query rows. It walks the key/value tiles (KT) covering the union of its queries'
+// windows (tiling.cuh), then the additional keys as 1-D tiles, through one online softmax:
+//   S = Q K^T (registers) -> mask (border tiles only) -> m, l update with exp2 -> O += P V,
+// P going from the S accumulators straight into the A operand of the second MMA. Attention
+// weights never leave registers; K/V tiles are double buffered in shared memory with cp.async.
+// Dilation groups are separate CTAs of the same launch working in local coordinates.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/fwd_params.h"
+#include "cuda/fused/tiling.cuh"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, int kRank_, class QT, class KT>
+struct FwdTraits {
+  using Elem = typename T::type;
+  static constexpr int kD = kD_;
+  static constexpr int kRank = kRank_;
+  static constexpr int kFirstAxis = kAxes - kRank;
+  static constexpr int kQ = QT::kSize;
+  static constexpr int kN = KT::kSize;
+  static constexpr int kWarps = kQ / 16;
+  static constexpr int kThreads = kWarps * 32;
+  // Rows padded by 16 bytes: the 8 row addresses of one ldmatrix then fall in 8 distinct 16-byte
+  // bank groups for every head dim that is a multiple of 8, with no swizzle to compute.
+  static constexpr int kPitch = kD + 8;
+  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  // Q fragments stay in registers up to head dim 128 (32 registers); above that they are
+  // re-read from shared memory each step so O (kD / 2 registers) still fits.
+  static constexpr bool kQInRegs = kD <= 128;
+  static constexpr int kTileElems = kN * kPitch;
+  static constexpr int kQElems = kQ * kPitch;
+  static constexpr int kKVElems = 4 * kTileElems;  // K and V, two buffers each
+  // With Q in registers its shared-memory staging area is reused by the K/V buffers.
+  static constexpr int kSmemElems =
+      kQInRegs ? (kQElems > kKVElems ? kQElems : kKVElems) : kQElems + kKVElems;
+  static constexpr size_t kSmemBytes = size_t(kSmemElems) * 2;
+  static_assert(kQ % 16 == 0 && kN % 16 == 0 && kD % 16 == 0, "tile sizes");
+  static_assert(kThreads % kChunks == 0, "a pass of the copy loop covers whole rows");
+};
+
+// Offset (elements) of the token at local coordinates `c` of group `gr`, for lifted strides
+// s[1..3]; axes below kFirst are lifted (coordinate 0).
+template <int kFirst>
+__device__ __forceinline__ int64_t token_offset(const Geometry& geo, const Group& gr,
+                                                const int (&c)[kAxes], const int64_t* s) {
+  int64_t off = 0;
+#pragma unroll
+  for (int ax = kFirst; ax < kAxes; ++ax) off += int64_t(gr.global(geo, ax, c[ax])) * s[1 + ax];
+  return off;
+}
+
+// Copies kRows rows of `dim` valid columns into smem (pitch Tr::kPitch) with cp.async; `row_src`
+// returns the row's source pointer or null when the row is out of bounds (zero-filled).
+template <class Tr, int kRows, class RowSrc>
+__device__ __forceinline__ void copy_rows(typename Tr::Elem* dst, int dim, const void* fallback,
+                                          RowSrc row_src) {
+  constexpr int kRowsPerPass = Tr::kThreads / Tr::kChunks;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  const int ch = threadIdx.x % Tr::kChunks;
+  const int r0 = threadIdx.x / Tr::kChunks;
+  const bool ch_ok = ch * 8 < dim;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = r0 + pass * kRowsPerPass;
+    if (kRows % kRowsPerPass != 0 && row >= kRows) break;
+    const typename Tr::Elem* src = row_src(row);
+    const bool ok = ch_ok && src != nullptr;
+    mma::cp_async_16(mma::smem_u32(dst + row * Tr::kPitch + ch * 8), ok ? src + ch * 8 : fallback,
+                     ok);
+  }
+}
+
+// Per-thread state of the online softmax: two rows per thread (lane / 4 and lane / 4 + 8 of the
+// warp's 16), O accumulators over the padded head dim.
+template <class Tr>
+struct FwdState {
+  float o[Tr::kD / 8][4];
+  float m[2];  // running max of scale * log2(e) * s
+  float l[2];  // running sum of exp2(.. - m), partial over this thread's columns
+  uint32_t qf[Tr::kQInRegs ? Tr::kD / 16 : 1][4];
+};
+
+// The key/value tile currently processed: a neighborhood tile (origin per axis) or a tile of
+// additional keys (first additional token).
+struct KvTile {
+  int origin[kAxes];
+  int add_begin;  // >= 0 for additional-key tiles
+  bool inside;    // neighborhood tile wholly inside every window: no mask
+};
+
+template <class Tr, class KT>
+__device__ __forceinline__ KvTile kv_tile(const KvSpan& span, int n_nbr, int it) {
+  KvTile t;
+  if (it < n_nbr) {
+    t.inside = kv_tile_at<KT>(span, it, t.origin);
+    t.add_begin = -1;
+  } else {
+    t.inside = false;
+    t.add_begin = (it - n_nbr) * Tr::kN;
+  }
+  return t;
+}
+
+// One K/V tile: S = Q K^T, mask (kMasked), online softmax, O += P V.
+template <class Tr, class T, class KT, bool kMasked>
+__device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::Elem* sQ,
+                                         const typename Tr::Elem* sK,
+                                         const typename Tr::Elem* sV, const KvTile& tile,
+                                         const RowWindow (&win)[2], int num_add,
+                                         float scale_log2) {
+  constexpr int kN = Tr::kN, kD = Tr::kD;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float s[kN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+
+  const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
+  const mma::LdsmOffset ob = mma::ldsm_b_nk_addr(lane);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t a[4];
+    if constexpr (Tr::kQInRegs) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = st.qf[kk][i];
+    } else {
+      mma::ldsm_x4(a, mma::smem_u32(sQ + (warp * 16 + oa.row) * Tr::kPitch + kk * 16 + oa.col));
+    }
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      uint32_t b[4];
+      mma::ldsm_x4(b, mma::smem_u32(sK + (j * 16 + ob.row) * Tr::kPitch + kk * 16 + ob.col));
+      mma::mma_16816<T>(s[2 * j], a, b[0], b[1]);
+      mma::mma_16816<T>(s[2 * j + 1], a, b[2], b[3]);
+    }
+  }
+
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = j * 8 + 2 * (lane & 3) + e;
+        bool in0, in1;
+        if (tile.add_begin >= 0) {
+          in0 = in1 = tile.add_begin + col < num_add;
+        } else {
+          int kc[kAxes];
+          KT::coord(col, kc);
+#pragma unroll
+          for (int ax = 0; ax < kAxes; ++ax) kc[ax] += tile.origin[ax];
+          in0 = win[0].contains(kc, Tr::kFirstAxis);
+          in1 = win[1].contains(kc, Tr::kFirstAxis);
+        }
+        if (!in0) s[j][e] = -INFINITY;
+        if (!in1) s[j][2 + e] = -INFINITY;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m[r], mx * scale_log2);
+    // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
+    // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
+    const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = mma::fast_exp2(st.m[r] - m_use);
+    st.m[r] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      s[j][2 * r] = mma::fast_exp2(fmaf(s[j][2 * r], scale_log2, -m_use));
+      s[j][2 * r + 1] = mma::fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -m_use));
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    st.l[r] = st.l[r] * alpha + sum;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      st.o[j][2 * r] *= alpha;
+      st.o[j][2 * r + 1] *= alpha;
+    }
+  }
+
+  const mma::LdsmOffset ov = mma::ldsm_b_kn_addr(lane);
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    uint32_t p[4];
+    p[0] = mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    p[1] = mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    p[2] = mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    p[3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int jd = 0; jd < kD / 16; ++jd) {
+      uint32_t b[4];
+      mma::ldsm_x4_trans(b,
+                         mma::smem_u32(sV + (kk * 16 + ov.row) * Tr::kPitch + jd * 16 + ov.col));
+      mma::mma_16816<T>(st.o[2 * jd], p, b[0], b[1]);
+      mma::mma_16816<T>(st.o[2 * jd + 1], p, b[2], b[3]);
+    }
+  }
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+__global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
+    fna_fwd_kernel(const FwdParams p) {
+  using Tr = FwdTraits<T, kD, kRank, QT, KT>;
+  using Elem = typename Tr::Elem;
+  constexpr int kFirst = Tr::kFirstAxis;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sKV = Tr::kQInRegs ? sQ : sQ + Tr::kQElems;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Query tiles of one (batch, head, group) are adjacent block indices so neighbors share K/V
+  // in L2.
+  int flat = blockIdx.x;
+  const int tile = flat % p.q_tiles_total;
+  flat /= p.q_tiles_total;
+  const int grp = flat % p.groups;
+  flat /= p.groups;
+  const int h = flat % p.heads;
+  const int b = flat / p.heads;
+  const Geometry& geo = p.geo;
+  const Group gr = Group::of(geo, grp);
+  int qo[kAxes];
+  {
+    int t = tile;
+#pragma unroll
+    for (int ax = kAxes - 1; ax >= 0; --ax) {
+      qo[ax] = (t % p.q_tiles[ax]) * QT::ext(ax);
+      t /= p.q_tiles[ax];
+    }
+  }
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax)
+    if (qo[ax] >= gr.len[ax]) return;  // this group is shorter than the largest one
+
+  const int hkv = h / p.heads_per_kv;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + b * p.q_stride[0] + h * p.q_stride[4];
+  const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_stride[0] + hkv * p.k_stride[4];
+  const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[4];
+
+  copy_rows<Tr, Tr::kQ>(sQ, p.dim, p.q, [&](int row) -> const Elem* {
+    int c[kAxes];
+    QT::coord(row, c);
+    bool ok = true;
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) {
+      c[ax] += qo[ax];
+      ok = ok && c[ax] < gr.len[ax];
+    }
+    return ok ? gQ + token_offset<kFirst>(geo, gr, c, p.q_stride) : nullptr;
+  });
+  mma::cp_async_commit();
+
+  const KvSpan span = kv_span<QT, KT>(geo, gr, qo);
+  const int n_nbr = span.total();
+  const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+
+  auto load_kv = [&](int it, int buf) {
+    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    Elem* sK = sKV + (2 * buf) * Tr::kTileElems;
+    Elem* sV = sK + Tr::kTileElems;
+    if (t.add_begin < 0) {
+      // Rows past the group's end are zero-filled: masked out, and 0 * 0 keeps O finite.
+      auto row_ok = [&](int row, int (&c)[kAxes]) {
+        KT::coord(row, c);
+        bool ok = true;
+#pragma unroll
+        for (int ax = 0; ax < kAxes; ++ax) {
+          c[ax] += t.origin[ax];
+          ok = ok && c[ax] < gr.len[ax];
+        }
+        return ok;
+      };
+      copy_rows<Tr, Tr::kN>(sK, p.dim, p.k, [&](int row) -> const Elem* {
+        int c[kAxes];
+        return row_ok(row, c) ? gK + token_offset<kFirst>(geo, gr, c, p.k_stride) : nullptr;
+      });
+      copy_rows<Tr, Tr::kN>(sV, p.dim_v, p.v, [&](int row) -> const Elem* {
+        int c[kAxes];
+        return row_ok(row, c) ? gV + token_offset<kFirst>(geo, gr, c, p.v_stride) : nullptr;
+      });
+    } else {
+      const Elem* gAK = static_cast<const Elem*>(p.add_k) + b * p.add_k_stride[0] +
+                        hkv * p.add_k_stride[2];
+      const Elem* gAV = static_cast<const Elem*>(p.add_v) + b * p.add_v_stride[0] +
+                        hkv * p.add_v_stride[2];
+      copy_rows<Tr, Tr::kN>(sK, p.dim, p.add_k, [&](int row) -> const Elem* {
+        const int n = t.add_begin + row;
+        return n < p.num_add ? gAK + n * p.add_k_stride[1] : nullptr;
+      });
+      copy_rows<Tr, Tr::kN>(sV, p.dim_v, p.add_v, [&](int row) -> const Elem* {
+        const int n = t.add_begin + row;
+        return n < p.num_add ? gAV + n * p.add_v_stride[1] : nullptr;
+      });
+    }
+  };
+
+  FwdState<Tr> st;
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
+
+  if constexpr (Tr::kQInRegs) {
+    // Q to registers first: its staging area is about to hold K/V.
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      mma::ldsm_x4(st.qf[kk],
+                   mma::smem_u32(sQ + (warp * 16 + oa.row) * Tr::kPitch + kk * 16 + oa.col));
+    __syncthreads();
+  }
+  load_kv(0, 0);
+  mma::cp_async_commit();
+
+  // This thread's two query rows and their windows, once per CTA.
+  RowWindow win[2];
+  int qrow[2][kAxes];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    QT::coord(warp * 16 + (lane >> 2) + 8 * r, qrow[r]);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) qrow[r][ax] += qo[ax];
+    win[r] = RowWindow::of(geo, gr, qrow[r]);
+  }
+
+  for (int it = 0; it < n_tiles; ++it) {
+    if (it + 1 < n_tiles) load_kv(it + 1, (it + 1) & 1);
+    mma::cp_async_commit();  // possibly empty: keeps the group count of the wait below fixed
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    const Elem* sK = sKV + (2 * (it & 1)) * Tr::kTileElems;
+    const Elem* sV = sK + Tr::kTileElems;
+    if (t.inside)
+      fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, win, p.num_add, p.scale_log2);
+    else
+      fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, win, p.num_add, p.scale_log2);
+    __syncthreads();  // the next iteration's copies overwrite this buffer
+  }
+
+  // Epilogue: finish the row sums across the quad, normalize, store O (and LSE).
+  Elem* gO = static_cast<Elem*>(p.o) + b * p.o_stride[0] + h * p.o_stride[4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = st.l[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    bool valid = true;
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) valid = valid && qrow[r][ax] < gr.len[ax];
+    if (!valid) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    Elem* row = gO + token_offset<kFirst>(geo, gr, qrow[r], p.o_stride);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = j * 8 + 2 * (lane & 3);
+      if (col < p.dim_v)
+        *reinterpret_cast<uint32_t*>(row + col) =
+            mma::pack2<T>(st.o[j][2 * r] * inv, st.o[j][2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && (lane & 3) == 0) {
+      float* lse = p.lse + b * p.lse_stride[0] + h * p.lse_stride[4] +
+                   token_offset<kFirst>(geo, gr, qrow[r], p.lse_stride);
+      *lse = (st.m[r] + log2f(l)) * 0.69314718055994531f;
+    }
+  }
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+  using Tr = FwdTraits<T, kD, kRank, QT, KT>;
+  if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
+  auto kernel = fna_fwd_kernel<T, kD, kRank, QT, KT>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Tr::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fused
+}  // namespace fna

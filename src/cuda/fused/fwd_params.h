@@ -1,0 +1,41 @@
+// Device-side parameters of the fused forward kernel: built once on the host from the public
+// (Problem, ForwardArgs, Options) in forward.cu, passed by value to every instantiation.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/fused/tiling.cuh"
+
+namespace fna {
+namespace fused {
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // null: not requested
+  const void* add_k;
+  const void* add_v;
+  // Strides in elements, lifted to [batch, axis 0, axis 1, axis 2, head] (unit stride on the last
+  // dim is a precondition); lifted axes have stride 0.
+  int64_t q_stride[5], k_stride[5], v_stride[5], o_stride[5], lse_stride[5];
+  // Additional keys / values: [batch, token, head].
+  int64_t add_k_stride[3], add_v_stride[3];
+  Geometry geo;
+  int batch, heads, heads_per_kv, dim, dim_v, num_add;
+  int groups;          // number of dilation groups (product of dilations)
+  int q_tiles[kAxes];  // query tiles per axis over the largest group
+  int q_tiles_total;
+  float scale_log2;    // scale * log2(e): the softmax runs on exp2
+};
+
+// One configuration's launcher. Returns cudaErrorInvalidConfiguration (without launching) when
+// the kernel needs more shared memory than `max_smem_optin` bytes.
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+
+}  // namespace fused
+}  // namespace fna
