@@ -130,6 +130,9 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (b < 0 || b > static_cast<int>(Backend::cuda_fused))
     return {Code::unsupported, "backend=" + str(b) + " is not a known backend"};
   Backend r = resolve_backend(opt.backend, opt.device);
+  // For the unfused operators `auto` means the best backend that has them.
+  if (unfused && opt.backend == Backend::automatic && r == Backend::cuda_fused)
+    r = Backend::cuda_naive;
   if (!backend_compiled(r))
     return {Code::not_compiled, std::string("backend=") + backend_name(r) +
                                     " is not compiled into this build of fna"};

@@ -164,3 +164,8 @@ def test_second_device():
     assert out.device == q.device
     torch.testing.assert_close(out.cpu(), fna.na2d(q.cpu(), q.cpu(), q.cpu(), 3),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_opcheck():
+    from test_torch import opcheck_all
+    opcheck_all("cuda", "auto")

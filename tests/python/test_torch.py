@@ -231,8 +231,10 @@ def test_compile_fullgraph():
     assert torch.equal(out_c, out_e) and torch.equal(lse_c, lse_e)
     out_c.sum().backward()
     out_e.sum().backward()
+    # The cpu backward sums dK / dV partials from threads in run-dependent order, so gradients
+    # agree to float32 rounding, not bitwise.
     for a, b in zip(leaves_c, leaves_e):
-        assert torch.equal(a.grad, b.grad)
+        check_close(np64(a.grad), np64(b.grad), what="compiled vs eager gradient")
 
     # The unfused chain compiles too.
     def g(q, k, v):
@@ -310,7 +312,7 @@ def test_heads_first_views():
     assert not views[0].is_contiguous()
     out = fna.na2d(*views, 3)
     ref = fna.na2d(*(x.contiguous() for x in views), 3)
-    assert torch.equal(out, ref)
+    check_close(np64(out), np64(ref), what="heads-first view vs contiguous")
 
 
 def test_lse_only_backward():
@@ -334,4 +336,36 @@ def test_broadcast_gradient():
     out = fna.na1d(*b, 5, is_causal=True)
     out.backward(torch.ones_like(out).contiguous())
     for ga, gb in zip(a, b):
-        assert torch.equal(ga.grad, gb.grad)
+        check_close(np64(ga.grad), np64(gb.grad), what="expanded vs dense gradient")
+
+
+def opcheck_all(device, backend):
+    """torch.library.opcheck on each custom op: schema, autograd registration, fake (meta)
+    implementation against the real one, and AOT dispatch with dynamic shapes."""
+    gen = torch.Generator().manual_seed(seed_of("opcheck", device))
+    r = lambda *s, g=True: (torch.randn(*s, generator=gen).to(device)  # noqa: E731
+                            .requires_grad_(g))
+    q, k, v = r(1, 6, 5, 2, 4), r(1, 6, 5, 1, 4), r(1, 6, 5, 1, 3)
+    ak, av = r(1, 2, 1, 4), r(1, 2, 1, 3)
+    sp = ([3, 3], [1, 2], [1, 1], [True, False])
+    ops = torch.ops.fna
+    out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend)
+    attn = ops.na_qk(q, k, ak, *sp, -1.0, backend)
+    w = torch.softmax(attn.detach(), -1).requires_grad_(True)
+    d = lambda x: x.detach()  # noqa: E731
+    cases = [
+        (ops.na_forward, (q, k, v, ak, av, *sp, 0.5, backend)),
+        (ops.na_backward, (d(q), d(k), d(v), d(out), d(lse), r(*out.shape, g=False), d(ak), d(av),
+                           *sp, 0.5, backend)),
+        (ops.na_qk, (q, k, ak, *sp, -1.0, backend)),
+        (ops.na_qk_backward, (d(q), d(k), d(ak), r(*attn.shape, g=False), *sp, -1.0, backend)),
+        (ops.na_av, (w, v, av, *sp, backend)),
+        (ops.na_av_backward, (d(w), d(v), d(av), r(*out.shape, g=False), *sp, backend)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op.default, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+def test_opcheck():
+    opcheck_all("cpu", "cpu")
