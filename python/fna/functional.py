@@ -11,7 +11,7 @@ tensors' device and current stream. NumPy arrays run on the CPU backends; for th
 
 import numpy as np
 
-from . import _args
+from . import _args, _C
 from ._compat import torch
 
 __all__ = [
@@ -47,12 +47,19 @@ def _framework(fn, named):
     return kind
 
 
+# A plain bool, so the checks below stay traceable (no call into the extension under dynamo).
+_CUDA_BUILT = _C.backend_compiled("cuda-naive")
+
+
 def _check_devices(fn, backend, named):
-    """torch: every tensor on one device; CUDA backends need CUDA tensors."""
+    """torch: every tensor on one device (CPU or CUDA); CUDA backends need CUDA tensors; CUDA
+    tensors need a build with CUDA."""
     first_name, first = None, None
     for name, t in named:
         if t is None:
             continue
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{fn}: {name} is on {t.device}; fna runs on CPU and CUDA tensors")
         if first is None:
             first_name, first = name, t.device
         elif t.device != first:
@@ -63,6 +70,11 @@ def _check_devices(fn, backend, named):
     if backend in _args.CUDA_BACKENDS and first.type != "cuda":
         raise ValueError(
             f"{fn}: backend={backend!r} needs CUDA tensors, but {first_name} is on {first}"
+        )
+    if first.type == "cuda" and not _CUDA_BUILT:
+        raise RuntimeError(
+            f"{fn}: {first_name} is on {first}, but this build of fna has no CUDA backends "
+            "(it was built without a CUDA compiler)"
         )
     if backend in ("reference", "cpu") and first.type != "cpu":
         raise ValueError(

@@ -294,6 +294,16 @@ def test_torch_errors():
     with pytest.raises(ValueError, match="heads=2 is not a multiple of heads_kv=3"):
         kv = torch.randn(1, 8, 8, 3, 4)
         fna.na2d(q, kv, kv, 3)
+    with pytest.raises(ValueError, match="na2d: query is on meta; fna runs on CPU and CUDA tensors"):
+        fna.na2d(*(x.to("meta") for x in (q, k, v)), 3)
+    if not fna.backend_compiled("cuda-naive"):
+        # Fake CUDA tensors (no GPU needed): a build without CUDA says so before any work.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            fq = torch.empty(1, 8, 8, 2, 4, device="cuda")
+            with pytest.raises(RuntimeError, match="query is on cuda:0, but this build of fna "
+                                                   "has no CUDA backends"):
+                fna.na2d(fq, fq, fq, 3)
     if torch.cuda.is_available() and fna.cuda_available():
         with pytest.raises(ValueError, match="key is on cuda:0 but query is on cpu"):
             fna.na2d(q, k.cuda(), v, 3)
