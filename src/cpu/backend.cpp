@@ -263,7 +263,11 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
   const int threads = resolve_threads(opt.num_threads, plan.tasks());
   const Panels panels(plan);
-  std::vector<float> kt, vr;
+  // Panels are cached per calling thread: re-touching fresh pages on every call costs as much as
+  // the conversion itself.
+  static thread_local std::vector<float> tl_kt, tl_v;
+  std::vector<float>& kt = tl_kt;  // named references: workers must see the caller's buffers
+  std::vector<float>& vr = tl_v;
   panels.convert(k, D, Dp, &kt, nullptr, threads);
   panels.convert(v, Dv, Dvp, nullptr, &vr, threads);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
@@ -296,7 +300,11 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     ft.q = qb;
     ft.o = ob;
     ft.lse = lb;
-    ft.scratch = sized(sc.work, static_cast<int64_t>(s.R) * padded_window(max_count(s), plan.vw) + A + 1);
+    // Scores of one query group (cpu/kernels_impl.h): kGroupMax queries x R rows x the span.
+    constexpr int kGroupMax = 4;
+    ft.scratch = sized(sc.work, static_cast<int64_t>(kGroupMax) * s.R *
+                                        padded_window(max_count(s) + kGroupMax, plan.vw) +
+                                    kGroupMax * (A + 1));
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t)
@@ -332,7 +340,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   int threads = resolve_threads(opt.num_threads, plan.tasks());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
-  std::vector<float> kt, kr, vt;
+  static thread_local std::vector<float> tl_kt, tl_k, tl_vt;
+  std::vector<float>& kt = tl_kt;  // named references: workers must see the caller's buffers
+  std::vector<float>& kr = tl_k;
+  std::vector<float>& vt = tl_vt;
   panels.convert(k, D, Dp, &kt, &kr, threads);
   panels.convert(v, Dv, Dvp, &vt, nullptr, threads);
   std::vector<std::vector<float>> acc(static_cast<size_t>(threads));

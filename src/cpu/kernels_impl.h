@@ -189,32 +189,201 @@ static float exp_rows(float* s, int n, float scale, float sub) {
   return hsum(sum);
 }
 
+// ---- Query groups: up to kGroup consecutive queries whose windows fit in one span of columns.
+// Each loaded key / value vector then feeds kGroup FMAs instead of one (the windows of
+// neighboring queries overlap almost entirely), which takes the loads off the critical path.
+constexpr int kGroup = 4;
+// Accumulator budget: kGroup x kGroupPairs score vectors, kGroup x kGroupVecs output vectors.
+constexpr int kGroupPairs = kVW >= 16 ? 6 : (kVW >= 8 ? 3 : 2);
+constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
+
+template <int NQ, int NP>
+static inline void group_dot(const float* const* x, int D, const float* const* base, int pitch,
+                             float* const* out) {
+  vf acc[NQ][NP];
+  for (int g = 0; g < NQ; ++g)
+    for (int i = 0; i < NP; ++i) acc[g][i] = vf{};
+  for (int d = 0; d < D; ++d) {
+    vf kv[NP];
+    const int off = d * pitch;
+    for (int i = 0; i < NP; ++i) kv[i] = ld(base[i] + off);
+    for (int g = 0; g < NQ; ++g) {
+      const vf b = splat(x[g][d]);
+      for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
+    }
+  }
+  for (int g = 0; g < NQ; ++g)
+    for (int i = 0; i < NP; ++i) st(out[g] + i * kVW, acc[g][i]);
+}
+
+template <int NQ>
+static void group_dot_np(int np, const float* const* x, int D, const float* const* base, int pitch,
+                         float* const* out) {
+  switch (np) {
+    case 1: group_dot<NQ, 1>(x, D, base, pitch, out); break;
+    case 2: group_dot<NQ, 2>(x, D, base, pitch, out); break;
+#if FNA_CPU_VW >= 8
+    case 3: group_dot<NQ, 3>(x, D, base, pitch, out); break;
+#endif
+#if FNA_CPU_VW >= 16
+    case 4: group_dot<NQ, 4>(x, D, base, pitch, out); break;
+    case 5: group_dot<NQ, 5>(x, D, base, pitch, out); break;
+    case 6: group_dot<NQ, 6>(x, D, base, pitch, out); break;
+#endif
+    default: break;
+  }
+}
+
+// out[g][r][0 .. Wspan) = x[g] . (columns cb .. cb + Wspan of row r), for nq <= kGroup queries.
+static void group_scores(int nq, const float* const* x, int D, const float* const* rows, int R,
+                         int pitch, int cb, int Wspan, float* out) {
+  const int nv = Wspan / kVW, total = R * nv;
+  const int64_t qstride = static_cast<int64_t>(R) * Wspan;
+  const float* base[kGroupPairs];
+  float* dst[kGroup];
+  for (int i0 = 0; i0 < total; i0 += kGroupPairs) {
+    const int n = total - i0 < kGroupPairs ? total - i0 : kGroupPairs;
+    for (int i = 0; i < n; ++i) {
+      const int r = (i0 + i) / nv, v = (i0 + i) % nv;
+      base[i] = rows[r] + cb + v * kVW;
+    }
+    for (int g = 0; g < nq; ++g) dst[g] = out + g * qstride + i0 * kVW;
+    switch (nq) {
+      case 1: group_dot_np<1>(n, x, D, base, pitch, dst); break;
+      case 2: group_dot_np<2>(n, x, D, base, pitch, dst); break;
+      case 3: group_dot_np<3>(n, x, D, base, pitch, dst); break;
+      default: group_dot_np<4>(n, x, D, base, pitch, dst); break;
+    }
+  }
+}
+
+template <int NQ, int NV>
+static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan,
+                               const float* const* rows, int pitch, int cb, int col0,
+                               float* const* out) {
+  vf acc[NQ][NV];
+  for (int g = 0; g < NQ; ++g)
+    for (int j = 0; j < NV; ++j) acc[g][j] = vf{};
+  for (int r = 0; r < R; ++r) {
+    const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
+    const float* wr = w + static_cast<int64_t>(r) * Wspan;
+    for (int c = 0; c < Wspan; ++c) {
+      vf v[NV];
+      for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
+      for (int g = 0; g < NQ; ++g) {
+        const vf b = splat(wr[g * qstride + c]);
+        for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
+      }
+    }
+  }
+  for (int g = 0; g < NQ; ++g)
+    for (int j = 0; j < NV; ++j) st(out[g] + col0 + j * kVW, acc[g][j]);
+}
+
+template <int NQ>
+static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
+                           const float* const* rows, int pitch, int cb, int col0, float* const* out) {
+  switch (nv) {
+    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+#if FNA_CPU_VW >= 16
+    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    default: group_accum<NQ, 4>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+#else
+    default: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+#endif
+  }
+}
+
+// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
+static void group_weighted_rows(int nq, const float* w, int R, int Wspan, const float* const* rows,
+                                int pitch, int cb, int nvec, float* const* out) {
+  const int64_t qstride = static_cast<int64_t>(R) * Wspan;
+  for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
+    const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
+    const int col0 = j0 * kVW;
+    switch (nq) {
+      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+      default: group_accum_nv<4>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    }
+  }
+}
+
+// Masks lanes outside [lo, hi) of each row to -inf and returns the max over the valid lanes.
+static float mask_range_and_max(float* s, int R, int Wspan, int lo, int hi) {
+  const vi lane = lanes();
+  const vf ninf = splat(-__builtin_inff());
+  vf m = ninf;
+  for (int r = 0; r < R; ++r) {
+    float* row = s + static_cast<int64_t>(r) * Wspan;
+    for (int c = 0; c < Wspan; c += kVW) {
+      vf x = ld(row + c);
+      const vi l = lane + c;
+      x = (l >= lo) & (l < hi) ? x : ninf;
+      st(row + c, x);
+      m = x > m ? x : m;
+    }
+  }
+  return hmax(m);
+}
+
+// Splits queries [0, T) into groups: [t0, t1) with a shared span of columns.
+struct Group {
+  int t0, t1, cb, Wspan;
+};
+static Group next_group(const TileShape& s, int t0) {
+  const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
+  int t1 = t0 + 1;
+  while (t1 < s.T && t1 - t0 < kGroup &&
+         s.col_begin[t1] + s.col_count[t1] - s.col_begin[t0] <= limit)
+    ++t1;
+  const int span = s.col_begin[t1 - 1] + s.col_count[t1 - 1] - s.col_begin[t0];
+  return {t0, t1, s.col_begin[t0], padded_window(span, kVW)};
+}
+
 void forward_tile(const ForwardTile& a) {
   const TileShape& s = a.s;
-  for (int t = 0; t < s.T; ++t) {
-    const int cb = s.col_begin[t], count = s.col_count[t];
-    const int Wp = padded_window(count, kVW);
-    const float* q = a.q + static_cast<int64_t>(t) * s.Dp;
+  for (int t0 = 0; t0 < s.T;) {
+    const Group gr = next_group(s, t0);
+    const int nq = gr.t1 - gr.t0;
+    const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    const float* x[kGroup];
+    float* o[kGroup];
+    for (int g = 0; g < nq; ++g) {
+      x[g] = a.q + static_cast<int64_t>(gr.t0 + g) * s.Dp;
+      o[g] = a.o + static_cast<int64_t>(gr.t0 + g) * s.Dvp;
+    }
     float* sc = a.scratch;
-    float* sadd = a.scratch + static_cast<int64_t>(s.R) * Wp;
-    scores(q, s.D, a.kt_rows, s.R, a.pitch, cb, Wp, sc);
-    float m = mask_and_max(sc, s.R, Wp, count) * a.scale_log2;
-    for (int n = 0; n < s.A; ++n) {
-      sadd[n] = dot(q, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
-      m = sadd[n] > m ? sadd[n] : m;
+    float* sadd = a.scratch + kGroup * qstride;
+    group_scores(nq, x, s.D, a.kt_rows, s.R, a.pitch, gr.cb, gr.Wspan, sc);
+    float l[kGroup], m[kGroup];
+    for (int g = 0; g < nq; ++g) {
+      const int t = gr.t0 + g, lo = s.col_begin[t] - gr.cb;
+      float* sg = sc + g * qstride;
+      float* ag = sadd + g * s.A;
+      m[g] = mask_range_and_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
+      for (int n = 0; n < s.A; ++n) {
+        ag[n] = dot(x[g], a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
+        m[g] = ag[n] > m[g] ? ag[n] : m[g];
+      }
+      l[g] = exp_rows(sg, static_cast<int>(qstride), a.scale_log2, m[g]);
+      for (int n = 0; n < s.A; ++n) {
+        ag[n] = exp2s(ag[n] - m[g]);
+        l[g] += ag[n];
+      }
     }
-    float l = exp_rows(sc, s.R * Wp, a.scale_log2, m);
-    for (int n = 0; n < s.A; ++n) {
-      sadd[n] = exp2s(sadd[n] - m);
-      l += sadd[n];
+    group_weighted_rows(nq, sc, s.R, gr.Wspan, a.v_rows, s.Dvp, gr.cb, s.Dvp / kVW, o);
+    for (int g = 0; g < nq; ++g) {
+      for (int n = 0; n < s.A; ++n)
+        axpy(sadd[g * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o[g], s.Dvp);
+      const float inv = 1.f / l[g];
+      for (int e = 0; e < s.Dvp; e += kVW) st(o[g] + e, ld(o[g] + e) * inv);
+      // log2 -> natural log: lse = (m + log2 l) * ln 2.
+      a.lse[gr.t0 + g] = (m[g] + __builtin_log2f(l[g])) * 0.69314718055994531f;
     }
-    float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
-    weighted_rows(sc, s.R, Wp, count, a.v_rows, s.Dvp, cb, s.Dvp / kVW, o);
-    for (int n = 0; n < s.A; ++n) axpy(sadd[n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
-    const float inv = 1.f / l;
-    for (int e = 0; e < s.Dvp; e += kVW) st(o + e, ld(o + e) * inv);
-    // log2 -> natural log: lse = (m + log2 l) * ln 2.
-    a.lse[t] = (m + __builtin_log2f(l)) * 0.69314718055994531f;
+    t0 = gr.t1;
   }
 }
 
