@@ -30,7 +30,7 @@ def _framework(fn, named):
     """'torch' or 'numpy' for the arrays in `named` (name -> array or None); mixing is an error."""
     kind, first = None, None
     for name, t in named:
-        if t is None:
+        if t is None and name.startswith("additional"):
             continue
         if _is_torch(t):
             k = "torch"
@@ -104,6 +104,7 @@ def _check_tuning(fn, kwargs):
     for name in kwargs:
         if name not in NATTEN_TUNING_KWARGS:
             raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, backend, return_lse, tuning):

@@ -171,6 +171,10 @@ def test_framework_mixing_and_types():
     q, k, v = arrays()
     with pytest.raises(TypeError, match="query must be a torch.Tensor or a numpy.ndarray, got list"):
         fna.na2d(q.tolist(), k, v, 3)
+    with pytest.raises(TypeError, match="na2d: value must be a torch.Tensor or a numpy.ndarray, got NoneType"):
+        fna.na2d(q, k, None, 3)
+    with pytest.raises(TypeError, match="na_backward: lse must be a torch.Tensor"):
+        fna.na_backward(q, q, k, v, q, None, 3)
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="key is a torch array but query is a numpy array"):
         fna.na2d(q, torch.from_numpy(k), v, 3)
