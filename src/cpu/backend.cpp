@@ -358,7 +358,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     TileGeom tg;
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
-    const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s), plan.vw);
+    // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
+    const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     const int64_t* kl = sc.key_line.data();
     panels.rows_of(tg, kl, static_cast<const float*>(kt.data()), static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
@@ -403,7 +404,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     bt.ds = sized(sc.work2, s.T * plane);
     bt.p_add = sized(sc.p_add, static_cast<int64_t>(s.T) * A + 1);
     bt.ds_add = sized(sc.ds_add, static_cast<int64_t>(s.T) * A + 1);
-    bt.w = sized(sc.w, 2 * kTileQueries);
+    bt.w = sized(sc.w, 2 * 4 * kTileQueries);  // 2 x kGroup x T weights
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t) {

@@ -16,8 +16,6 @@ namespace FNA_CPU_ISA {
 constexpr int kVW = FNA_CPU_VW;
 typedef float vf __attribute__((vector_size(kVW * 4)));
 typedef int vi __attribute__((vector_size(kVW * 4)));
-// Register budget for score accumulators: (row, vector) pairs computed together.
-constexpr int kPairs = kVW >= 16 ? 12 : 8;
 constexpr int kOutVecs = 4;  // head-dim vectors accumulated per pass
 
 static inline vf ld(const float* p) {
@@ -67,86 +65,6 @@ static inline vf exp2v(vf x) {
 }
 static inline float exp2s(float x) { return exp2v(splat(x))[0]; }
 
-// acc[i] = sum_d x[d] * base[i][d * pitch .. + kVW) for N pairs at once, stored to out[i].
-template <int N>
-static inline void dot_pairs(const float* x, int D, const float* const* base, int pitch, float* out) {
-  vf acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = vf{};
-  for (int d = 0; d < D; ++d) {
-    const vf b = splat(x[d]);
-    const int off = d * pitch;
-    for (int i = 0; i < N; ++i) acc[i] += b * ld(base[i] + off);
-  }
-  for (int i = 0; i < N; ++i) st(out + i * kVW, acc[i]);
-}
-
-static void dot_pairs_n(int n, const float* x, int D, const float* const* base, int pitch, float* out) {
-  switch (n) {
-#define FNA_CASE(k) case k: dot_pairs<k>(x, D, base, pitch, out); break;
-    FNA_CASE(1) FNA_CASE(2) FNA_CASE(3) FNA_CASE(4) FNA_CASE(5) FNA_CASE(6) FNA_CASE(7) FNA_CASE(8)
-#if FNA_CPU_VW >= 16
-    FNA_CASE(9) FNA_CASE(10) FNA_CASE(11) FNA_CASE(12)
-#endif
-#undef FNA_CASE
-    default: break;
-  }
-}
-
-// scores[r][0 .. Wp) = x . (column cb .. cb + Wp of row r), for all R rows; rows[r] is a
-// transposed panel [dim][pitch].
-static void scores(const float* x, int D, const float* const* rows, int R, int pitch, int cb,
-                   int Wp, float* out) {
-  const int nv = Wp / kVW, total = R * nv;
-  const float* base[kPairs];
-  for (int i0 = 0; i0 < total; i0 += kPairs) {
-    const int n = total - i0 < kPairs ? total - i0 : kPairs;
-    for (int i = 0; i < n; ++i) {
-      const int r = (i0 + i) / nv, v = (i0 + i) % nv;
-      base[i] = rows[r] + cb + v * kVW;
-    }
-    dot_pairs_n(n, x, D, base, pitch, out + i0 * kVW);
-  }
-}
-
-// out[col0 .. col0 + NV*kVW) (+)= sum_i w[i] * src[i * pitch + col0 ..].
-template <int NV>
-static inline void accum(const float* w, int n, const float* src, int pitch, int col0, float* out,
-                         bool accumulate) {
-  vf acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = accumulate ? ld(out + col0 + j * kVW) : vf{};
-  for (int i = 0; i < n; ++i) {
-    const vf b = splat(w[i]);
-    const float* row = src + static_cast<int64_t>(i) * pitch + col0;
-    for (int j = 0; j < NV; ++j) acc[j] += b * ld(row + j * kVW);
-  }
-  for (int j = 0; j < NV; ++j) st(out + col0 + j * kVW, acc[j]);
-}
-
-// out[0 .. nvec * kVW) (+)= sum_i w[i] * src row i (rows `pitch` floats apart).
-static void accum_all(const float* w, int n, const float* src, int pitch, int nvec, float* out,
-                      bool accumulate) {
-  for (int j0 = 0; j0 < nvec; j0 += kOutVecs) {
-    const int k = nvec - j0 < kOutVecs ? nvec - j0 : kOutVecs;
-    const int col0 = j0 * kVW;
-    switch (k) {
-      case 1: accum<1>(w, n, src, pitch, col0, out, accumulate); break;
-      case 2: accum<2>(w, n, src, pitch, col0, out, accumulate); break;
-      case 3: accum<3>(w, n, src, pitch, col0, out, accumulate); break;
-      default: accum<4>(w, n, src, pitch, col0, out, accumulate); break;
-    }
-  }
-}
-
-// out = sum over rows r, columns c < count of w[r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
-static void weighted_rows(const float* w, int R, int Wp, int count, const float* const* rows,
-                          int pitch, int cb, int nvec, float* out) {
-  for (int r = 0; r < R; ++r)
-    accum_all(w + static_cast<int64_t>(r) * Wp, count, rows[r] + static_cast<int64_t>(cb) * pitch,
-              pitch, nvec, out, r > 0);
-  if (R == 0)
-    for (int e = 0; e < nvec * kVW; ++e) out[e] = 0.f;
-}
-
 static float dot(const float* a, const float* b, int n) {  // n is a multiple of kVW (padded)
   vf acc = vf{};
   for (int e = 0; e < n; e += kVW) acc += ld(a + e) * ld(b + e);
@@ -156,23 +74,6 @@ static float dot(const float* a, const float* b, int n) {  // n is a multiple of
 static void axpy(float a, const float* x, float* y, int n) {  // n padded
   const vf b = splat(a);
   for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
-}
-
-// Masks lanes >= count of each row to -inf and returns the max over the valid lanes.
-static float mask_and_max(float* s, int R, int Wp, int count) {
-  const vi lane = lanes();
-  const vf ninf = splat(-__builtin_inff());
-  vf m = ninf;
-  for (int r = 0; r < R; ++r) {
-    float* row = s + static_cast<int64_t>(r) * Wp;
-    for (int c = 0; c < Wp; c += kVW) {
-      vf x = ld(row + c);
-      x = (lane + c) < count ? x : ninf;
-      st(row + c, x);
-      m = x > m ? x : m;
-    }
-  }
-  return hmax(m);
 }
 
 // s <- 2^(s * scale - sub) in place (masked lanes, which hold -inf, become 0); returns the sum.
@@ -260,10 +161,10 @@ static void group_scores(int nq, const float* const* x, int D, const float* cons
 template <int NQ, int NV>
 static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan,
                                const float* const* rows, int pitch, int cb, int col0,
-                               float* const* out) {
+                               float* const* out, bool accumulate) {
   vf acc[NQ][NV];
   for (int g = 0; g < NQ; ++g)
-    for (int j = 0; j < NV; ++j) acc[g][j] = vf{};
+    for (int j = 0; j < NV; ++j) acc[g][j] = accumulate ? ld(out[g] + col0 + j * kVW) : vf{};
   for (int r = 0; r < R; ++r) {
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
@@ -282,31 +183,90 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
 
 template <int NQ>
 static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
-                           const float* const* rows, int pitch, int cb, int col0, float* const* out) {
+                           const float* const* rows, int pitch, int cb, int col0, float* const* out,
+                           bool accumulate) {
   switch (nv) {
-    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
-    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
-    default: group_accum<NQ, 4>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 4>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #else
-    default: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+    default: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #endif
   }
 }
 
 // out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
 static void group_weighted_rows(int nq, const float* w, int R, int Wspan, const float* const* rows,
-                                int pitch, int cb, int nvec, float* const* out) {
+                                int pitch, int cb, int nvec, float* const* out,
+                                bool accumulate = false, int64_t qstride = -1) {
+  if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
+  for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
+    const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
+    const int col0 = j0 * kVW;
+    switch (nq) {
+      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      default: group_accum_nv<4>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    }
+  }
+}
+
+// rows[r][cb + c][col0 ..] += sum_g w[g][r][c] * mult * x[g][col0 ..] for every row r and span
+// column c: the transposed product (dK = dS^T Q, dV = P^T dO) of one query group, with the
+// group's x vectors held in registers. Masked lanes carry zero weights.
+template <int NQ, int NV>
+static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan,
+                               const float* const* x, float mult, float* const* rows, int pitch,
+                               int cb, int col0) {
+  vf xv[NQ][NV];
+  for (int g = 0; g < NQ; ++g)
+    for (int j = 0; j < NV; ++j) xv[g][j] = ld(x[g] + col0 + j * kVW) * mult;
+  for (int r = 0; r < R; ++r) {
+    const float* wr = w + static_cast<int64_t>(r) * Wspan;
+    float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
+    for (int c = 0; c < Wspan; ++c) {
+      float* d = dst + static_cast<int64_t>(c) * pitch;
+      vf acc[NV];
+      for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
+      for (int g = 0; g < NQ; ++g) {
+        const vf b = splat(wr[g * qstride + c]);
+        for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
+      }
+      for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
+    }
+  }
+}
+
+template <int NQ>
+static void group_outer_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
+                           const float* const* x, float mult, float* const* rows, int pitch, int cb,
+                           int col0) {
+  switch (nv) {
+    case 1: group_outer<NQ, 1>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+#if FNA_CPU_VW >= 16
+    case 2: group_outer<NQ, 2>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+    case 3: group_outer<NQ, 3>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 4>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+#else
+    default: group_outer<NQ, 2>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+#endif
+  }
+}
+
+static void group_outer_all(int nq, const float* w, int R, int Wspan, const float* const* x,
+                            float mult, float* const* rows, int pitch, int cb, int nvec) {
   const int64_t qstride = static_cast<int64_t>(R) * Wspan;
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
-      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
-      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
-      default: group_accum_nv<4>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out); break;
+      case 1: group_outer_nv<1>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+      case 2: group_outer_nv<2>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+      case 3: group_outer_nv<3>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+      default: group_outer_nv<4>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
     }
   }
 }
@@ -391,56 +351,53 @@ void backward_tile(const BackwardTile& a) {
   const TileShape& s = a.s;
   int wmax = 0;
   for (int t = 0; t < s.T; ++t) wmax = s.col_count[t] > wmax ? s.col_count[t] : wmax;
-  const int Wp = padded_window(wmax, kVW);
-  const int64_t plane = static_cast<int64_t>(s.R) * Wp;
-  // Phase 1, per query: P, dP, dS, dQ.
-  for (int t = 0; t < s.T; ++t) {
-    const int cb = s.col_begin[t], count = s.col_count[t];
-    const float* q = a.q + static_cast<int64_t>(t) * s.Dp;
-    const float* d_o = a.d_o + static_cast<int64_t>(t) * s.Dvp;
-    float* p = a.p + t * plane;
-    float* ds = a.ds + t * plane;
-    scores(q, s.D, a.kt_rows, s.R, a.pitch, cb, Wp, p);
-    mask_and_max(p, s.R, Wp, count);
-    exp_rows(p, static_cast<int>(plane), a.scale_log2, a.lse2[t]);
-    scores(d_o, s.Dv, a.vt_rows, s.R, a.pitch, cb, Wp, ds);  // dP
-    const vf delta = splat(a.delta[t]);
-    for (int64_t c = 0; c < plane; c += kVW) st(ds + c, ld(p + c) * (ld(ds + c) - delta));
-    float* dq = a.dq + static_cast<int64_t>(t) * s.Dp;
-    weighted_rows(ds, s.R, Wp, count, a.k_rows, s.Dp, cb, s.Dp / kVW, dq);
-    for (int n = 0; n < s.A; ++n) {
-      const float pn = exp2s(dot(q, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
-      const float dpn = dot(d_o, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
-      const float dsn = pn * (dpn - a.delta[t]);
-      a.p_add[t * s.A + n] = pn;
-      a.ds_add[t * s.A + n] = dsn;
-      axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq, s.Dp);
+  // Room per query: R rows of the widest group span.
+  const int64_t plane = static_cast<int64_t>(s.R) * padded_window(wmax + kGroup, kVW);
+  // Phase 1, per query group: P (from the saved LSE), dP, dS, dQ.
+  for (int t0 = 0; t0 < s.T;) {
+    const Group gr = next_group(s, t0);
+    const int nq = gr.t1 - gr.t0;
+    const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    float* P = a.p + gr.t0 * plane;
+    float* DS = a.ds + gr.t0 * plane;
+    const float* x[kGroup];
+    const float* y[kGroup];
+    float* dq[kGroup];
+    for (int g = 0; g < nq; ++g) {
+      x[g] = a.q + static_cast<int64_t>(gr.t0 + g) * s.Dp;
+      y[g] = a.d_o + static_cast<int64_t>(gr.t0 + g) * s.Dvp;
+      dq[g] = a.dq + static_cast<int64_t>(gr.t0 + g) * s.Dp;
     }
-    const vf sc = splat(a.scale);
-    for (int e = 0; e < s.Dp; e += kVW) st(dq + e, ld(dq + e) * sc);
-  }
-  // Phase 2, per key of the box: dK += scale * sum_t dS * q_t, dV += sum_t P * dO_t over the
-  // queries whose window holds the column: a contiguous range of t (windows are monotone), so
-  // the sums are register-blocked GEMV-like passes over consecutive q / dO rows.
-  float* wk = a.w;
-  float* wv = a.w + s.T;
-  for (int m = 0; m < s.M; ++m) {
-    int t0 = 0;
-    while (t0 < s.T && m >= s.col_begin[t0] + s.col_count[t0]) ++t0;
-    int t1 = t0;
-    while (t1 < s.T && m >= s.col_begin[t1]) ++t1;
-    if (t1 <= t0) continue;
-    for (int r = 0; r < s.R; ++r) {
-      for (int t = t0; t < t1; ++t) {
-        const int64_t at = t * plane + static_cast<int64_t>(r) * Wp + (m - s.col_begin[t]);
-        wk[t - t0] = a.ds[at] * a.scale;
-        wv[t - t0] = a.p[at];
+    group_scores(nq, x, s.D, a.kt_rows, s.R, a.pitch, gr.cb, gr.Wspan, P);
+    group_scores(nq, y, s.Dv, a.vt_rows, s.R, a.pitch, gr.cb, gr.Wspan, DS);  // dP
+    for (int g = 0; g < nq; ++g) {
+      const int t = gr.t0 + g, lo = s.col_begin[t] - gr.cb;
+      float* pg = P + g * qstride;
+      float* dg = DS + g * qstride;
+      mask_range_and_max(pg, s.R, gr.Wspan, lo, lo + s.col_count[t]);
+      exp_rows(pg, static_cast<int>(qstride), a.scale_log2, a.lse2[t]);
+      const vf delta = splat(a.delta[t]);
+      for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
+    }
+    group_weighted_rows(nq, DS, s.R, gr.Wspan, a.k_rows, s.Dp, gr.cb, s.Dp / kVW, dq);
+    // dK += scale * dS^T Q, dV += P^T dO over the group's span (the box panels have slack
+    // columns beyond M, and masked lanes add exact zeros).
+    group_outer_all(nq, DS, s.R, gr.Wspan, x, a.scale, a.dk_rows, s.Dp, gr.cb, s.Dp / kVW);
+    group_outer_all(nq, P, s.R, gr.Wspan, y, 1.f, a.dv_rows, s.Dvp, gr.cb, s.Dvp / kVW);
+    for (int g = 0; g < nq; ++g) {
+      const int t = gr.t0 + g;
+      for (int n = 0; n < s.A; ++n) {
+        const float pn = exp2s(dot(x[g], a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
+        const float dpn = dot(y[g], a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
+        const float dsn = pn * (dpn - a.delta[t]);
+        a.p_add[t * s.A + n] = pn;
+        a.ds_add[t * s.A + n] = dsn;
+        axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq[g], s.Dp);
       }
-      accum_all(wk, t1 - t0, a.q + static_cast<int64_t>(t0) * s.Dp, s.Dp, s.Dp / kVW,
-                a.dk_rows[r] + static_cast<int64_t>(m) * s.Dp, true);
-      accum_all(wv, t1 - t0, a.d_o + static_cast<int64_t>(t0) * s.Dvp, s.Dvp, s.Dvp / kVW,
-                a.dv_rows[r] + static_cast<int64_t>(m) * s.Dvp, true);
+      const vf sc = splat(a.scale);
+      for (int e = 0; e < s.Dp; e += kVW) st(dq[g] + e, ld(dq[g] + e) * sc);
     }
+    t0 = gr.t1;
   }
   for (int n = 0; n < s.A; ++n)
     for (int t = 0; t < s.T; ++t) {
