@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/backends.h"
 #include "core/neighborhood.h"
@@ -75,30 +78,103 @@ int next_pow2(int v) {
   return r;
 }
 
-// Spreads `rows` (a power of two) over the axes as powers of two: each doubling goes to the axis
-// whose group is longest relative to the tile so far (ties to the later axis, contiguous in
-// memory), so short axes are not over-tiled and the halo per tile stays small. Once every axis is
-// covered, the last axis (always one of the problem's: lifted axes lead) takes the rest.
-void pick_tile(const Params& p, int rows, int* shape) {
-  int cap[kAxes];
-  for (int a = 0; a < kAxes; ++a) {
-    shape[a] = 1;
-    cap[a] = next_pow2(nbr::group_length(p.geo.axis[a], 0));
-  }
-  for (int n = 1; n < rows; n *= 2) {
-    int best = kAxes - 1;
-    double best_ratio = 1.0;
-    for (int a = kAxes - 1; a >= 0; --a) {
-      const double r = double(cap[a]) / shape[a];
-      if (r > best_ratio) best_ratio = r, best = a;
+int log2_exact(int v) {
+  int e = 0;
+  while ((1 << e) < v) ++e;
+  return e;
+}
+
+// Tile pairs visited along one axis, summed over its dilation groups. Pairs factor over axes (tiles
+// are boxes and the per-axis ranges independent), so the whole problem visits the product.
+//   own_kv: key tiles of extent `own` at multiples of it, each visiting the query tiles of extent
+//           `other` that cover its inverse neighborhood (the dK/dV kernel);
+//   else:   query tiles of extent `own`, each visiting the key tiles of extent `other` covering
+//           the union of its windows (the dQ kernel).
+double axis_pairs(const nbr::Axis& a, int own, int other, bool own_kv) {
+  double n = 0;
+  for (int g = 0; g < a.dilation; ++g) {
+    const int len = nbr::group_length(a, g);
+    for (int i0 = 0; i0 < len; i0 += own) {
+      const int i1 = std::min(i0 + own, len);
+      const nbr::Range r = own_kv ? nbr::inverse_tile_union(a, len, i0, i1)
+                                  : nbr::tile_union(a, len, i0, i1);
+      n += (r.size() + other - 1) / other;
     }
-    shape[best] *= 2;
   }
+  return n;
+}
+
+// Tile shapes (powers of two, `own_rows` and `other_rows` in all) that minimize the tile pairs
+// visited. Ties go to the shape that overhangs the axes least, then to the later axes (contiguous
+// in memory; lifted axes lead, so they never win a tie).
+void pick_tiles_uncached(const Params& p, int own_rows, int other_rows, bool own_kv, int* own,
+                         int* other) {
+  const int eo = log2_exact(own_rows), et = log2_exact(other_rows);
+  double pairs[kAxes][8][8];
+  for (int a = 0; a < kAxes; ++a)
+    for (int i = 0; i <= eo; ++i)
+      for (int j = 0; j <= et; ++j)
+        pairs[a][i][j] = p.geo.axis[a].length == 1 && (i > 0 || j > 0)
+                             ? -1  // never chosen: extents on an axis of length 1 only waste rows
+                             : axis_pairs(p.geo.axis[a], 1 << i, 1 << j, own_kv);
+  double best = -1;
+  long best_over = 0, best_pref = 0;
+  for (int i0 = 0; i0 <= eo; ++i0)
+    for (int i1 = 0; i0 + i1 <= eo; ++i1) {
+      const int io[kAxes] = {i0, i1, eo - i0 - i1};
+      for (int j0 = 0; j0 <= et; ++j0)
+        for (int j1 = 0; j0 + j1 <= et; ++j1) {
+          const int jo[kAxes] = {j0, j1, et - j0 - j1};
+          double cost = 1;
+          long over = 0, pref = 0;
+          bool skip = false;
+          for (int a = 0; a < kAxes; ++a) {
+            skip = skip || pairs[a][io[a]][jo[a]] < 0;
+            cost *= pairs[a][io[a]][jo[a]];
+            const int cap = next_pow2(nbr::group_length(p.geo.axis[a], 0));
+            over += std::max(0, (1 << io[a]) - cap) + std::max(0, (1 << jo[a]) - cap);
+            pref = pref * 16 + io[a] + jo[a];
+          }
+          if (skip) continue;
+          const bool better = best < 0 || cost < best ||
+                              (cost == best && (over < best_over ||
+                                                (over == best_over && pref > best_pref)));
+          if (better) {
+            best = cost, best_over = over, best_pref = pref;
+            for (int a = 0; a < kAxes; ++a) own[a] = 1 << io[a], other[a] = 1 << jo[a];
+          }
+        }
+    }
+}
+
+// Host time matters next to short kernels: the choice is cached per geometry.
+void pick_tiles(const Params& p, int own_rows, int other_rows, bool own_kv, int* own, int* other) {
+  std::vector<int> key = {own_rows, other_rows, own_kv ? 1 : 0};
+  for (int a = 0; a < kAxes; ++a) {
+    const nbr::Axis& x = p.geo.axis[a];
+    key.insert(key.end(), {x.length, x.kernel, x.dilation, x.stride, x.causal ? 1 : 0});
+  }
+  static std::mutex mu;
+  static std::map<std::vector<int>, std::vector<int>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      for (int a = 0; a < kAxes; ++a) own[a] = it->second[a], other[a] = it->second[kAxes + a];
+      return;
+    }
+  }
+  pick_tiles_uncached(p, own_rows, other_rows, own_kv, own, other);
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() > 4096) cache.clear();
+  cache[key] = {own[0], own[1], own[2], other[0], other[1], other[2]};
 }
 
 void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, int64_t* n_tiles) {
-  pick_tile(*p, q_rows, p->tq);
-  pick_tile(*p, kv_rows, p->tkv);
+  if (own_kv)
+    pick_tiles(*p, kv_rows, q_rows, true, p->tkv, p->tq);
+  else
+    pick_tiles(*p, q_rows, kv_rows, false, p->tq, p->tkv);
   *n_tiles = 1;
   for (int a = 0; a < kAxes; ++a) {
     const int t = own_kv ? p->tkv[a] : p->tq[a];
@@ -111,6 +187,21 @@ template <typename T>
 Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad) {
   cudaStream_t stream = detail::stream_of(opt);
   const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+  // Tiles and grids first: nothing is queued when the problem does not fit the grid.
+  Params p_dkdv = p, p_dq = p;
+  int64_t n_dkdv = 0, n_dq = 0;
+  set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);
+  if (opt.deterministic) set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
+  const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
+  const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
+  if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
+    return {Code::unsupported, "backend=cuda-fused: batch * heads * dilation groups = " +
+                                   std::to_string(y_dq) + " exceeds the grid"};
+  const dim3 grid_dkdv{unsigned(n_dkdv), unsigned(y_dkdv)};
+  const dim3 grid_add{unsigned((p.num_add + kDkdvKeys - 1) / kDkdvKeys),
+                      unsigned(p.batch * p.heads_kv)};
+  const dim3 grid_dq{unsigned(n_dq), unsigned(y_dq)};
+
   detail::Workspace ws(stream);
   Status st = ws.allocate(size_t(rows) * sizeof(float2), "backward statistics");
   if (!st.ok()) return st;
@@ -135,18 +226,9 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
     FNA_CUDA_TRY(cudaMemsetAsync(ws_dq.get(), 0, bytes, stream));
     p.dq_accum = ws_dq.as<float>();
   }
-  Params p_dkdv = p, p_dq = p;
-  int64_t n_dkdv = 0, n_dq = 0;
-  set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);
-  set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
-  const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
-  const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
-  if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
-    return {Code::unsupported, "backend=cuda-fused: batch * heads * dilation groups = " +
-                                   std::to_string(y_dq) + " exceeds the grid"};
-  const dim3 grid_dkdv{unsigned(n_dkdv), unsigned(y_dkdv)};
-  const dim3 grid_add{unsigned((p.num_add + kDkdvKeys - 1) / kDkdvKeys), unsigned(p.batch * p.heads_kv)};
-  const dim3 grid_dq{unsigned(n_dq), unsigned(y_dq)};
+  p_dkdv.dq_accum = p.dq_accum;
+  p_dkdv.dq_row = p.dq_row;
+  p_dq.stats = p_dkdv.stats = p.stats;
 
   const int threads = 256;
   const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);

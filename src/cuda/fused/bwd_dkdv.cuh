@@ -317,27 +317,48 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         }
       }
 
+      // Border pairs only: a key row keeps the queries of its inverse window on every axis. The
+      // windows are taken relative to the tile origin once, so each element costs one unsigned
+      // compare per axis ((unsigned)(o - lo) < len tests lo <= o < lo + len).
+      if (masked) {
+        int lo[2][kAxes], len[2][kAxes];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = wrow + (lane >> 2) + half * 8;
+#pragma unroll
+          for (int a = 0; a < kAxes; ++a) {
+            const int2 r = s_kinv[row * kAxes + a];
+            lo[half][a] = r.x - q0[a];
+            len[half][a] = r.y - r.x;
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t off = s_qoff[qs + n * 8 + 2 * (lane & 3) + j];
+            int o[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) o[a] = unpack_offset(off, a);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              bool in = true;
+#pragma unroll
+              for (int a = 0; a < kAxes; ++a)
+                in = in && unsigned(o[a] - lo[half][a]) < unsigned(len[half][a]);
+              if (!in) s[n][2 * half + j] = -INFINITY;
+            }
+          }
+        }
+      }
+
       // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
 #pragma unroll
       for (int n = 0; n < kNB; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = qs + n * 8 + 2 * (lane & 3) + (e & 1);
-          const float2 st = stat[col];
-          float x = s[n][e] * p.scale_log2 - st.x;
-          if (masked) {
-            const int row = wrow + (lane >> 2) + ((e >> 1) << 3);
-            const uint32_t off = s_qoff[col];
-            bool in = true;
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a) {
-              const int qi = q0[a] + unpack_offset(off, a);
-              const int2 r = s_kinv[row * kAxes + a];
-              in = in && qi >= r.x && qi < r.y;
-            }
-            if (!in) x = -INFINITY;
-          }
-          const float pe = mma::fast_exp2(x);
+          const float2 st = stat[qs + n * 8 + 2 * (lane & 3) + (e & 1)];
+          const float pe = mma::fast_exp2(s[n][e] * p.scale_log2 - st.x);
           s[n][e] = pe;
           dp[n][e] = pe * (dp[n][e] - st.y);
         }
