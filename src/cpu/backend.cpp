@@ -300,11 +300,9 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     ft.q = qb;
     ft.o = ob;
     ft.lse = lb;
-    // Scores of one query group (cpu/kernels_impl.h): kGroupMax queries x R rows x the span.
-    constexpr int kGroupMax = 4;
-    ft.scratch = sized(sc.work, static_cast<int64_t>(kGroupMax) * s.R *
-                                        padded_window(max_count(s) + kGroupMax, plan.vw) +
-                                    kGroupMax * (A + 1));
+    // Scores of the whole tile (cpu/kernels_impl.h): T queries x R rows x the widest group span.
+    ft.scratch = sized(sc.work, static_cast<int64_t>(s.T) * s.R * padded_window(max_count(s) + 4, plan.vw) +
+                                    static_cast<int64_t>(s.T) * (A + 1));
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t)

@@ -99,12 +99,12 @@ constexpr int kGroupPairs = kVW >= 16 ? 6 : (kVW >= 8 ? 3 : 2);
 constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
 
 template <int NQ, int NP>
-static inline void group_dot(const float* const* x, int D, const float* const* base, int pitch,
-                             float* const* out) {
+static inline void group_dot(const float* const* x, int d0, int d1, const float* const* base,
+                             int pitch, float* const* out, bool accumulate) {
   vf acc[NQ][NP];
   for (int g = 0; g < NQ; ++g)
-    for (int i = 0; i < NP; ++i) acc[g][i] = vf{};
-  for (int d = 0; d < D; ++d) {
+    for (int i = 0; i < NP; ++i) acc[g][i] = accumulate ? ld(out[g] + i * kVW) : vf{};
+  for (int d = d0; d < d1; ++d) {
     vf kv[NP];
     const int off = d * pitch;
     for (int i = 0; i < NP; ++i) kv[i] = ld(base[i] + off);
@@ -118,26 +118,27 @@ static inline void group_dot(const float* const* x, int D, const float* const* b
 }
 
 template <int NQ>
-static void group_dot_np(int np, const float* const* x, int D, const float* const* base, int pitch,
-                         float* const* out) {
+static void group_dot_np(int np, const float* const* x, int d0, int d1, const float* const* base,
+                         int pitch, float* const* out, bool acc) {
   switch (np) {
-    case 1: group_dot<NQ, 1>(x, D, base, pitch, out); break;
-    case 2: group_dot<NQ, 2>(x, D, base, pitch, out); break;
+    case 1: group_dot<NQ, 1>(x, d0, d1, base, pitch, out, acc); break;
+    case 2: group_dot<NQ, 2>(x, d0, d1, base, pitch, out, acc); break;
 #if FNA_CPU_VW >= 8
-    case 3: group_dot<NQ, 3>(x, D, base, pitch, out); break;
+    case 3: group_dot<NQ, 3>(x, d0, d1, base, pitch, out, acc); break;
 #endif
 #if FNA_CPU_VW >= 16
-    case 4: group_dot<NQ, 4>(x, D, base, pitch, out); break;
-    case 5: group_dot<NQ, 5>(x, D, base, pitch, out); break;
-    case 6: group_dot<NQ, 6>(x, D, base, pitch, out); break;
+    case 4: group_dot<NQ, 4>(x, d0, d1, base, pitch, out, acc); break;
+    case 5: group_dot<NQ, 5>(x, d0, d1, base, pitch, out, acc); break;
+    case 6: group_dot<NQ, 6>(x, d0, d1, base, pitch, out, acc); break;
 #endif
     default: break;
   }
 }
 
-// out[g][r][0 .. Wspan) = x[g] . (columns cb .. cb + Wspan of row r), for nq <= kGroup queries.
-static void group_scores(int nq, const float* const* x, int D, const float* const* rows, int R,
-                         int pitch, int cb, int Wspan, float* out) {
+// out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan), for
+// nq <= kGroup queries (accumulating when d0 > 0: callers split D into cache-sized chunks).
+static void group_scores(int nq, const float* const* x, int d0, int d1, const float* const* rows,
+                         int R, int pitch, int cb, int Wspan, float* out) {
   const int nv = Wspan / kVW, total = R * nv;
   const int64_t qstride = static_cast<int64_t>(R) * Wspan;
   const float* base[kGroupPairs];
@@ -149,11 +150,12 @@ static void group_scores(int nq, const float* const* x, int D, const float* cons
       base[i] = rows[r] + cb + v * kVW;
     }
     for (int g = 0; g < nq; ++g) dst[g] = out + g * qstride + i0 * kVW;
+    const bool acc = d0 > 0;
     switch (nq) {
-      case 1: group_dot_np<1>(n, x, D, base, pitch, dst); break;
-      case 2: group_dot_np<2>(n, x, D, base, pitch, dst); break;
-      case 3: group_dot_np<3>(n, x, D, base, pitch, dst); break;
-      default: group_dot_np<4>(n, x, D, base, pitch, dst); break;
+      case 1: group_dot_np<1>(n, x, d0, d1, base, pitch, dst, acc); break;
+      case 2: group_dot_np<2>(n, x, d0, d1, base, pitch, dst, acc); break;
+      case 3: group_dot_np<3>(n, x, d0, d1, base, pitch, dst, acc); break;
+      default: group_dot_np<4>(n, x, d0, d1, base, pitch, dst, acc); break;
     }
   }
 }
@@ -256,9 +258,9 @@ static void group_outer_nv(int nv, const float* w, int64_t qstride, int R, int W
   }
 }
 
-static void group_outer_all(int nq, const float* w, int R, int Wspan, const float* const* x,
-                            float mult, float* const* rows, int pitch, int cb, int nvec) {
-  const int64_t qstride = static_cast<int64_t>(R) * Wspan;
+static void group_outer_all(int nq, const float* w, int64_t qstride, int R, int Wspan,
+                            const float* const* x, float mult, float* const* rows, int pitch, int cb,
+                            int nvec) {
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
@@ -303,101 +305,154 @@ static Group next_group(const TileShape& s, int t0) {
   return {t0, t1, s.col_begin[t0], padded_window(span, kVW)};
 }
 
+// ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
+// loops run chunk-major (a chunk of the head dim, or of the rows, for every group) to reuse the
+// box from L1 instead of streaming it from L2 once per group.
+constexpr int kDChunk = 32;
+constexpr int kRChunk = 8;
+
+static int tile_groups(const TileShape& s, Group* out) {
+  int n = 0;
+  for (int t0 = 0; t0 < s.T; t0 = out[n++].t1) out[n] = next_group(s, t0);
+  return n;
+}
+
+// buf[t0 * plane + g * R * Wspan ..] = scores of every group (query rows x[t] = xs + t * xpitch).
+static void tile_scores(const TileShape& s, const Group* grs, int ng, const float* xs, int xpitch,
+                        int D, const float* const* rows, int pitch, float* buf, int64_t plane) {
+  for (int d0 = 0; d0 < D; d0 += kDChunk) {
+    const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk;
+    for (int i = 0; i < ng; ++i) {
+      const Group& gr = grs[i];
+      const float* x[kGroup];
+      for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
+      group_scores(gr.t1 - gr.t0, x, d0, d1, rows, s.R, pitch, gr.cb, gr.Wspan, buf + gr.t0 * plane);
+    }
+  }
+}
+
+// out[t] = sum over rows and span columns of the group's weights x rows[r][cb + c][:].
+static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, const float* buf,
+                               int64_t plane, const float* const* rows, int rpitch, int nvec,
+                               float* outs, int opitch) {
+  for (int r0 = 0; r0 < s.R; r0 += kRChunk) {
+    const int r1 = s.R - r0 < kRChunk ? s.R : r0 + kRChunk;
+    for (int i = 0; i < ng; ++i) {
+      const Group& gr = grs[i];
+      float* out[kGroup];
+      for (int g = 0; g < gr.t1 - gr.t0; ++g) out[g] = outs + static_cast<int64_t>(gr.t0 + g) * opitch;
+      group_weighted_rows(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+                          r1 - r0, gr.Wspan, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
+                          static_cast<int64_t>(s.R) * gr.Wspan);
+    }
+  }
+}
+
+// rows[r][cb + c][:] += sum_t w_t[r][c] * mult * x_t for every group (dK, dV).
+static void tile_outer(const TileShape& s, const Group* grs, int ng, const float* buf,
+                       int64_t plane, const float* xs, int xpitch, float mult,
+                       float* const* rows, int rpitch, int nvec) {
+  for (int r0 = 0; r0 < s.R; r0 += kRChunk) {
+    const int r1 = s.R - r0 < kRChunk ? s.R : r0 + kRChunk;
+    for (int i = 0; i < ng; ++i) {
+      const Group& gr = grs[i];
+      const float* x[kGroup];
+      for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
+      group_outer_all(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+                      static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, x, mult, rows + r0,
+                      rpitch, gr.cb, nvec);
+    }
+  }
+}
+
+// Room per query in the score buffers: R rows of the widest group span.
+static int64_t tile_plane(const TileShape& s) {
+  int wmax = 0;
+  for (int t = 0; t < s.T; ++t) wmax = s.col_count[t] > wmax ? s.col_count[t] : wmax;
+  return static_cast<int64_t>(s.R) * padded_window(wmax + kGroup, kVW);
+}
+
 void forward_tile(const ForwardTile& a) {
   const TileShape& s = a.s;
-  for (int t0 = 0; t0 < s.T;) {
-    const Group gr = next_group(s, t0);
-    const int nq = gr.t1 - gr.t0;
+  Group grs[kTileQueries] = {};
+  const int ng = tile_groups(s, grs);
+  const int64_t plane = tile_plane(s);
+  float* sc = a.scratch;
+  float* sadd = a.scratch + s.T * plane;
+  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane);
+  float l[kTileQueries], m[kTileQueries];
+  for (int i = 0; i < ng; ++i) {
+    const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
-    const float* x[kGroup];
-    float* o[kGroup];
-    for (int g = 0; g < nq; ++g) {
-      x[g] = a.q + static_cast<int64_t>(gr.t0 + g) * s.Dp;
-      o[g] = a.o + static_cast<int64_t>(gr.t0 + g) * s.Dvp;
-    }
-    float* sc = a.scratch;
-    float* sadd = a.scratch + kGroup * qstride;
-    group_scores(nq, x, s.D, a.kt_rows, s.R, a.pitch, gr.cb, gr.Wspan, sc);
-    float l[kGroup], m[kGroup];
-    for (int g = 0; g < nq; ++g) {
-      const int t = gr.t0 + g, lo = s.col_begin[t] - gr.cb;
-      float* sg = sc + g * qstride;
-      float* ag = sadd + g * s.A;
-      m[g] = mask_range_and_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
+    for (int t = gr.t0; t < gr.t1; ++t) {
+      const int lo = s.col_begin[t] - gr.cb;
+      float* sg = sc + gr.t0 * plane + (t - gr.t0) * qstride;
+      float* ag = sadd + t * s.A;
+      const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
+      m[t] = mask_range_and_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
-        ag[n] = dot(x[g], a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
-        m[g] = ag[n] > m[g] ? ag[n] : m[g];
+        ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
+        m[t] = ag[n] > m[t] ? ag[n] : m[t];
       }
-      l[g] = exp_rows(sg, static_cast<int>(qstride), a.scale_log2, m[g]);
+      l[t] = exp_rows(sg, static_cast<int>(qstride), a.scale_log2, m[t]);
       for (int n = 0; n < s.A; ++n) {
-        ag[n] = exp2s(ag[n] - m[g]);
-        l[g] += ag[n];
+        ag[n] = exp2s(ag[n] - m[t]);
+        l[t] += ag[n];
       }
     }
-    group_weighted_rows(nq, sc, s.R, gr.Wspan, a.v_rows, s.Dvp, gr.cb, s.Dvp / kVW, o);
-    for (int g = 0; g < nq; ++g) {
-      for (int n = 0; n < s.A; ++n)
-        axpy(sadd[g * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o[g], s.Dvp);
-      const float inv = 1.f / l[g];
-      for (int e = 0; e < s.Dvp; e += kVW) st(o[g] + e, ld(o[g] + e) * inv);
-      // log2 -> natural log: lse = (m + log2 l) * ln 2.
-      a.lse[gr.t0 + g] = (m[g] + __builtin_log2f(l[g])) * 0.69314718055994531f;
-    }
-    t0 = gr.t1;
+  }
+  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, s.Dvp);
+  for (int t = 0; t < s.T; ++t) {
+    float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
+    for (int n = 0; n < s.A; ++n)
+      axpy(sadd[t * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
+    const float inv = 1.f / l[t];
+    for (int e = 0; e < s.Dvp; e += kVW) st(o + e, ld(o + e) * inv);
+    // log2 -> natural log: lse = (m + log2 l) * ln 2.
+    a.lse[t] = (m[t] + __builtin_log2f(l[t])) * 0.69314718055994531f;
   }
 }
 
 void backward_tile(const BackwardTile& a) {
   const TileShape& s = a.s;
-  int wmax = 0;
-  for (int t = 0; t < s.T; ++t) wmax = s.col_count[t] > wmax ? s.col_count[t] : wmax;
-  // Room per query: R rows of the widest group span.
-  const int64_t plane = static_cast<int64_t>(s.R) * padded_window(wmax + kGroup, kVW);
-  // Phase 1, per query group: P (from the saved LSE), dP, dS, dQ.
-  for (int t0 = 0; t0 < s.T;) {
-    const Group gr = next_group(s, t0);
-    const int nq = gr.t1 - gr.t0;
+  Group grs[kTileQueries] = {};
+  const int ng = tile_groups(s, grs);
+  const int64_t plane = tile_plane(s);
+  // P (from the saved LSE), dP, dS for every query, then dQ = dS K, dK += scale dS^T Q,
+  // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the
+  // box panels have slack columns beyond M for the span's padding).
+  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, a.p, plane);
+  tile_scores(s, grs, ng, a.d_o, s.Dvp, s.Dv, a.vt_rows, a.pitch, a.ds, plane);  // dP
+  for (int i = 0; i < ng; ++i) {
+    const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
-    float* P = a.p + gr.t0 * plane;
-    float* DS = a.ds + gr.t0 * plane;
-    const float* x[kGroup];
-    const float* y[kGroup];
-    float* dq[kGroup];
-    for (int g = 0; g < nq; ++g) {
-      x[g] = a.q + static_cast<int64_t>(gr.t0 + g) * s.Dp;
-      y[g] = a.d_o + static_cast<int64_t>(gr.t0 + g) * s.Dvp;
-      dq[g] = a.dq + static_cast<int64_t>(gr.t0 + g) * s.Dp;
-    }
-    group_scores(nq, x, s.D, a.kt_rows, s.R, a.pitch, gr.cb, gr.Wspan, P);
-    group_scores(nq, y, s.Dv, a.vt_rows, s.R, a.pitch, gr.cb, gr.Wspan, DS);  // dP
-    for (int g = 0; g < nq; ++g) {
-      const int t = gr.t0 + g, lo = s.col_begin[t] - gr.cb;
-      float* pg = P + g * qstride;
-      float* dg = DS + g * qstride;
+    for (int t = gr.t0; t < gr.t1; ++t) {
+      const int lo = s.col_begin[t] - gr.cb;
+      float* pg = a.p + gr.t0 * plane + (t - gr.t0) * qstride;
+      float* dg = a.ds + gr.t0 * plane + (t - gr.t0) * qstride;
       mask_range_and_max(pg, s.R, gr.Wspan, lo, lo + s.col_count[t]);
       exp_rows(pg, static_cast<int>(qstride), a.scale_log2, a.lse2[t]);
       const vf delta = splat(a.delta[t]);
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
-    group_weighted_rows(nq, DS, s.R, gr.Wspan, a.k_rows, s.Dp, gr.cb, s.Dp / kVW, dq);
-    // dK += scale * dS^T Q, dV += P^T dO over the group's span (the box panels have slack
-    // columns beyond M, and masked lanes add exact zeros).
-    group_outer_all(nq, DS, s.R, gr.Wspan, x, a.scale, a.dk_rows, s.Dp, gr.cb, s.Dp / kVW);
-    group_outer_all(nq, P, s.R, gr.Wspan, y, 1.f, a.dv_rows, s.Dvp, gr.cb, s.Dvp / kVW);
-    for (int g = 0; g < nq; ++g) {
-      const int t = gr.t0 + g;
-      for (int n = 0; n < s.A; ++n) {
-        const float pn = exp2s(dot(x[g], a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
-        const float dpn = dot(y[g], a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
-        const float dsn = pn * (dpn - a.delta[t]);
-        a.p_add[t * s.A + n] = pn;
-        a.ds_add[t * s.A + n] = dsn;
-        axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq[g], s.Dp);
-      }
-      const vf sc = splat(a.scale);
-      for (int e = 0; e < s.Dp; e += kVW) st(dq[g] + e, ld(dq[g] + e) * sc);
+  }
+  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, s.Dp);
+  tile_outer(s, grs, ng, a.ds, plane, a.q, s.Dp, a.scale, a.dk_rows, s.Dp, s.Dp / kVW);
+  tile_outer(s, grs, ng, a.p, plane, a.d_o, s.Dvp, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW);
+  for (int t = 0; t < s.T; ++t) {
+    const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
+    const float* y = a.d_o + static_cast<int64_t>(t) * s.Dvp;
+    float* dq = a.dq + static_cast<int64_t>(t) * s.Dp;
+    for (int n = 0; n < s.A; ++n) {
+      const float pn = exp2s(dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
+      const float dpn = dot(y, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
+      const float dsn = pn * (dpn - a.delta[t]);
+      a.p_add[t * s.A + n] = pn;
+      a.ds_add[t * s.A + n] = dsn;
+      axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq, s.Dp);
     }
-    t0 = gr.t1;
+    const vf sc = splat(a.scale);
+    for (int e = 0; e < s.Dp; e += kVW) st(dq + e, ld(dq + e) * sc);
   }
   for (int n = 0; n < s.A; ++n)
     for (int t = 0; t < s.T; ++t) {
