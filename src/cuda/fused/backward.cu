@@ -1,7 +1,10 @@
 // Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
 // per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
-// and dQ kernels (bwd_dkdv.cuh, bwd_dq.cuh). Anything outside the fast path answers `unsupported`
-// so that `auto` falls back to the naive backend.
+// kernel (bwd_dkdv.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
+// in deterministic mode, the dQ kernel (bwd_dq.cuh). Anything outside the fast path (float32,
+// head dims > 128, a non-contiguous head dim, pre-sm_80) answers `unsupported`, so that `auto`
+// falls back to the naive backend. Head dims are zero-padded to 64 or 128; rows that are not
+// 16-byte aligned (or dims not multiples of 8) take element-wise loads and stores.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -253,7 +256,8 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (pr.dtype == DType::f32) return unsupported("dtype=float32 is not implemented (f16/bf16 only)");
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 128) return unsupported("head dim " + std::to_string(dmax) + " > 128");
-  if (opt.config.size() > 0) return unsupported("explicit configurations are not supported: " + opt.config);
+  // Options::config names a forward configuration (config.h); the backward picks its own tiles
+  // (pick_tiles), so a config chosen for the forward does not push the backward off this path.
 
   for (int ax = 0; ax < pr.rank; ++ax)
     if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");

@@ -8,6 +8,11 @@
 // Each warp owns 16 keys. The additional (global) keys run through the same mainloop with
 // `additional` set: their tile is a run of additional tokens and the queries are all tokens in
 // flat order, with no neighborhood mask.
+//
+// With kAtomicDq (the default, non-deterministic mode) the kernel also produces dQ: dS^T goes
+// through shared memory once per query sub-tile, the warps compute dS K for that sub-tile over
+// the CTA's keys and add it into a float32 buffer with (vector) atomics; a conversion kernel
+// applies the scale. Without it, bwd_dq.cuh computes dQ in a second, deterministic pass.
 #pragma once
 
 #include <cuda_runtime.h>
