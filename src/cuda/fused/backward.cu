@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -190,11 +191,15 @@ template <typename T>
 Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad) {
   cudaStream_t stream = detail::stream_of(opt);
   const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+  // Benchmark hook: FNA_FUSED_BWD_DETERMINISTIC=1 times the deterministic path through callers
+  // (fna-bench, Python) that do not expose Options::deterministic.
+  static const bool force_det = std::getenv("FNA_FUSED_BWD_DETERMINISTIC") != nullptr;
+  const bool deterministic = opt.deterministic || force_det;
   // Tiles and grids first: nothing is queued when the problem does not fit the grid.
   Params p_dkdv = p, p_dq = p;
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);
-  if (opt.deterministic) set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
+  if (deterministic) set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
@@ -221,7 +226,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   // Default: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); `deterministic` runs the separate dQ kernel instead.
   detail::Workspace ws_dq(stream);
-  if (!opt.deterministic) {
+  if (!deterministic) {
     p.dq_row = (p.dim + 7) / 8 * 8;
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
