@@ -1,0 +1,237 @@
+// Every error path of the API: the Status code, and a message naming the argument and its value.
+// Outputs are poisoned first and must stay untouched by a rejected call.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support/check.h"
+
+namespace fna_test {
+namespace {
+
+// A valid small 2-D problem with GQA and additional keys, to break one field at a time.
+Case valid_case() {
+  Case c;
+  fna::Problem& p = c.p;
+  p.rank = 2;
+  p.batch = 2;
+  p.shape[0] = 8;
+  p.shape[1] = 6;
+  p.heads = 4;
+  p.heads_kv = 2;
+  p.dim = 8;
+  p.dim_v = 4;
+  p.kernel_size[0] = 3;
+  p.kernel_size[1] = 5;
+  p.dilation[0] = 2;
+  p.stride[0] = 2;
+  p.num_additional = 2;
+  p.dtype = fna::DType::f32;
+  c.seed = 7;
+  return c;
+}
+
+fna::Options cpu_opts() {
+  fna::Options o;
+  o.backend = fna::Backend::cpu;
+  return o;
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Runs forward with a broken problem; expects `code` and every needle in the message.
+void expect_forward_error(const fna::Problem& p, fna::Code code, const std::vector<std::string>& needles,
+                          const fna::Options& opt = cpu_opts()) {
+  ProblemTensors t(valid_case());  // tensors sized for the valid case (never read on error)
+  const fna::Status st = fna::forward(p, t.forward_args(), opt);
+  EXPECT_EQ(static_cast<int>(st.code), static_cast<int>(code)) << st.message;
+  for (const auto& n : needles) EXPECT_TRUE(contains(st.message, n)) << "'" << st.message << "' lacks '" << n << "'";
+  const std::vector<double> o = t.o.to_double();
+  for (double v : o) ASSERT_TRUE(std::isnan(v)) << "a rejected call wrote the output";
+}
+
+TEST(Validation, ValidCaseRuns) {
+  const Case c = valid_case();
+  ProblemTensors t(c);
+  const fna::Status st = fna::forward(c.p, t.forward_args(), cpu_opts());
+  EXPECT_TRUE(st.ok()) << st.message;
+}
+
+TEST(Validation, Rank) {
+  for (int r : {0, 4, -1}) {
+    fna::Problem p = valid_case().p;
+    p.rank = r;
+    expect_forward_error(p, fna::Code::invalid_argument, {"rank=" + std::to_string(r)});
+  }
+}
+
+TEST(Validation, KernelSize) {
+  fna::Problem p = valid_case().p;
+  p.kernel_size[1] = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"kernel_size[1]=0"});
+  p = valid_case().p;
+  p.kernel_size[0] = 5;  // 5 * dilation 2 > 8
+  expect_forward_error(p, fna::Code::invalid_argument, {"kernel_size[0]=5", "dilation[0]=2", "8"});
+  p = valid_case().p;
+  p.kernel_size[1] = 7;  // > length 6
+  expect_forward_error(p, fna::Code::invalid_argument, {"kernel_size[1]=7", "6"});
+}
+
+TEST(Validation, Stride) {
+  fna::Problem p = valid_case().p;
+  p.stride[1] = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"stride[1]=0"});
+  p = valid_case().p;
+  p.stride[0] = 4;  // kernel 3
+  expect_forward_error(p, fna::Code::invalid_argument, {"stride[0]=4", "kernel_size[0]=3"});
+}
+
+TEST(Validation, Dilation) {
+  fna::Problem p = valid_case().p;
+  p.dilation[1] = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"dilation[1]=0"});
+}
+
+TEST(Validation, HeadsAndDims) {
+  fna::Problem p = valid_case().p;
+  p.heads = 3;
+  expect_forward_error(p, fna::Code::invalid_argument, {"heads=3", "heads_kv=2"});
+  p = valid_case().p;
+  p.dim = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"dim=0"});
+  p = valid_case().p;
+  p.batch = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"batch=0"});
+  p = valid_case().p;
+  p.shape[0] = 0;
+  expect_forward_error(p, fna::Code::invalid_argument, {"shape[0]=0"});
+}
+
+TEST(Validation, DType) {
+  fna::Problem p = valid_case().p;
+  p.dtype = static_cast<fna::DType>(7);
+  expect_forward_error(p, fna::Code::unsupported, {"dtype=7"});
+}
+
+TEST(Validation, Backend) {
+  const fna::Problem p = valid_case().p;
+  fna::Options o = cpu_opts();
+  o.backend = static_cast<fna::Backend>(9);
+  expect_forward_error(p, fna::Code::unsupported, {"backend=9"}, o);
+  fna::Backend parsed;
+  const fna::Status st = fna::parse_backend("gpu-magic", &parsed);
+  EXPECT_EQ(st.code, fna::Code::invalid_argument);
+  EXPECT_TRUE(contains(st.message, "gpu-magic")) << st.message;
+}
+
+TEST(Validation, CudaBackendWithCpuTensors) {
+  const fna::Problem p = valid_case().p;
+  for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused}) {
+    fna::Options o;
+    o.backend = b;
+    o.device = fna::Device::cpu;
+    if (!fna::backend_compiled(b))
+      expect_forward_error(p, fna::Code::not_compiled, {std::string("backend=") + fna::backend_name(b)}, o);
+    else
+      expect_forward_error(p, fna::Code::invalid_argument, {std::string("backend=") + fna::backend_name(b), "CPU"}, o);
+  }
+}
+
+TEST(Validation, CpuBackendWithCudaTensors) {
+  fna::Options o = cpu_opts();
+  o.device = fna::Device::cuda;
+  expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"backend=cpu", "CUDA"}, o);
+}
+
+TEST(Validation, ScaleAndThreads) {
+  fna::Options o = cpu_opts();
+  o.scale = std::nan("");
+  expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"scale=nan"}, o);
+  o = cpu_opts();
+  o.num_threads = -2;
+  expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"num_threads=-2"}, o);
+}
+
+// Null and misaligned pointers, for every tensor of forward and backward.
+TEST(Validation, Pointers) {
+  const Case c = valid_case();
+  using Breaker = std::function<void(fna::ForwardArgs&)>;
+  const std::vector<std::pair<std::string, Breaker>> fwd = {
+      {"query", [](fna::ForwardArgs& a) { a.q.data = nullptr; }},
+      {"key", [](fna::ForwardArgs& a) { a.k.data = nullptr; }},
+      {"value", [](fna::ForwardArgs& a) { a.v.data = nullptr; }},
+      {"output", [](fna::ForwardArgs& a) { a.o.data = nullptr; }},
+      {"additional_keys", [](fna::ForwardArgs& a) { a.add_k.data = nullptr; }},
+      {"additional_values", [](fna::ForwardArgs& a) { a.add_v.data = nullptr; }},
+  };
+  for (const auto& [name, brk] : fwd) {
+    ProblemTensors t(c);
+    fna::ForwardArgs a = t.forward_args();
+    brk(a);
+    const fna::Status st = fna::forward(c.p, a, cpu_opts());
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << name;
+    EXPECT_TRUE(contains(st.message, name + " is a null pointer")) << st.message;
+  }
+  {  // misaligned float pointer
+    ProblemTensors t(c);
+    fna::ForwardArgs a = t.forward_args();
+    a.q.data = static_cast<char*>(a.q.data) + 2;
+    const fna::Status st = fna::forward(c.p, a, cpu_opts());
+    EXPECT_EQ(st.code, fna::Code::invalid_argument);
+    EXPECT_TRUE(contains(st.message, "query pointer") && contains(st.message, "aligned")) << st.message;
+  }
+  {  // an output that aliases itself
+    ProblemTensors t(c);
+    fna::ForwardArgs a = t.forward_args();
+    a.o.strides[1] = 0;
+    const fna::Status st = fna::forward(c.p, a, cpu_opts());
+    EXPECT_EQ(st.code, fna::Code::invalid_argument);
+    EXPECT_TRUE(contains(st.message, "output stride[1]=0")) << st.message;
+  }
+  using BBreaker = std::function<void(fna::BackwardArgs&)>;
+  const std::vector<std::pair<std::string, BBreaker>> bwd = {
+      {"lse", [](fna::BackwardArgs& a) { a.lse.data = nullptr; }},
+      {"d_output", [](fna::BackwardArgs& a) { a.d_o.data = nullptr; }},
+      {"d_query", [](fna::BackwardArgs& a) { a.dq.data = nullptr; }},
+      {"d_key", [](fna::BackwardArgs& a) { a.dk.data = nullptr; }},
+      {"d_value", [](fna::BackwardArgs& a) { a.dv.data = nullptr; }},
+      {"d_additional_keys", [](fna::BackwardArgs& a) { a.d_add_k.data = nullptr; }},
+      {"d_additional_values", [](fna::BackwardArgs& a) { a.d_add_v.data = nullptr; }},
+  };
+  for (const auto& [name, brk] : bwd) {
+    ProblemTensors t(c);
+    fna::BackwardArgs a = t.backward_args();
+    brk(a);
+    const fna::Status st = fna::backward(c.p, a, cpu_opts());
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << name;
+    EXPECT_TRUE(contains(st.message, name + " is a null pointer")) << st.message;
+    const std::vector<double> dq = t.dq.to_double();
+    for (double v : dq) ASSERT_TRUE(std::isnan(v)) << "a rejected backward wrote d_query";
+  }
+}
+
+TEST(Validation, UnfusedOps) {
+  const Case c = valid_case();
+  ProblemTensors t(c);
+  fna::QKArgs a = t.qk_args();
+  a.attn.data = nullptr;
+  fna::Status st = fna::qk_forward(c.p, a, cpu_opts());
+  EXPECT_EQ(st.code, fna::Code::invalid_argument);
+  EXPECT_TRUE(contains(st.message, "attn is a null pointer")) << st.message;
+  fna::AVBackwardArgs b = t.av_backward_args();
+  b.d_attn.data = nullptr;
+  st = fna::av_backward(c.p, b, cpu_opts());
+  EXPECT_TRUE(contains(st.message, "d_attn is a null pointer")) << st.message;
+  fna::Problem p = c.p;
+  p.kernel_size[0] = 0;
+  st = fna::av_forward(p, t.av_args(), cpu_opts());
+  EXPECT_EQ(st.code, fna::Code::invalid_argument);
+  EXPECT_TRUE(contains(st.message, "kernel_size[0]=0")) << st.message;
+}
+
+}  // namespace
+}  // namespace fna_test
