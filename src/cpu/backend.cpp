@@ -185,8 +185,9 @@ struct Panels {
   // Fills transposed [dim][pitch] and/or row-major [pitch][dim_pad] panels from a strided tensor.
   void convert(const Strided& src, int dim, int dim_pad, std::vector<float>* transposed,
                std::vector<float>* rows, int threads) const {
-    if (transposed) transposed->assign(static_cast<size_t>(count * dim * pitch), 0.f);
-    if (rows) rows->assign(static_cast<size_t>(count * pitch * dim_pad), 0.f);
+    // Only the padding needs zeros, so the buffers are resized, not refilled.
+    if (transposed) transposed->resize(static_cast<size_t>(count * dim * pitch));
+    if (rows) rows->resize(static_cast<size_t>(count * pitch * dim_pad));
     const Problem& p = pl.p;
     const nbr::Axis& L = pl.ax[pl.la];
     parallel_for(count, threads, [&](int64_t id, int) {
@@ -196,16 +197,29 @@ struct Panels {
       rest /= pl.lines;
       const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
       const int lg = nbr::group_length(L, g);
-      std::vector<float> tmp(static_cast<size_t>(dim_pad));
-      for (int j = 0; j < lg; ++j) {
-        const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j) * L.dilation + g;
-        float* dst = rows ? rows->data() + (id * pitch + j) * dim_pad : tmp.data();
-        load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
-        if (transposed) {
-          float* col = transposed->data() + id * dim * pitch + j;
-          for (int e = 0; e < dim; ++e) col[static_cast<int64_t>(e) * pitch] = dst[e];
+      constexpr int kBlock = 16;  // columns transposed at once: whole cache lines per write
+      std::vector<float> tmp(static_cast<size_t>(kBlock * dim_pad));
+      float* tr = transposed ? transposed->data() + id * dim * pitch : nullptr;
+      float* rw = rows ? rows->data() + id * pitch * dim_pad : nullptr;
+      for (int j0 = 0; j0 < lg; j0 += kBlock) {
+        const int nj = lg - j0 < kBlock ? lg - j0 : kBlock;
+        for (int j = 0; j < nj; ++j) {
+          const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j0 + j) * L.dilation + g;
+          float* dst = rw ? rw + static_cast<int64_t>(j0 + j) * dim_pad : tmp.data() + j * dim_pad;
+          load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
+        }
+        if (tr) {
+          const float* blk = rw ? rw + static_cast<int64_t>(j0) * dim_pad : tmp.data();
+          for (int e = 0; e < dim; ++e) {
+            float* col = tr + static_cast<int64_t>(e) * pitch + j0;
+            for (int j = 0; j < nj; ++j) col[j] = blk[j * dim_pad + e];
+          }
         }
       }
+      if (rw) std::fill(rw + static_cast<int64_t>(lg) * dim_pad, rw + static_cast<int64_t>(pitch) * dim_pad, 0.f);
+      if (tr)
+        for (int e = 0; e < dim; ++e)
+          std::fill(tr + static_cast<int64_t>(e) * pitch + lg, tr + static_cast<int64_t>(e + 1) * pitch, 0.f);
     });
   }
   // Panel rows of a tile's box: pointers to column u0 of each row's panel.
