@@ -19,14 +19,15 @@ T=./build/gpu/fna-gpu-test
 [ -x $T ] || { tail -30 $OUT/build.log; exit 1; }
 for a in "--dim 32" "--dim 64 --dtype float16" "--dim 128" "--dim 64 --dim-v 128" "--dim 128 --dim-v 56 --dtype float16" \
          "--dim 256 --cases 8" "--dim 96 --dim-v 40 --cases 12" "" \
-         "--rank 1 --dim 128 --config fna_fwd_sm80_bf16_d128_q64_kv64" \
-         "--rank 2 --dim 128 --config fna_fwd_sm80_bf16_d128_q8x8_kv8x8" \
-         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q2x8x8_kv2x4x8" \
-         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q4x4x8_kv4x4x4" \
-         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q2x4x8_kv2x4x8"; do
+         "--rank 1 --dim 128 --config fna_fwd_sm80_bf16_d128_q128_kv64_w8" \
+         "--rank 2 --dim 128 --config fna_fwd_sm80_bf16_d128_q8x16_kv8x8_w8" \
+         "--rank 2 --dim 128 --config fna_fwd_sm80_bf16_d128_q8x8_kv8x8_w4" \
+         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q2x8x8_kv2x4x8_w8" \
+         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q4x4x8_kv4x4x4_w4" \
+         "--rank 3 --dim 128 --config fna_fwd_sm80_bf16_d128_q2x4x8_kv2x4x8_w4"; do
   echo "== fwd $a"
   timeout 90 $T --backend cuda-fused --filter fwd --dtype bfloat16 $a > "$OUT/t.log" 2>&1
-  echo "rc=$?"; grep -E "^FAIL" -A3 "$OUT/t.log" | head -12; tail -4 "$OUT/t.log"
+  echo "rc=$?"; grep -E "^FAIL" -A3 "$OUT/t.log" | head -12; tail -1 "$OUT/t.log"
 done
 echo "== memcheck"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $T --backend cuda-fused --filter fwd --dim 64 \

@@ -2,10 +2,12 @@
 // fwd_inst_<dtype>_r<rank>.cu per rank and dtype), dispatch and the config listing
 // (fna::fused_configs / Options::config).
 //
-// An entry is X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2, dtype): the padded head dim the kernel
-// is compiled for (D and D_v are both padded up to it with zero-filled shared-memory columns) and
-// the query / key-value tile shapes lifted to three axes (leading extents 1 for lower ranks).
-// Name: fna_fwd_sm80_<dtype>_d<head_dim>_q<q tile>_kv<kv tile>, tiles over the problem's axes.
+// An entry is X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2, m_tiles, dtype): the padded head dim
+// the kernel is compiled for (D and D_v are both padded up to it with zero-filled shared-memory
+// columns), the query / key-value tile shapes lifted to three axes (leading extents 1 for lower
+// ranks) and the 16-row m-tiles per warp (warps = query tile / (16 * m_tiles)).
+// Name: fna_fwd_sm80_<dtype>_d<head_dim>_q<q tile>_kv<kv tile>_w<warps>, tiles over the
+// problem's axes.
 //
 // Why these tiles: 128 queries (8 warps of 16 rows) amortize each K/V tile over the most rows
 // that still fit the registers at head dim 128; 64-key tiles keep S at 32 registers per thread.
@@ -16,28 +18,30 @@
 // counting visited tiles (forward.cu).
 #pragma once
 
-#define FNA_FWD_CONFIGS_RANK1(X, DT) \
-  X(1, 32, 1, 1, 128, 1, 1, 64, DT)  \
-  X(1, 64, 1, 1, 128, 1, 1, 64, DT)  \
-  X(1, 128, 1, 1, 128, 1, 1, 64, DT) \
-  X(1, 128, 1, 1, 64, 1, 1, 64, DT)  \
-  X(1, 256, 1, 1, 64, 1, 1, 32, DT)
+#define FNA_FWD_CONFIGS_RANK1(X, DT)   \
+  X(1, 32, 1, 1, 128, 1, 1, 64, 2, DT)  \
+  X(1, 64, 1, 1, 128, 1, 1, 64, 2, DT)  \
+  X(1, 128, 1, 1, 128, 1, 1, 64, 2, DT) \
+  X(1, 128, 1, 1, 128, 1, 1, 64, 1, DT) \
+  X(1, 256, 1, 1, 64, 1, 1, 32, 1, DT)
 
-#define FNA_FWD_CONFIGS_RANK2(X, DT) \
-  X(2, 32, 1, 8, 16, 1, 8, 8, DT)    \
-  X(2, 64, 1, 8, 16, 1, 8, 8, DT)    \
-  X(2, 64, 1, 8, 8, 1, 8, 8, DT)     \
-  X(2, 128, 1, 8, 16, 1, 8, 8, DT)   \
-  X(2, 128, 1, 8, 8, 1, 8, 8, DT)    \
-  X(2, 256, 1, 8, 8, 1, 4, 8, DT)
+#define FNA_FWD_CONFIGS_RANK2(X, DT)  \
+  X(2, 32, 1, 8, 16, 1, 8, 8, 2, DT)  \
+  X(2, 64, 1, 8, 16, 1, 8, 8, 2, DT)  \
+  X(2, 64, 1, 8, 8, 1, 8, 8, 1, DT)   \
+  X(2, 128, 1, 8, 16, 1, 8, 8, 2, DT) \
+  X(2, 128, 1, 8, 16, 1, 8, 8, 1, DT) \
+  X(2, 128, 1, 8, 8, 1, 8, 8, 1, DT)  \
+  X(2, 256, 1, 8, 8, 1, 4, 8, 1, DT)
 
-#define FNA_FWD_CONFIGS_RANK3(X, DT) \
-  X(3, 32, 4, 4, 8, 4, 4, 4, DT)     \
-  X(3, 64, 4, 4, 8, 4, 4, 4, DT)     \
-  X(3, 128, 4, 4, 8, 4, 4, 4, DT)    \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)    \
-  X(3, 128, 2, 4, 8, 2, 4, 8, DT)    \
-  X(3, 256, 4, 4, 4, 2, 4, 4, DT)
+#define FNA_FWD_CONFIGS_RANK3(X, DT)  \
+  X(3, 32, 4, 4, 8, 4, 4, 4, 2, DT)   \
+  X(3, 64, 4, 4, 8, 4, 4, 4, 2, DT)   \
+  X(3, 128, 2, 8, 8, 2, 4, 8, 2, DT)  \
+  X(3, 128, 2, 8, 8, 2, 4, 8, 1, DT)  \
+  X(3, 128, 4, 4, 8, 4, 4, 4, 2, DT)  \
+  X(3, 128, 2, 4, 8, 2, 4, 8, 1, DT)  \
+  X(3, 256, 4, 4, 4, 2, 4, 4, 1, DT)
 
 #define FNA_FWD_CONFIGS(X, DT) \
   FNA_FWD_CONFIGS_RANK1(X, DT) FNA_FWD_CONFIGS_RANK2(X, DT) FNA_FWD_CONFIGS_RANK3(X, DT)

@@ -38,6 +38,7 @@ struct FwdEntry {
   int dim;  // padded head dim the kernel is compiled for
   int q[kAxes];
   int kv[kAxes];
+  int warps;
   cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
 
   int q_size() const { return q[0] * q[1] * q[2]; }
@@ -50,13 +51,14 @@ struct FwdEntry {
       return s;
     };
     return std::string("fna_fwd_sm80_") + (dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
-           std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv);
+           std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv) + "_w" + std::to_string(warps);
   }
 };
 
-#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                     \
-  FwdEntry{R, DTypeOf<mma::DT>::value, D, {Q0, Q1, Q2}, {K0, K1, K2},       \
-           &fused::launch_fwd<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                        \
+  FwdEntry{R, DTypeOf<mma::DT>::value, D, {Q0, Q1, Q2}, {K0, K1, K2},               \
+           (Q0) * (Q1) * (Q2) / (16 * (MT)),                                        \
+           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 
 const std::vector<FwdEntry>& table() {
   static const std::vector<FwdEntry> t{FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16)

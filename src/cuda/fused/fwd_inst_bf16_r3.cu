@@ -6,8 +6,8 @@
 namespace fna {
 namespace fused {
 
-#define FNA_FWD_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                             \
-  template cudaError_t launch_fwd<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>( \
+#define FNA_FWD_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                              \
+  template cudaError_t launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>( \
       const FwdParams&, int, cudaStream_t);
 FNA_FWD_CONFIGS_RANK3(FNA_FWD_INSTANTIATE, BF16)
 #undef FNA_FWD_INSTANTIATE

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/common/mma.cuh"
 #include "cuda/fused/fwd_params.h"
@@ -18,7 +19,7 @@
 namespace fna {
 namespace fused {
 
-template <class T, int kD_, int kRank_, class QT, class KT>
+template <class T, int kD_, int kRank_, int kMT_, class QT, class KT>
 struct FwdTraits {
   using Elem = typename T::type;
   static constexpr int kD = kD_;
@@ -26,23 +27,39 @@ struct FwdTraits {
   static constexpr int kFirstAxis = kAxes - kRank;
   static constexpr int kQ = QT::kSize;
   static constexpr int kN = KT::kSize;
-  static constexpr int kWarps = kQ / 16;
+  // A warp owns kMT 16-row m-tiles: every K/V fragment read from shared memory then feeds kMT
+  // MMAs. With one m-tile per warp, ldmatrix traffic (a whole K and V tile per warp per step)
+  // outruns the tensor cores; two halve it. O (kMT * kD / 2 registers) bounds it to kD <= 128.
+  // Chosen per configuration (config.h).
+  static constexpr int kMT = kMT_;
+  static constexpr int kWarpRows = 16 * kMT;
+  static constexpr int kWarps = kQ / kWarpRows;
   static constexpr int kThreads = kWarps * 32;
+  // Two CTAs per SM when a warp holds two m-tiles (4 warps, <= 255 registers each): one CTA's
+  // barrier then never idles the SM.
+  static constexpr int kMinBlocks = kMT == 2 ? 2 : 1;
+  // Keys per softmax step: a 64-key tile is processed as two 32-key halves when S and O of two
+  // m-tiles would not fit the registers together (head dim above 64).
+  static constexpr int kStepN = (kMT == 2 && kD > 64 && kN > 32) ? 32 : kN;
   // Rows padded by 16 bytes: the 8 row addresses of one ldmatrix then fall in 8 distinct 16-byte
   // bank groups for every head dim that is a multiple of 8, with no swizzle to compute.
   static constexpr int kPitch = kD + 8;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  // Q fragments stay in registers up to head dim 128 (32 registers); above that they are
-  // re-read from shared memory each step so O (kD / 2 registers) still fits.
-  static constexpr bool kQInRegs = kD <= 128;
+  // Q fragments stay in registers while they take at most 32 registers; otherwise they are
+  // re-read from shared memory each step so O still fits.
+  static constexpr bool kQInRegs = kMT * kD <= 128;
   static constexpr int kTileElems = kN * kPitch;
   static constexpr int kQElems = kQ * kPitch;
   static constexpr int kKVElems = 4 * kTileElems;  // K and V, two buffers each
   // With Q in registers its shared-memory staging area is reused by the K/V buffers.
   static constexpr int kSmemElems =
       kQInRegs ? (kQElems > kKVElems ? kQElems : kKVElems) : kQElems + kKVElems;
-  static constexpr size_t kSmemBytes = size_t(kSmemElems) * 2;
-  static_assert(kQ % 16 == 0 && kN % 16 == 0 && kD % 16 == 0, "tile sizes");
+  // Per-row windows (begin, end per axis) follow the tiles: read by border tiles only, so they
+  // cost no registers in the main loop.
+  static constexpr size_t kWinOffset = size_t(kSmemElems) * 2;
+  static constexpr size_t kSmemBytes = kWinOffset + size_t(kQ) * sizeof(RowWindow);
+  static_assert(kQ % kWarpRows == 0 && kN % kStepN == 0 && kStepN % 16 == 0 && kD % 16 == 0,
+                "tile sizes");
   static_assert(kThreads % kChunks == 0, "a pass of the copy loop covers whole rows");
 };
 
@@ -67,7 +84,9 @@ __device__ __forceinline__ void copy_rows(typename Tr::Elem* dst, int dim, const
   const int ch = threadIdx.x % Tr::kChunks;
   const int r0 = threadIdx.x / Tr::kChunks;
   const bool ch_ok = ch * 8 < dim;
-#pragma unroll
+  // Not unrolled: the copies are issued while O is live, and unrolled passes would hold every
+  // row's 64-bit address at once.
+#pragma unroll 1
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
     if (kRows % kRowsPerPass != 0 && row >= kRows) break;
@@ -78,14 +97,14 @@ __device__ __forceinline__ void copy_rows(typename Tr::Elem* dst, int dim, const
   }
 }
 
-// Per-thread state of the online softmax: two rows per thread (lane / 4 and lane / 4 + 8 of the
-// warp's 16), O accumulators over the padded head dim.
+// Per-thread state of the online softmax: two rows per m-tile (lane / 4 and lane / 4 + 8 of its
+// 16), O accumulators over the padded head dim.
 template <class Tr>
 struct FwdState {
-  float o[Tr::kD / 8][4];
-  float m[2];  // running max of scale * log2(e) * s
-  float l[2];  // running sum of exp2(.. - m), partial over this thread's columns
-  uint32_t qf[Tr::kQInRegs ? Tr::kD / 16 : 1][4];
+  float o[Tr::kMT][Tr::kD / 8][4];
+  float m[Tr::kMT][2];  // running max of scale * log2(e) * s
+  float l[Tr::kMT][2];  // running sum of exp2(.. - m), partial over this thread's columns
+  uint32_t qf[Tr::kQInRegs ? Tr::kMT : 1][Tr::kQInRegs ? Tr::kD / 16 : 1][4];
 };
 
 // The key/value tile currently processed: a neighborhood tile (origin per axis) or a tile of
@@ -109,113 +128,200 @@ __device__ __forceinline__ KvTile kv_tile(const KvSpan& span, int n_nbr, int it)
   return t;
 }
 
-// One K/V tile: S = Q K^T, mask (kMasked), online softmax, O += P V.
+// Border-tile mask. Per query row and axis, the window clipped to the tile becomes a bit set over
+// the tile's positions on that axis; a key is in when its bit is set on every axis. The thread's
+// columns are j * 8 + 2 * (lane % 4) + e, so when the fastest tile axis is a multiple of 8 every
+// coordinate but that axis's 2 * (lane % 4) is a compile-time constant: each element costs a few
+// constant-position bit tests, and only one row's bit sets are live at a time.
+template <class Tr, class KT>
+__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                           const KvTile& tile, const RowWindow* sWin, int num_add,
+                                           int col0) {
+  constexpr int kN = Tr::kStepN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t2 = 2 * (lane & 3);
+  if (tile.add_begin >= 0) {
+    // Additional keys: only the count bounds the last tile.
+    const int rem = num_add - tile.add_begin - col0 - t2;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (j * 8 + (i & 1) >= rem) s[mt][j][i] = -INFINITY;
+    return;
+  }
+  using Bits = typename std::conditional<(KT::kSize > 32), unsigned long long, unsigned>::type;
+  constexpr int kBits = sizeof(Bits) * 8;
+  constexpr bool kFastAxis8 = KT::kExt[kAxes - 1] % 8 == 0;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const RowWindow& w = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
+      Bits bits[kAxes];
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
+        const int ext = KT::ext(ax);
+        int lo = w.begin[ax] - tile.origin[ax], hi = w.end[ax] - tile.origin[ax];
+        lo = lo < 0 ? 0 : (lo > ext ? ext : lo);
+        hi = hi < 0 ? 0 : (hi > ext ? ext : hi);
+        const Bits below_hi = hi >= kBits ? ~Bits(0) : ((Bits(1) << hi) - 1);
+        const Bits below_lo = lo >= kBits ? ~Bits(0) : ((Bits(1) << lo) - 1);
+        bits[ax] = below_hi & ~below_lo;
+      }
+      if constexpr (kFastAxis8) bits[kAxes - 1] >>= t2;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          bool in = true;
+          if constexpr (kFastAxis8) {
+            int c[kAxes];
+            KT::coord(col0 + j * 8, c);  // compile-time after unrolling; t2 + e is on the fast axis
+            c[kAxes - 1] += e;
+#pragma unroll
+            for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
+          } else {
+            int c[kAxes];
+            KT::coord(col0 + j * 8 + t2 + e, c);
+#pragma unroll
+            for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
+          }
+          if (!in) s[mt][j][2 * r + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Keys [col0, col0 + kStepN) of one K/V tile: S = Q K^T, mask (kMasked), online softmax,
+// O += P V.
 template <class Tr, class T, class KT, bool kMasked>
 __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::Elem* sQ,
                                          const typename Tr::Elem* sK,
                                          const typename Tr::Elem* sV, const KvTile& tile,
-                                         const RowWindow (&win)[2], int num_add,
-                                         float scale_log2) {
-  constexpr int kN = Tr::kN, kD = Tr::kD;
+                                         const RowWindow* sWin, int num_add, float scale_log2,
+                                         int col0) {
+  constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
+  sK += col0 * Tr::kPitch;
+  sV += col0 * Tr::kPitch;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float s[kN / 8][4];
+  const int row0 = warp * Tr::kWarpRows;
+  float s[kMT][kN / 8][4];
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 
   const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
   const mma::LdsmOffset ob = mma::ldsm_b_nk_addr(lane);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t a[4];
-    if constexpr (Tr::kQInRegs) {
+    uint32_t a[kMT][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = st.qf[kk][i];
-    } else {
-      mma::ldsm_x4(a, mma::smem_u32(sQ + (warp * 16 + oa.row) * Tr::kPitch + kk * 16 + oa.col));
+    for (int mt = 0; mt < kMT; ++mt) {
+      if constexpr (Tr::kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[mt][i] = st.qf[mt][kk][i];
+      } else {
+        mma::ldsm_x4(a[mt], mma::smem_u32(sQ + (row0 + mt * 16 + oa.row) * Tr::kPitch + kk * 16 +
+                                          oa.col));
+      }
     }
 #pragma unroll
     for (int j = 0; j < kN / 16; ++j) {
       uint32_t b[4];
       mma::ldsm_x4(b, mma::smem_u32(sK + (j * 16 + ob.row) * Tr::kPitch + kk * 16 + ob.col));
-      mma::mma_16816<T>(s[2 * j], a, b[0], b[1]);
-      mma::mma_16816<T>(s[2 * j + 1], a, b[2], b[3]);
-    }
-  }
-
-  if constexpr (kMasked) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = j * 8 + 2 * (lane & 3) + e;
-        bool in0, in1;
-        if (tile.add_begin >= 0) {
-          in0 = in1 = tile.add_begin + col < num_add;
-        } else {
-          int kc[kAxes];
-          KT::coord(col, kc);
-#pragma unroll
-          for (int ax = 0; ax < kAxes; ++ax) kc[ax] += tile.origin[ax];
-          in0 = win[0].contains(kc, Tr::kFirstAxis);
-          in1 = win[1].contains(kc, Tr::kFirstAxis);
-        }
-        if (!in0) s[j][e] = -INFINITY;
-        if (!in1) s[j][2 + e] = -INFINITY;
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma::mma_16816<T>(s[mt][2 * j], a[mt], b[0], b[1]);
+        mma::mma_16816<T>(s[mt][2 * j + 1], a[mt], b[2], b[3]);
       }
     }
   }
 
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
+
+  // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
+  // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
+  // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
+  // instructions as the MMAs of a 32-key step.
+  constexpr float kSlack = 8.f;
+  float alpha[kMT][2];
+  bool rescale = false;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(st.m[r], mx * scale_log2);
-    // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
-    // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
-    const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
-    const float alpha = mma::fast_exp2(st.m[r] - m_use);
-    st.m[r] = m_new;
-    float sum = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      s[j][2 * r] = mma::fast_exp2(fmaf(s[j][2 * r], scale_log2, -m_use));
-      s[j][2 * r + 1] = mma::fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -m_use));
-      sum += s[j][2 * r] + s[j][2 * r + 1];
+      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float cand = mx * scale_log2;
+      const float m_old = st.m[mt][r];
+      const bool move = cand > m_old + kSlack;  // false for -inf vs -inf
+      const float m_new = move ? cand : m_old;
+      // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
+      // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
+      const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
+      alpha[mt][r] = move ? mma::fast_exp2(m_old - m_use) : 1.f;
+      rescale = rescale || move;
+      st.m[mt][r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        s[mt][j][2 * r] = mma::fast_exp2(fmaf(s[mt][j][2 * r], scale_log2, -m_use));
+        s[mt][j][2 * r + 1] = mma::fast_exp2(fmaf(s[mt][j][2 * r + 1], scale_log2, -m_use));
+        sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+      }
+      st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
     }
-    st.l[r] = st.l[r] * alpha + sum;
+  }
+  if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      st.o[j][2 * r] *= alpha;
-      st.o[j][2 * r + 1] *= alpha;
-    }
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        st.o[mt][j][0] *= alpha[mt][0];
+        st.o[mt][j][1] *= alpha[mt][0];
+        st.o[mt][j][2] *= alpha[mt][1];
+        st.o[mt][j][3] *= alpha[mt][1];
+      }
   }
 
   const mma::LdsmOffset ov = mma::ldsm_b_kn_addr(lane);
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk) {
-    uint32_t p[4];
-    p[0] = mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    p[1] = mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    p[2] = mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    p[3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    uint32_t p[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      p[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      p[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      p[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      p[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int jd = 0; jd < kD / 16; ++jd) {
       uint32_t b[4];
       mma::ldsm_x4_trans(b,
                          mma::smem_u32(sV + (kk * 16 + ov.row) * Tr::kPitch + jd * 16 + ov.col));
-      mma::mma_16816<T>(st.o[2 * jd], p, b[0], b[1]);
-      mma::mma_16816<T>(st.o[2 * jd + 1], p, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma::mma_16816<T>(st.o[mt][2 * jd], p[mt], b[0], b[1]);
+        mma::mma_16816<T>(st.o[mt][2 * jd + 1], p[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-template <class T, int kD, int kRank, class QT, class KT>
-__global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
+__global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads,
+                                  FwdTraits<T, kD, kRank, kMT, QT, KT>::kMinBlocks)
     fna_fwd_kernel(const FwdParams p) {
-  using Tr = FwdTraits<T, kD, kRank, QT, KT>;
+  using Tr = FwdTraits<T, kD, kRank, kMT, QT, KT>;
   using Elem = typename Tr::Elem;
   constexpr int kFirst = Tr::kFirstAxis;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -265,7 +371,12 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
   });
   mma::cp_async_commit();
 
-  const KvSpan span = kv_span<QT, KT>(geo, gr, qo);
+  // The key-tile span lives in shared memory: it is read once per tile, and kept in registers it
+  // would pin a dozen of them next to O for the whole loop.
+  __shared__ KvSpan sSpan;
+  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, qo);
+  __syncthreads();
+  const KvSpan& span = sSpan;
   const int n_nbr = span.total();
   const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
 
@@ -311,9 +422,14 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
 
   FwdState<Tr> st;
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.f;
-  st.m[0] = st.m[1] = -INFINITY;
-  st.l[0] = st.l[1] = 0.f;
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      st.o[mt][j][0] = st.o[mt][j][1] = st.o[mt][j][2] = st.o[mt][j][3] = 0.f;
+    st.m[mt][0] = st.m[mt][1] = -INFINITY;
+    st.l[mt][0] = st.l[mt][1] = 0.f;
+  }
+  const int row0 = warp * Tr::kWarpRows;
 
   if constexpr (Tr::kQInRegs) {
     // Q to registers first: its staging area is about to hold K/V.
@@ -321,23 +437,24 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
     __syncthreads();
     const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      mma::ldsm_x4(st.qf[kk],
-                   mma::smem_u32(sQ + (warp * 16 + oa.row) * Tr::kPitch + kk * 16 + oa.col));
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        mma::ldsm_x4(st.qf[mt][kk], mma::smem_u32(sQ + (row0 + mt * 16 + oa.row) * Tr::kPitch +
+                                                  kk * 16 + oa.col));
     __syncthreads();
   }
   load_kv(0, 0);
   mma::cp_async_commit();
 
-  // This thread's two query rows and their windows, once per CTA.
-  RowWindow win[2];
-  int qrow[2][kAxes];
+  // Every query row's window, once per CTA (made visible by the loop's first barrier).
+  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
+  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads) {
+    int q[kAxes];
+    QT::coord(row, q);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    QT::coord(warp * 16 + (lane >> 2) + 8 * r, qrow[r]);
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) qrow[r][ax] += qo[ax];
-    win[r] = RowWindow::of(geo, gr, qrow[r]);
+    for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
+    sWin[row] = RowWindow::of(geo, gr, q);
   }
 
   for (int it = 0; it < n_tiles; ++it) {
@@ -348,46 +465,59 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, QT, KT>::kThreads)
     const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
     const Elem* sK = sKV + (2 * (it & 1)) * Tr::kTileElems;
     const Elem* sV = sK + Tr::kTileElems;
-    if (t.inside)
-      fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, win, p.num_add, p.scale_log2);
-    else
-      fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, win, p.num_add, p.scale_log2);
+    if (t.inside) {
+#pragma unroll
+      for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
+        fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
+    } else {
+#pragma unroll
+      for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
+        fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
+    }
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }
 
   // Epilogue: finish the row sums across the quad, normalize, store O (and LSE).
   Elem* gO = static_cast<Elem*>(p.o) + b * p.o_stride[0] + h * p.o_stride[4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = st.l[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    bool valid = true;
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
 #pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) valid = valid && qrow[r][ax] < gr.len[ax];
-    if (!valid) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    Elem* row = gO + token_offset<kFirst>(geo, gr, qrow[r], p.o_stride);
+    for (int r = 0; r < 2; ++r) {
+      float l = st.l[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      int q[kAxes];
+      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
+      bool valid = true;
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = j * 8 + 2 * (lane & 3);
-      if (col < p.dim_v)
-        *reinterpret_cast<uint32_t*>(row + col) =
-            mma::pack2<T>(st.o[j][2 * r] * inv, st.o[j][2 * r + 1] * inv);
-    }
-    if (p.lse != nullptr && (lane & 3) == 0) {
-      float* lse = p.lse + b * p.lse_stride[0] + h * p.lse_stride[4] +
-                   token_offset<kFirst>(geo, gr, qrow[r], p.lse_stride);
-      *lse = (st.m[r] + log2f(l)) * 0.69314718055994531f;
+      for (int ax = 0; ax < kAxes; ++ax) {
+        q[ax] += qo[ax];
+        valid = valid && q[ax] < gr.len[ax];
+      }
+      if (!valid) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      Elem* row = gO + token_offset<kFirst>(geo, gr, q, p.o_stride);
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = j * 8 + 2 * (lane & 3);
+        if (col < p.dim_v)
+          *reinterpret_cast<uint32_t*>(row + col) =
+              mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+      }
+      if (p.lse != nullptr && (lane & 3) == 0) {
+        float* lse = p.lse + b * p.lse_stride[0] + h * p.lse_stride[4] +
+                     token_offset<kFirst>(geo, gr, q, p.lse_stride);
+        *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
+      }
     }
   }
 }
 
-template <class T, int kD, int kRank, class QT, class KT>
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
 cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
-  using Tr = FwdTraits<T, kD, kRank, QT, KT>;
+  using Tr = FwdTraits<T, kD, kRank, kMT, QT, KT>;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  auto kernel = fna_fwd_kernel<T, kD, kRank, QT, KT>;
+  auto kernel = fna_fwd_kernel<T, kD, kRank, kMT, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Tr::kSmemBytes));
   if (err != cudaSuccess) return err;

@@ -32,9 +32,9 @@ struct FwdParams {
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
 };
 
-// One configuration's launcher. Returns cudaErrorInvalidConfiguration (without launching) when
+// One configuration's launcher (kMT: 16-row m-tiles per warp). Returns cudaErrorInvalidConfiguration (without launching) when
 // the kernel needs more shared memory than `max_smem_optin` bytes.
-template <class T, int kD, int kRank, class QT, class KT>
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
 cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
 
 }  // namespace fused
