@@ -79,8 +79,10 @@ struct Plan {
   };
   std::vector<LastTile> last_tiles;
   int vw;
+  bool heads_inside;  // one task runs every KV head (forward) or one (backward, see TileGeom)
 
-  Plan(const Problem& p_, int vw_) : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_) {
+  Plan(const Problem& p_, int vw_, bool heads_inside_)
+      : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_), heads_inside(heads_inside_) {
     for (int a = 0; a < p.rank; ++a)
       ax[a] = {static_cast<int>(p.shape[a]), static_cast<int>(p.kernel_size[a]),
                static_cast<int>(p.dilation[a]), static_cast<int>(p.stride[a]), p.is_causal[a]};
@@ -94,13 +96,14 @@ struct Plan {
     }
   }
   int64_t tasks() const {
-    return p.batch * p.heads_kv * lines * static_cast<int64_t>(last_tiles.size());
+    return p.batch * lines * static_cast<int64_t>(last_tiles.size()) *
+           (heads_inside ? 1 : p.heads_kv);
   }
 };
 
 // One tile's geometry: which query tokens, which key tokens (rows x columns).
 struct TileGeom {
-  int64_t b, hk;
+  int64_t b, hk, hk_end;  // KV heads [hk, hk_end) of the task
   TileShape s;
   int64_t q_token[kTileQueries];
   std::vector<int64_t> row_token;  // token index of each row's key with last coordinate 0
@@ -111,14 +114,29 @@ struct TileGeom {
   void build(const Plan& pl, int64_t task, int D, int Dv, int A) {
     const Problem& p = pl.p;
     const int64_t nt = static_cast<int64_t>(pl.last_tiles.size());
-    // Order (slowest first): batch, KV head, line, tile: consecutive tasks reuse the same panel
-    // rows from L2 (measured faster than putting heads inside lines).
-    const Plan::LastTile& lt = pl.last_tiles[task % nt];
-    int64_t rest = task / nt;
-    const int64_t line = rest % pl.lines;
-    rest /= pl.lines;
-    hk = rest % p.heads_kv;
-    b = rest / p.heads_kv;
+    // Forward order (slowest first): batch, tile column, line. Consecutive tasks are neighboring
+    // lines at the same columns, so they share all but one row of their key boxes, and a task
+    // runs every KV head, so the heads-last rows of Q / O (a cache line holds several heads)
+    // are read whole. Backward keeps one KV head per task (batch, head, line, tile): its five
+    // panel sets per head would not stay in L2 for all heads at once (measured).
+    int64_t line, tile;
+    if (pl.heads_inside) {
+      line = task % pl.lines;
+      int64_t rest = task / pl.lines;
+      tile = rest % nt;
+      b = rest / nt;
+      hk = 0;
+      hk_end = p.heads_kv;
+    } else {
+      tile = task % nt;
+      int64_t rest = task / nt;
+      line = rest % pl.lines;
+      rest /= pl.lines;
+      hk = rest % p.heads_kv;
+      b = rest / p.heads_kv;
+      hk_end = hk + 1;
+    }
+    const Plan::LastTile& lt = pl.last_tiles[tile];
     // Coordinates of the line on the axes before the last, and their windows.
     int64_t coord[kMaxRank] = {0, 0, 0};
     for (int a = pl.la - 1; a >= 0; --a) {
@@ -271,7 +289,7 @@ void key_lines(const TileGeom& tg, int64_t last_len, std::vector<int64_t>* out) 
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-  const Plan plan(p, kern.vector_width);
+  const Plan plan(p, kern.vector_width, true);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided lse = grid_view(a.lse, p, DType::f32, false);
@@ -296,6 +314,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
     key_lines(tg, p.shape[plan.la], &sc.key_line);
+    for (; tg.hk < tg.hk_end; ++tg.hk) {
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt.data()),
                    static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr.data()),
@@ -331,13 +350,14 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
+    }
   });
   return Status::Ok();
 }
 
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-  const Plan plan(p, kern.vector_width);
+  const Plan plan(p, kern.vector_width, false);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
@@ -378,6 +398,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     const int64_t* kl = sc.key_line.data();
+    for (; tg.hk < tg.hk_end; ++tg.hk) {
     panels.rows_of(tg, kl, static_cast<const float*>(kt.data()), static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
     panels.rows_of(tg, kl, static_cast<const float*>(kr.data()), panel_k, Dp, &sc.r2);
     panels.rows_of(tg, kl, static_cast<const float*>(vt.data()), static_cast<int64_t>(Dv) * panels.pitch, 1, &sc.r3);
@@ -441,6 +462,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       float* dst = ac.data() + add_base + ((tg.b * A + n) * p.heads_kv + tg.hk) * (Dp + Dvp);
       for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
       for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
+    }
     }
   });
   // Sum the per-thread accumulators and store: grid keys panel by panel, then additional keys.
