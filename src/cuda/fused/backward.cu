@@ -114,12 +114,18 @@ double axis_pairs(const nbr::Axis& a, int own, int other, bool own_kv) {
 void pick_tiles_uncached(const Params& p, int own_rows, int other_rows, bool own_kv, int* own,
                          int* other) {
   const int eo = log2_exact(own_rows), et = log2_exact(other_rows);
+  for (int a = 0; a < kAxes; ++a) own[a] = other[a] = 1;  // a valid answer before the search
+  own[kAxes - 1] = own_rows;
+  other[kAxes - 1] = other_rows;
   double pairs[kAxes][8][8];
   for (int a = 0; a < kAxes; ++a)
     for (int i = 0; i <= eo; ++i)
       for (int j = 0; j <= et; ++j)
-        pairs[a][i][j] = p.geo.axis[a].length == 1 && (i > 0 || j > 0)
-                             ? -1  // never chosen: extents on an axis of length 1 only waste rows
+        // Extents on an axis of length 1 only waste rows: never chosen, except on the last axis
+        // (always one of the problem's), which keeps every shape on it a candidate even when
+        // all lengths are 1.
+        pairs[a][i][j] = p.geo.axis[a].length == 1 && (i > 0 || j > 0) && a < kAxes - 1
+                             ? -1
                              : axis_pairs(p.geo.axis[a], 1 << i, 1 << j, own_kv);
   double best = -1;
   long best_over = 0, best_pref = 0;
