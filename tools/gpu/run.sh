@@ -48,7 +48,7 @@ for s in "${steps[@]}"; do
       tail -15 "$OUT/sanitize.log"
       summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) ($(( $(date +%s) - t0 ))s)") ;;
     pytest)
-      python3 -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+      python3 -X faulthandler -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
       rc=${PIPESTATUS[0]}
       summary+=("pytest: rc=$rc $(tail -1 "$OUT/pytest.log")") ;;
     bench)
