@@ -62,8 +62,17 @@ int main(int argc, char** argv) {
       {"2d-large", 2, 1, 16, {256, 256}, 128, {63, 63}},
       {"3d-video", 3, 1, 24, {30, 48, 80}, 128, {18, 24, 24}},
   };
-  const char* only = argc > 1 ? argv[1] : nullptr;
+  // argv[1]: problems to run (substring match, e.g. "1d-long,3d-video"); argv[2]: variants.
+  const char* only = argc > 1 && argv[1][0] != '\0' ? argv[1] : nullptr;
   std::vector<std::string> variants = {"base", "dil2", "causal0", "fp16"};
+  if (argc > 2) {
+    std::vector<std::string> keep;
+    for (const std::string& v : variants)
+      if (std::strstr(argv[2], v.c_str()) != nullptr) keep.push_back(v);
+    variants = keep;
+  }
+  // argv[3] == "heuristic": time only the heuristic's pick (for profiling one launch set).
+  const bool heuristic_only = argc > 3 && std::string(argv[3]) == "heuristic";
   for (const Spec& s : specs) {
     if (only && std::strstr(only, s.name) == nullptr) continue;
     for (const std::string& var : variants) {
@@ -109,7 +118,8 @@ int main(int argc, char** argv) {
       a.v = fna::dense(v, ext);
       a.o = fna::dense(o, ext);
       std::vector<std::string> cfgs = {""};
-      for (const std::string& c : fna::fused_configs(p.rank, p.dtype, p.dim)) cfgs.push_back(c);
+      if (!heuristic_only)
+        for (const std::string& c : fna::fused_configs(p.rank, p.dtype, p.dim)) cfgs.push_back(c);
       for (const std::string& cfg : cfgs) {
         fna::Options opt;
         opt.backend = fna::Backend::cuda_fused;

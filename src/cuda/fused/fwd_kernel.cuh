@@ -74,26 +74,46 @@ __device__ __forceinline__ int64_t token_offset(const Geometry& geo, const Group
   return off;
 }
 
-// Copies kRows rows of `dim` valid columns into smem (pitch Tr::kPitch) with cp.async; `row_src`
-// returns the row's source pointer or null when the row is out of bounds (zero-filled).
-template <class Tr, int kRows, class RowSrc>
-__device__ __forceinline__ void copy_rows(typename Tr::Elem* dst, int dim, const void* fallback,
+// Copies kRows rows into smem (pitch Tr::kPitch) with cp.async, for one tensor (Q) or two that
+// share the row set (K and V). `row_src(row, a, b)` sets the rows' source pointers and returns
+// false when the row is out of bounds (then zero-filled); columns past `dim_a` / `dim_b` are
+// zero-filled too. Each row is copied by kTPR threads that take interleaved 16-byte chunks, so a
+// row costs one coordinate / address computation per thread, adjacent lanes read adjacent chunks
+// (whole 32-byte sectors) and the chunk loop runs on immediate offsets.
+template <class Tr, int kRows, bool kTwo, class RowSrc>
+__device__ __forceinline__ void copy_rows(typename Tr::Elem* dst_a, int dim_a, const void* fb_a,
+                                          typename Tr::Elem* dst_b, int dim_b, const void* fb_b,
                                           RowSrc row_src) {
-  constexpr int kRowsPerPass = Tr::kThreads / Tr::kChunks;
-  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-  const int ch = threadIdx.x % Tr::kChunks;
-  const int r0 = threadIdx.x / Tr::kChunks;
-  const bool ch_ok = ch * 8 < dim;
-  // Not unrolled: the copies are issued while O is live, and unrolled passes would hold every
-  // row's 64-bit address at once.
-#pragma unroll 1
+  using Elem = typename Tr::Elem;
+  constexpr int kTPR = Tr::kThreads >= kRows ? Tr::kThreads / kRows : 1;
+  constexpr int kRowsPerPass = Tr::kThreads / kTPR;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  constexpr int kCPT = Tr::kChunks / kTPR;
+  static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
+  const int sub = threadIdx.x % kTPR;
+  const int r0 = threadIdx.x / kTPR;
+#pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
-    if (kRows % kRowsPerPass != 0 && row >= kRows) break;
-    const typename Tr::Elem* src = row_src(row);
-    const bool ok = ch_ok && src != nullptr;
-    mma::cp_async_16(mma::smem_u32(dst + row * Tr::kPitch + ch * 8), ok ? src + ch * 8 : fallback,
-                     ok);
+    const Elem* src_a = nullptr;
+    const Elem* src_b = nullptr;
+    const bool ok = row_src(row, src_a, src_b);
+    const uint32_t da = mma::smem_u32(dst_a + row * Tr::kPitch);
+#pragma unroll
+    for (int i = 0; i < kCPT; ++i) {
+      const int ch = i * kTPR + sub;
+      const bool v = ok && ch * 8 < dim_a;
+      mma::cp_async_16(da + ch * 16, v ? src_a + ch * 8 : fb_a, v);
+    }
+    if constexpr (kTwo) {
+      const uint32_t db = mma::smem_u32(dst_b + row * Tr::kPitch);
+#pragma unroll
+      for (int i = 0; i < kCPT; ++i) {
+        const int ch = i * kTPR + sub;
+        const bool v = ok && ch * 8 < dim_b;
+        mma::cp_async_16(db + ch * 16, v ? src_b + ch * 8 : fb_b, v);
+      }
+    }
   }
 }
 
@@ -358,17 +378,19 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_stride[0] + hkv * p.k_stride[4];
   const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  copy_rows<Tr, Tr::kQ>(sQ, p.dim, p.q, [&](int row) -> const Elem* {
-    int c[kAxes];
-    QT::coord(row, c);
-    bool ok = true;
+  copy_rows<Tr, Tr::kQ, false>(
+      sQ, p.dim, p.q, nullptr, 0, nullptr, [&](int row, const Elem*& a, const Elem*&) {
+        int c[kAxes];
+        QT::coord(row, c);
+        bool ok = true;
 #pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) {
-      c[ax] += qo[ax];
-      ok = ok && c[ax] < gr.len[ax];
-    }
-    return ok ? gQ + token_offset<kFirst>(geo, gr, c, p.q_stride) : nullptr;
-  });
+        for (int ax = 0; ax < kAxes; ++ax) {
+          c[ax] += qo[ax];
+          ok = ok && c[ax] < gr.len[ax];
+        }
+        a = gQ + token_offset<kFirst>(geo, gr, c, p.q_stride);
+        return ok;
+      });
   mma::cp_async_commit();
 
   // The key-tile span lives in shared memory: it is read once per tile, and kept in registers it
@@ -386,37 +408,32 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     Elem* sV = sK + Tr::kTileElems;
     if (t.add_begin < 0) {
       // Rows past the group's end are zero-filled: masked out, and 0 * 0 keeps O finite.
-      auto row_ok = [&](int row, int (&c)[kAxes]) {
-        KT::coord(row, c);
-        bool ok = true;
+      copy_rows<Tr, Tr::kN, true>(
+          sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
+            int c[kAxes];
+            KT::coord(row, c);
+            bool ok = true;
 #pragma unroll
-        for (int ax = 0; ax < kAxes; ++ax) {
-          c[ax] += t.origin[ax];
-          ok = ok && c[ax] < gr.len[ax];
-        }
-        return ok;
-      };
-      copy_rows<Tr, Tr::kN>(sK, p.dim, p.k, [&](int row) -> const Elem* {
-        int c[kAxes];
-        return row_ok(row, c) ? gK + token_offset<kFirst>(geo, gr, c, p.k_stride) : nullptr;
-      });
-      copy_rows<Tr, Tr::kN>(sV, p.dim_v, p.v, [&](int row) -> const Elem* {
-        int c[kAxes];
-        return row_ok(row, c) ? gV + token_offset<kFirst>(geo, gr, c, p.v_stride) : nullptr;
-      });
+            for (int ax = 0; ax < kAxes; ++ax) {
+              c[ax] += t.origin[ax];
+              ok = ok && c[ax] < gr.len[ax];
+            }
+            k = gK + token_offset<kFirst>(geo, gr, c, p.k_stride);
+            v = gV + token_offset<kFirst>(geo, gr, c, p.v_stride);
+            return ok;
+          });
     } else {
       const Elem* gAK = static_cast<const Elem*>(p.add_k) + b * p.add_k_stride[0] +
                         hkv * p.add_k_stride[2];
       const Elem* gAV = static_cast<const Elem*>(p.add_v) + b * p.add_v_stride[0] +
                         hkv * p.add_v_stride[2];
-      copy_rows<Tr, Tr::kN>(sK, p.dim, p.add_k, [&](int row) -> const Elem* {
-        const int n = t.add_begin + row;
-        return n < p.num_add ? gAK + n * p.add_k_stride[1] : nullptr;
-      });
-      copy_rows<Tr, Tr::kN>(sV, p.dim_v, p.add_v, [&](int row) -> const Elem* {
-        const int n = t.add_begin + row;
-        return n < p.num_add ? gAV + n * p.add_v_stride[1] : nullptr;
-      });
+      copy_rows<Tr, Tr::kN, true>(
+          sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
+            const int n = t.add_begin + row;
+            k = gAK + n * p.add_k_stride[1];
+            v = gAV + n * p.add_v_stride[1];
+            return n < p.num_add;
+          });
     }
   };
 
@@ -457,11 +474,15 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     sWin[row] = RowWindow::of(geo, gr, q);
   }
 
+  // One barrier per tile: once every warp has passed it, tile `it` has landed for all and every
+  // warp has finished tile it - 1, so its buffer can take tile it + 1 while `it` is computed.
   for (int it = 0; it < n_tiles; ++it) {
-    if (it + 1 < n_tiles) load_kv(it + 1, (it + 1) & 1);
-    mma::cp_async_commit();  // possibly empty: keeps the group count of the wait below fixed
-    mma::cp_async_wait<1>();
+    mma::cp_async_wait<0>();
     __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_kv(it + 1, (it + 1) & 1);
+      mma::cp_async_commit();
+    }
     const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
     const Elem* sK = sKV + (2 * (it & 1)) * Tr::kTileElems;
     const Elem* sV = sK + Tr::kTileElems;
@@ -474,7 +495,6 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
         fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
     }
-    __syncthreads();  // the next iteration's copies overwrite this buffer
   }
 
   // Epilogue: finish the row sums across the quad, normalize, store O (and LSE).
