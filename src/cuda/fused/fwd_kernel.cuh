@@ -1,12 +1,13 @@
 // The fused neighborhood attention forward kernel (FlashAttention-2 style, mma.sync, sm_80+).
 //
 // A CTA owns one multi-dimensional query tile (QT) of one (batch, head, dilation group); each warp
-// owns 16 query rows. It walks the key/value tiles (KT) covering the union of its queries'
+// owns 16 * kMT query rows. It walks the key/value tiles (KT) covering the union of its queries'
 // windows (tiling.cuh), then the additional keys as 1-D tiles, through one online softmax:
 //   S = Q K^T (registers) -> mask (border tiles only) -> m, l update with exp2 -> O += P V,
 // P going from the S accumulators straight into the A operand of the second MMA. Attention
-// weights never leave registers; K/V tiles are double buffered in shared memory with cp.async.
-// Dilation groups are separate CTAs of the same launch working in local coordinates.
+// weights never leave registers; K/V tiles are double buffered in shared memory with cp.async,
+// one barrier per tile. Dilation groups are separate CTAs of the same launch working in local
+// coordinates; GQA maps the head to its KV head without copies.
 #pragma once
 
 #include <cmath>
@@ -60,7 +61,6 @@ struct FwdTraits {
   static constexpr size_t kSmemBytes = kWinOffset + size_t(kQ) * sizeof(RowWindow);
   static_assert(kQ % kWarpRows == 0 && kN % kStepN == 0 && kStepN % 16 == 0 && kD % 16 == 0,
                 "tile sizes");
-  static_assert(kThreads % kChunks == 0, "a pass of the copy loop covers whole rows");
 };
 
 // Offset (elements) of the token at local coordinates `c` of group `gr`, for lifted strides
