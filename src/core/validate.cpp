@@ -74,7 +74,9 @@ namespace detail {
 void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim) {
   int n = 0;
   out[n++] = p.batch;
-  for (int i = 0; i < p.rank; ++i) out[n++] = p.shape[i];
+  // Runs before validate_problem (the tensor checks are built first): an invalid rank must not
+  // index past shape[] or out[].
+  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = p.shape[i];
   out[n++] = heads;
   out[n++] = dim;
   *ndim = n;
@@ -83,7 +85,7 @@ void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int*
 void extents_lse(const Problem& p, int64_t* out, int* ndim) {
   int n = 0;
   out[n++] = p.batch;
-  for (int i = 0; i < p.rank; ++i) out[n++] = p.shape[i];
+  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = p.shape[i];
   out[n++] = p.heads;
   *ndim = n;
 }

@@ -57,7 +57,7 @@ void run_fused(const Case& c, int threads) {
 }
 
 TEST_P(CpuVsReference, ForwardBackward) {
-  const int n = (rank() == 3 ? 30 : 40) * intensity();
+  const int n = (rank() == 3 ? 40 : 60) * intensity();
   for (int i = 0; i < n; ++i) {
     const Case c = random_case(5000 + i, rank(), intensity());
     SCOPED_TRACE("case " + std::to_string(i));
@@ -73,7 +73,7 @@ TEST_P(CpuVsReference, LargerWindows) {
   lim.max_axis[1] = 20;
   lim.max_axis[2] = 9;
   lim.max_dim = 70;
-  for (int i = 0; i < 6 * intensity(); ++i) {
+  for (int i = 0; i < 10 * intensity(); ++i) {
     const Case c = random_case(7000 + i, rank(), 1, lim);
     SCOPED_TRACE("case " + std::to_string(i));
     run_fused(c, 2);
