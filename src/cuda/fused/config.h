@@ -17,15 +17,18 @@
 // what makes 2-D / 3-D neighborhoods cheap (the paper's section 3.3): 8x16 / 8x8 visits 75% needed
 // pairs on 2d-large, 2x8x8 / 2x4x8 65% on 3d-video (4x4x8 / 4x4x4: 60%, 12% slower). Fast tile
 // axes of 8 keep the border mask to constant-position bit tests. Head dim 256 uses one m-tile and
-// half the keys so O fits the registers and shared memory fits sm_80. The second 2-D and 3-D
-// entries are alternatives for Options::config / the autotuner; the heuristic (forward.cu) picks
-// by counting visited tiles.
+// half the keys so O fits the registers and shared memory fits sm_80. The one-m-tile (_w8)
+// entries take 71 KiB instead of 107 KiB of shared memory, so head dim 128 also runs on sm_86 /
+// sm_89 (99 KiB per block); on H200 they were 14-20% slower. The other alternatives serve
+// Options::config / the autotuner; the heuristic (forward.cu) picks among the entries that fit the
+// device by counting visited tiles, ties going to the earlier entry.
 #pragma once
 
 #define FNA_FWD_CONFIGS_RANK1(X, DT)   \
   X(1, 32, 1, 1, 128, 1, 1, 64, 2, DT)  \
   X(1, 64, 1, 1, 128, 1, 1, 64, 2, DT)  \
   X(1, 128, 1, 1, 128, 1, 1, 64, 2, DT) \
+  X(1, 128, 1, 1, 128, 1, 1, 64, 1, DT) \
   X(1, 256, 1, 1, 64, 1, 1, 32, 1, DT)
 
 #define FNA_FWD_CONFIGS_RANK2(X, DT)  \
@@ -40,6 +43,7 @@
   X(3, 32, 2, 8, 8, 2, 4, 8, 2, DT)   \
   X(3, 64, 2, 8, 8, 2, 4, 8, 2, DT)   \
   X(3, 128, 2, 8, 8, 2, 4, 8, 2, DT)  \
+  X(3, 128, 2, 8, 8, 2, 4, 8, 1, DT)  \
   X(3, 128, 4, 4, 8, 4, 4, 4, 2, DT)  \
   X(3, 256, 4, 4, 4, 2, 4, 4, 1, DT)
 

@@ -40,6 +40,7 @@ struct FwdEntry {
   int kv[kAxes];
   int warps;
   cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
+  size_t (*smem)();
 
   int q_size() const { return q[0] * q[1] * q[2]; }
   int kv_size() const { return kv[0] * kv[1] * kv[2]; }
@@ -58,7 +59,8 @@ struct FwdEntry {
 #define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                        \
   FwdEntry{R, DTypeOf<mma::DT>::value, D, {Q0, Q1, Q2}, {K0, K1, K2},               \
            (Q0) * (Q1) * (Q2) / (16 * (MT)),                                        \
-           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,      \
+           &fused::fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 
 const std::vector<FwdEntry>& table() {
   static const std::vector<FwdEntry> t{FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16)
@@ -162,14 +164,23 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
   } else {
     if (cands.empty())
       return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
+    // Only configurations whose CTA fits the device's shared memory (sm_86 / sm_89 offer 99 KiB,
+    // less than the two-m-tile head-dim-128 tiles take); ties go to the earlier table entry.
+    int smem_optin = 0;
+    FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                        opt.device_index));
     double best = 0;
     for (const FwdEntry* e : cands) {
+      if (e->smem() > static_cast<size_t>(smem_optin)) continue;
       const double c = cost_of(*e, geo);
       if (cfg == nullptr || c < best) {
         cfg = e;
         best = c;
       }
     }
+    if (cfg == nullptr)
+      return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
+                         std::to_string(smem_optin) + " bytes of shared memory per block");
   }
 
   // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte stores.

@@ -8,7 +8,8 @@ namespace fused {
 
 #define FNA_FWD_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                              \
   template cudaError_t launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>( \
-      const FwdParams&, int, cudaStream_t);
+      const FwdParams&, int, cudaStream_t);                                                \
+  template size_t fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
 FNA_FWD_CONFIGS_RANK3(FNA_FWD_INSTANTIATE, BF16)
 #undef FNA_FWD_INSTANTIATE
 

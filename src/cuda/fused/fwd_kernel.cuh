@@ -534,6 +534,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
 }
 
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
+size_t fwd_smem_bytes() {
+  return FwdTraits<T, kD, kRank, kMT, QT, KT>::kSmemBytes;
+}
+
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
 cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = FwdTraits<T, kD, kRank, kMT, QT, KT>;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;

@@ -37,5 +37,10 @@ struct FwdParams {
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
 cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
 
+// Dynamic shared memory of one configuration's CTA (bytes), for choosing configurations that fit
+// the device.
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
+size_t fwd_smem_bytes();
+
 }  // namespace fused
 }  // namespace fna
