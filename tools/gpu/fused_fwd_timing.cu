@@ -14,6 +14,7 @@
 
 #include <cuda_fp16.h>
 
+#include "cuda/fused/tiling.cuh"
 #include "fna/fna.h"
 
 namespace {
@@ -45,6 +46,26 @@ struct Spec {
   int64_t dim;
   int64_t kernel[3];
 };
+
+// Tile extents from a configuration name (..._q<a>x<b>_kv<c>x<d>_w..), lifted to three axes.
+bool parse_tiles(const std::string& name, int rank, int (&q)[3], int (&kv)[3]) {
+  auto parse = [&](const char* tag, int (&out)[3]) {
+    const size_t at = name.find(tag);
+    if (at == std::string::npos) return false;
+    int vals[3] = {1, 1, 1}, n = 0;
+    const char* c = name.c_str() + at + std::strlen(tag);
+    while (n < 3) {
+      vals[n++] = std::atoi(c);
+      while (*c >= '0' && *c <= '9') ++c;
+      if (*c != 'x') break;
+      ++c;
+    }
+    if (n != rank) return false;
+    for (int i = 0; i < 3; ++i) out[i] = i < 3 - rank ? 1 : vals[i - (3 - rank)];
+    return true;
+  };
+  return parse("_q", q) && parse("_kv", kv);
+}
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -149,8 +170,21 @@ int main(int argc, char** argv) {
         check(cudaGetLastError(), "timing");
         std::sort(ms.begin(), ms.end());
         const float med = ms[ms.size() / 2];
-        std::printf("%-9s %-8s %-40s %9.3f ms %8.1f TFLOP/s\n", s.name, var.c_str(),
-                    cfg.empty() ? "(heuristic)" : cfg.c_str(), med, flops / med / 1e9);
+        // Tiling efficiency of a named configuration: key tiles needing no mask among those
+        // visited, and needed / computed score pairs.
+        char eff[96] = "";
+        int qe[3], ke[3];
+        if (!cfg.empty() && parse_tiles(cfg, p.rank, qe, ke)) {
+          const auto geo = fna::fused::Geometry::lift(p.rank, p.shape, p.kernel_size, p.dilation,
+                                                      p.stride, p.is_causal);
+          const auto ts = fna::fused::tiling_stats(geo, qe, ke);
+          const double computed = ts.visited * p.batch * p.heads * (qe[0] * qe[1] * qe[2]) *
+                                  (ke[0] * ke[1] * ke[2]);
+          std::snprintf(eff, sizeof(eff), "  unmasked tiles %.3f  needed pairs %.3f",
+                        ts.unmasked / ts.visited, pairs * p.batch * p.heads / computed);
+        }
+        std::printf("%-9s %-8s %-40s %9.3f ms %8.1f TFLOP/s%s\n", s.name, var.c_str(),
+                    cfg.empty() ? "(heuristic)" : cfg.c_str(), med, flops / med / 1e9, eff);
         std::fflush(stdout);
       }
       cudaFree(q);
