@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/naive/geometry.cuh"
 
@@ -20,6 +21,31 @@ constexpr int kThreads = 256;
 #define FNA_GRID_STRIDE(i, total) \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (total); \
        i += int64_t(gridDim.x) * blockDim.x)
+
+// <a, b> over `width` elements in f32, summed in index order. Each thread walks its own key row,
+// so scalar loads cost one L1 transaction per element for the warp's 32 rows; 16-byte loads (dense
+// rows, 16-byte aligned) cut that by 4-8x without changing the summation order or the result.
+template <typename T>
+__device__ __forceinline__ float dot(const T* a, int64_t sa, const T* b, int64_t sb, int width) {
+  constexpr int kVec = 16 / sizeof(T);
+  float acc = 0.f;
+  const bool vec = sa == 1 && sb == 1 && width % kVec == 0 &&
+                   (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 == 0;
+  if (vec) {
+    for (int x = 0; x < width; x += kVec) {
+      const uint4 ua = *reinterpret_cast<const uint4*>(a + x);
+      const uint4 ub = *reinterpret_cast<const uint4*>(b + x);
+      T ea[kVec], eb[kVec];
+      memcpy(ea, &ua, 16);
+      memcpy(eb, &ub, 16);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc = fmaf(to_f32(ea[e]), to_f32(eb[e]), acc);
+    }
+    return acc;
+  }
+  for (int x = 0; x < width; ++x) acc = fmaf(to_f32(a[x * sa]), to_f32(b[x * sb]), acc);
+  return acc;
+}
 
 // PN (pointwise-neighborhood): out[row, w] = scale * <A[row], B[w-th neighbor]> for w < W, and
 // scale * <A[row], addB[w - W]> for the additional columns. Slots that are not neighbors (causal
@@ -58,9 +84,8 @@ __global__ void pn_kernel(Geometry g, int64_t p0, int64_t rows, const TIn* a, Vi
       pb = add_b + vab.at(row.b, col - g.window, row.hkv, 0);
       sbx = vab.sx;
     }
-    float acc = 0.f;
-    for (int x = 0; x < width; ++x) acc = fmaf(to_f32(pa[x * va.sx]), to_f32(pb[x * sbx]), acc);
-    out[vo.at(row.b, row.c, row.hkv, row.g, col)] = from_f32<TOut>(scale * acc);
+    out[vo.at(row.b, row.c, row.hkv, row.g, col)] =
+        from_f32<TOut>(scale * dot(pa, va.sx, pb, sbx, width));
   }
 }
 
