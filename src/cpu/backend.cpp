@@ -357,7 +357,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
 
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-  const Plan plan(p, kern.vector_width, false);
+#ifndef FNA_CPU_BWD_HEADS_INSIDE  // tuning knob (compile-time overridable for experiments)
+#define FNA_CPU_BWD_HEADS_INSIDE false
+#endif
+  const Plan plan(p, kern.vector_width, FNA_CPU_BWD_HEADS_INSIDE);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);

@@ -308,8 +308,14 @@ static Group next_group(const TileShape& s, int t0) {
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
 // loops run chunk-major (a chunk of the head dim, or of the rows, for every group) to reuse the
 // box from L1 instead of streaming it from L2 once per group.
-constexpr int kDChunk = 32;
-constexpr int kRChunk = 8;
+#ifndef FNA_CPU_DCHUNK  // tuning knobs (compile-time overridable for experiments)
+#define FNA_CPU_DCHUNK 32
+#endif
+#ifndef FNA_CPU_RCHUNK
+#define FNA_CPU_RCHUNK 8
+#endif
+constexpr int kDChunk = FNA_CPU_DCHUNK;
+constexpr int kRChunk = FNA_CPU_RCHUNK;
 
 static int tile_groups(const TileShape& s, Group* out) {
   int n = 0;

@@ -13,7 +13,10 @@
 namespace fna {
 namespace cpu {
 
-constexpr int kTileQueries = 16;
+#ifndef FNA_CPU_TILE_QUERIES  // tuning knob (compile-time overridable for experiments)
+#define FNA_CPU_TILE_QUERIES 16
+#endif
+constexpr int kTileQueries = FNA_CPU_TILE_QUERIES;
 
 struct TileShape {
   int T = 0;      // queries
