@@ -385,7 +385,11 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   std::vector<float>& vt = tl_vt;
   panels.convert(k, D, Dp, &kt, &kr, threads);
   panels.convert(v, Dv, Dvp, &vt, nullptr, threads);
-  std::vector<std::vector<float>> acc(static_cast<size_t>(threads));
+  // Cached per calling thread like the panels: fresh pages cost more than the zeroing.
+  static thread_local std::vector<std::vector<float>> tl_acc;
+  std::vector<std::vector<float>>& acc = tl_acc;
+  if (acc.size() < static_cast<size_t>(threads)) acc.resize(static_cast<size_t>(threads));
+  std::vector<char> used(static_cast<size_t>(threads), 0);  // one byte per worker: no sharing
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale = static_cast<float>(opt.scale);
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
@@ -393,7 +397,11 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     std::vector<float>& ac = acc[static_cast<size_t>(worker)];
-    if (ac.empty()) ac.assign(static_cast<size_t>(acc_floats), 0.f);
+    if (!used[static_cast<size_t>(worker)]) {
+      if (static_cast<int64_t>(ac.size()) < acc_floats) ac.resize(static_cast<size_t>(acc_floats));
+      std::fill(ac.begin(), ac.begin() + acc_floats, 0.f);
+      used[static_cast<size_t>(worker)] = 1;
+    }
     TileGeom tg;
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
@@ -485,8 +493,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     for (int j = 0; j < lg; ++j) {
       std::fill(sk.begin(), sk.end(), 0.f);
       std::fill(sv.begin(), sv.end(), 0.f);
-      for (const auto& ac : acc) {
-        if (ac.empty()) continue;
+      for (int w = 0; w < threads; ++w) {
+        if (!used[static_cast<size_t>(w)]) continue;
+        const std::vector<float>& ac = acc[static_cast<size_t>(w)];
         const float* srck = ac.data() + id * panel_k + static_cast<int64_t>(j) * Dp;
         const float* srcv = ac.data() + dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
         for (int e = 0; e < D; ++e) sk[static_cast<size_t>(e)] += srck[e];
@@ -499,8 +508,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   });
   for (int64_t i = 0; i < add_floats; ++i) {
     std::vector<float> sum(static_cast<size_t>(Dp + Dvp), 0.f);
-    for (const auto& ac : acc) {
-      if (ac.empty()) continue;
+    for (int w = 0; w < threads; ++w) {
+      if (!used[static_cast<size_t>(w)]) continue;
+      const std::vector<float>& ac = acc[static_cast<size_t>(w)];
       const float* src = ac.data() + add_base + i * (Dp + Dvp);
       for (int e = 0; e < Dp + Dvp; ++e) sum[static_cast<size_t>(e)] += src[e];
     }
