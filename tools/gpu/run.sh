@@ -21,7 +21,7 @@ echo "commit: $(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unkn
 
 t0=$(date +%s)
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
-  -DFNA_PYTHON=ON -DFNA_TESTS=OFF > "$OUT/build.log" 2>&1 \
+  -DFNA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" -DFNA_TESTS=OFF > "$OUT/build.log" 2>&1 \
   && cmake --build build/gpu -j 16 >> "$OUT/build.log" 2>&1
 rc=$?
 summary+=("build: rc=$rc ($(( $(date +%s) - t0 ))s)")
