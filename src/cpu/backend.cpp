@@ -261,7 +261,7 @@ void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim
 }
 
 struct Scratch {
-  std::vector<float> add_k, add_v, q, o, d_o, dq, lse, delta, work, work2, w;
+  std::vector<float> add_k, add_v, q, o, d_o, dq, lse, delta, work, work2;
   std::vector<float> d_add_k, d_add_v, p_add, ds_add;
   std::vector<int64_t> key_line;
   std::vector<const float*> r1, r2, r3;
@@ -452,7 +452,6 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     bt.ds = sized(sc.work2, s.T * plane);
     bt.p_add = sized(sc.p_add, static_cast<int64_t>(s.T) * A + 1);
     bt.ds_add = sized(sc.ds_add, static_cast<int64_t>(s.T) * A + 1);
-    bt.w = sized(sc.w, 2 * 4 * kTileQueries);  // 2 x kGroup x T weights
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
       for (int t = 0; t < s.T; ++t) {

@@ -4,10 +4,17 @@
 // shared (inline std functions) is ever compiled with a wider ISA than the CPU may have.
 // No std:: templates are used below for the same reason.
 //
-// Scores are computed per query over exactly its window, vectorized over key columns: the keys of
-// a row are stored transposed ([d][column]), so one broadcast of q[d] feeds one FMA per
-// (row, column-vector) pair and the accumulators stay in registers. P V, dQ, dK, dV are vectorized
-// over the head dim with up to four vectors of accumulators per pass.
+// Queries are processed in groups of up to kGroup neighbors whose windows fit in one span of
+// columns (13-wide windows of 4 consecutive queries fit one 16-lane vector). Scores are vectorized
+// over key columns: the keys of a row are stored transposed ([d][column]), so each loaded key
+// vector feeds kGroup FMAs (one broadcast of q[d] per query) with all accumulators in registers;
+// lanes outside a query's own window are masked to -inf, so P is exactly 0 there. P V, dQ, dK and
+// dV are vectorized over the head dim in the same grouped way. Softmax is exact (two passes over
+// the buffered scores of the whole window) rather than online: a query's window always fits in
+// the score buffer, so there is nothing to rescale.
+//
+// Caveat of the span design: masked lanes multiply exact zeros with key / value entries just
+// outside the window, so a non-finite K or V entry there (inf, NaN) would leak as NaN.
 
 namespace fna {
 namespace cpu {
@@ -16,7 +23,6 @@ namespace FNA_CPU_ISA {
 constexpr int kVW = FNA_CPU_VW;
 typedef float vf __attribute__((vector_size(kVW * 4)));
 typedef int vi __attribute__((vector_size(kVW * 4)));
-constexpr int kOutVecs = 4;  // head-dim vectors accumulated per pass
 
 static inline vf ld(const float* p) {
   vf v;

@@ -71,7 +71,6 @@ struct BackwardTile {
   float* ds;                    // scratch [T][R][Wp] dS
   float* p_add;                 // scratch [T][A]
   float* ds_add;                // scratch [T][A]
-  float* w;                     // scratch [2 * T]
 };
 
 // Columns a query's window occupies in the score buffers, padded to the vector width.
