@@ -184,7 +184,8 @@ def run_case(case, args, backends):
         flex = torch.compile(flex_attention, dynamic=False)
         mask = na_mask_mod(shape, case["kernel"], case["dilation"], case["stride"], case["causal"])
         try:
-            bm = create_block_mask(mask, None, None, N, N, device="cuda")
+            # _compile=True builds the block mask tile by tile instead of materializing N x N.
+            bm = create_block_mask(mask, None, None, N, N, device="cuda", _compile=True)
 
             def f(q_, k_, v_):
                 return flex(q_, k_, v_, block_mask=bm, scale=scale)
