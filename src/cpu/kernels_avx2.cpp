@@ -1,5 +1,7 @@
 // The tile kernels compiled for avx2 (see kernels_impl.h).
 // kernels_{avx512,avx2,generic}.cpp differ only in the ISA lines.
+#include <immintrin.h>  // before the target pragma, like every other header
+
 #include "cpu/tile.h"
 
 #pragma GCC push_options

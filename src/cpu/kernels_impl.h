@@ -31,6 +31,18 @@ static inline vf ld(const float* p) {
 }
 static inline void st(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(v)); }
 static inline vf splat(float x) { return vf{} + x; }
+// Broadcast of a float in memory. The x86 forms fold into the FMA as an embedded / memory
+// broadcast (a load-port uop); `splat(*p)` compiled to a register broadcast, which competes with
+// the FMAs for port 5 on AVX-512 cores.
+static inline vf splat_load(const float* p) {
+#if FNA_CPU_VW == 16
+  return (vf)_mm512_set1_ps(*p);
+#elif FNA_CPU_VW == 8
+  return (vf)_mm256_broadcast_ss(p);
+#else
+  return vf{} + *p;
+#endif
+}
 static inline vi lanes() {
   vi l;
   for (int i = 0; i < kVW; ++i) l[i] = i;
@@ -115,7 +127,7 @@ static inline void group_dot(const float* const* x, int d0, int d1, const float*
     const int off = d * pitch;
     for (int i = 0; i < NP; ++i) kv[i] = ld(base[i] + off);
     for (int g = 0; g < NQ; ++g) {
-      const vf b = splat(x[g][d]);
+      const vf b = splat_load(x[g] + d);
       for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
     }
   }
@@ -180,7 +192,7 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
       vf v[NV];
       for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
       for (int g = 0; g < NQ; ++g) {
-        const vf b = splat(wr[g * qstride + c]);
+        const vf b = splat_load(wr + g * qstride + c);
         for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
       }
     }
@@ -240,7 +252,7 @@ static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan
       vf acc[NV];
       for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
       for (int g = 0; g < NQ; ++g) {
-        const vf b = splat(wr[g * qstride + c]);
+        const vf b = splat_load(wr + g * qstride + c);
         for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
       }
       for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
