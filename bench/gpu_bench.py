@@ -181,6 +181,9 @@ def run_case(case, args, backends):
 
     if not args.no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # Each problem compiles afresh: past dynamo's recompile limit torch silently runs
+        # flex_attention eagerly, which materializes the N x N scores (and runs out of memory).
+        torch._dynamo.reset()
         flex = torch.compile(flex_attention, dynamic=False)
         mask = na_mask_mod(shape, case["kernel"], case["dilation"], case["stride"], case["causal"])
         try:
