@@ -23,6 +23,7 @@ const Kernels& avx512_kernel_table();
 const Kernels& avx2_kernel_table();
 const Kernels& generic_kernel_table();
 
+#if FNA_CPU_X86_KERNELS
 const Kernels* avx512_kernels() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") ? &avx512_kernel_table()
                                                                                  : nullptr;
@@ -31,6 +32,10 @@ const Kernels* avx2_kernels() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &avx2_kernel_table()
                                                                          : nullptr;
 }
+#else
+const Kernels* avx512_kernels() { return nullptr; }
+const Kernels* avx2_kernels() { return nullptr; }
+#endif
 const Kernels& generic_kernels() { return generic_kernel_table(); }
 
 // FNA_CPU_KERNELS=generic|avx2|avx512 forces a kernel set (tests run every one the CPU has).

@@ -1,8 +1,9 @@
 // The tile kernels compiled for avx2 (see kernels_impl.h).
 // kernels_{avx512,avx2,generic}.cpp differ only in the ISA lines.
-#include <immintrin.h>  // before the target pragma, like every other header
-
 #include "cpu/tile.h"
+
+#if FNA_CPU_X86_KERNELS
+#include <immintrin.h>  // before the target pragma, like every other header
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -19,3 +20,5 @@ const Kernels& avx2_kernel_table() {
 }
 }  // namespace cpu
 }  // namespace fna
+
+#endif  // FNA_CPU_X86_KERNELS
