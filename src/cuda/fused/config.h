@@ -1,5 +1,5 @@
 // The table of fused forward configurations: the one list that drives instantiation (one
-// fwd_inst_<dtype>_r<rank>.cu per rank and dtype), dispatch and the config listing
+// file per rank and dtype, generated from fwd_inst.cu.in), dispatch and the config listing
 // (fna::fused_configs / Options::config).
 //
 // An entry is X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2, m_tiles, dtype): the padded head dim

@@ -1,5 +1,5 @@
 // cuda-fused forward: the configuration table, the choice of a configuration, layout checks and
-// the launch. The kernels are in fwd_kernel.cuh, instantiated by fwd_inst_<dtype>_r<rank>.cu from
+// the launch. The kernels are in fwd_kernel.cuh, instantiated by files CMake generates from fwd_inst.cu.in and
 // the same table (config.h).
 #include <algorithm>
 #include <cstdint>
