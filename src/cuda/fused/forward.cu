@@ -1,6 +1,6 @@
 // cuda-fused forward: the configuration table, the choice of a configuration, layout checks and
-// the launch. The kernels are in fwd_kernel.cuh, instantiated by files CMake generates from fwd_inst.cu.in and
-// the same table (config.h).
+// the launch. The kernels are in fwd_kernel.cuh, instantiated from the same table (config.h) by
+// files CMake generates from fwd_inst.cu.in.
 #include <algorithm>
 #include <cstdint>
 #include <string>
