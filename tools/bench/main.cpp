@@ -206,6 +206,10 @@ int run_one(const BenchConfig& cfg) {
   if (ref_ptr)
     std::printf("max err: max |out - ref| over %d sampled queries x all heads (ref: float64 "
                 "reference); scale: max |ref|\n", cfg.check_samples);
+  std::printf("peak MB: %s\n", cfg.device == fna::Device::cpu
+                                   ? "the process's peak resident memory so far"
+                                   : "tensors + high-water mark of the stream-ordered pool "
+                                     "(backend workspaces)");
   return failures ? 1 : 0;
 }
 
