@@ -179,7 +179,7 @@ static void group_scores(int nq, const float* const* x, int d0, int d1, const fl
 }
 
 template <int NQ, int NV>
-static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan,
                                const float* const* rows, int pitch, int cb, int col0,
                                float* const* out, bool accumulate) {
   vf acc[NQ][NV];
@@ -188,7 +188,7 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
   for (int r = 0; r < R; ++r) {
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    for (int c = 0; c < ncols; ++c) {
+    for (int c = 0; c < Wspan; ++c) {
       vf v[NV];
       for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
       for (int g = 0; g < NQ; ++g) {
@@ -202,26 +202,23 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
 }
 
 template <int NQ>
-static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
                            const float* const* rows, int pitch, int cb, int col0, float* const* out,
                            bool accumulate) {
   switch (nv) {
-    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    default: group_accum<NQ, 4>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 4>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #else
-    default: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
 #endif
   }
 }
 
-// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]),
-// over the first ncols <= Wspan columns: the rest of the padded span has zero weights, and not
-// reading it keeps reads inside the key box (value rows may be the caller's tensor, not a padded
-// panel).
-static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int ncols, const float* const* rows,
+// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
+static void group_weighted_rows(int nq, const float* w, int R, int Wspan, const float* const* rows,
                                 int pitch, int cb, int nvec, float* const* out,
                                 bool accumulate = false, int64_t qstride = -1) {
   if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
@@ -229,10 +226,10 @@ static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int nc
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      default: group_accum_nv<4>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      default: group_accum_nv<4>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
     }
   }
 }
@@ -314,7 +311,7 @@ static float mask_range_and_max(float* s, int R, int Wspan, int lo, int hi) {
 
 // Splits queries [0, T) into groups: [t0, t1) with a shared span of columns.
 struct Group {
-  int t0, t1, cb, Wspan, span;  // span: columns the windows cover (Wspan pads it)
+  int t0, t1, cb, Wspan;
 };
 static Group next_group(const TileShape& s, int t0) {
   const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
@@ -323,7 +320,7 @@ static Group next_group(const TileShape& s, int t0) {
          s.col_begin[t1] + s.col_count[t1] - s.col_begin[t0] <= limit)
     ++t1;
   const int span = s.col_begin[t1 - 1] + s.col_count[t1 - 1] - s.col_begin[t0];
-  return {t0, t1, s.col_begin[t0], padded_window(span, kVW), span};
+  return {t0, t1, s.col_begin[t0], padded_window(span, kVW)};
 }
 
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
@@ -369,7 +366,7 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
       float* out[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) out[g] = outs + static_cast<int64_t>(gr.t0 + g) * opitch;
       group_weighted_rows(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
-                          r1 - r0, gr.Wspan, gr.span, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
+                          r1 - r0, gr.Wspan, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
                           static_cast<int64_t>(s.R) * gr.Wspan);
     }
   }
@@ -406,7 +403,7 @@ void forward_tile(const ForwardTile& a) {
   const int64_t plane = tile_plane(s);
   float* sc = a.scratch;
   float* sadd = a.scratch + s.T * plane;
-  tile_scores(s, grs, ng, a.q, a.q_pitch, s.D, a.kt_rows, a.pitch, sc, plane);
+  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane);
   float l[kTileQueries], m[kTileQueries];
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
@@ -415,7 +412,7 @@ void forward_tile(const ForwardTile& a) {
       const int lo = s.col_begin[t] - gr.cb;
       float* sg = sc + gr.t0 * plane + (t - gr.t0) * qstride;
       float* ag = sadd + t * s.A;
-      const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
+      const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
       m[t] = mask_range_and_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
         ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
@@ -428,9 +425,9 @@ void forward_tile(const ForwardTile& a) {
       }
     }
   }
-  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, a.v_pitch, s.Dvp / kVW, a.o, a.o_pitch);
+  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, s.Dvp);
   for (int t = 0; t < s.T; ++t) {
-    float* o = a.o + static_cast<int64_t>(t) * a.o_pitch;
+    float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
     for (int n = 0; n < s.A; ++n)
       axpy(sadd[t * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
     const float inv = 1.f / l[t];

@@ -46,15 +46,12 @@ struct ForwardTile {
   TileShape s;
   int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
   float scale_log2 = 0;         // scale * log2(e): scores are kept in base 2
-  // Q, V and O may point straight into the caller's float32 tensors (no copy), so their row
-  // pitches (floats between consecutive queries / value columns) are arguments.
-  int q_pitch = 0, v_pitch = 0, o_pitch = 0;
-  const float* q;               // [T][q_pitch], Dp floats read (D when A == 0)
+  const float* q;               // [T][Dp]
   const float* const* kt_rows;  // [R] -> [D][pitch] transposed keys
-  const float* const* v_rows;   // [R] -> [M][v_pitch] values, Dvp floats per column
+  const float* const* v_rows;   // [R] -> [M][Dvp] values
   const float* add_k;           // [A][Dp]
   const float* add_v;           // [A][Dvp]
-  float* o;                     // [T][o_pitch] normalized output, Dvp floats per query
+  float* o;                     // [T][Dvp] normalized output
   float* lse;                   // [T] natural-log LSE
   float* scratch;               // >= R * padded_window(max count) + A floats
 };
