@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/guarded.h"
 #include "core/backends.h"
 #include "core/neighborhood.h"
 #include "cpu/parallel.h"
@@ -529,16 +530,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
 
 namespace detail {
 
-namespace {
-template <typename Fn>
-Status guarded(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return {Code::runtime_error, std::string("cpu ") + what + " failed: " + e.what()};
-  }
-}
-}  // namespace
+using cpu::guarded;
 
 Status cpu_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   return guarded("forward", [&] { return cpu::forward(p, a, opt); });

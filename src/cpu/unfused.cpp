@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/guarded.h"
 #include "core/backends.h"
 #include "core/neighborhood.h"
 #include "cpu/parallel.h"
@@ -284,16 +285,7 @@ Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt
 }  // namespace cpu
 
 namespace detail {
-namespace {
-template <typename Fn>
-Status guarded(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return {Code::runtime_error, std::string("cpu ") + what + " failed: " + e.what()};
-  }
-}
-}  // namespace
+using cpu::guarded;
 
 Status cpu_qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
   return guarded("qk_forward", [&] { return cpu::qk_forward(p, a, opt); });
