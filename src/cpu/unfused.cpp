@@ -107,6 +107,37 @@ void for_each_query_of_key(const Geometry& g, int64_t kt, int64_t hk, Fn&& fn) {
 
 }  // namespace
 
+// out[key] = mult * sum of w[q, h, slot of key] * x[q, h, :] over the queries q that see the key
+// (its inverse neighborhood) and the query heads h of its KV head: the key-side gradients of both
+// unfused ops (dK = scale dS^T Q, dV = P^T dO). Additional keys see every query; their rows go to
+// `out_add`.
+static void key_grads(const Problem& p, const Geometry& g, const Strided& x, int64_t dim, const Strided& w,
+               float mult, const Strided& out, const Strided& out_add, const Options& opt) {
+  const int64_t krows = p.batch * (g.N + g.A);
+  parallel_for(krows, resolve_threads(opt.num_threads, krows), [&](int64_t row, int) {
+    const int64_t b = row / (g.N + g.A), j = row % (g.N + g.A);
+    std::vector<float> xr, acc;
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      acc.assign(static_cast<size_t>(dim), 0.f);
+      auto add = [&](int64_t qt, int64_t h, int64_t slot) {
+        load(x, x.token_offset(b, qt, h), dim, &xr);
+        const float wv = mult * static_cast<float>(w.load(w.token_offset(b, qt, h) + slot * w.se));
+        for (int64_t e = 0; e < dim; ++e) acc[static_cast<size_t>(e)] += wv * xr[static_cast<size_t>(e)];
+      };
+      if (j < g.N) {
+        for_each_query_of_key(g, j, hk, add);
+        const int64_t o = out.token_offset(b, j, hk);
+        for (int64_t e = 0; e < dim; ++e) out.store(o + e * out.se, acc[static_cast<size_t>(e)]);
+      } else {
+        for (int64_t qt = 0; qt < g.N; ++qt)
+          for (int64_t gi = 0; gi < g.group; ++gi) add(qt, hk * g.group + gi, g.W + (j - g.N));
+        const int64_t o = out_add.token_offset(b, j - g.N, hk);
+        for (int64_t e = 0; e < dim; ++e) out_add.store(o + e * out_add.se, acc[static_cast<size_t>(e)]);
+      }
+    }
+  });
+}
+
 Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
   const Geometry g(p);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
@@ -170,30 +201,8 @@ Status qk_backward(const Problem& p, const QKBackwardArgs& a, const Options& opt
       for (int64_t e = 0; e < p.dim; ++e) dq.store(o + e * dq.se, acc[static_cast<size_t>(e)]);
     }
   });
-  // dK per key (inverse neighborhood); additional keys see every query.
-  const int64_t krows = p.batch * (g.N + g.A);
-  parallel_for(krows, resolve_threads(opt.num_threads, krows), [&](int64_t row, int) {
-    const int64_t b = row / (g.N + g.A), j = row % (g.N + g.A);
-    std::vector<float> qr, acc;
-    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      acc.assign(static_cast<size_t>(p.dim), 0.f);
-      auto add = [&](int64_t qt, int64_t h, int64_t slot) {
-        load(q, q.token_offset(b, qt, h), p.dim, &qr);
-        const float w = scale * static_cast<float>(da.load(da.token_offset(b, qt, h) + slot * da.se));
-        for (int64_t e = 0; e < p.dim; ++e) acc[static_cast<size_t>(e)] += w * qr[static_cast<size_t>(e)];
-      };
-      if (j < g.N) {
-        for_each_query_of_key(g, j, hk, add);
-        const int64_t o = dk.token_offset(b, j, hk);
-        for (int64_t e = 0; e < p.dim; ++e) dk.store(o + e * dk.se, acc[static_cast<size_t>(e)]);
-      } else {
-        for (int64_t qt = 0; qt < g.N; ++qt)
-          for (int64_t gi = 0; gi < g.group; ++gi) add(qt, hk * g.group + gi, g.W + (j - g.N));
-        const int64_t o = dak.token_offset(b, j - g.N, hk);
-        for (int64_t e = 0; e < p.dim; ++e) dak.store(o + e * dak.se, acc[static_cast<size_t>(e)]);
-      }
-    }
-  });
+  // dK = scale dS^T Q per key.
+  key_grads(p, g, q, p.dim, da, scale, dk, dak, opt);
   return Status::Ok();
 }
 
@@ -255,30 +264,8 @@ Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt
       }
     }
   });
-  // dV per key through the inverse neighborhood.
-  const int64_t krows = p.batch * (g.N + g.A);
-  parallel_for(krows, resolve_threads(opt.num_threads, krows), [&](int64_t row, int) {
-    const int64_t b = row / (g.N + g.A), j = row % (g.N + g.A);
-    std::vector<float> dor, acc;
-    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      acc.assign(static_cast<size_t>(p.dim_v), 0.f);
-      auto add = [&](int64_t qt, int64_t h, int64_t slot) {
-        load(d_o, d_o.token_offset(b, qt, h), p.dim_v, &dor);
-        const float w = static_cast<float>(attn.load(attn.token_offset(b, qt, h) + slot * attn.se));
-        for (int64_t e = 0; e < p.dim_v; ++e) acc[static_cast<size_t>(e)] += w * dor[static_cast<size_t>(e)];
-      };
-      if (j < g.N) {
-        for_each_query_of_key(g, j, hk, add);
-        const int64_t o = dv.token_offset(b, j, hk);
-        for (int64_t e = 0; e < p.dim_v; ++e) dv.store(o + e * dv.se, acc[static_cast<size_t>(e)]);
-      } else {
-        for (int64_t qt = 0; qt < g.N; ++qt)
-          for (int64_t gi = 0; gi < g.group; ++gi) add(qt, hk * g.group + gi, g.W + (j - g.N));
-        const int64_t o = dav.token_offset(b, j - g.N, hk);
-        for (int64_t e = 0; e < p.dim_v; ++e) dav.store(o + e * dav.se, acc[static_cast<size_t>(e)]);
-      }
-    }
-  });
+  // dV = P^T dO per key.
+  key_grads(p, g, d_o, p.dim_v, attn, 1.f, dv, dav, opt);
   return Status::Ok();
 }
 
