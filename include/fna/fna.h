@@ -90,6 +90,9 @@ struct Options {
   int num_threads = 0;           // CPU backends: 0 = hardware concurrency
   bool deterministic = false;    // CUDA backward: no atomics-order dependence
   std::string config;            // cuda_fused: explicit tile configuration name; empty = heuristic
+  // cuda_fused, float32 tensors: plain TF32 tensor-core products (about 1e-3 relative error)
+  // instead of the default split-TF32 products (three TF32 MMAs per product, float32-class error).
+  bool allow_tf32 = false;
 };
 
 struct ForwardArgs {

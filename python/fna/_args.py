@@ -70,6 +70,29 @@ def backend_name(backend):
     return backend
 
 
+def fused_options(config, deterministic, allow_tf32, torch_tensors):
+    """(config, deterministic, allow_tf32) as the extension takes them.
+
+    config: None or a cuda-fused configuration name (``fna.fused_configs``). deterministic: bool.
+    allow_tf32: None follows ``torch.backends.cuda.matmul.allow_tf32`` for torch tensors (so
+    ``torch.set_float32_matmul_precision("high")`` enables TF32 here too) and is False otherwise.
+    """
+    if config is None:
+        config = ""
+    elif not isinstance(config, str) or not config:
+        raise TypeError(f"config={config!r} must be a non-empty string (a configuration name) or None")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic={deterministic!r} must be a bool")
+    if allow_tf32 is None:
+        allow_tf32 = False
+        if torch_tensors:
+            import torch
+            allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    elif not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32={allow_tf32!r} must be a bool or None")
+    return config, deterministic, allow_tf32
+
+
 def resolve_scale(scale, head_dim):
     if scale is None:
         return float(head_dim) ** -0.5

@@ -7,29 +7,31 @@ import numpy as np
 from . import _C
 
 
-def _kw(sp, backend, scale=-1.0):
+def _kw(sp, backend, scale=-1.0, opts=("", False, False)):
     kernel_size, stride, dilation, is_causal = sp
+    config, deterministic, allow_tf32 = opts
     return dict(kernel_size=kernel_size, stride=stride, dilation=dilation, is_causal=is_causal,
-                backend=backend, scale=scale, stream=0)
+                backend=backend, scale=scale, stream=0, config=config,
+                deterministic=deterministic, allow_tf32=allow_tf32)
 
 
 def _empty(shape, dtype):
     return np.empty(tuple(int(s) for s in shape), dtype=dtype)
 
 
-def forward(q, k, v, add_k, add_v, sp, scale, backend):
+def forward(q, k, v, add_k, add_v, sp, scale, backend, opts):
     out = _empty(q.shape[:-1] + (v.shape[-1],), q.dtype)
     lse = _empty(q.shape[:-1], np.float32)
-    _C.forward(q, k, v, out, lse, add_k, add_v, **_kw(sp, backend, scale))
+    _C.forward(q, k, v, out, lse, add_k, add_v, **_kw(sp, backend, scale, opts))
     return out, lse
 
 
-def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend):
+def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts):
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     d_add_k = None if add_k is None else np.empty_like(add_k)
     d_add_v = None if add_v is None else np.empty_like(add_v)
     _C.backward(q, k, v, o, d_o, lse, dq, dk, dv, add_k, add_v, d_add_k, d_add_v,
-                **_kw(sp, backend, scale))
+                **_kw(sp, backend, scale, opts))
     return [dq, dk, dv] + ([] if add_k is None else [d_add_k, d_add_v])
 
 

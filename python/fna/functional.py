@@ -107,7 +107,7 @@ def _check_tuning(fn, kwargs):
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, backend, return_lse, tuning):
+        additional_keys, additional_values, backend, return_lse, opts, tuning):
     _check_tuning(fn, tuning)
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
@@ -121,31 +121,33 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
+    opts = _args.fused_options(*opts, torch_tensors=kind == "torch")
     if kind == "torch":
         _check_devices(fn, backend, named)
         out, lse = torch.ops.fna.na_forward(query, key, value, additional_keys,
-                                            additional_values, *sp, scale, backend)
+                                            additional_values, *sp, scale, backend, *opts)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
         out, lse = _numpy.forward(query, key, value, additional_keys, additional_values, sp,
-                                  scale, backend)
+                                  scale, backend, opts)
     return (out, lse) if return_lse else out
 
 
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse, natten_tuning)
+               additional_keys, additional_values, backend, return_lse,
+               (config, deterministic, allow_tf32), natten_tuning)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -156,31 +158,39 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused".
     Returns ``[B, X, Y, H, D_v]``, or ``(output, lse)`` with ``lse [B, X, Y, H]`` float32 (natural
     log of the softmax denominator; not differentiable) when ``return_lse``.
+    config: name of a ``cuda-fused`` forward tile configuration (see :func:`fna.fused_configs`)
+    instead of the heuristic's choice; an error on any other backend (no silent fallback).
+    deterministic: the CUDA backward accumulates in a fixed order (bitwise reproducible).
+    allow_tf32: float32 on ``cuda-fused`` with plain TF32 products (~1e-3 relative) instead of
+    split-TF32 (float32-class); None follows ``torch.backends.cuda.matmul.allow_tf32``.
     NATTEN's tuning keywords (``q_tile_shape``, ``kv_tile_shape``, ``backward_*``,
     ``run_persistent_kernel``, ``kernel_schedule``, ``torch_compile``, ``attention_kwargs``,
     ``try_fuse_additional_kv``) are accepted and ignored; any other keyword is a TypeError.
     """
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse, natten_tuning)
+               additional_keys, additional_values, backend, return_lse,
+               (config, deterministic, allow_tf32), natten_tuning)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-               additional_keys, additional_values, backend, return_lse, natten_tuning)
+               additional_keys, additional_values, backend, return_lse,
+               (config, deterministic, allow_tf32), natten_tuning)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
-                backend=None):
+                backend=None, config=None, deterministic=False, allow_tf32=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
     parameters and additional keys/values). Returns ``(d_query, d_key, d_value)``, plus
     ``(d_additional_keys, d_additional_values)`` when additional keys/values are given.
-    Works for NumPy arrays and torch tensors.
+    Works for NumPy arrays and torch tensors. config / deterministic / allow_tf32: see
+    :func:`na2d`.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
@@ -194,15 +204,17 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
+    opts = _args.fused_options(config, deterministic, allow_tf32, torch_tensors=kind == "torch")
     if kind == "torch":
         _check_devices(fn, backend, named)
         grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
-                                          additional_keys, additional_values, *sp, scale, backend)
+                                          additional_keys, additional_values, *sp, scale, backend,
+                                          *opts)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
         grads = _numpy.backward(query, key, value, output, lse, d_output, additional_keys,
-                                additional_values, sp, scale, backend)
+                                additional_values, sp, scale, backend, opts)
     return tuple(grads)
 
 

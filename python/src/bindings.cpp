@@ -245,7 +245,7 @@ void num_additional(Call& c, const char* name, const std::optional<A>& a) {
 }
 
 void set_options(Call& c, const std::string& backend, double scale, uintptr_t stream,
-                 int num_threads, bool deterministic, const std::string& config) {
+                 int num_threads, bool deterministic, const std::string& config, bool allow_tf32) {
   // Problem errors first: the role extents checked next are only meaningful for a valid problem.
   check(fna::validate_problem(c.p));
   check(fna::parse_backend(backend, &c.opt.backend));
@@ -254,6 +254,7 @@ void set_options(Call& c, const std::string& backend, double scale, uintptr_t st
   c.opt.num_threads = num_threads;
   c.opt.deterministic = deterministic;
   c.opt.config = config;
+  c.opt.allow_tf32 = allow_tf32;
 }
 
 // Runs `fn` without the GIL: the arrays stay alive in the caller's frame.
@@ -271,13 +272,13 @@ void run(F&& fn) {
   const std::vector<int64_t>&kernel_size, const std::vector<int64_t>&stride,                  \
       const std::vector<int64_t>&dilation, const std::vector<bool>&is_causal,                 \
       const std::string &backend, double scale, uintptr_t stream, int num_threads,            \
-      bool deterministic, const std::string &config
+      bool deterministic, const std::string &config, bool allow_tf32
 
 #define FNA_OPTION_ARGS                                                                       \
   nb::kw_only(), nb::arg("kernel_size"), nb::arg("stride"), nb::arg("dilation"),              \
       nb::arg("is_causal"), nb::arg("backend") = "auto", nb::arg("scale") = -1.0,             \
       nb::arg("stream") = 0, nb::arg("num_threads") = 0, nb::arg("deterministic") = false,    \
-      nb::arg("config") = ""
+      nb::arg("config") = "", nb::arg("allow_tf32") = false
 
 void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
              const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS) {
@@ -287,7 +288,7 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != add_v.has_value())
     raise(PyExc_ValueError, "additional_keys and additional_values must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::ForwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -311,7 +312,7 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
     raise(PyExc_ValueError,
           "additional_keys, additional_values, d_additional_keys and d_additional_values must be "
           "given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::BackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -335,7 +336,7 @@ void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, F
   int64_t dim_k = 0;
   kv_dims(c, "key", k, &dim_k);
   num_additional(c, "additional_keys", add_k);
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::QKArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -353,7 +354,7 @@ void qk_backward(const In& q, const In& k, const In& d_attn, const Out& dq, cons
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != d_add_k.has_value())
     raise(PyExc_ValueError, "additional_keys and d_additional_keys must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::QKBackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -386,7 +387,7 @@ void init_av(Call& c, const A& attn, const In& v, const OptIn& add_v, const Spat
 void av_forward(const In& attn, const In& v, const Out& o, const OptIn& add_v, FNA_OPTION_PARAMS) {
   Call c;
   init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::AVArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));
@@ -401,7 +402,7 @@ void av_backward(const In& attn, const In& v, const In& d_o, const Out& d_attn, 
   init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
   if (add_v.has_value() != d_add_v.has_value())
     raise(PyExc_ValueError, "additional_values and d_additional_values must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
   fna::AVBackwardArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));

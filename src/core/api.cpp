@@ -87,8 +87,9 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     case Backend::cuda_naive: return detail::cuda_naive_forward(p, a, o);
     case Backend::cuda_fused: {
       st = detail::cuda_fused_forward(p, a, o);
-      // `auto` falls back to the naive kernels for problems the fused tiles do not cover.
-      if (st.code == Code::unsupported && opt.backend == Backend::automatic)
+      // `auto` falls back to the naive kernels for problems the fused tiles do not cover, unless
+      // the caller named a fused configuration.
+      if (st.code == Code::unsupported && opt.backend == Backend::automatic && opt.config.empty())
         return detail::cuda_naive_forward(p, a, o);
       return st;
     }

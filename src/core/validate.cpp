@@ -151,6 +151,9 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (unfused && r == Backend::cuda_fused)
     return {Code::unsupported,
             "backend=cuda-fused has no unfused (qk / av) operators; use cuda-naive or cpu"};
+  if (!opt.config.empty() && r != Backend::cuda_fused)
+    return invalid("config='" + opt.config + "' names a cuda-fused tile configuration, but backend=" +
+                   backend_name(r) + " runs this call");
   (void)p;
   *resolved = r;
   return Status::Ok();

@@ -338,3 +338,27 @@ def test_import_without_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_fused_option_errors():
+    """config / deterministic / allow_tf32: wrong types are TypeErrors naming the argument; a
+    config on a backend other than cuda-fused is an error, never silently ignored."""
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match=r"config=3 must be a non-empty string"):
+        fna.na2d(q, k, v, 3, config=3)
+    with pytest.raises(TypeError, match=r"config='' must be a non-empty string"):
+        fna.na2d(q, k, v, 3, config="")
+    with pytest.raises(TypeError, match=r"deterministic='yes' must be a bool"):
+        fna.na2d(q, k, v, 3, deterministic="yes")
+    with pytest.raises(TypeError, match=r"allow_tf32=1 must be a bool or None"):
+        fna.na2d(q, k, v, 3, allow_tf32=1)
+    name = "fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4"
+    with pytest.raises(ValueError, match=r"config='fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4' names a "
+                                         r"cuda-fused tile configuration, but backend=cpu"):
+        fna.na2d(q, k, v, 3, config=name)
+    out, lse = fna.na2d(q, k, v, 3, return_lse=True)
+    with pytest.raises(ValueError, match=r"but backend=reference runs this call"):
+        fna.na_backward(out, q, k, v, out, lse, 3, backend="reference", config=name)
+    # Valid values are accepted where they do not apply (deterministic on the CPU, allow_tf32).
+    out2 = fna.na2d(q, k, v, 3, deterministic=True, allow_tf32=True)
+    np.testing.assert_array_equal(out, out2)

@@ -169,3 +169,63 @@ def test_second_device():
 def test_cuda_opcheck():
     from test_torch import opcheck_all
     opcheck_all("cuda", "auto")
+
+
+def _fused_2d_problem(rng, dtype, d=64, shape=(20, 24)):
+    return [torch.from_numpy(rng.standard_normal((2, *shape, 2, d)).astype(np.float32))
+            .to(dtype).cuda().requires_grad_(True) for _ in range(3)]
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_cuda_fused_explicit_config():
+    """Every listed configuration, named explicitly, computes the same attention (vs the float64
+    oracle); a name from another head dim / dtype is an error, not a silent fallback."""
+    rng = np.random.default_rng(seed_of("gpu-config"))
+    q, k, v = _fused_2d_problem(rng, torch.bfloat16)
+    ref = oracle(dict(q=q, k=k, v=v, ks=[7, 5], st=[1, 1], dil=[1, 1], causal=[False, False],
+                      add_k=None, add_v=None))
+    names = fna.fused_configs(2, "bfloat16", 64)
+    assert names
+    for name in names:
+        out = fna.na2d(q, k, v, (7, 5), config=name)
+        err = float(np.abs(np64(out) - ref["out"]).max())
+        assert err < 3e-2, f"config {name}: max error {err}"
+    f16_name = fna.fused_configs(2, "float16", 64)[0]
+    with pytest.raises(ValueError, match="is not a cuda-fused forward configuration"):
+        fna.na2d(q, k, v, (7, 5), config=f16_name)
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_cuda_fused_deterministic_backward():
+    """deterministic=True: the fused backward gives bitwise identical gradients run after run
+    (many query tiles write dK / dV / dQ of the same keys)."""
+    rng = np.random.default_rng(seed_of("gpu-deterministic"))
+    q, k, v = _fused_2d_problem(rng, torch.bfloat16, shape=(48, 64))
+    d_out = torch.randn(q.shape[:-1] + (v.shape[-1],), device="cuda", dtype=q.dtype)
+    grads = []
+    for _ in range(3):
+        out = fna.na2d(q, k, v, (13, 13), backend="cuda-fused", deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), d_out))
+    for g in grads[1:]:
+        for a, b in zip(grads[0], g):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True, None])
+def test_cuda_float32_precision(allow_tf32):
+    """float32 on CUDA (auto): exact-class accuracy by default, TF32-class with allow_tf32=True;
+    None follows torch.backends.cuda.matmul.allow_tf32."""
+    rng = np.random.default_rng(seed_of("gpu-tf32"))
+    q, k, v = _fused_2d_problem(rng, torch.float32, d=64, shape=(24, 32))
+    t = dict(q=q, k=k, v=v, ks=[9, 7], st=[1, 1], dil=[1, 1], causal=[False, False],
+             add_k=None, add_v=None)
+    ref = oracle(t)
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        out = fna.na2d(q, k, v, (9, 7), allow_tf32=allow_tf32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+    tf32 = allow_tf32 is not False
+    err = np.abs(np64(out) - ref["out"]).max() / np.abs(ref["out"]).max()
+    assert err < (2e-3 if tf32 else 2e-5), f"allow_tf32={allow_tf32}: relative error {err}"

@@ -349,14 +349,15 @@ def opcheck_all(device, backend):
     ak, av = r(1, 2, 1, 4), r(1, 2, 1, 3)
     sp = ([3, 3], [1, 2], [1, 1], [True, False])
     ops = torch.ops.fna
-    out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend)
+    fo = ("", False, False)  # config, deterministic, allow_tf32
+    out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend, *fo)
     attn = ops.na_qk(q, k, ak, *sp, -1.0, backend)
     w = torch.softmax(attn.detach(), -1).requires_grad_(True)
     d = lambda x: x.detach()  # noqa: E731
     cases = [
-        (ops.na_forward, (q, k, v, ak, av, *sp, 0.5, backend)),
+        (ops.na_forward, (q, k, v, ak, av, *sp, 0.5, backend, *fo)),
         (ops.na_backward, (d(q), d(k), d(v), d(out), d(lse), r(*out.shape, g=False), d(ak), d(av),
-                           *sp, 0.5, backend)),
+                           *sp, 0.5, backend, *fo)),
         (ops.na_qk, (q, k, ak, *sp, -1.0, backend)),
         (ops.na_qk_backward, (d(q), d(k), d(ak), r(*attn.shape, g=False), *sp, -1.0, backend)),
         (ops.na_av, (w, v, av, *sp, backend)),
