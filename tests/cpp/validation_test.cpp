@@ -156,6 +156,20 @@ TEST(Validation, ScaleAndThreads) {
   expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"num_threads=-2"}, o);
 }
 
+// A tile configuration names a cuda-fused kernel: on any other backend it is an error, never
+// silently ignored.
+TEST(Validation, ConfigOnOtherBackend) {
+  for (fna::Backend b : {fna::Backend::automatic, fna::Backend::cpu, fna::Backend::reference}) {
+    fna::Options o = cpu_opts();
+    o.backend = b;
+    o.config = "fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4";
+    expect_forward_error(valid_case().p, fna::Code::invalid_argument,
+                         {"config='fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4'", "cuda-fused",
+                          b == fna::Backend::reference ? "backend=reference" : "backend=cpu"},
+                         o);
+  }
+}
+
 // Null and misaligned pointers, for every tensor of forward and backward.
 TEST(Validation, Pointers) {
   const Case c = valid_case();
