@@ -2,9 +2,10 @@
 // per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
 // kernel (bwd_dkdv.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
 // in deterministic mode, the dQ kernel (bwd_dq.cuh). Anything outside the fast path (float32,
-// head dims > 128, a non-contiguous head dim, pre-sm_80) answers `unsupported`, so that `auto`
-// falls back to the naive backend. Head dims are zero-padded to 64 or 128; rows that are not
-// 16-byte aligned (or dims not multiples of 8) take element-wise loads and stores.
+// head dims > 256, a non-contiguous head dim, pre-sm_80, too little shared memory) answers
+// `unsupported`, so that `auto` falls back to the naive backend. Head dims are zero-padded to 64,
+// 128 or 256 (max(D, D_v)); above 128 the dK/dV kernel runs as two passes (bwd_launch.cuh). Rows
+// that are not 16-byte aligned (or dims not multiples of 8) take element-wise loads and stores.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,6 +30,8 @@ FNA_BWD_DECLARE(__half, 64)
 FNA_BWD_DECLARE(__half, 128)
 FNA_BWD_DECLARE(__nv_bfloat16, 64)
 FNA_BWD_DECLARE(__nv_bfloat16, 128)
+FNA_BWD_DECLARE(__half, 256)
+FNA_BWD_DECLARE(__nv_bfloat16, 256)
 
 namespace {
 
@@ -204,8 +207,9 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   // Tiles and grids first: nothing is queued when the problem does not fit the grid.
   Params p_dkdv = p, p_dq = p;
   int64_t n_dkdv = 0, n_dq = 0;
-  set_tiles(&p_dkdv, kDkdvQueries, kDkdvKeys, true, &n_dkdv);
-  if (deterministic) set_tiles(&p_dq, kDqQueries, kDqKeys, false, &n_dq);
+  const TileRows tr = tile_rows(dpad);
+  set_tiles(&p_dkdv, tr.dkdv_queries, tr.dkdv_keys, true, &n_dkdv);
+  if (deterministic) set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, &n_dq);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
@@ -251,6 +255,8 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
                                                   ws.as<float2>());
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+  if (dpad == 256)
+    return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
   return launch_backward<T, 128>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
 }
 
@@ -266,7 +272,7 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   };
   if (pr.dtype == DType::f32) return unsupported("dtype=float32 is not implemented (f16/bf16 only)");
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
-  if (dmax > 128) return unsupported("head dim " + std::to_string(dmax) + " > 128");
+  if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
   // Options::config names a forward configuration (config.h); the backward picks its own tiles
   // (pick_tiles), so a config chosen for the forward does not push the backward off this path.
 
@@ -310,7 +316,7 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16/f16)");
   if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
 
-  const int dpad = dmax <= 64 ? 64 : 128;
+  const int dpad = dmax <= 64 ? 64 : dmax <= 128 ? 128 : 256;
   if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad);
   return run<__nv_bfloat16>(pr, a, opt, p, dpad);
 }

@@ -1,5 +1,5 @@
-// Instantiations of the fused backward kernels for bf16 (padded head dims 64 and 128); one file
-// per dtype so the two compile in parallel.
+// Instantiations of the fused backward kernels for bf16 (padded head dims 64 and 128; 256 in
+// backward_bf16_256.cu); one file per dtype so they compile in parallel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -13,6 +13,10 @@
 // through shared memory once per query sub-tile, the warps compute dS K for that sub-tile over
 // the CTA's keys and add it into a float32 buffer with (vector) atomics; a conversion kernel
 // applies the scale. Without it, bwd_dq.cuh computes dQ in a second, deterministic pass.
+//
+// kPass splits the work for head dims above 128, where dK and dV together would not fit in
+// registers: kPassDv accumulates dV only (recomputing P), kPassDk dK only (and dQ with atomics);
+// each pass holds one accumulator set, as head dim 128 does with both. kPassBoth does all of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +26,8 @@
 
 namespace fna {
 namespace bwd {
+
+constexpr int kPassBoth = 0, kPassDv = 1, kPassDk = 2;
 
 template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq>
 struct DkdvTraits {
@@ -107,10 +113,13 @@ __device__ __forceinline__ void atomic_dq_block(const Params& p, const T* ds, ui
 
 // kAtomicDq: also accumulate dQ (unscaled, float32) into p.dq_accum with atomics, so no separate
 // dQ pass is needed; the order of the atomic sums makes dQ non-deterministic.
-template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq>
+template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq, int kPass = kPassBoth>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     dkdv_kernel(const Params p, const bool additional) {
   using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub, kAtomicDq>;
+  constexpr bool kDoDv = kPass != kPassDk;  // accumulate dV (needs P)
+  constexpr bool kDoDk = kPass != kPassDv;  // accumulate dK (needs dP, hence V)
+  static_assert(kDoDk || !kAtomicDq, "dQ needs dS: not in the dV-only pass");
   constexpr int kKV = Tr::kKV, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
   constexpr int kNB = kQSub / 8;  // n8 blocks of queries per sub-tile
   constexpr int kDB = kD / 8;     // n8 blocks of the head dim
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     }
     const int so = Swizzled<kD>::offset(row, c);
     load_chunk(sK + so, valid ? gK + ok : nullptr, c, p.dim, p.aligned, gK);
-    load_chunk(sV + so, valid ? gV + ov : nullptr, c, p.dim_v, p.aligned, gV);
+    if (kDoDk) load_chunk(sV + so, valid ? gV + ov : nullptr, c, p.dim_v, p.aligned, gV);
   }
   cp_async_commit();
 
@@ -313,12 +322,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
           mma16816<T>(s[n], a, bb[0], bb[1]);
           mma16816<T>(s[n + 1], a, bb[2], bb[3]);
         }
-        load_a<kD>(a, baseV, wrow, k0, lane);
+        if (kDoDk) {
+          load_a<kD>(a, baseV, wrow, k0, lane);
 #pragma unroll
-        for (int n = 0; n < kNB; n += 2) {
-          load_b_nk<kD>(bb, baseO, qs + n * 8, k0, lane);
-          mma16816<T>(dp[n], a, bb[0], bb[1]);
-          mma16816<T>(dp[n + 1], a, bb[2], bb[3]);
+          for (int n = 0; n < kNB; n += 2) {
+            load_b_nk<kD>(bb, baseO, qs + n * 8, k0, lane);
+            mma16816<T>(dp[n], a, bb[0], bb[1]);
+            mma16816<T>(dp[n + 1], a, bb[2], bb[3]);
+          }
         }
       }
 
@@ -365,7 +376,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
           const float2 st = stat[qs + n * 8 + 2 * (lane & 3) + (e & 1)];
           const float pe = mma::fast_exp2(s[n][e] * p.scale_log2 - st.x);
           s[n][e] = pe;
-          dp[n][e] = pe * (dp[n][e] - st.y);
+          if (kDoDk) dp[n][e] = pe * (dp[n][e] - st.y);
         }
       }
 
@@ -391,12 +402,16 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         }
 #pragma unroll
         for (int n = 0; n < kDB; n += 2) {
-          load_b_kn<kD>(bb, baseO, qs + kk * 16, n * 8, lane);
-          mma16816<T>(acc_dv[n], ap, bb[0], bb[1]);
-          mma16816<T>(acc_dv[n + 1], ap, bb[2], bb[3]);
-          load_b_kn<kD>(bb, baseQ, qs + kk * 16, n * 8, lane);
-          mma16816<T>(acc_dk[n], ad, bb[0], bb[1]);
-          mma16816<T>(acc_dk[n + 1], ad, bb[2], bb[3]);
+          if (kDoDv) {
+            load_b_kn<kD>(bb, baseO, qs + kk * 16, n * 8, lane);
+            mma16816<T>(acc_dv[n], ap, bb[0], bb[1]);
+            mma16816<T>(acc_dv[n + 1], ap, bb[2], bb[3]);
+          }
+          if (kDoDk) {
+            load_b_kn<kD>(bb, baseQ, qs + kk * 16, n * 8, lane);
+            mma16816<T>(acc_dk[n], ad, bb[0], bb[1]);
+            mma16816<T>(acc_dk[n + 1], ad, bb[2], bb[3]);
+          }
         }
       }
       if (kAtomicDq) {
@@ -433,9 +448,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
 #pragma unroll
     for (int n = 0; n < kDB; ++n) {
       const int col = n * 8 + 2 * (lane & 3);
-      store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
-                 acc_dk[n][2 * half + 1] * p.scale, p.aligned);
-      store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1], p.aligned);
+      if (kDoDk)
+        store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
+                   acc_dk[n][2 * half + 1] * p.scale, p.aligned);
+      if (kDoDv)
+        store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1],
+                   p.aligned);
     }
   }
 }

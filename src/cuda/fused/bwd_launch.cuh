@@ -29,6 +29,28 @@ constexpr int kDqKeys = 64;
 template <int kD>
 constexpr int dkdv_qsub() { return kD > 64 ? 32 : 64; }
 
+// Kernel shapes per padded head dim. Up to 128 one dK/dV pass holds both accumulators. Above
+// (padded 256) dK and dV take 128 registers each, so the dK/dV kernel runs twice (kPassDv, then
+// kPassDk), and shared memory (K and V tiles of 128 keys, double-buffered Q and dO) only fits
+// with 32-query tiles: 2 * 64 KB + 4 * 16 KB + the dS staging, ~216 KB. The deterministic dQ
+// kernel steps over 32 keys so that S and dP (32 registers) fit next to its 128-register dQ.
+template <int kD>
+struct BwdShape {
+  static constexpr bool kSplit = kD > 128;
+  static constexpr int kDkdvQueries = kSplit ? 32 : bwd::kDkdvQueries;
+  static constexpr int kQSub = dkdv_qsub<kD>();
+  static constexpr int kDqKeys = kSplit ? 32 : bwd::kDqKeys;
+};
+
+// The same, for the host (padded head dim known at run time).
+struct TileRows {
+  int dkdv_queries, dkdv_keys, dq_queries, dq_keys;
+};
+inline TileRows tile_rows(int dpad) {
+  if (dpad > 128) return {BwdShape<256>::kDkdvQueries, kDkdvKeys, kDqQueries, BwdShape<256>::kDqKeys};
+  return {kDkdvQueries, kDkdvKeys, kDqQueries, kDqKeys};
+}
+
 // Sets the dynamic shared memory of `kernel`, or reports that the device cannot hold it.
 template <typename Kernel>
 Status set_smem(Kernel kernel, size_t bytes, const char* name) {
@@ -68,11 +90,59 @@ inline Status launch_error(const char* what) {
   return {Code::runtime_error, std::string("launching ") + what + ": " + cudaGetErrorString(err)};
 }
 
+// Sets the shared memory of one dK/dV kernel variant and launches it over the neighborhood tiles
+// and (when there are any) the additional keys.
+template <typename T, int kD, bool kAtomicDq, int kPass>
+struct DkdvLaunch {
+  using S = BwdShape<kD>;
+  using Tr = DkdvTraits<T, kD, kDkdvWarps, S::kDkdvQueries, S::kQSub, kAtomicDq>;
+  static constexpr auto kernel = dkdv_kernel<T, kD, kDkdvWarps, S::kDkdvQueries, S::kQSub,
+                                             kAtomicDq, kPass>;
+  static Status prepare(const char* name) { return set_smem(kernel, Tr::kSmem, name); }
+  static Status launch(const Params& p, dim3 grid, dim3 grid_add, cudaStream_t stream,
+                       const char* name) {
+    kernel<<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+    Status st = launch_error(name);
+    if (!st.ok() || grid_add.x == 0) return st;
+    kernel<<<grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+    return launch_error(name);
+  }
+};
+
 // p_dkdv / p_dq carry their own tile shapes and tile counts. With p_dkdv.dq_accum set (zeroed),
 // dQ is accumulated with atomics in the dK/dV kernel; otherwise the deterministic dQ kernel runs.
+// Shared memory is set for every kernel before any is queued, so that `unsupported` (a device
+// with too little) leaves nothing half done.
 template <typename T, int kD>
 Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv, dim3 grid_add,
                        dim3 grid_dq, cudaStream_t stream) {
+  using S = BwdShape<kD>;
+  if constexpr (S::kSplit) {
+    using Dv = DkdvLaunch<T, kD, false, kPassDv>;
+    using DkAtomic = DkdvLaunch<T, kD, true, kPassDk>;
+    using Dk = DkdvLaunch<T, kD, false, kPassDk>;
+    using DqT = DqTraits<T, kD, kDqWarps, S::kDqKeys>;
+    auto dq = dq_kernel<T, kD, kDqWarps, S::kDqKeys>;
+    const bool atomic = p_dkdv.dq_accum != nullptr;
+    Status st = Dv::prepare("dkdv kernel (dV pass)");
+    if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)")
+                             : Dk::prepare("dkdv kernel (dK pass)");
+    if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
+    if (!st.ok()) return st;
+    st = Dv::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dV pass)");
+    if (!st.ok()) return st;
+    if (atomic) {
+      st = DkAtomic::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass, atomic dq)");
+      if (!st.ok()) return st;
+      const int64_t n = int64_t(p_dkdv.batch) * p_dkdv.tokens * p_dkdv.heads * p_dkdv.dim;
+      dq_convert_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(p_dkdv);
+      return launch_error("dq convert");
+    }
+    st = Dk::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass)");
+    if (!st.ok()) return st;
+    dq<<<grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);
+    return launch_error("dq");
+  } else {
   constexpr int kQSub = dkdv_qsub<kD>();
   if (p_dkdv.dq_accum != nullptr) {
     using Tr = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
@@ -113,6 +183,7 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv,
   err = cudaGetLastError();
   if (err != cudaSuccess) return {Code::runtime_error, std::string("launching dq: ") + cudaGetErrorString(err)};
   return Status::Ok();
+  }  // head dims <= 128
 }
 
 // Explicit instantiations live in backward_<dtype>.cu.
