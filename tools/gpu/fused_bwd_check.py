@@ -95,6 +95,14 @@ CHECKS = [
     ("3d 12x20x28 k(6,8,10) dil(1,2,1) causal(1,0,0) d40", 1, (12, 20, 28), 3, 1, 40, 40,
      dict(kernel_size=(6, 8, 10), dilation=(1, 2, 1), is_causal=(True, False, False)), 0,
      torch.float16),
+    # Head dims above 128 (padded to 256, two dK/dV passes), D != D_v on either side.
+    ("1d L=1000 k=255 d256", 1, (1000,), 2, 2, 256, 256, dict(kernel_size=255), 0, torch.bfloat16),
+    ("2d 96x96 k31 d192 dv160 GQA", 1, (96, 96), 2, 1, 192, 160, dict(kernel_size=31), 0,
+     torch.float16),
+    ("3d 16x24x32 k(9,13,17) d256 dv64 add=3", 1, (16, 24, 32), 2, 2, 256, 64,
+     dict(kernel_size=(9, 13, 17)), 3, torch.bfloat16),
+    ("1d L=777 k=129 causal dil2 GQA d64 dv256", 2, (777,), 4, 2, 64, 256,
+     dict(kernel_size=129, dilation=2, is_causal=True), 0, torch.float16),
 ]
 
 PROBLEMS = [
