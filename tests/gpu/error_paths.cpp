@@ -105,6 +105,10 @@ ErrorResults run_error_paths(fna::Backend backend) {
   expects.push_back({"CUDA backend with device=cpu", fna::Code::invalid_argument, "backend", [&] {
                        fna::Options o = opt;
                        o.device = fna::Device::cpu;
+                       // `auto` with device=cpu is the CPU backend, which would read the device
+                       // pointers: device must say where the pointers live (fna.h), so this
+                       // case names a CUDA backend explicitly.
+                       if (o.backend == fna::Backend::automatic) o.backend = fna::Backend::cuda_naive;
                        return fna::forward(p, good, o);
                      }});
   expects.push_back({"null output", fna::Code::invalid_argument, "output", [&] {
