@@ -7,6 +7,8 @@
 #include <cstring>
 #include <algorithm>
 #include <exception>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,33 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// A float buffer whose data() is 64-byte aligned (one cache line, one AVX-512 vector), unlike a
+// large std::vector's (malloc returns 16-byte aligned blocks): panel rows, value rows and score
+// rows, whose starts are multiples of the vector width, then load without straddling two lines.
+// Growing discards the contents (every user refills what it reads).
+class Floats {
+ public:
+  using value_type = float;
+  void resize(size_t n) {
+    if (n > cap_) {
+      mem_.reset(static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64)));
+      if (!mem_) throw std::bad_alloc();
+      cap_ = n;
+    }
+    size_ = n;
+  }
+  size_t size() const { return size_; }
+  float* data() { return mem_.get(); }
+  const float* data() const { return mem_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> mem_;
+  size_t cap_ = 0, size_ = 0;
+};
 
 // Loads n elements of a strided row into floats (zero padding up to n_pad).
 void load_row(const Strided& s, int64_t off, int n, int n_pad, float* dst) {
@@ -209,8 +238,8 @@ struct Panels {
     return ((b * pl.p.heads_kv + hk) * pl.lines + line) * pl.ax[pl.la].dilation + g;
   }
   // Fills transposed [dim][pitch] and/or row-major [pitch][dim_pad] panels from a strided tensor.
-  void convert(const Strided& src, int dim, int dim_pad, std::vector<float>* transposed,
-               std::vector<float>* rows, int threads) const {
+  void convert(const Strided& src, int dim, int dim_pad, Floats* transposed, Floats* rows,
+               int threads) const {
     // Only the padding needs zeros, so the buffers are resized, not refilled.
     if (transposed) transposed->resize(static_cast<size_t>(count * dim * pitch));
     if (rows) rows->resize(static_cast<size_t>(count * pitch * dim_pad));
@@ -267,7 +296,8 @@ void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim
 }
 
 struct Scratch {
-  std::vector<float> add_k, add_v, q, o, d_o, dq, lse, delta, work, work2;
+  Floats add_k, add_v, q, o, d_o, dq, work, work2;
+  std::vector<float> lse, delta;
   std::vector<float> d_add_k, d_add_v, p_add, ds_add;
   std::vector<int64_t> key_line;
   std::vector<const float*> r1, r2, r3;
@@ -307,9 +337,9 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Panels panels(plan);
   // Panels are cached per calling thread: re-touching fresh pages on every call costs as much as
   // the conversion itself.
-  static thread_local std::vector<float> tl_kt, tl_v;
-  std::vector<float>& kt = tl_kt;  // named references: workers must see the caller's buffers
-  std::vector<float>& vr = tl_v;
+  static thread_local Floats tl_kt, tl_v;
+  Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
+  Floats& vr = tl_v;
   panels.convert(k, D, Dp, &kt, nullptr, threads);
   panels.convert(v, Dv, Dvp, nullptr, &vr, threads);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
@@ -385,15 +415,15 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   int threads = resolve_threads(opt.num_threads, plan.tasks());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
-  static thread_local std::vector<float> tl_kt, tl_k, tl_vt;
-  std::vector<float>& kt = tl_kt;  // named references: workers must see the caller's buffers
-  std::vector<float>& kr = tl_k;
-  std::vector<float>& vt = tl_vt;
+  static thread_local Floats tl_kt, tl_k, tl_vt;
+  Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
+  Floats& kr = tl_k;
+  Floats& vt = tl_vt;
   panels.convert(k, D, Dp, &kt, &kr, threads);
   panels.convert(v, Dv, Dvp, &vt, nullptr, threads);
   // Cached per calling thread like the panels: fresh pages cost more than the zeroing.
-  static thread_local std::vector<std::vector<float>> tl_acc;
-  std::vector<std::vector<float>>& acc = tl_acc;
+  static thread_local std::vector<Floats> tl_acc;
+  std::vector<Floats>& acc = tl_acc;
   if (acc.size() < static_cast<size_t>(threads)) acc.resize(static_cast<size_t>(threads));
   std::vector<char> used(static_cast<size_t>(threads), 0);  // one byte per worker: no sharing
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
@@ -402,10 +432,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
-    std::vector<float>& ac = acc[static_cast<size_t>(worker)];
+    Floats& ac = acc[static_cast<size_t>(worker)];
     if (!used[static_cast<size_t>(worker)]) {
       if (static_cast<int64_t>(ac.size()) < acc_floats) ac.resize(static_cast<size_t>(acc_floats));
-      std::fill(ac.begin(), ac.begin() + acc_floats, 0.f);
+      std::fill(ac.data(), ac.data() + acc_floats, 0.f);
       used[static_cast<size_t>(worker)] = 1;
     }
     TileGeom tg;
@@ -500,7 +530,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       std::fill(sv.begin(), sv.end(), 0.f);
       for (int w = 0; w < threads; ++w) {
         if (!used[static_cast<size_t>(w)]) continue;
-        const std::vector<float>& ac = acc[static_cast<size_t>(w)];
+        const Floats& ac = acc[static_cast<size_t>(w)];
         const float* srck = ac.data() + id * panel_k + static_cast<int64_t>(j) * Dp;
         const float* srcv = ac.data() + dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
         for (int e = 0; e < D; ++e) sk[static_cast<size_t>(e)] += srck[e];
@@ -515,7 +545,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     std::vector<float> sum(static_cast<size_t>(Dp + Dvp), 0.f);
     for (int w = 0; w < threads; ++w) {
       if (!used[static_cast<size_t>(w)]) continue;
-      const std::vector<float>& ac = acc[static_cast<size_t>(w)];
+      const Floats& ac = acc[static_cast<size_t>(w)];
       const float* src = ac.data() + add_base + i * (Dp + Dvp);
       for (int e = 0; e < Dp + Dvp; ++e) sum[static_cast<size_t>(e)] += src[e];
     }

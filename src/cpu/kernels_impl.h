@@ -13,8 +13,9 @@
 // the buffered scores of the whole window) rather than online: a query's window always fits in
 // the score buffer, so there is nothing to rescale.
 //
-// Caveat of the span design: masked lanes multiply exact zeros with key / value entries just
-// outside the window, so a non-finite K or V entry there (inf, NaN) would leak as NaN.
+// Caveat of the span design: P V (and dS K in the backward) multiplies exact zeros with the value
+// (key) rows of the other windows of the query's group, so a non-finite V (K) entry there (inf,
+// NaN) would leak as NaN into its neighbors. Scores of masked lanes are replaced, not multiplied.
 
 namespace fna {
 namespace cpu {
@@ -153,16 +154,25 @@ static void group_dot_np(int np, const float* const* x, int d0, int d1, const fl
   }
 }
 
-// out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan), for
-// nq <= kGroup queries (accumulating when d0 > 0: callers split D into cache-sized chunks).
+// End of the batch starting at i0 when [0, n) is cut into the fewest batches of at most `most`,
+// as even as possible (13 rows of 6: 5 + 4 + 4, not 6 + 6 + 1, whose one-vector call is
+// latency-bound). Stateless: the rest [i0, n) is again cut evenly into ceil(left / most) batches.
+static inline int batch_end(int i0, int n, int most) {
+  const int left = n - i0, rest = (left + most - 1) / most;
+  return i0 + (left + rest - 1) / rest;
+}
+
+// out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan) for the
+// rows [r0, r1), for nq <= kGroup queries (accumulating when d0 > 0: callers split D into
+// cache-sized chunks).
 static void group_scores(int nq, const float* const* x, int d0, int d1, const float* const* rows,
-                         int R, int pitch, int cb, int Wspan, float* out) {
-  const int nv = Wspan / kVW, total = R * nv;
+                         int r0, int r1, int R, int pitch, int cb, int Wspan, float* out) {
+  const int nv = Wspan / kVW, first = r0 * nv, total = r1 * nv;
   const int64_t qstride = static_cast<int64_t>(R) * Wspan;
   const float* base[kGroupPairs];
   float* dst[kGroup];
-  for (int i0 = 0; i0 < total; i0 += kGroupPairs) {
-    const int n = total - i0 < kGroupPairs ? total - i0 : kGroupPairs;
+  for (int i0 = first; i0 < total;) {
+    const int i1 = first + batch_end(i0 - first, total - first, kGroupPairs), n = i1 - i0;
     for (int i = 0; i < n; ++i) {
       const int r = (i0 + i) / nv, v = (i0 + i) % nv;
       base[i] = rows[r] + cb + v * kVW;
@@ -175,12 +185,13 @@ static void group_scores(int nq, const float* const* x, int d0, int d1, const fl
       case 3: group_dot_np<3>(n, x, d0, d1, base, pitch, dst, acc); break;
       default: group_dot_np<4>(n, x, d0, d1, base, pitch, dst, acc); break;
     }
+    i0 = i1;
   }
 }
 
 template <int NQ, int NV>
-static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan,
-                               const float* const* rows, int pitch, int cb, int col0,
+static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan, int ncols,
+                               const float* const* rows, int64_t pitch, int cb, int col0,
                                float* const* out, bool accumulate) {
   vf acc[NQ][NV];
   for (int g = 0; g < NQ; ++g)
@@ -188,7 +199,7 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
   for (int r = 0; r < R; ++r) {
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    for (int c = 0; c < Wspan; ++c) {
+    for (int c = 0; c < ncols; ++c) {
       vf v[NV];
       for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
       for (int g = 0; g < NQ; ++g) {
@@ -202,34 +213,36 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
 }
 
 template <int NQ>
-static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
-                           const float* const* rows, int pitch, int cb, int col0, float* const* out,
+static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+                           const float* const* rows, int64_t pitch, int cb, int col0, float* const* out,
                            bool accumulate) {
   switch (nv) {
-    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
-    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
-    default: group_accum<NQ, 4>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 4>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #else
-    default: group_accum<NQ, 2>(w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #endif
   }
 }
 
-// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]).
-static void group_weighted_rows(int nq, const float* w, int R, int Wspan, const float* const* rows,
-                                int pitch, int cb, int nvec, float* const* out,
+// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]),
+// over the ncols <= Wspan columns of the group's windows (w's rows are Wspan apart; the padding
+// lanes beyond them hold zero weights and are skipped).
+static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int ncols,
+                                const float* const* rows, int64_t pitch, int cb, int nvec, float* const* out,
                                 bool accumulate = false, int64_t qstride = -1) {
   if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
-      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
-      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
-      default: group_accum_nv<4>(n, w, qstride, R, Wspan, rows, pitch, cb, col0, out, accumulate); break;
+      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      default: group_accum_nv<4>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
     }
   }
 }
@@ -238,7 +251,7 @@ static void group_weighted_rows(int nq, const float* w, int R, int Wspan, const 
 // column c: the transposed product (dK = dS^T Q, dV = P^T dO) of one query group, with the
 // group's x vectors held in registers. Masked lanes carry zero weights.
 template <int NQ, int NV>
-static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan,
+static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan, int ncols,
                                const float* const* x, float mult, float* const* rows, int pitch,
                                int cb, int col0) {
   vf xv[NQ][NV];
@@ -247,7 +260,7 @@ static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan
   for (int r = 0; r < R; ++r) {
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
     float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
-    for (int c = 0; c < Wspan; ++c) {
+    for (int c = 0; c < ncols; ++c) {
       float* d = dst + static_cast<int64_t>(c) * pitch;
       vf acc[NV];
       for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
@@ -261,32 +274,32 @@ static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan
 }
 
 template <int NQ>
-static void group_outer_nv(int nv, const float* w, int64_t qstride, int R, int Wspan,
+static void group_outer_nv(int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                            const float* const* x, float mult, float* const* rows, int pitch, int cb,
                            int col0) {
   switch (nv) {
-    case 1: group_outer<NQ, 1>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+    case 1: group_outer<NQ, 1>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_outer<NQ, 2>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
-    case 3: group_outer<NQ, 3>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
-    default: group_outer<NQ, 4>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+    case 2: group_outer<NQ, 2>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 3: group_outer<NQ, 3>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 4>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #else
-    default: group_outer<NQ, 2>(w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 2>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #endif
   }
 }
 
-static void group_outer_all(int nq, const float* w, int64_t qstride, int R, int Wspan,
+static void group_outer_all(int nq, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                             const float* const* x, float mult, float* const* rows, int pitch, int cb,
                             int nvec) {
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_outer_nv<1>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
-      case 2: group_outer_nv<2>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
-      case 3: group_outer_nv<3>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
-      default: group_outer_nv<4>(n, w, qstride, R, Wspan, x, mult, rows, pitch, cb, col0); break;
+      case 1: group_outer_nv<1>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      case 2: group_outer_nv<2>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      case 3: group_outer_nv<3>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      default: group_outer_nv<4>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
     }
   }
 }
@@ -309,9 +322,10 @@ static float mask_range_and_max(float* s, int R, int Wspan, int lo, int hi) {
   return hmax(m);
 }
 
-// Splits queries [0, T) into groups: [t0, t1) with a shared span of columns.
+// Splits queries [0, T) into groups: [t0, t1) with a shared span of columns: the union of their
+// windows, [cb, cb + span), padded to Wspan lanes in the score buffers.
 struct Group {
-  int t0, t1, cb, Wspan;
+  int t0, t1, cb, span, Wspan;
 };
 static Group next_group(const TileShape& s, int t0) {
   const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
@@ -320,7 +334,7 @@ static Group next_group(const TileShape& s, int t0) {
          s.col_begin[t1] + s.col_count[t1] - s.col_begin[t0] <= limit)
     ++t1;
   const int span = s.col_begin[t1 - 1] + s.col_count[t1 - 1] - s.col_begin[t0];
-  return {t0, t1, s.col_begin[t0], padded_window(span, kVW)};
+  return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW)};
 }
 
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
@@ -342,22 +356,31 @@ static int tile_groups(const TileShape& s, Group* out) {
 }
 
 // buf[t0 * plane + g * R * Wspan ..] = scores of every group (query rows x[t] = xs + t * xpitch).
+// Loop order: a chunk of D, then a batch of rows, then every group, so that the keys all groups
+// read (the batch's rows x the chunk's dims x the tile's columns, ~36 KB for 13x13, D = 64) stay
+// in L1 while the groups sweep over them; each key line is loaded from L2 once per batch instead
+// of once per group.
 static void tile_scores(const TileShape& s, const Group* grs, int ng, const float* xs, int xpitch,
                         int D, const float* const* rows, int pitch, float* buf, int64_t plane) {
   for (int d0 = 0; d0 < D; d0 += kDChunk) {
     const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk;
-    for (int i = 0; i < ng; ++i) {
-      const Group& gr = grs[i];
-      const float* x[kGroup];
-      for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
-      group_scores(gr.t1 - gr.t0, x, d0, d1, rows, s.R, pitch, gr.cb, gr.Wspan, buf + gr.t0 * plane);
+    for (int r0 = 0; r0 < s.R;) {
+      const int r1 = batch_end(r0, s.R, kGroupPairs);
+      for (int i = 0; i < ng; ++i) {
+        const Group& gr = grs[i];
+        const float* x[kGroup];
+        for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
+        group_scores(gr.t1 - gr.t0, x, d0, d1, rows, r0, r1, s.R, pitch, gr.cb, gr.Wspan,
+                     buf + gr.t0 * plane);
+      }
+      r0 = r1;
     }
   }
 }
 
 // out[t] = sum over rows and span columns of the group's weights x rows[r][cb + c][:].
 static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, const float* buf,
-                               int64_t plane, const float* const* rows, int rpitch, int nvec,
+                               int64_t plane, const float* const* rows, int64_t rpitch, int nvec,
                                float* outs, int opitch) {
   for (int r0 = 0; r0 < s.R; r0 += kRChunk) {
     const int r1 = s.R - r0 < kRChunk ? s.R : r0 + kRChunk;
@@ -366,7 +389,7 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
       float* out[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) out[g] = outs + static_cast<int64_t>(gr.t0 + g) * opitch;
       group_weighted_rows(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
-                          r1 - r0, gr.Wspan, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
+                          r1 - r0, gr.Wspan, gr.span, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
                           static_cast<int64_t>(s.R) * gr.Wspan);
     }
   }
@@ -383,7 +406,7 @@ static void tile_outer(const TileShape& s, const Group* grs, int ng, const float
       const float* x[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
       group_outer_all(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
-                      static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, x, mult, rows + r0,
+                      static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, gr.span, x, mult, rows + r0,
                       rpitch, gr.cb, nvec);
     }
   }
