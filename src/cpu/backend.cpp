@@ -114,10 +114,8 @@ struct Plan {
   };
   std::vector<LastTile> last_tiles;
   int vw;
-  bool heads_inside;  // one task runs every KV head (forward) or one (backward, see TileGeom)
 
-  Plan(const Problem& p_, int vw_, bool heads_inside_)
-      : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_), heads_inside(heads_inside_) {
+  Plan(const Problem& p_, int vw_) : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_) {
     for (int a = 0; a < p.rank; ++a)
       ax[a] = {static_cast<int>(p.shape[a]), static_cast<int>(p.kernel_size[a]),
                static_cast<int>(p.dilation[a]), static_cast<int>(p.stride[a]), p.is_causal[a]};
@@ -131,14 +129,13 @@ struct Plan {
     }
   }
   int64_t tasks() const {
-    return p.batch * lines * static_cast<int64_t>(last_tiles.size()) *
-           (heads_inside ? 1 : p.heads_kv);
+    return p.batch * p.heads_kv * lines * static_cast<int64_t>(last_tiles.size());
   }
 };
 
 // One tile's geometry: which query tokens, which key tokens (rows x columns).
 struct TileGeom {
-  int64_t b, hk, hk_end;  // KV heads [hk, hk_end) of the task
+  int64_t b, hk;  // batch and KV head of the task
   TileShape s;
   int64_t q_token[kTileQueries];
   std::vector<int64_t> row_token;  // token index of each row's key with last coordinate 0
@@ -149,28 +146,16 @@ struct TileGeom {
   void build(const Plan& pl, int64_t task, int D, int Dv, int A) {
     const Problem& p = pl.p;
     const int64_t nt = static_cast<int64_t>(pl.last_tiles.size());
-    // Forward order (slowest first): batch, tile column, line. Consecutive tasks are neighboring
-    // lines at the same columns, so they share all but one row of their key boxes, and a task
-    // runs every KV head, so the heads-last rows of Q / O (a cache line holds several heads)
-    // are read whole. Backward keeps one KV head per task (batch, head, line, tile): its five
-    // panel sets per head would not stay in L2 for all heads at once (measured).
-    int64_t line, tile;
-    if (pl.heads_inside) {
-      line = task % pl.lines;
-      int64_t rest = task / pl.lines;
-      tile = rest % nt;
-      b = rest / nt;
-      hk = 0;
-      hk_end = p.heads_kv;
-    } else {
-      tile = task % nt;
-      int64_t rest = task / nt;
-      line = rest % pl.lines;
-      rest /= pl.lines;
-      hk = rest % p.heads_kv;
-      b = rest / p.heads_kv;
-      hk_end = hk + 1;
-    }
+    // Order (slowest first): batch, KV head, line, tile. The tiles of a line share their key
+    // rows, and the next line's tiles all but one of them, so the panels in use (about the window
+    // height in lines, of one head) stay in L2 and each panel is converted (LazyPanels) just
+    // before its first tiles read it.
+    const int64_t tile = task % nt;
+    int64_t rest = task / nt;
+    const int64_t line = rest % pl.lines;
+    rest /= pl.lines;
+    hk = rest % p.heads_kv;
+    b = rest / p.heads_kv;
     const Plan::LastTile& lt = pl.last_tiles[tile];
     // Coordinates of the line on the axes before the last, and their windows.
     int64_t coord[kMaxRank] = {0, 0, 0};
@@ -237,47 +222,39 @@ struct Panels {
   int64_t id(int64_t b, int64_t hk, int64_t line, int g) const {
     return ((b * pl.p.heads_kv + hk) * pl.lines + line) * pl.ax[pl.la].dilation + g;
   }
-  // Fills transposed [dim][pitch] and/or row-major [pitch][dim_pad] panels from a strided tensor.
-  void convert(const Strided& src, int dim, int dim_pad, Floats* transposed, Floats* rows,
-               int threads) const {
-    // Only the padding needs zeros, so the buffers are resized, not refilled.
-    if (transposed) transposed->resize(static_cast<size_t>(count * dim * pitch));
-    if (rows) rows->resize(static_cast<size_t>(count * pitch * dim_pad));
+  static constexpr int kBlock = 16;  // columns transposed at once: whole cache lines per write
+  // Converts panel `id` of a strided tensor into transposed [dim][pitch] floats at `tr` and / or
+  // row-major [pitch][dim_pad] floats at `rw` (either may be null), zero beyond the group's
+  // length. tmp: kBlock * dim_pad floats. Allocates nothing (see LazyPanels).
+  void convert(const Strided& src, int dim, int dim_pad, int64_t id, float* tr, float* rw,
+               float* tmp) const {
     const Problem& p = pl.p;
     const nbr::Axis& L = pl.ax[pl.la];
-    parallel_for(count, threads, [&](int64_t it, int) {
-      // KV heads vary fastest in the iteration (they share cache lines of the source).
-      const int64_t hk = it % p.heads_kv;
-      int64_t rest = it / p.heads_kv;
-      const int g = static_cast<int>(rest % L.dilation);
-      rest /= L.dilation;
-      const int64_t line = rest % pl.lines, b = rest / pl.lines;
-      const int64_t id = this->id(b, hk, line, g);
-      const int lg = nbr::group_length(L, g);
-      constexpr int kBlock = 16;  // columns transposed at once: whole cache lines per write
-      std::vector<float> tmp(static_cast<size_t>(kBlock * dim_pad));
-      float* tr = transposed ? transposed->data() + id * dim * pitch : nullptr;
-      float* rw = rows ? rows->data() + id * pitch * dim_pad : nullptr;
-      for (int j0 = 0; j0 < lg; j0 += kBlock) {
-        const int nj = lg - j0 < kBlock ? lg - j0 : kBlock;
-        for (int j = 0; j < nj; ++j) {
-          const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j0 + j) * L.dilation + g;
-          float* dst = rw ? rw + static_cast<int64_t>(j0 + j) * dim_pad : tmp.data() + j * dim_pad;
-          load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
-        }
-        if (tr) {
-          const float* blk = rw ? rw + static_cast<int64_t>(j0) * dim_pad : tmp.data();
-          for (int e = 0; e < dim; ++e) {
-            float* col = tr + static_cast<int64_t>(e) * pitch + j0;
-            for (int j = 0; j < nj; ++j) col[j] = blk[j * dim_pad + e];
-          }
+    const int g = static_cast<int>(id % L.dilation);
+    int64_t rest = id / L.dilation;
+    const int64_t line = rest % pl.lines;
+    rest /= pl.lines;
+    const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
+    const int lg = nbr::group_length(L, g);
+    for (int j0 = 0; j0 < lg; j0 += kBlock) {
+      const int nj = lg - j0 < kBlock ? lg - j0 : kBlock;
+      for (int j = 0; j < nj; ++j) {
+        const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j0 + j) * L.dilation + g;
+        float* dst = rw ? rw + static_cast<int64_t>(j0 + j) * dim_pad : tmp + j * dim_pad;
+        load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
+      }
+      if (tr) {
+        const float* blk = rw ? rw + static_cast<int64_t>(j0) * dim_pad : tmp;
+        for (int e = 0; e < dim; ++e) {
+          float* col = tr + static_cast<int64_t>(e) * pitch + j0;
+          for (int j = 0; j < nj; ++j) col[j] = blk[j * dim_pad + e];
         }
       }
-      if (rw) std::fill(rw + static_cast<int64_t>(lg) * dim_pad, rw + static_cast<int64_t>(pitch) * dim_pad, 0.f);
-      if (tr)
-        for (int e = 0; e < dim; ++e)
-          std::fill(tr + static_cast<int64_t>(e) * pitch + lg, tr + static_cast<int64_t>(e + 1) * pitch, 0.f);
-    });
+    }
+    if (rw) std::fill(rw + static_cast<int64_t>(lg) * dim_pad, rw + static_cast<int64_t>(pitch) * dim_pad, 0.f);
+    if (tr)
+      for (int e = 0; e < dim; ++e)
+        std::fill(tr + static_cast<int64_t>(e) * pitch + lg, tr + static_cast<int64_t>(e + 1) * pitch, 0.f);
   }
   // Panel rows of a tile's box: pointers to column u0 of each row's panel.
   template <typename T>
@@ -290,6 +267,44 @@ struct Panels {
   }
 };
 
+// Converts the panels on first use, from inside the tile tasks, rather than all of them up front:
+// a panel is then still in the converting core's cache when the first tiles read it, and the
+// converted tensors never make a round trip through memory. One state per panel: 0 = not
+// started, 1 = being converted, 2 = ready.
+class LazyPanels {
+ public:
+  explicit LazyPanels(int64_t count) : state_(static_cast<size_t>(count)) {}
+  // Makes panels ids[0 .. n) ready, converting (convert(id)) those no thread has claimed. While
+  // another thread finishes one of them, converts `ahead` (a panel needed soon; -1: none) if
+  // nobody has claimed it, instead of only waiting.
+  template <typename Convert>
+  void ensure(const int64_t* ids, int n, int64_t ahead, Convert&& convert) {
+    bool busy = false;
+    for (int i = 0; i < n; ++i) busy |= !claim_or_ready(ids[i], convert);
+    if (!busy) return;
+    if (ahead >= 0) claim_or_ready(ahead, convert);
+    for (int i = 0; i < n; ++i)
+      while (state_[static_cast<size_t>(ids[i])].load(std::memory_order_acquire) != 2)
+        std::this_thread::yield();
+  }
+
+ private:
+  // True when the panel is ready (possibly converted here), false while another thread has it.
+  template <typename Convert>
+  bool claim_or_ready(int64_t id, Convert& convert) {
+    std::atomic<unsigned char>& st = state_[static_cast<size_t>(id)];
+    unsigned char v = st.load(std::memory_order_acquire);
+    if (v == 2) return true;
+    if (v == 0 && st.compare_exchange_strong(v, 1, std::memory_order_acquire)) {
+      convert(id);  // must not throw: waiting threads would spin forever
+      st.store(2, std::memory_order_release);
+      return true;
+    }
+    return false;
+  }
+  std::vector<std::atomic<unsigned char>> state_;
+};
+
 void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim, int pitch, float* dst) {
   for (int n = 0; n < A; ++n)
     load_row(src, src.token_offset(b, n, hk), dim, pitch, dst + static_cast<int64_t>(n) * pitch);
@@ -299,7 +314,8 @@ struct Scratch {
   Floats add_k, add_v, q, o, d_o, dq, work, work2;
   std::vector<float> lse, delta;
   std::vector<float> d_add_k, d_add_v, p_add, ds_add;
-  std::vector<int64_t> key_line;
+  std::vector<int64_t> key_line, panel_ids;
+  std::vector<float> tmp;  // Panels::convert's block
   std::vector<const float*> r1, r2, r3;
   std::vector<float*> r4, r5;
 };
@@ -321,11 +337,25 @@ void key_lines(const TileGeom& tg, int64_t last_len, std::vector<int64_t>* out) 
   for (size_t r = 0; r < tg.row_token.size(); ++r) (*out)[r] = tg.row_token[r] / last_len;
 }
 
+// Makes the panels of the task's box rows ready (converting them with convert(id) as needed);
+// `ahead` is the panel of the line after the box's last row, which the next line's tiles need.
+template <typename Convert>
+void ensure_box(LazyPanels& lazy, const Panels& panels, const TileGeom& tg, Scratch& sc,
+                Convert&& convert) {
+  const int R = tg.s.R;
+  sc.panel_ids.resize(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r)
+    sc.panel_ids[static_cast<size_t>(r)] = panels.id(tg.b, tg.hk, sc.key_line[static_cast<size_t>(r)], tg.g);
+  const int64_t next = sc.key_line[static_cast<size_t>(R - 1)] + 1;
+  const int64_t ahead = next < panels.pl.lines ? panels.id(tg.b, tg.hk, next, tg.g) : -1;
+  lazy.ensure(sc.panel_ids.data(), R, ahead, convert);
+}
+
 }  // namespace
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-  const Plan plan(p, kern.vector_width, true);
+  const Plan plan(p, kern.vector_width);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided lse = grid_view(a.lse, p, DType::f32, false);
@@ -340,8 +370,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   static thread_local Floats tl_kt, tl_v;
   Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
   Floats& vr = tl_v;
-  panels.convert(k, D, Dp, &kt, nullptr, threads);
-  panels.convert(v, Dv, Dvp, nullptr, &vr, threads);
+  // Only the padding needs zeros (Panels::convert writes it), so the buffers are not refilled.
+  kt.resize(static_cast<size_t>(panels.count * D * panels.pitch));
+  vr.resize(static_cast<size_t>(panels.count * panels.pitch * Dvp));
+  LazyPanels lazy(panels.count);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
@@ -350,7 +382,11 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     tg.build(plan, task, D, Dv, A);
     const TileShape& s = tg.s;
     key_lines(tg, p.shape[plan.la], &sc.key_line);
-    for (; tg.hk < tg.hk_end; ++tg.hk) {
+    float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
+    ensure_box(lazy, panels, tg, sc, [&](int64_t id) {
+      panels.convert(k, D, Dp, id, kt.data() + id * D * panels.pitch, nullptr, tmp);
+      panels.convert(v, Dv, Dvp, id, nullptr, vr.data() + id * panels.pitch * Dvp, tmp);
+    });
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt.data()),
                    static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr.data()),
@@ -386,17 +422,13 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
-    }
   });
   return Status::Ok();
 }
 
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-#ifndef FNA_CPU_BWD_HEADS_INSIDE  // tuning knob (compile-time overridable for experiments)
-#define FNA_CPU_BWD_HEADS_INSIDE false
-#endif
-  const Plan plan(p, kern.vector_width, FNA_CPU_BWD_HEADS_INSIDE);
+  const Plan plan(p, kern.vector_width);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
@@ -419,8 +451,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
   Floats& kr = tl_k;
   Floats& vt = tl_vt;
-  panels.convert(k, D, Dp, &kt, &kr, threads);
-  panels.convert(v, Dv, Dvp, &vt, nullptr, threads);
+  kt.resize(static_cast<size_t>(panels.count * D * panels.pitch));
+  kr.resize(static_cast<size_t>(panels.count * panel_k));
+  vt.resize(static_cast<size_t>(panels.count * Dv * panels.pitch));
+  LazyPanels lazy(panels.count);
   // Cached per calling thread like the panels: fresh pages cost more than the zeroing.
   static thread_local std::vector<Floats> tl_acc;
   std::vector<Floats>& acc = tl_acc;
@@ -445,7 +479,11 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     const int64_t* kl = sc.key_line.data();
-    for (; tg.hk < tg.hk_end; ++tg.hk) {
+    float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
+    ensure_box(lazy, panels, tg, sc, [&](int64_t id) {
+      panels.convert(k, D, Dp, id, kt.data() + id * D * panels.pitch, kr.data() + id * panel_k, tmp);
+      panels.convert(v, Dv, Dvp, id, vt.data() + id * Dv * panels.pitch, nullptr, tmp);
+    });
     panels.rows_of(tg, kl, static_cast<const float*>(kt.data()), static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
     panels.rows_of(tg, kl, static_cast<const float*>(kr.data()), panel_k, Dp, &sc.r2);
     panels.rows_of(tg, kl, static_cast<const float*>(vt.data()), static_cast<int64_t>(Dv) * panels.pitch, 1, &sc.r3);
@@ -509,7 +547,6 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
       for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
     }
-    }
   });
   // Sum the per-thread accumulators and store: grid keys panel by panel, then additional keys.
   const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
@@ -517,7 +554,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const nbr::Axis& L = plan.ax[plan.la];
   const int store_threads = resolve_threads(opt.num_threads, panels.count);
   parallel_for(panels.count, store_threads, [&](int64_t it, int) {
-    const int64_t hk = it % p.heads_kv;  // heads fastest, as in Panels::convert
+    const int64_t hk = it % p.heads_kv;  // heads fastest: they share cache lines of dK / dV
     int64_t rest = it / p.heads_kv;
     const int g = static_cast<int>(rest % L.dilation);
     rest /= L.dilation;
