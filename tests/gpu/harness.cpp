@@ -108,6 +108,7 @@ fna::Options device_options(const Case& c, const RunConfig& rc, cudaStream_t str
   o.device_index = 0;
   o.stream = stream;
   o.config = rc.config;
+  o.allow_tf32 = rc.allow_tf32;
   return o;
 }
 
@@ -123,7 +124,11 @@ Outcome from_status(const fna::Status& st, const char* who) {
               ": " + st.message);
 }
 
-Outcome from_check(const Check& c) { return c.ok ? Outcome{} : fail(c.str()); }
+Outcome from_check(const Check& c) {
+  Outcome o = c.ok ? Outcome{} : fail(c.str());
+  o.ratio = c.bound > 0 ? c.err / c.bound : -1;
+  return o;
+}
 
 // Finishes a device run: waits for the stream, surfaces asynchronous errors.
 std::string finish(cudaStream_t s) {
@@ -144,7 +149,15 @@ fna::Status reference_forward_into(ProblemTensors& t, const RunConfig& rc) {
   return st;
 }
 
-Outcome run_forward(const Case& c, const RunConfig& rc) {
+fna_test::Tolerance tolerance(const RunConfig& rc) {
+  fna_test::Tolerance tol;
+  tol.tf32 = rc.allow_tf32;
+  return tol;
+}
+
+// Runs the forward of one case and checks it; `rel_err` (when given, float32) receives
+// max|out - ref| / max|ref| over O and LSE (the larger).
+Outcome run_forward(const Case& c, const RunConfig& rc, double* rel_err = nullptr) {
   ProblemTensors got(c);  // outputs poisoned (NaN)
   {
     Stream stream(rc.use_stream);
@@ -170,7 +183,13 @@ Outcome run_forward(const Case& c, const RunConfig& rc) {
   ref.poison_outputs();
   const fna::Status st = fna::forward(ref.c.p, ref.forward_args(), reference_options(c, rc));
   if (!st.ok()) return fail("reference forward failed: " + st.message);
-  return from_check(fna_test::check_forward(got, ref));
+  if (rel_err != nullptr) {
+    fna_test::Tolerance unit;  // float32 rule with f32_rel = 1: err / bound = relative error
+    unit.f32_rel = 1.0;
+    const Check r = fna_test::check_forward(got, ref, unit);
+    *rel_err = r.bound > 0 ? r.err / r.bound : 0.0;
+  }
+  return from_check(fna_test::check_forward(got, ref, tolerance(rc)));
 }
 
 Outcome run_backward(const Case& c, const RunConfig& rc) {
@@ -346,6 +365,23 @@ Outcome run_av_backward(const Case& c, const RunConfig& rc) {
 }
 
 }  // namespace
+
+Outcome run_tf32_contrast(const Case& c, const RunConfig& rc) {
+  if (c.p.dtype != fna::DType::f32) return fail("run_tf32_contrast needs a float32 case");
+  double rel[2] = {0, 0};
+  for (int mode = 0; mode < 2; ++mode) {
+    RunConfig r = rc;
+    r.allow_tf32 = mode == 1;
+    const Outcome o = run_forward(c, r, &rel[mode]);
+    if (o.verdict != Verdict::pass)
+      return {o.verdict, std::string(mode ? "allow_tf32=true: " : "allow_tf32=false: ") + o.detail};
+  }
+  std::ostringstream os;
+  os << "relative error: split TF32 " << rel[0] << ", plain TF32 " << rel[1];
+  if (!(rel[1] > 1e-5 && rel[1] > 10 * rel[0]))
+    return fail(os.str() + ": plain TF32 should be measurably (>1e-5, >10x) less accurate");
+  return {Verdict::pass, os.str()};
+}
 
 Outcome run_case(Op op, const Case& c, const RunConfig& rc) {
   switch (op) {

@@ -2,6 +2,10 @@
 // CPU tests (ranks 1-3, every SPEC parameter, dtypes, GQA, additional KV, odd shapes,
 // non-contiguous layouts) plus fixed special cases and error paths. Outputs are poisoned (NaN)
 // before each run. Problems a backend declines with Code::unsupported are counted apart.
+// cuda-fused (and auto) forwards run the float32 cases a second time with Options::allow_tf32
+// (plain TF32, judged against a naive TF32 computation; row "forward tf32"), and one fixed problem
+// checks that the two float32 precisions really differ (split TF32 float32-accurate, plain TF32
+// not).
 // The last line is always `N passed, N failed`; the exit code is non-zero on any failure.
 //
 //   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
@@ -11,6 +15,7 @@
 // a failure prints its case index after '#': rerun it alone with the same flags plus --only I.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -196,6 +201,24 @@ std::vector<Case> fixed_cases(fna::DType dtype) {
   return out;
 }
 
+// The problem of the TF32 contrast check: 2-D, 7x7 windows, head dim 64, float32.
+Case tf32_contrast_case() {
+  Case c;
+  fna::Problem& p = c.p;
+  p.rank = 2;
+  p.batch = 2;
+  p.shape[0] = 16;
+  p.shape[1] = 24;
+  p.kernel_size[0] = p.kernel_size[1] = 7;
+  p.heads = p.heads_kv = 2;
+  p.dim = p.dim_v = 64;
+  p.dtype = fna::DType::f32;
+  c.layout = fna_test::Layout::contiguous;
+  c.with_lse = true;
+  c.seed = 0x7f32c0de;
+  return c;
+}
+
 std::vector<Case> make_cases(const Args& a) {
   std::vector<Case> cases;
   fna_test::RandomLimits lim;
@@ -240,6 +263,7 @@ int main(int argc, char** argv) {
                     Op::av_backward};
   // per backend/op: {passed, failed, unsupported}
   std::map<std::string, std::array<int, 3>> tally;
+  std::map<std::string, double> worst_ratio;  // per row: the largest max|out-ref| / bound
   std::map<std::string, int> unsupported_reasons;
 
   for (fna::Backend backend : args.backends) {
@@ -255,39 +279,74 @@ int main(int argc, char** argv) {
     passed += er.passed;
     failed += static_cast<int>(er.failures.size());
     for (const std::string& f : er.failures) std::printf("FAIL %s\n", f.c_str());
+    const bool fused_like =
+        backend == fna::Backend::cuda_fused || backend == fna::Backend::automatic;
+    bool any_f32 = false;
+    for (const Case& c : cases) any_f32 = any_f32 || c.p.dtype == fna::DType::f32;
     for (Op op : ops) {
       if (!family_selected(args, op)) continue;
       // The fused backend has no unfused operators (API contract, checked in the error paths).
       if (fna_gpu_test::op_is_unfused(op) && backend == fna::Backend::cuda_fused) continue;
-      auto& t = tally[std::string(fna::backend_name(backend)) + " " + fna_gpu_test::op_name(op)];
-      for (size_t i = 0; i < cases.size(); ++i) {
-        if (args.only >= 0 && static_cast<int>(i) != args.only) continue;
-        rc.use_stream = i % 2 == 1;
-        rc.deterministic = i % 4 == 0;
-        // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
-        // per chunk, the path large problems take.
-        if (i % 3 == 2)
-          setenv("FNA_NAIVE_WORKSPACE_BYTES", "1", 1);
-        else
-          unsetenv("FNA_NAIVE_WORKSPACE_BYTES");
-        const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
-        if (o.verdict == Verdict::pass) {
-          ++passed;
-          ++t[0];
-          if (args.verbose)
-            std::printf("ok   [%s] %s #%zu %s\n", fna::backend_name(backend),
-                        fna_gpu_test::op_name(op), i, cases[i].str().c_str());
-        } else if (o.verdict == Verdict::unsupported) {
-          ++unsupported;
-          ++t[2];
-          ++unsupported_reasons[o.detail];
-        } else {
-          ++failed;
-          ++t[1];
-          std::printf("FAIL [%s] %s #%zu %s\n%s\n", fna::backend_name(backend),
-                      fna_gpu_test::op_name(op), i, cases[i].str().c_str(), o.detail.c_str());
-          std::fflush(stdout);
+      // Pass 1 (forward of cuda-fused / auto only): the float32 cases again with allow_tf32.
+      const int passes = op == Op::forward && fused_like && any_f32 ? 2 : 1;
+      for (int pass = 0; pass < passes; ++pass) {
+        rc.allow_tf32 = pass == 1;
+        const std::string row = std::string(fna::backend_name(backend)) + " " +
+                                fna_gpu_test::op_name(op) + (pass == 1 ? " tf32" : "");
+        auto& t = tally[row];
+        double& worst = worst_ratio[row];
+        for (size_t i = 0; i < cases.size(); ++i) {
+          if (args.only >= 0 && static_cast<int>(i) != args.only) continue;
+          if (rc.allow_tf32 && cases[i].p.dtype != fna::DType::f32) continue;
+          rc.use_stream = i % 2 == 1;
+          rc.deterministic = i % 4 == 0;
+          // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
+          // per chunk, the path large problems take.
+          if (i % 3 == 2)
+            setenv("FNA_NAIVE_WORKSPACE_BYTES", "1", 1);
+          else
+            unsetenv("FNA_NAIVE_WORKSPACE_BYTES");
+          const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
+          if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
+          if (o.verdict == Verdict::pass) {
+            ++passed;
+            ++t[0];
+            if (args.verbose)
+              std::printf("ok   [%s] %s #%zu %s\n", fna::backend_name(backend),
+                          fna_gpu_test::op_name(op), i, cases[i].str().c_str());
+          } else if (o.verdict == Verdict::unsupported) {
+            ++unsupported;
+            ++t[2];
+            ++unsupported_reasons[o.detail];
+          } else {
+            ++failed;
+            ++t[1];
+            std::printf("FAIL [%s] %s%s #%zu %s\n%s\n", fna::backend_name(backend),
+                        fna_gpu_test::op_name(op), rc.allow_tf32 ? " (allow_tf32)" : "", i,
+                        cases[i].str().c_str(), o.detail.c_str());
+            std::fflush(stdout);
+          }
         }
+      }
+      rc.allow_tf32 = false;
+    }
+    // (Not with --config: the contrast problem has its own rank and head dim.)
+    if (fused_like && any_f32 && family_selected(args, Op::forward) && args.only < 0 &&
+        args.config.empty()) {
+      const Outcome o = fna_gpu_test::run_tf32_contrast(tf32_contrast_case(), rc);
+      auto& t = tally[std::string(fna::backend_name(backend)) + " tf32 contrast"];
+      if (o.verdict == Verdict::pass) {
+        ++passed;
+        ++t[0];
+        std::printf("tf32 contrast [%s]: %s\n", fna::backend_name(backend), o.detail.c_str());
+      } else if (o.verdict == Verdict::unsupported) {
+        ++unsupported;
+        ++t[2];
+        ++unsupported_reasons[o.detail];
+      } else {
+        ++failed;
+        ++t[1];
+        std::printf("FAIL [%s] tf32 contrast: %s\n", fna::backend_name(backend), o.detail.c_str());
       }
     }
   }
@@ -295,8 +354,9 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("---- %zu cases per op, %.1f s ----\n", cases.size(), secs);
   for (const auto& kv : tally)
-    std::printf("%-24s %4d passed %4d failed %4d unsupported\n", kv.first.c_str(), kv.second[0],
-                kv.second[1], kv.second[2]);
+    std::printf("%-24s %4d passed %4d failed %4d unsupported   max err/bound %.3g\n",
+                kv.first.c_str(), kv.second[0], kv.second[1], kv.second[2],
+                worst_ratio.count(kv.first) ? worst_ratio[kv.first] : 0.0);
   int shown = 0;
   for (const auto& kv : unsupported_reasons) {
     if (shown++ == 8) {

@@ -19,7 +19,8 @@
 
 namespace {
 
-__global__ void fill_random(uint16_t* x, size_t n, uint32_t seed, bool bf16) {
+// Elements of 2 bytes (bf16 / f16) or 4 (f32).
+__global__ void fill_random(void* x, size_t n, uint32_t seed, fna::DType dt) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ (seed * 40503u + uint32_t(i >> 32));
@@ -29,11 +30,13 @@ __global__ void fill_random(uint16_t* x, size_t n, uint32_t seed, bool bf16) {
     const float f = (h & 0xffffff) / float(0x800000) - 1.0f;  // [-1, 1)
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
-    if (bf16) {
-      x[i] = uint16_t(bits >> 16);
+    if (dt == fna::DType::f32) {
+      static_cast<float*>(x)[i] = f;
+    } else if (dt == fna::DType::bf16) {
+      static_cast<uint16_t*>(x)[i] = uint16_t(bits >> 16);
     } else {
       const __half hf = __float2half(f);
-      std::memcpy(&x[i], &hf, 2);
+      std::memcpy(&static_cast<uint16_t*>(x)[i], &hf, 2);
     }
   }
 }
@@ -83,9 +86,10 @@ int main(int argc, char** argv) {
       {"2d-large", 2, 1, 16, {256, 256}, 128, {63, 63}},
       {"3d-video", 3, 1, 24, {30, 48, 80}, 128, {18, 24, 24}},
   };
-  // argv[1]: problems to run (substring match, e.g. "1d-long,3d-video"); argv[2]: variants.
+  // argv[1]: problems to run (substring match, e.g. "1d-long,3d-video"); argv[2]: variants
+  // (fp32: float32 split TF32, the default precision; tf32: float32 with allow_tf32).
   const char* only = argc > 1 && argv[1][0] != '\0' ? argv[1] : nullptr;
-  std::vector<std::string> variants = {"base", "dil2", "causal0", "fp16"};
+  std::vector<std::string> variants = {"base", "dil2", "causal0", "fp16", "fp32", "tf32"};
   if (argc > 2) {
     std::vector<std::string> keep;
     for (const std::string& v : variants)
@@ -102,7 +106,8 @@ int main(int argc, char** argv) {
       p.batch = s.batch;
       p.heads = p.heads_kv = s.heads;
       p.dim = p.dim_v = s.dim;
-      p.dtype = var == "fp16" ? fna::DType::f16 : fna::DType::bf16;
+      const bool f32 = var == "fp32" || var == "tf32";
+      p.dtype = var == "fp16" ? fna::DType::f16 : (f32 ? fna::DType::f32 : fna::DType::bf16);
       double pairs = 1;
       for (int i = 0; i < s.rank; ++i) {
         p.shape[i] = s.shape[i];
@@ -119,15 +124,15 @@ int main(int argc, char** argv) {
       }
       const double flops = 4.0 * p.batch * p.heads * pairs * p.dim;
       const size_t n = size_t(p.batch) * p.tokens() * p.heads * p.dim;
-      uint16_t *q, *k, *v, *o;
-      check(cudaMalloc(&q, n * 2), "malloc");
-      check(cudaMalloc(&k, n * 2), "malloc");
-      check(cudaMalloc(&v, n * 2), "malloc");
-      check(cudaMalloc(&o, n * 2), "malloc");
-      const bool bf = p.dtype == fna::DType::bf16;
-      fill_random<<<1024, 256>>>(q, n, 1, bf);
-      fill_random<<<1024, 256>>>(k, n, 2, bf);
-      fill_random<<<1024, 256>>>(v, n, 3, bf);
+      const size_t es = f32 ? 4 : 2;
+      void *q, *k, *v, *o;
+      check(cudaMalloc(&q, n * es), "malloc");
+      check(cudaMalloc(&k, n * es), "malloc");
+      check(cudaMalloc(&v, n * es), "malloc");
+      check(cudaMalloc(&o, n * es), "malloc");
+      fill_random<<<1024, 256>>>(q, n, 1, p.dtype);
+      fill_random<<<1024, 256>>>(k, n, 2, p.dtype);
+      fill_random<<<1024, 256>>>(v, n, 3, p.dtype);
       check(cudaDeviceSynchronize(), "fill");
       std::vector<int64_t> ext = {p.batch};
       for (int i = 0; i < p.rank; ++i) ext.push_back(p.shape[i]);
@@ -146,6 +151,7 @@ int main(int argc, char** argv) {
         opt.backend = fna::Backend::cuda_fused;
         opt.device = fna::Device::cuda;
         opt.config = cfg;
+        opt.allow_tf32 = var == "tf32";
         fna::Status st;
         for (int i = 0; i < 3; ++i) st = fna::forward(p, a, opt);
         if (!st.ok()) {

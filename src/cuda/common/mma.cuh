@@ -1,5 +1,6 @@
 // Warp-level tensor-core primitives for sm_80+ (Ampere, Ada, Hopper): mma.sync m16n8k16 with f32
-// accumulation, ldmatrix (plain and transposed), cp.async 16-byte copies with commit / wait groups.
+// accumulation, m16n8k8 tf32 (plain, or split into three products for float32 accuracy),
+// ldmatrix (plain and transposed), cp.async 16-byte copies with commit / wait groups.
 // Shared by the fused forward and backward kernels; the interface is kept stable.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4. Every 32-bit
@@ -40,6 +41,17 @@ struct F16 {
 };
 struct BF16 {
   using type = __nv_bfloat16;
+};
+// float32 elements on the TF32 tensor cores (mma.m16n8k8): F32 splits every operand x into
+// big = tf32(x) and small = tf32(x - big) and sums three products (small * big' + big * small' +
+// big * big'), float32-class accuracy; TF32 rounds each operand once (about 1e-3 relative).
+struct F32 {
+  using type = float;
+  static constexpr bool kSplit = true;
+};
+struct TF32 {
+  using type = float;
+  static constexpr bool kSplit = false;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -82,6 +94,37 @@ __device__ __forceinline__ void mma_16816<BF16>(float (&d)[4], const uint32_t (&
                                                 uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- TF32 (m16n8k8, f32 accumulate). Fragment layouts (PTX ISA, "mma.m16n8k8" .tf32), g = lane / 4,
+// t = lane % 4, one element per register:
+//   A (16x8, row-major, 4 regs):  a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]
+//   B (8x8, k x n, 2 regs):       b0 = B[t][g]  b1 = B[t+4][g]
+//   C/D (16x8, f32):              the same as m16n8k16 above.
+// An ldmatrix.x4 (b16) over float32 rows hands lane l the float at row l/4, column l%4 of each
+// 8-row x 16-byte matrix, so the ldsm_*_addr patterns below load tf32 A fragments and B fragments
+// from [n][k] storage when their column offsets (8 16-bit elements = 16 bytes) are read as 4 floats.
+
+// float32 -> tf32 (round to nearest, ties away), as a 32-bit register with the low 13 bits zero.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = big + small (+ an error of about 2^-22 |x|), both tf32.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = to_tf32(x);
+  small = to_tf32(x - __uint_as_float(big));
+}
+
+// d = a * b + d, 16x8x8, tf32 inputs, f32 accumulate.
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -1,6 +1,6 @@
-// The table of fused forward configurations: the one list that drives instantiation (one
-// file per rank and dtype, generated from fwd_inst.cu.in), dispatch and the config listing
-// (fna::fused_configs / Options::config).
+// The tables of fused forward configurations (16-bit and float32): the one list that drives
+// instantiation (one file per rank and dtype, generated from fwd_inst.cu.in), dispatch and the
+// config listing (fna::fused_configs / Options::config).
 //
 // An entry is X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2, m_tiles, dtype): the padded head dim
 // the kernel is compiled for (D and D_v are both padded up to it with zero-filled shared-memory
@@ -49,3 +49,30 @@
 
 #define FNA_FWD_CONFIGS(X, DT) \
   FNA_FWD_CONFIGS_RANK1(X, DT) FNA_FWD_CONFIGS_RANK2(X, DT) FNA_FWD_CONFIGS_RANK3(X, DT)
+
+// float32 (DT = F32, split TF32, or TF32, plain; one name for both, Options::allow_tf32 picks).
+// Elements take twice the bytes, and Q is re-read from shared memory every step (its split
+// fragments would not fit the registers), so the tiles are smaller: two m-tiles per warp up to
+// head dim 64 (55 / 104 KiB), one m-tile and 32 keys at 128 (101 KiB, two CTAs per SM), 16 keys
+// at 256 (133 KiB: fits sm_80's 163 KiB). Fast tile axes of 8 as above.
+#define FNA_FWD_CONFIGS_F32_RANK1(X, DT) \
+  X(1, 32, 1, 1, 128, 1, 1, 64, 2, DT)    \
+  X(1, 64, 1, 1, 128, 1, 1, 64, 2, DT)    \
+  X(1, 128, 1, 1, 64, 1, 1, 32, 1, DT)    \
+  X(1, 256, 1, 1, 64, 1, 1, 16, 1, DT)
+
+#define FNA_FWD_CONFIGS_F32_RANK2(X, DT) \
+  X(2, 32, 1, 8, 16, 1, 8, 8, 2, DT)      \
+  X(2, 64, 1, 8, 16, 1, 8, 8, 2, DT)      \
+  X(2, 128, 1, 8, 8, 1, 4, 8, 1, DT)      \
+  X(2, 256, 1, 8, 8, 1, 2, 8, 1, DT)
+
+#define FNA_FWD_CONFIGS_F32_RANK3(X, DT) \
+  X(3, 32, 2, 8, 8, 2, 4, 8, 2, DT)       \
+  X(3, 64, 2, 8, 8, 2, 4, 8, 2, DT)       \
+  X(3, 128, 2, 4, 8, 2, 2, 8, 1, DT)      \
+  X(3, 256, 2, 4, 8, 1, 2, 8, 1, DT)
+
+#define FNA_FWD_CONFIGS_F32(X, DT)                                   \
+  FNA_FWD_CONFIGS_F32_RANK1(X, DT) FNA_FWD_CONFIGS_F32_RANK2(X, DT) \
+      FNA_FWD_CONFIGS_F32_RANK3(X, DT)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/backends.h"
@@ -31,11 +32,26 @@ template <>
 struct DTypeOf<mma::BF16> {
   static constexpr DType value = DType::bf16;
 };
+template <>
+struct DTypeOf<mma::F32> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<mma::TF32> {
+  static constexpr DType value = DType::f32;
+};
+
+// float32 entries exist twice, split TF32 (the default) and plain TF32 (Options::allow_tf32).
+template <class T>
+constexpr bool plain_tf32() {
+  return std::is_same<T, mma::TF32>::value;
+}
 
 struct FwdEntry {
   int rank;
   DType dtype;
-  int dim;  // padded head dim the kernel is compiled for
+  bool tf32;  // float32 with plain TF32 products (Options::allow_tf32)
+  int dim;    // padded head dim the kernel is compiled for
   int q[kAxes];
   int kv[kAxes];
   int warps;
@@ -51,40 +67,52 @@ struct FwdEntry {
         s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
       return s;
     };
-    return std::string("fna_fwd_sm80_") + (dtype == DType::bf16 ? "bf16" : "f16") + "_d" +
+    const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
+    return std::string("fna_fwd_sm80_") + dt + "_d" +
            std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv) + "_w" + std::to_string(warps);
   }
 };
 
-#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                        \
-  FwdEntry{R, DTypeOf<mma::DT>::value, D, {Q0, Q1, Q2}, {K0, K1, K2},               \
-           (Q0) * (Q1) * (Q2) / (16 * (MT)),                                        \
-           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,      \
+#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                           \
+  FwdEntry{R,                                                                         \
+           DTypeOf<mma::DT>::value,                                                   \
+           plain_tf32<mma::DT>(),                                                     \
+           D,                                                                         \
+           {Q0, Q1, Q2},                                                              \
+           {K0, K1, K2},                                                              \
+           (Q0) * (Q1) * (Q2) / (16 * (MT)),                                          \
+           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>, \
            &fused::fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 
 const std::vector<FwdEntry>& table() {
-  static const std::vector<FwdEntry> t{FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16)
-                                           FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)};
+  static const std::vector<FwdEntry> t{
+      FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16) FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)
+          FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, F32) FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, TF32)};
   return t;
 }
 #undef FNA_FWD_ENTRY
 
 Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
 
+// Entries of one (rank, dtype, precision); `tf32` only matters for float32.
+bool matches(const FwdEntry& e, int rank, DType dtype, bool tf32) {
+  return e.rank == rank && e.dtype == dtype && e.tf32 == (tf32 && dtype == DType::f32);
+}
+
 // The smallest compiled head dim that holds max(D, D_v); 0 when none does.
-int dim_bucket(int rank, DType dtype, int64_t need) {
+int dim_bucket(int rank, DType dtype, bool tf32, int64_t need) {
   int best = 0;
   for (const FwdEntry& e : table())
-    if (e.rank == rank && e.dtype == dtype && e.dim >= need && (best == 0 || e.dim < best))
+    if (matches(e, rank, dtype, tf32) && e.dim >= need && (best == 0 || e.dim < best))
       best = e.dim;
   return best;
 }
 
-std::vector<const FwdEntry*> candidates(int rank, DType dtype, int64_t need) {
+std::vector<const FwdEntry*> candidates(int rank, DType dtype, bool tf32, int64_t need) {
   std::vector<const FwdEntry*> out;
-  const int bucket = dim_bucket(rank, dtype, need);
+  const int bucket = dim_bucket(rank, dtype, tf32, need);
   for (const FwdEntry& e : table())
-    if (e.rank == rank && e.dtype == dtype && e.dim == bucket) out.push_back(&e);
+    if (matches(e, rank, dtype, tf32) && e.dim == bucket) out.push_back(&e);
   return out;
 }
 
@@ -103,17 +131,20 @@ double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
 }
 
 // The vectorized path copies 16-byte row chunks: unit stride on the head dim, 16-byte aligned
-// base and every other stride a multiple of 8 elements (dims of extent 1 never move the pointer).
-Status check_rows(const char* name, const TensorRef& t, int ndim, const int64_t* extents) {
+// base and every other stride a multiple of `vec` elements (16 bytes; dims of extent 1 never move
+// the pointer).
+Status check_rows(const char* name, const TensorRef& t, int ndim, const int64_t* extents,
+                  int vec) {
   if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
     return unsupported(std::string(name) + " pointer is not 16-byte aligned");
   if (t.strides[ndim - 1] != 1)
     return unsupported(std::string(name) + " stride[" + std::to_string(ndim - 1) + "]=" +
                        std::to_string(t.strides[ndim - 1]) + " (head dim) must be 1");
   for (int d = 0; d < ndim - 1; ++d)
-    if (extents[d] > 1 && t.strides[d] % 8 != 0)
+    if (extents[d] > 1 && t.strides[d] % vec != 0)
       return unsupported(std::string(name) + " stride[" + std::to_string(d) + "]=" +
-                         std::to_string(t.strides[d]) + " is not a multiple of 8 elements");
+                         std::to_string(t.strides[d]) + " is not a multiple of " +
+                         std::to_string(vec) + " elements");
   return Status::Ok();
 }
 
@@ -137,24 +168,27 @@ std::string join_names(const std::vector<const FwdEntry*>& es) {
 
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
   std::vector<std::string> names;
-  for (const FwdEntry* e : candidates(rank, dtype, dim)) names.push_back(e->name());
+  // float32: the split-TF32 entries (the plain TF32 ones carry the same names).
+  for (const FwdEntry* e : candidates(rank, dtype, false, dim)) names.push_back(e->name());
   return names;
 }
 
 Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
-  if (p.dtype == DType::f32)
-    return unsupported("dtype=float32 has no tensor-core forward yet (float16 / bfloat16 only)");
-  if (p.dim % 8 != 0 || p.dim_v % 8 != 0)
+  // Elements per 16-byte chunk: head dims and strides must be multiples of it.
+  const int vec = p.dtype == DType::f32 ? 4 : 8;
+  if (p.dim % vec != 0 || p.dim_v % vec != 0)
     return unsupported("dim=" + std::to_string(p.dim) + ", dim_v=" + std::to_string(p.dim_v) +
-                       ": head dims must be multiples of 8");
+                       ": head dims must be multiples of " + std::to_string(vec) + " for " +
+                       dtype_name(p.dtype));
   const int64_t need = std::max(p.dim, p.dim_v);
+  const bool tf32 = opt.allow_tf32;
 
   const FwdEntry* cfg = nullptr;
   const fused::Geometry geo = geometry_of(p);
-  const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, need);
+  const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, tf32, need);
   if (!opt.config.empty()) {
     for (const FwdEntry& e : table())
-      if (e.name() == opt.config && e.rank == p.rank && e.dtype == p.dtype && e.dim >= need)
+      if (e.name() == opt.config && matches(e, p.rank, p.dtype, tf32) && e.dim >= need)
         cfg = &e;
     if (cfg == nullptr)
       return {Code::invalid_argument,
@@ -183,7 +217,8 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
                          std::to_string(smem_optin) + " bytes of shared memory per block");
   }
 
-  // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte stores.
+  // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte (16-bit
+  // pairs) or 8-byte (float32 pairs) stores.
   int64_t ext[kMaxDims];
   int n = 0;
   ext[n++] = p.batch;
@@ -191,19 +226,19 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
   ext[n++] = p.heads;
   ext[n++] = p.dim;
   const int nd = n;
-  Status st = check_rows("query", a.q, nd, ext);
+  Status st = check_rows("query", a.q, nd, ext, vec);
   if (!st.ok()) return st;
   ext[nd - 1] = p.dim_v;
-  if (!(st = check_rows("output", a.o, nd, ext)).ok()) return st;
+  if (!(st = check_rows("output", a.o, nd, ext, vec)).ok()) return st;
   ext[nd - 2] = p.heads_kv;
-  if (!(st = check_rows("value", a.v, nd, ext)).ok()) return st;
+  if (!(st = check_rows("value", a.v, nd, ext, vec)).ok()) return st;
   ext[nd - 1] = p.dim;
-  if (!(st = check_rows("key", a.k, nd, ext)).ok()) return st;
+  if (!(st = check_rows("key", a.k, nd, ext, vec)).ok()) return st;
   if (p.num_additional > 0) {
     const int64_t add_ext[4] = {p.batch, p.num_additional, p.heads_kv, p.dim};
     const int64_t add_ext_v[4] = {p.batch, p.num_additional, p.heads_kv, p.dim_v};
-    if (!(st = check_rows("additional_keys", a.add_k, 4, add_ext)).ok()) return st;
-    if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v)).ok()) return st;
+    if (!(st = check_rows("additional_keys", a.add_k, 4, add_ext, vec)).ok()) return st;
+    if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v, vec)).ok()) return st;
   }
   if (p.num_additional > (int64_t(1) << 30) || p.heads > (int64_t(1) << 30) ||
       p.batch > (int64_t(1) << 30))
@@ -254,7 +289,8 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
   if (!(st = guard.set(opt.device_index)).ok()) return st;
   int major = 0, smem_optin = 0;
   FNA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device_index));
-  if (major < 8) return unsupported("needs compute capability 8.0 or newer (mma.sync bf16/f16)");
+  if (major < 8)
+    return unsupported("needs compute capability 8.0 or newer (mma.sync bf16 / f16 / tf32)");
   FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                       opt.device_index));
   const cudaError_t err = cfg->launch(fp, smem_optin, stream_of(opt));

@@ -8,6 +8,13 @@
 // weights never leave registers; K/V tiles are double buffered in shared memory with cp.async,
 // one barrier per tile. Dilation groups are separate CTAs of the same launch working in local
 // coordinates; GQA maps the head to its KV head without copies.
+//
+// float32 (T = mma::F32 / mma::TF32) runs the same kernel on the TF32 tensor cores (m16n8k8):
+// Q and K fragments come from ldmatrix as for 16-bit elements (the loaded 16-byte rows hold 4
+// floats in the tf32 A / B layouts), P goes from the S accumulators into the A operand with the
+// keys of each 8-key step permuted (A column t is key 2t, column t + 4 key 2t + 1), and V's B
+// fragment follows that permutation with 32-bit shared loads. F32 splits every operand into two
+// tf32 parts and makes three products of each pair (float32-class error), TF32 makes one.
 #pragma once
 
 #include <cmath>
@@ -23,6 +30,9 @@ namespace fused {
 template <class T, int kD_, int kRank_, int kMT_, class QT, class KT>
 struct FwdTraits {
   using Elem = typename T::type;
+  // float32 elements (TF32 tensor cores, m16n8k8) instead of 16-bit ones (m16n8k16).
+  static constexpr bool kF32 = sizeof(Elem) == 4;
+  static constexpr int kVec = 16 / int(sizeof(Elem));  // elements per 16-byte chunk
   static constexpr int kD = kD_;
   static constexpr int kRank = kRank_;
   static constexpr int kFirstAxis = kAxes - kRank;
@@ -41,14 +51,18 @@ struct FwdTraits {
   static constexpr int kMinBlocks = kMT == 2 ? 2 : 1;
   // Keys per softmax step: a 64-key tile is processed as two 32-key halves when S and O of two
   // m-tiles would not fit the registers together (head dim above 64).
-  static constexpr int kStepN = (kMT == 2 && kD > 64 && kN > 32) ? 32 : kN;
+  // float32 steps over at most 32 keys: its fragments take twice the registers.
+  static constexpr int kStepN =
+      kF32 ? (kN > 32 ? 32 : kN) : ((kMT == 2 && kD > 64 && kN > 32) ? 32 : kN);
   // Rows padded by 16 bytes: the 8 row addresses of one ldmatrix then fall in 8 distinct 16-byte
   // bank groups for every head dim that is a multiple of 8, with no swizzle to compute.
-  static constexpr int kPitch = kD + 8;
-  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  // (float32: 16-byte padding too, so the same holds for its 4-float rows.)
+  static constexpr int kPitch = kD + kVec;
+  static constexpr int kChunks = kD / kVec;  // 16-byte chunks per row
   // Q fragments stay in registers while they take at most 32 registers; otherwise they are
-  // re-read from shared memory each step so O still fits.
-  static constexpr bool kQInRegs = kMT * kD <= 128;
+  // re-read from shared memory each step so O still fits. float32 fragments (twice the registers,
+  // and split ones twice again) are always re-read.
+  static constexpr bool kQInRegs = !kF32 && kMT * kD <= 128;
   static constexpr int kTileElems = kN * kPitch;
   static constexpr int kQElems = kQ * kPitch;
   static constexpr int kKVElems = 4 * kTileElems;  // K and V, two buffers each
@@ -57,7 +71,7 @@ struct FwdTraits {
       kQInRegs ? (kQElems > kKVElems ? kQElems : kKVElems) : kQElems + kKVElems;
   // Per-row windows (begin, end per axis) follow the tiles: read by border tiles only, so they
   // cost no registers in the main loop.
-  static constexpr size_t kWinOffset = size_t(kSmemElems) * 2;
+  static constexpr size_t kWinOffset = size_t(kSmemElems) * sizeof(Elem);
   static constexpr size_t kSmemBytes = kWinOffset + size_t(kQ) * sizeof(RowWindow);
   static_assert(kQ % kWarpRows == 0 && kN % kStepN == 0 && kStepN % 16 == 0 && kD % 16 == 0,
                 "tile sizes");
@@ -102,16 +116,16 @@ __device__ __forceinline__ void copy_rows(typename Tr::Elem* dst_a, int dim_a, c
 #pragma unroll
     for (int i = 0; i < kCPT; ++i) {
       const int ch = i * kTPR + sub;
-      const bool v = ok && ch * 8 < dim_a;
-      mma::cp_async_16(da + ch * 16, v ? src_a + ch * 8 : fb_a, v);
+      const bool v = ok && ch * Tr::kVec < dim_a;
+      mma::cp_async_16(da + ch * 16, v ? src_a + ch * Tr::kVec : fb_a, v);
     }
     if constexpr (kTwo) {
       const uint32_t db = mma::smem_u32(dst_b + row * Tr::kPitch);
 #pragma unroll
       for (int i = 0; i < kCPT; ++i) {
         const int ch = i * kTPR + sub;
-        const bool v = ok && ch * 8 < dim_b;
-        mma::cp_async_16(db + ch * 16, v ? src_b + ch * 8 : fb_b, v);
+        const bool v = ok && ch * Tr::kVec < dim_b;
+        mma::cp_async_16(db + ch * 16, v ? src_b + ch * Tr::kVec : fb_b, v);
       }
     }
   }
@@ -216,6 +230,129 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
   }
 }
 
+// One float32 operand for the TF32 MMAs: rounded once (TF32) or split into big + small (F32).
+template <class T>
+__device__ __forceinline__ void tf32_operand(float x, uint32_t& big, uint32_t& small) {
+  if constexpr (T::kSplit) {
+    mma::split_tf32(x, big, small);
+  } else {
+    big = mma::to_tf32(x);
+    small = 0;
+  }
+}
+
+// d += a * b on the TF32 tensor cores; F32: the three products that matter of the split operands,
+// small terms first.
+template <class T>
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&as)[4], uint32_t b0, uint32_t b1,
+                                         uint32_t bs0, uint32_t bs1) {
+  if constexpr (T::kSplit) {
+    mma::mma_1688_tf32(d, as, b0, b1);
+    mma::mma_1688_tf32(d, a, bs0, bs1);
+  }
+  mma::mma_1688_tf32(d, a, b0, b1);
+}
+
+// float32 S = Q K^T for kStepN keys at sK: per 8-dim k-step, one ldmatrix.x4 per m-tile gives the
+// A fragment (rows g, g + 8; dims t, t + 4) and one per 16 keys the B fragments of two n-tiles.
+// Split TF32 from head dim 128 on sums the small cross products in their own accumulators: the
+// rounding of the tensor cores' f32 accumulation, relative to |S|, then happens once per k-step
+// instead of three times.
+template <class Tr, class T>
+__device__ __forceinline__ void scores_tf32(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                            const float* sQ, const float* sK, int row0, int lane) {
+  constexpr int kN = Tr::kStepN, kMT = Tr::kMT;
+  constexpr bool kLo = T::kSplit && Tr::kD >= 128;
+  float lo[kLo ? kMT : 1][kLo ? kN / 8 : 1][4];
+  if constexpr (kLo) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lo[mt][j][i] = 0.f;
+  }
+  // The 16-bit lane patterns with their column offsets (0 or 8 elements = 16 bytes) as floats.
+  const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
+  const mma::LdsmOffset ob = mma::ldsm_b_nk_addr(lane);
+  const float* qa = sQ + (row0 + oa.row) * Tr::kPitch + oa.col / 2;
+  const float* kb = sK + ob.row * Tr::kPitch + ob.col / 2;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kD / 8; ++kk) {
+    uint32_t a[kMT][4], as[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t r[4];
+      mma::ldsm_x4(r, mma::smem_u32(qa + mt * 16 * Tr::kPitch + kk * 8));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tf32_operand<T>(__uint_as_float(r[i]), a[mt][i], as[mt][i]);
+    }
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      uint32_t r[4], b[4], bs[4];
+      mma::ldsm_x4(r, mma::smem_u32(kb + j * 16 * Tr::kPitch + kk * 8));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tf32_operand<T>(__uint_as_float(r[i]), b[i], bs[i]);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kLo) {
+          mma::mma_1688_tf32(lo[mt][2 * j], as[mt], b[0], b[1]);
+          mma::mma_1688_tf32(lo[mt][2 * j], a[mt], bs[0], bs[1]);
+          mma::mma_1688_tf32(s[mt][2 * j], a[mt], b[0], b[1]);
+          mma::mma_1688_tf32(lo[mt][2 * j + 1], as[mt], b[2], b[3]);
+          mma::mma_1688_tf32(lo[mt][2 * j + 1], a[mt], bs[2], bs[3]);
+          mma::mma_1688_tf32(s[mt][2 * j + 1], a[mt], b[2], b[3]);
+        } else {
+          mma_tf32<T>(s[mt][2 * j], a[mt], as[mt], b[0], b[1], bs[0], bs[1]);
+          mma_tf32<T>(s[mt][2 * j + 1], a[mt], as[mt], b[2], b[3], bs[2], bs[3]);
+        }
+      }
+    }
+  }
+  if constexpr (kLo) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][j][i] += lo[mt][j][i];
+  }
+}
+
+// float32 O += P V. The accumulators of n-tile kk hold P[g][2t], P[g][2t+1] (c0, c1) and the same
+// of row g + 8 (c2, c3); taken as the A fragment of k-step kk with A column t = key 2t and column
+// t + 4 = key 2t + 1 (a0 = c0, a1 = c2, a2 = c1, a3 = c3), no shuffle is needed, and V's B
+// fragment is read in the same key order: b0 = V[2t][g], b1 = V[2t + 1][g]. The 8 lanes of one t
+// read 8 consecutive floats of a row and 2t rows lie 8t banks apart (pitch = kD + 4, kD a multiple
+// of 16), so the loads are free of bank conflicts.
+template <class Tr, class T>
+__device__ __forceinline__ void pv_tf32(FwdState<Tr>& st,
+                                        const float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                        const float* sV, int lane) {
+  constexpr int kN = Tr::kStepN, kMT = Tr::kMT;
+  const float* vb = sV + 2 * (lane & 3) * Tr::kPitch + (lane >> 2);
+#pragma unroll
+  for (int kk = 0; kk < kN / 8; ++kk) {
+    uint32_t a[kMT][4], as[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      tf32_operand<T>(s[mt][kk][0], a[mt][0], as[mt][0]);
+      tf32_operand<T>(s[mt][kk][2], a[mt][1], as[mt][1]);
+      tf32_operand<T>(s[mt][kk][1], a[mt][2], as[mt][2]);
+      tf32_operand<T>(s[mt][kk][3], a[mt][3], as[mt][3]);
+    }
+#pragma unroll
+    for (int jd = 0; jd < Tr::kD / 8; ++jd) {
+      uint32_t b0, b1, bs0, bs1;
+      tf32_operand<T>(vb[kk * 8 * Tr::kPitch + jd * 8], b0, bs0);
+      tf32_operand<T>(vb[(kk * 8 + 1) * Tr::kPitch + jd * 8], b1, bs1);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) mma_tf32<T>(st.o[mt][jd], a[mt], as[mt], b0, b1, bs0, bs1);
+    }
+  }
+}
+
 // Keys [col0, col0 + kStepN) of one K/V tile: S = Q K^T, mask (kMasked), online softmax,
 // O += P V.
 template <class Tr, class T, class KT, bool kMasked>
@@ -235,29 +372,33 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 
-  const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
-  const mma::LdsmOffset ob = mma::ldsm_b_nk_addr(lane);
+  if constexpr (Tr::kF32) {
+    scores_tf32<Tr, T>(s, sQ, sK, row0, lane);
+  } else {
+    const mma::LdsmOffset oa = mma::ldsm_a_addr(lane);
+    const mma::LdsmOffset ob = mma::ldsm_b_nk_addr(lane);
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t a[kMT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      if constexpr (Tr::kQInRegs) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[mt][i] = st.qf[mt][kk][i];
-      } else {
-        mma::ldsm_x4(a[mt], mma::smem_u32(sQ + (row0 + mt * 16 + oa.row) * Tr::kPitch + kk * 16 +
-                                          oa.col));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kN / 16; ++j) {
-      uint32_t b[4];
-      mma::ldsm_x4(b, mma::smem_u32(sK + (j * 16 + ob.row) * Tr::kPitch + kk * 16 + ob.col));
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        mma::mma_16816<T>(s[mt][2 * j], a[mt], b[0], b[1]);
-        mma::mma_16816<T>(s[mt][2 * j + 1], a[mt], b[2], b[3]);
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[mt][i] = st.qf[mt][kk][i];
+        } else {
+          mma::ldsm_x4(a[mt], mma::smem_u32(sQ + (row0 + mt * 16 + oa.row) * Tr::kPitch +
+                                            kk * 16 + oa.col));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kN / 16; ++j) {
+        uint32_t b[4];
+        mma::ldsm_x4(b, mma::smem_u32(sK + (j * 16 + ob.row) * Tr::kPitch + kk * 16 + ob.col));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::mma_16816<T>(s[mt][2 * j], a[mt], b[0], b[1]);
+          mma::mma_16816<T>(s[mt][2 * j + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
@@ -312,26 +453,30 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
       }
   }
 
-  const mma::LdsmOffset ov = mma::ldsm_b_kn_addr(lane);
+  if constexpr (Tr::kF32) {
+    pv_tf32<Tr, T>(st, s, sV, lane);
+  } else {
+    const mma::LdsmOffset ov = mma::ldsm_b_kn_addr(lane);
 #pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
-    uint32_t p[kMT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      p[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      p[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      p[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      p[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int jd = 0; jd < kD / 16; ++jd) {
-      uint32_t b[4];
-      mma::ldsm_x4_trans(b,
-                         mma::smem_u32(sV + (kk * 16 + ov.row) * Tr::kPitch + jd * 16 + ov.col));
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      uint32_t p[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        mma::mma_16816<T>(st.o[mt][2 * jd], p[mt], b[0], b[1]);
-        mma::mma_16816<T>(st.o[mt][2 * jd + 1], p[mt], b[2], b[3]);
+        p[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        p[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        p[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        p[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int jd = 0; jd < kD / 16; ++jd) {
+        uint32_t b[4];
+        mma::ldsm_x4_trans(b,
+                           mma::smem_u32(sV + (kk * 16 + ov.row) * Tr::kPitch + jd * 16 + ov.col));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::mma_16816<T>(st.o[mt][2 * jd], p[mt], b[0], b[1]);
+          mma::mma_16816<T>(st.o[mt][2 * jd + 1], p[mt], b[2], b[3]);
+        }
       }
     }
   }
@@ -520,7 +665,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) {
         const int col = j * 8 + 2 * (lane & 3);
-        if (col < p.dim_v)
+        if (col >= p.dim_v) continue;
+        if constexpr (Tr::kF32)
+          *reinterpret_cast<float2*>(row + col) =
+              make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+        else
           *reinterpret_cast<uint32_t*>(row + col) =
               mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
       }

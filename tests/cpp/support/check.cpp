@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -38,6 +40,9 @@ Check compare(const std::string& name, const std::vector<double>& out,
     c.what = os.str();
     return c;
   }
+  // float32 judged as TF32 follows the low-precision rule with TF32's unit roundoff.
+  const bool tf32 = dtype == fna::DType::f32 && tol.tf32;
+  const bool lowp = dtype != fna::DType::f32 || tf32;
   double err = 0, ref_max = 0, naive_err = 0;
   int64_t worst = -1, nan_at = -1, inf_mismatch = -1;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -55,13 +60,13 @@ Check compare(const std::string& name, const std::vector<double>& out,
       err = e;
       worst = static_cast<int64_t>(i);
     }
-    if (dtype != fna::DType::f32 && i < naive.size() && std::isfinite(naive[i]))
+    if (lowp && i < naive.size() && std::isfinite(naive[i]))
       naive_err = std::max(naive_err, std::fabs(naive[i] - ref[i]));
   }
   ref_max = std::max(ref_max, tol.magnitude_floor);
-  const double u = unit_roundoff(dtype);
+  const double u = tf32 ? std::ldexp(1.0, -11) : unit_roundoff(dtype);
   double bound;
-  if (dtype == fna::DType::f32) {
+  if (!lowp) {
     bound = tol.f32_rel * ref_max;
   } else {
     if (naive.size() != ref.size()) naive_err = 0;  // no naive: only atol
@@ -74,7 +79,7 @@ Check compare(const std::string& name, const std::vector<double>& out,
   c.ok = err <= bound && nan_at < 0 && inf_mismatch < 0;
   os << "  " << name << ": " << (c.ok ? "ok" : "FAIL") << " max|out-ref|=" << err
      << " bound=" << bound << " (max|ref|=" << ref_max;
-  if (dtype != fna::DType::f32) os << ", max|naive-ref|=" << naive_err;
+  if (lowp) os << ", max|naive" << (tf32 ? "_tf32" : "") << "-ref|=" << naive_err;
   os << ")";
   if (worst >= 0 && !c.ok) os << " worst at " << worst << ": out=" << out[worst] << " ref=" << ref[worst];
   if (nan_at >= 0) os << " NaN at " << nan_at << " (out=" << out[nan_at] << " ref=" << ref[nan_at] << ")";
@@ -90,9 +95,24 @@ Check compare(const std::string& name, const std::vector<double>& out,
 
 namespace {
 
+// TF32 (10 explicit mantissa bits), round to nearest with ties away from zero (cvt.rna.tf32.f32).
+float round_tf32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // Round to the dtype (float32 included): every intermediate of the naive computation goes here.
 struct Rounder {
   fna::DType t;
+  bool tf32 = false;  // operands of products are rounded to TF32 (float32 problems)
+  // An operand of a product (float32 accumulation follows).
+  float in(double x) const {
+    const float f = static_cast<float>(x);
+    return tf32 ? round_tf32(f) : f;
+  }
   double operator()(double x) const {
     const float f = static_cast<float>(x);
     switch (t) {
@@ -144,7 +164,7 @@ struct Dense {
 
 double dot_rounded(const double* a, const double* b, int64_t n, const Rounder& r) {
   float acc = 0.f;  // a plain matmul accumulates in float32 and rounds its output
-  for (int64_t e = 0; e < n; ++e) acc += static_cast<float>(a[e]) * static_cast<float>(b[e]);
+  for (int64_t e = 0; e < n; ++e) acc += r.in(a[e]) * r.in(b[e]);
   return r(acc);
 }
 
@@ -207,9 +227,9 @@ double max_abs(std::initializer_list<const std::vector<double>*> vs) {
 
 }  // namespace
 
-NaiveForward naive_forward(const ProblemTensors& t) {
+NaiveForward naive_forward(const ProblemTensors& t, bool tf32) {
   const Dense d(t);
-  const Rounder r{d.p.dtype};
+  const Rounder r{d.p.dtype, tf32};
   const double scale = t.c.resolved_scale();
   NaiveForward out;
   out.o.assign(d.p.batch * d.N * d.H * d.Dv, 0.0);
@@ -224,8 +244,7 @@ NaiveForward naive_forward(const ProblemTensors& t) {
           float acc = 0.f;
           for (size_t w = 0; w < slots.size(); ++w)
             if (slots[w] >= 0)
-              acc += static_cast<float>(p[w]) *
-                     static_cast<float>(d.Vj(b, slots[w], h / d.group)[e]);
+              acc += r.in(p[w]) * r.in(d.Vj(b, slots[w], h / d.group)[e]);
           out.o[((b * d.N + t_) * d.H + h) * d.Dv + e] = r(acc);
         }
       }
@@ -391,7 +410,8 @@ NaiveAVBackward naive_av_backward(const ProblemTensors& t) {
 
 Check check_forward(const ProblemTensors& got, const ProblemTensors& ref, const Tolerance& tol) {
   const fna::DType dt = got.c.p.dtype;
-  const NaiveForward nv = dt == fna::DType::f32 ? NaiveForward{} : naive_forward(got);
+  const NaiveForward nv =
+      dt == fna::DType::f32 && !tol.tf32 ? NaiveForward{} : naive_forward(got, tol.tf32);
   Check c = compare("output", got.o.to_double(), ref.o.to_double(), nv.o, dt, tol);
   if (got.c.with_lse) {
     // LSE is float32 in every dtype, but computed from low-precision logits: same criterion.
