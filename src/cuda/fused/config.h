@@ -53,24 +53,31 @@
 // float32 (DT = F32, split TF32, or TF32, plain; one name for both, Options::allow_tf32 picks).
 // Elements take twice the bytes, and Q is re-read from shared memory every step (its split
 // fragments would not fit the registers), so the tiles are smaller: two m-tiles per warp up to
-// head dim 64 (55 / 104 KiB), one m-tile and 32 keys at 128 (101 KiB, two CTAs per SM), 16 keys
-// at 256 (133 KiB: fits sm_80's 163 KiB). Fast tile axes of 8 as above.
+// head dim 64 (58 / 108 KB), one m-tile and 32 keys at 128, 16 keys at 256 (135 KB: fits sm_80's
+// 163 KiB). Fast tile axes of 8 as above. Head dim 128 (measured on an H200, 2026-11, split TF32):
+// 128-query tiles with 8 warps (138 KB, one CTA per SM) ran 2d-large 18% and 3d-video 16% faster
+// than 64-query tiles with 4 warps (103 KB, two CTAs per SM), 1d-long the same; 64-key tiles
+// (170 KB, 4 warps) ran 2.6x slower. Both 128 entries stay: the heuristic picks the 8-warp one
+// where its cost model says so.
 #define FNA_FWD_CONFIGS_F32_RANK1(X, DT) \
   X(1, 32, 1, 1, 128, 1, 1, 64, 2, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, 2, DT)    \
   X(1, 128, 1, 1, 64, 1, 1, 32, 1, DT)    \
+  X(1, 128, 1, 1, 128, 1, 1, 32, 1, DT)   \
   X(1, 256, 1, 1, 64, 1, 1, 16, 1, DT)
 
 #define FNA_FWD_CONFIGS_F32_RANK2(X, DT) \
   X(2, 32, 1, 8, 16, 1, 8, 8, 2, DT)      \
   X(2, 64, 1, 8, 16, 1, 8, 8, 2, DT)      \
   X(2, 128, 1, 8, 8, 1, 4, 8, 1, DT)      \
+  X(2, 128, 1, 8, 16, 1, 4, 8, 1, DT)     \
   X(2, 256, 1, 8, 8, 1, 2, 8, 1, DT)
 
 #define FNA_FWD_CONFIGS_F32_RANK3(X, DT) \
   X(3, 32, 2, 8, 8, 2, 4, 8, 2, DT)       \
   X(3, 64, 2, 8, 8, 2, 4, 8, 2, DT)       \
   X(3, 128, 2, 4, 8, 2, 2, 8, 1, DT)      \
+  X(3, 128, 2, 8, 8, 2, 2, 8, 1, DT)      \
   X(3, 256, 2, 4, 8, 1, 2, 8, 1, DT)
 
 #define FNA_FWD_CONFIGS_F32(X, DT)                                   \
