@@ -155,6 +155,18 @@ Status validate_problem(const Problem& p);
 // Names of the cuda_fused tile configurations valid for (rank, dtype, head dim); empty without CUDA.
 std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim);
 
+// What the cuda_fused forward would run for a problem (Options: config, allow_tf32,
+// device_index) and how well its tiles fit the neighborhoods.
+struct FusedPlan {
+  std::string config;              // the configuration (Options::config or the heuristic's pick)
+  double visited_tiles = 0;        // (query tile, key/value tile) pairs visited, all heads
+  double unmasked_fraction = 0;    // of those, tiles wholly inside every query's window (no mask)
+  double needed_fraction = 0;      // needed score pairs / score pairs computed (tiling efficiency)
+};
+// Needs a CUDA device (the heuristic reads its shared-memory size); `unsupported` where the fused
+// forward would answer so; not_compiled without the fused backend.
+Status fused_plan(const Problem& p, const Options& opt, FusedPlan* out);
+
 const char* version();
 
 }  // namespace fna

@@ -37,17 +37,45 @@ def resolve_backend(backend=None, device="cpu"):
     return _C.resolve_backend("auto" if backend is None else backend, device)
 
 
+def _dtype_name(dtype):
+    if isinstance(dtype, str):
+        return dtype
+    name = str(dtype)
+    if name.startswith("torch."):
+        return name[len("torch."):]
+    import numpy as np
+    return np.dtype(dtype).name
+
+
 def fused_configs(rank, dtype, head_dim):
     """Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.
     `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype."""
-    if not isinstance(dtype, str):
-        name = str(dtype)
-        if name.startswith("torch."):
-            dtype = name[len("torch."):]
-        else:
-            import numpy as np
-            dtype = np.dtype(dtype).name
-    return list(_C.fused_configs(rank, dtype, head_dim))
+    return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
+
+
+def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
+               dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
+               device_index=0):
+    """What the cuda-fused forward runs for a problem, and how well its tiles fit.
+
+    query_shape: ``[B, *spatial, H, D]``; the other arguments as for :func:`na2d`. Returns a dict:
+    ``config`` (the configuration name), ``visited_tiles`` (query-tile x key-tile pairs visited,
+    all heads), ``unmasked_fraction`` (share of those wholly inside every window: no mask) and
+    ``needed_fraction`` (needed score pairs over computed ones: the tiling efficiency). Needs a
+    CUDA device (the choice depends on its shared memory).
+    """
+    from . import _args
+    rank = len(query_shape) - 3
+    if rank not in (1, 2, 3):
+        raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
+                         "1 to 3 spatial axes")
+    ks, st, dil, causal = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    config, _, allow_tf32 = _args.fused_options(config, False, allow_tf32, torch_tensors=False)
+    return _C.fused_plan([int(x) for x in query_shape], _dtype_name(dtype), kernel_size=ks,
+                         stride=st, dilation=dil, is_causal=causal,
+                         heads_kv=0 if heads_kv is None else int(heads_kv),
+                         dim_v=0 if dim_v is None else int(dim_v), config=config,
+                         allow_tf32=allow_tf32, device_index=device_index)
 
 
 def version():
@@ -67,5 +95,5 @@ def __getattr__(name):
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
     "na_backward", "na_qk_backward", "na_av_backward", "backend_compiled", "cuda_available",
-    "resolve_backend", "fused_configs", "version", "BACKENDS", *_MODULES,
+    "resolve_backend", "fused_configs", "fused_plan", "version", "BACKENDS", *_MODULES,
 ]

@@ -473,6 +473,59 @@ NB_MODULE(_C, m) {
     return fna::fused_configs(rank, dtype_arg(dtype), dim);
   }, nb::arg("rank"), nb::arg("dtype"), nb::arg("dim"),
      "Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.");
+  m.def("fused_plan", [](const std::vector<int64_t>& query_shape, const std::string& dtype,
+                         const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& dilation, const std::vector<bool>& is_causal,
+                         int64_t heads_kv, int64_t dim_v, const std::string& config,
+                         bool allow_tf32, int device_index) {
+    const size_t nd = query_shape.size();
+    if (nd < 4 || nd > 6)
+      raise(PyExc_ValueError, "query_shape has " + std::to_string(nd) +
+                                  " entries; expected [B, *spatial, H, D] with 1-3 spatial axes");
+    fna::Problem p;
+    p.rank = static_cast<int>(nd) - 3;
+    p.batch = query_shape[0];
+    for (int i = 0; i < p.rank; ++i) p.shape[i] = query_shape[1 + i];
+    p.heads = query_shape[nd - 2];
+    p.dim = query_shape[nd - 1];
+    p.heads_kv = heads_kv > 0 ? heads_kv : p.heads;
+    p.dim_v = dim_v > 0 ? dim_v : p.dim;
+    p.dtype = dtype_arg(dtype);
+    const std::vector<int64_t>* per_axis[] = {&kernel_size, &stride, &dilation};
+    const char* names[] = {"kernel_size", "stride", "dilation"};
+    for (int k = 0; k < 3; ++k)
+      if (per_axis[k]->size() != static_cast<size_t>(p.rank))
+        raise(PyExc_ValueError, std::string(names[k]) + " has " +
+                                    std::to_string(per_axis[k]->size()) + " entries for a " +
+                                    std::to_string(p.rank) + "-D problem");
+    if (is_causal.size() != static_cast<size_t>(p.rank))
+      raise(PyExc_ValueError, "is_causal has " + std::to_string(is_causal.size()) +
+                                  " entries for a " + std::to_string(p.rank) + "-D problem");
+    for (int i = 0; i < p.rank; ++i) {
+      p.kernel_size[i] = kernel_size[i];
+      p.stride[i] = stride[i];
+      p.dilation[i] = dilation[i];
+      p.is_causal[i] = is_causal[i];
+    }
+    fna::Options o;
+    o.backend = fna::Backend::cuda_fused;
+    o.device = fna::Device::cuda;
+    o.device_index = device_index;
+    o.config = config;
+    o.allow_tf32 = allow_tf32;
+    fna::FusedPlan plan;
+    check(fna::fused_plan(p, o, &plan));
+    nb::dict d;
+    d["config"] = plan.config;
+    d["visited_tiles"] = plan.visited_tiles;
+    d["unmasked_fraction"] = plan.unmasked_fraction;
+    d["needed_fraction"] = plan.needed_fraction;
+    return d;
+  }, nb::arg("query_shape"), nb::arg("dtype"), nb::kw_only(), nb::arg("kernel_size"),
+     nb::arg("stride"), nb::arg("dilation"), nb::arg("is_causal"), nb::arg("heads_kv") = 0,
+     nb::arg("dim_v") = 0, nb::arg("config") = "", nb::arg("allow_tf32") = false,
+     nb::arg("device_index") = 0,
+     "The cuda-fused forward's configuration for a problem and its tiling efficiency.");
   m.def("version", [] { return std::string(fna::version()); });
   m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
 }

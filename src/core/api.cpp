@@ -291,6 +291,17 @@ std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim) {
 #endif
 }
 
+Status fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
+  if (out == nullptr) return {Code::invalid_argument, "out is a null pointer"};
+  Status st = validate_problem(p);
+  if (!st.ok()) return st;
+  if (!backend_compiled(Backend::cuda_fused))
+    return {Code::not_compiled, "backend=cuda-fused is not compiled into this build of fna"};
+  if (!cuda_available())
+    return {Code::runtime_error, "backend=cuda-fused needs a CUDA device, but none is visible"};
+  return detail::cuda_fused_plan(p, opt, out);
+}
+
 const char* version() { return "0.1.0"; }
 
 }  // namespace fna

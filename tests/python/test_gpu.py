@@ -2,6 +2,8 @@
 stream, torch.compile, the unfused ops, the modules, and device errors. Runs on the device
 (tools/gpu/run.sh pytest); skipped where torch sees no GPU."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -229,3 +231,59 @@ def test_cuda_float32_precision(allow_tf32):
     tf32 = allow_tf32 is not False
     err = np.abs(np64(out) - ref["out"]).max() / np.abs(ref["out"]).max()
     assert err < (2e-3 if tf32 else 2e-5), f"allow_tf32={allow_tf32}: relative error {err}"
+
+
+def _tiles_of(name, rank):
+    """Query / key tile extents per axis from a configuration name (..._q8x16_kv8x8_w4)."""
+    parts = name.split("_")
+    q = [int(x) for x in next(p for p in parts if p.startswith("q"))[1:].split("x")]
+    kv = [int(x) for x in next(p for p in parts if p.startswith("kv"))[1:].split("x")]
+    assert len(q) == len(kv) == rank
+    return q, kv
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("case", [
+    ((1, 30, 23, 2, 64), (7, 5), (1, 2), (False, True)),
+    ((2, 9, 12, 10, 3, 128), (3, 5, 4), (2, 1, 2), (True, False, False)),
+    ((1, 300, 4, 32), (33,), (3,), (False,)),
+])
+def test_fused_plan_tiling(case):
+    """fna.fused_plan's tiling efficiency against a count from the SPEC window formulas
+    (helpers.axis_window): per axis and dilation group, each query tile visits the key tiles
+    laid from the start of its windows' union; a tile needs no mask when it lies inside every
+    window of the query tile; needed pairs are the window sizes summed."""
+    from helpers import axis_window
+    shape, ks, dil, causal = case
+    B, H, D = shape[0], shape[-2], shape[-1]
+    spatial = shape[1:-2]
+    rank = len(spatial)
+    plan = fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16")
+    assert plan["config"] in fna.fused_configs(rank, "bfloat16", D)
+    qt, kt = _tiles_of(plan["config"], rank)
+    visited = unmasked = needed = 1
+    for ax in range(rank):
+        L, K, d, c = spatial[ax], ks[ax], dil[ax], causal[ax]
+        v = u = n = 0
+        for g in range(d):
+            xs = [x for x in range(L) if x % d == g]
+            wins = [axis_window(x, L, K, d, 1, c)[1:] for x in xs]
+            n += sum(e - s for s, e in wins)
+            for i0 in range(0, len(xs), qt[ax]):
+                tile = wins[i0:i0 + qt[ax]]
+                ub, ue = min(s for s, _ in tile), max(e for _, e in tile)
+                ib, ie = max(s for s, _ in tile), min(e for _, e in tile)
+                nt = -(-(ue - ub) // kt[ax])
+                v += nt
+                u += sum(1 for t in range(nt) if ub + t * kt[ax] >= ib and ub + (t + 1) * kt[ax] <= ie)
+        visited, unmasked, needed = visited * v, unmasked * u, needed * n
+    assert plan["visited_tiles"] == visited * B * H
+    assert plan["unmasked_fraction"] == pytest.approx(unmasked / visited)
+    computed = visited * math.prod(qt) * math.prod(kt)
+    assert plan["needed_fraction"] == pytest.approx(needed / computed)
+    assert 0 < plan["needed_fraction"] <= 1
+    # An explicit configuration is reported back; a wrong one is an error.
+    other = fna.fused_configs(rank, "bfloat16", D)[-1]
+    assert fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, config=other)["config"] == other
+    with pytest.raises(ValueError, match="is not a cuda-fused forward configuration"):
+        fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, dtype="float16", config=other)

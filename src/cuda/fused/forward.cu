@@ -164,17 +164,11 @@ std::string join_names(const std::vector<const FwdEntry*>& es) {
   return s.empty() ? "(none)" : s;
 }
 
-}  // namespace
-
-std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
-  std::vector<std::string> names;
-  // float32: the split-TF32 entries (the plain TF32 ones carry the same names).
-  for (const FwdEntry* e : candidates(rank, dtype, false, dim)) names.push_back(e->name());
-  return names;
-}
-
-Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
-  // Elements per 16-byte chunk: head dims and strides must be multiples of it.
+// The configuration the forward runs: Options::config when given (an error when it does not fit
+// the call), else the cheapest candidate (cost_of) that fits the device's shared memory.
+Status select_config(const Problem& p, const Options& opt, const FwdEntry** out) {
+  *out = nullptr;
+  // Elements per 16-byte chunk: head dims (and strides, checked by the caller) must be multiples.
   const int vec = p.dtype == DType::f32 ? 4 : 8;
   if (p.dim % vec != 0 || p.dim_v % vec != 0)
     return unsupported("dim=" + std::to_string(p.dim) + ", dim_v=" + std::to_string(p.dim_v) +
@@ -182,8 +176,7 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
                        dtype_name(p.dtype));
   const int64_t need = std::max(p.dim, p.dim_v);
   const bool tf32 = opt.allow_tf32;
-
-  const FwdEntry* cfg = nullptr;
+  const FwdEntry*& cfg = *out;
   const fused::Geometry geo = geometry_of(p);
   const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, tf32, need);
   if (!opt.config.empty()) {
@@ -216,6 +209,49 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
       return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
                          std::to_string(smem_optin) + " bytes of shared memory per block");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
+  std::vector<std::string> names;
+  // float32: the split-TF32 entries (the plain TF32 ones carry the same names).
+  for (const FwdEntry* e : candidates(rank, dtype, false, dim)) names.push_back(e->name());
+  return names;
+}
+
+Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
+  const FwdEntry* cfg = nullptr;
+  Status st = select_config(p, opt, &cfg);
+  if (!st.ok()) return st;
+  const fused::Geometry geo = geometry_of(p);
+  const fused::TilingStats ts = fused::tiling_stats(geo, cfg->q, cfg->kv);
+  // Needed pairs per (batch, head): the window is a product over axes, so the count is the
+  // product of per-axis sums of window lengths.
+  double needed = 1;
+  for (const nbr::Axis& a : geo.axis) {
+    double sum = 0;
+    for (int g = 0; g < a.dilation; ++g) {
+      const int len = nbr::group_length(a, g);
+      for (int i = 0; i < len; ++i) sum += nbr::window(a, len, i).size();
+    }
+    needed *= sum;
+  }
+  plan->config = cfg->name();
+  plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);
+  plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
+  const double computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
+  plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
+  return Status::Ok();
+}
+
+Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  const FwdEntry* cfg = nullptr;
+  Status st = select_config(p, opt, &cfg);
+  if (!st.ok()) return st;
+  const int vec = p.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
+  const fused::Geometry geo = geometry_of(p);
 
   // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte (16-bit
   // pairs) or 8-byte (float32 pairs) stores.
@@ -226,7 +262,7 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
   ext[n++] = p.heads;
   ext[n++] = p.dim;
   const int nd = n;
-  Status st = check_rows("query", a.q, nd, ext, vec);
+  st = check_rows("query", a.q, nd, ext, vec);
   if (!st.ok()) return st;
   ext[nd - 1] = p.dim_v;
   if (!(st = check_rows("output", a.o, nd, ext, vec)).ok()) return st;
