@@ -237,7 +237,7 @@ def _tiles_of(name, rank):
     """Query / key tile extents per axis from a configuration name (..._q8x16_kv8x8_w4)."""
     parts = name.split("_")
     q = [int(x) for x in next(p for p in parts if p.startswith("q"))[1:].split("x")]
-    kv = [int(x) for x in next(p for p in parts if p.startswith("kv"))[1:].split("x")]
+    kv = [int(x) for x in next(p for p in parts if p.startswith("kv"))[2:].split("x")]
     assert len(q) == len(kv) == rank
     return q, kv
 
