@@ -211,9 +211,10 @@ struct TileGeom {
 // columns = local indices along the last axis, zero beyond the group's length.
 struct Panels {
   const Plan& pl;
+  const Kernels& kern;  // its transpose converts the transposed layout
   int64_t count = 0;
   int pitch = 0;  // columns of a transposed panel; also the rows of a row-major one
-  Panels(const Plan& plan) : pl(plan) {
+  Panels(const Plan& plan, const Kernels& k) : pl(plan), kern(k) {
     const Problem& p = plan.p;
     const nbr::Axis& L = plan.ax[plan.la];
     count = p.batch * p.heads_kv * plan.lines * L.dilation;
@@ -243,12 +244,11 @@ struct Panels {
         float* dst = rw ? rw + static_cast<int64_t>(j0 + j) * dim_pad : tmp + j * dim_pad;
         load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
       }
-      if (tr) {
+      if (tr) {  // (columns from lg on get zeros; the padding is zeroed below anyway)
         const float* blk = rw ? rw + static_cast<int64_t>(j0) * dim_pad : tmp;
-        for (int e = 0; e < dim; ++e) {
-          float* col = tr + static_cast<int64_t>(e) * pitch + j0;
-          for (int j = 0; j < nj; ++j) col[j] = blk[j * dim_pad + e];
-        }
+        for (int j = 0; j < nj; j += pl.vw)
+          kern.transpose(blk + static_cast<int64_t>(j) * dim_pad, dim_pad, std::min(pl.vw, nj - j), dim,
+                         tr + j0 + j, pitch);
       }
     }
     if (rw) std::fill(rw + static_cast<int64_t>(lg) * dim_pad, rw + static_cast<int64_t>(pitch) * dim_pad, 0.f);
@@ -364,7 +364,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const int A = static_cast<int>(p.num_additional);
   const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
   const int threads = resolve_threads(opt.num_threads, plan.tasks());
-  const Panels panels(plan);
+  const Panels panels(plan, kern);
   // Panels are cached per calling thread: re-touching fresh pages on every call costs as much as
   // the conversion itself.
   static thread_local Floats tl_kt, tl_v;
@@ -437,7 +437,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
   const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
-  const Panels panels(plan);
+  const Panels panels(plan, kern);
   // dK / dV: boxes of different tiles overlap, so every thread accumulates into its own float
   // panels (summed at the end) instead of racing on shared ones. Cap the copies' memory.
   const int64_t panel_k = static_cast<int64_t>(panels.pitch) * Dp;

@@ -15,7 +15,8 @@
 namespace fna {
 namespace cpu {
 const Kernels& avx512_kernel_table() {
-  static const Kernels k{"avx512", 16, &avx512::forward_tile, &avx512::backward_tile};
+  static const Kernels k{"avx512", 16, &avx512::forward_tile, &avx512::backward_tile,
+                         &avx512::transpose_rows};
   return k;
 }
 }  // namespace cpu

@@ -9,7 +9,8 @@
 namespace fna {
 namespace cpu {
 const Kernels& generic_kernel_table() {
-  static const Kernels k{"generic", 4, &generic::forward_tile, &generic::backward_tile};
+  static const Kernels k{"generic", 4, &generic::forward_tile, &generic::backward_tile,
+                         &generic::transpose_rows};
   return k;
 }
 }  // namespace cpu

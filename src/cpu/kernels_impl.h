@@ -419,6 +419,43 @@ static int64_t tile_plane(const TileShape& s) {
   return static_cast<int64_t>(s.R) * padded_window(wmax + kGroup, kVW);
 }
 
+// ---- Panel conversion: out[e][c] = rows[c][e] for c < kVW, e < dim (rows: n <= kVW rows,
+// row_pitch floats apart, readable up to dim rounded up to kVW; rows c >= n read as zeros; out
+// rows are pitch floats apart).
+// An in-register transpose of kVW x kVW blocks: log2(kVW) stages, each swapping one bit of the
+// row index with the same bit of the lane index, one two-input shuffle per row.
+template <int S>
+static inline void transpose_stage(vf* a) {
+  vi lo, hi;  // lanes of the pair (i, i + S): from a[i] / a[i + S] (second operand: + kVW)
+  for (int l = 0; l < kVW; ++l) {
+    lo[l] = (l & S) ? kVW + l - S : l;
+    hi[l] = (l & S) ? kVW + l : l + S;
+  }
+  for (int i = 0; i < kVW; ++i)
+    if (!(i & S)) {
+      const vf x = a[i], y = a[i + S];
+      a[i] = __builtin_shuffle(x, y, lo);
+      a[i + S] = __builtin_shuffle(x, y, hi);
+    }
+}
+
+void transpose_rows(const float* rows, int row_pitch, int n, int dim, float* out, int64_t pitch) {
+  for (int e0 = 0; e0 < dim; e0 += kVW) {
+    vf a[kVW];
+    for (int c = 0; c < kVW; ++c) a[c] = c < n ? ld(rows + static_cast<int64_t>(c) * row_pitch + e0) : vf{};
+    transpose_stage<1>(a);
+    transpose_stage<2>(a);
+#if FNA_CPU_VW >= 8
+    transpose_stage<4>(a);
+#endif
+#if FNA_CPU_VW >= 16
+    transpose_stage<8>(a);
+#endif
+    const int ne = dim - e0 < kVW ? dim - e0 : kVW;
+    for (int e = 0; e < ne; ++e) st(out + static_cast<int64_t>(e0 + e) * pitch, a[e]);
+  }
+}
+
 void forward_tile(const ForwardTile& a) {
   const TileShape& s = a.s;
   Group grs[kTileQueries] = {};

@@ -90,6 +90,9 @@ struct Kernels {
   int vector_width;  // floats per vector
   void (*forward)(const ForwardTile&);
   void (*backward)(const BackwardTile&);
+  // Transposes n <= vector_width rows into the columns of a [dim][pitch] panel (see
+  // kernels_impl.h): the K / V panels' conversion.
+  void (*transpose)(const float* rows, int row_pitch, int n, int dim, float* out, int64_t pitch);
 };
 
 const Kernels& best_kernels();     // picked once, by __builtin_cpu_supports
