@@ -256,14 +256,16 @@ struct Panels {
       for (int e = 0; e < dim; ++e)
         std::fill(tr + static_cast<int64_t>(e) * pitch + lg, tr + static_cast<int64_t>(e + 1) * pitch, 0.f);
   }
-  // Panel rows of a tile's box: pointers to column u0 of each row's panel.
+  // Panel rows of a tile's box: pointers to column u0 of each row's panel (panel id at `base` +
+  // id * panel_floats, or at slot id % slots when slots > 0: see PanelStore).
   template <typename T>
   void rows_of(const TileGeom& tg, const int64_t* key_line, T* base, int64_t panel_floats,
-               int64_t col_floats, std::vector<T*>* out) const {
+               int64_t col_floats, std::vector<T*>* out, int64_t slots = 0) const {
     out->resize(static_cast<size_t>(tg.s.R));
-    for (int r = 0; r < tg.s.R; ++r)
-      (*out)[static_cast<size_t>(r)] =
-          base + id(tg.b, tg.hk, key_line[r], tg.g) * panel_floats + tg.u0 * col_floats;
+    for (int r = 0; r < tg.s.R; ++r) {
+      const int64_t i = id(tg.b, tg.hk, key_line[r], tg.g);
+      (*out)[static_cast<size_t>(r)] = base + (slots > 0 ? i % slots : i) * panel_floats + tg.u0 * col_floats;
+    }
   }
 };
 
@@ -305,6 +307,82 @@ class LazyPanels {
   std::vector<std::atomic<unsigned char>> state_;
 };
 
+// Where the K / V panels live while tasks read them. Shared (slots() == 0): one buffer of every
+// panel, converted once by the first worker that needs it (LazyPanels). Rings (slots() > 0):
+// each worker converts its tasks' panels into its own buffers, panel id into slot id % slots,
+// unless the slot still holds it; workers take chunks of consecutive lines (chunk()), so each
+// new line converts one row's panels and finds the others. The rings stay in the core's L2:
+// panels never go to memory and back, and no core reads panels that another one wrote. Rings
+// are used when a task's key rows span few lines of the flattened grid (2-D windows); a 3-D
+// box spans many, and rings would convert the same panels over and over.
+class PanelStore {
+ public:
+  // floats[i]: floats per panel of panel set i. bufs: the caller's cached buffers.
+  PanelStore(const Plan& plan, int64_t count, int threads, std::vector<int64_t> floats,
+             std::vector<Floats>* bufs)
+      : floats_(std::move(floats)), bufs_(*bufs) {
+    const Problem& p = plan.p;
+    int64_t span = 1, stride = 1;  // lines from a task's first key row to its last
+    for (int a = plan.la - 1; a >= 0; --a) {
+      span += (p.kernel_size[a] - 1) * p.dilation[a] * stride;
+      stride *= p.shape[a];
+    }
+    // About two chunks per worker: each chunk start redoes a box's worth of conversions, and a
+    // second round of chunks still evens out unequal workers (measured against 8 per worker).
+    chunk_lines_ = std::max<int64_t>(1, p.batch * p.heads_kv * plan.lines / (2 * threads));
+    const int64_t slots = (span + 1) * p.dilation[plan.la];
+    int64_t ring = 0;
+    for (int64_t f : floats_) ring += slots * f;
+    // Rings when under half of the conversions are redone at chunk starts, and they take
+    // <= 64 MB in all. FNA_CPU_PANELS=rings|shared forces a choice (tests run both).
+    const char* env = std::getenv("FNA_CPU_PANELS");
+    const std::string force = env ? env : "";
+    const bool fit = ring * threads <= (int64_t(1) << 24);
+    if (force == "rings" ? fit : force != "shared" && chunk_lines_ >= 2 * span && fit) slots_ = slots;
+    workers_ = slots_ > 0 ? threads : 1;
+    bufs_.resize(floats_.size() * static_cast<size_t>(workers_));
+    for (size_t i = 0; i < floats_.size(); ++i)
+      for (int w = 0; w < workers_; ++w)
+        bufs_[i * static_cast<size_t>(workers_) + static_cast<size_t>(w)].resize(
+            static_cast<size_t>((slots_ > 0 ? slots_ : count) * floats_[i]));
+    if (slots_ > 0)
+      tags_.assign(static_cast<size_t>(threads), std::vector<int64_t>(static_cast<size_t>(slots_), -1));
+    else
+      lazy_.reset(new LazyPanels(count));
+  }
+  int64_t slots() const { return slots_; }
+  int64_t chunk(int64_t tasks_per_line) const { return slots_ > 0 ? chunk_lines_ * tasks_per_line : 1; }
+  // Panel `index` (a slot, or the id when shared) of set i lies at base(i, worker) + index * floats.
+  float* base(size_t i, int worker) {
+    return bufs_[i * static_cast<size_t>(workers_) + static_cast<size_t>(slots_ > 0 ? worker : 0)].data();
+  }
+  // Makes panels ids[0 .. n) readable by `worker`; convert(id, index) fills panel id at `index` of
+  // every set. `ahead`: see LazyPanels.
+  template <typename Convert>
+  void ensure(int worker, const int64_t* ids, int n, int64_t ahead, Convert&& convert) {
+    if (slots_ == 0) {
+      lazy_->ensure(ids, n, ahead, [&](int64_t id) { convert(id, id); });
+      return;
+    }
+    std::vector<int64_t>& tag = tags_[static_cast<size_t>(worker)];
+    for (int i = 0; i < n; ++i) {  // a task's ids are < slots apart: distinct slots
+      const size_t slot = static_cast<size_t>(ids[i] % slots_);
+      if (tag[slot] != ids[i]) {
+        convert(ids[i], static_cast<int64_t>(slot));
+        tag[slot] = ids[i];
+      }
+    }
+  }
+
+ private:
+  std::vector<int64_t> floats_;
+  std::vector<Floats>& bufs_;
+  int64_t slots_ = 0, chunk_lines_ = 1;
+  int workers_ = 1;
+  std::vector<std::vector<int64_t>> tags_;
+  std::unique_ptr<LazyPanels> lazy_;
+};
+
 void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, int dim, int pitch, float* dst) {
   for (int n = 0; n < A; ++n)
     load_row(src, src.token_offset(b, n, hk), dim, pitch, dst + static_cast<int64_t>(n) * pitch);
@@ -340,7 +418,7 @@ void key_lines(const TileGeom& tg, int64_t last_len, std::vector<int64_t>* out) 
 // Makes the panels of the task's box rows ready (converting them with convert(id) as needed);
 // `ahead` is the panel of the line after the box's last row, which the next line's tiles need.
 template <typename Convert>
-void ensure_box(LazyPanels& lazy, const Panels& panels, const TileGeom& tg, Scratch& sc,
+void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileGeom& tg, Scratch& sc,
                 Convert&& convert) {
   const int R = tg.s.R;
   sc.panel_ids.resize(static_cast<size_t>(R));
@@ -348,7 +426,7 @@ void ensure_box(LazyPanels& lazy, const Panels& panels, const TileGeom& tg, Scra
     sc.panel_ids[static_cast<size_t>(r)] = panels.id(tg.b, tg.hk, sc.key_line[static_cast<size_t>(r)], tg.g);
   const int64_t next = sc.key_line[static_cast<size_t>(R - 1)] + 1;
   const int64_t ahead = next < panels.pl.lines ? panels.id(tg.b, tg.hk, next, tg.g) : -1;
-  lazy.ensure(sc.panel_ids.data(), R, ahead, convert);
+  store.ensure(worker, sc.panel_ids.data(), R, ahead, convert);
 }
 
 }  // namespace
@@ -367,13 +445,11 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Panels panels(plan, kern);
   // Panels are cached per calling thread: re-touching fresh pages on every call costs as much as
   // the conversion itself.
-  static thread_local Floats tl_kt, tl_v;
-  Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
-  Floats& vr = tl_v;
   // Only the padding needs zeros (Panels::convert writes it), so the buffers are not refilled.
-  kt.resize(static_cast<size_t>(panels.count * D * panels.pitch));
-  vr.resize(static_cast<size_t>(panels.count * panels.pitch * Dvp));
-  LazyPanels lazy(panels.count);
+  static thread_local std::vector<Floats> tl_panels;
+  const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch;  // K^T, then V row-major
+  const int64_t v_floats = static_cast<int64_t>(panels.pitch) * Dvp;
+  PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
@@ -383,14 +459,16 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     const TileShape& s = tg.s;
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
-    ensure_box(lazy, panels, tg, sc, [&](int64_t id) {
-      panels.convert(k, D, Dp, id, kt.data() + id * D * panels.pitch, nullptr, tmp);
-      panels.convert(v, Dv, Dvp, id, nullptr, vr.data() + id * panels.pitch * Dvp, tmp);
+    float* kt = store.base(0, worker);
+    float* vr = store.base(1, worker);
+    ensure_box(store, worker, panels, tg, sc, [&](int64_t id, int64_t at) {
+      panels.convert(k, D, Dp, id, kt + at * kt_floats, nullptr, tmp);
+      panels.convert(v, Dv, Dvp, id, nullptr, vr + at * v_floats, tmp);
     });
-    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt.data()),
-                   static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
-    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr.data()),
-                   static_cast<int64_t>(panels.pitch) * Dvp, Dvp, &sc.r2);
+    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt), kt_floats, 1, &sc.r1,
+                   store.slots());
+    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr), v_floats, Dvp, &sc.r2,
+                   store.slots());
     ForwardTile ft;
     ft.s = s;
     ft.pitch = panels.pitch;
@@ -422,7 +500,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
-  });
+  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())));
   return Status::Ok();
 }
 
@@ -447,14 +525,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   int threads = resolve_threads(opt.num_threads, plan.tasks());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
-  static thread_local Floats tl_kt, tl_k, tl_vt;
-  Floats& kt = tl_kt;  // named references: workers must see the caller's buffers
-  Floats& kr = tl_k;
-  Floats& vt = tl_vt;
-  kt.resize(static_cast<size_t>(panels.count * D * panels.pitch));
-  kr.resize(static_cast<size_t>(panels.count * panel_k));
-  vt.resize(static_cast<size_t>(panels.count * Dv * panels.pitch));
-  LazyPanels lazy(panels.count);
+  static thread_local std::vector<Floats> tl_panels;  // K^T, K row-major, V^T
+  const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch;
+  const int64_t vt_floats = static_cast<int64_t>(Dv) * panels.pitch;
+  PanelStore store(plan, panels.count, threads, {kt_floats, panel_k, vt_floats}, &tl_panels);
   // Cached per calling thread like the panels: fresh pages cost more than the zeroing.
   static thread_local std::vector<Floats> tl_acc;
   std::vector<Floats>& acc = tl_acc;
@@ -480,13 +554,17 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     const int64_t* kl = sc.key_line.data();
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
-    ensure_box(lazy, panels, tg, sc, [&](int64_t id) {
-      panels.convert(k, D, Dp, id, kt.data() + id * D * panels.pitch, kr.data() + id * panel_k, tmp);
-      panels.convert(v, Dv, Dvp, id, vt.data() + id * Dv * panels.pitch, nullptr, tmp);
+    float* kt = store.base(0, worker);
+    float* kr = store.base(1, worker);
+    float* vt = store.base(2, worker);
+    ensure_box(store, worker, panels, tg, sc, [&](int64_t id, int64_t at) {
+      panels.convert(k, D, Dp, id, kt + at * kt_floats, kr + at * panel_k, tmp);
+      panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
     });
-    panels.rows_of(tg, kl, static_cast<const float*>(kt.data()), static_cast<int64_t>(D) * panels.pitch, 1, &sc.r1);
-    panels.rows_of(tg, kl, static_cast<const float*>(kr.data()), panel_k, Dp, &sc.r2);
-    panels.rows_of(tg, kl, static_cast<const float*>(vt.data()), static_cast<int64_t>(Dv) * panels.pitch, 1, &sc.r3);
+    const int64_t slots = store.slots();
+    panels.rows_of(tg, kl, static_cast<const float*>(kt), kt_floats, 1, &sc.r1, slots);
+    panels.rows_of(tg, kl, static_cast<const float*>(kr), panel_k, Dp, &sc.r2, slots);
+    panels.rows_of(tg, kl, static_cast<const float*>(vt), vt_floats, 1, &sc.r3, slots);
     panels.rows_of(tg, kl, ac.data(), panel_k, Dp, &sc.r4);
     panels.rows_of(tg, kl, ac.data() + dv_base, panel_v, Dvp, &sc.r5);
     BackwardTile bt;
@@ -547,7 +625,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
       for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
     }
-  });
+  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())));
   // Sum the per-thread accumulators and store: grid keys panel by panel, then additional keys.
   const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
   const Strided dak = add_view(a.d_add_k, p), dav = add_view(a.d_add_v, p);

@@ -17,16 +17,18 @@ inline int resolve_threads(int requested, int64_t tasks) {
   return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
 }
 
-// Calls fn(task, worker) for every task in [0, tasks); worker is in [0, threads).
+// Calls fn(task, worker) for every task in [0, tasks); worker is in [0, threads). Workers take
+// `chunk` consecutive tasks at a time (a chunk's tasks share data in the worker's cache).
 template <typename Fn>
-void parallel_for(int64_t tasks, int threads, Fn&& fn) {
+void parallel_for(int64_t tasks, int threads, Fn&& fn, int64_t chunk = 1) {
   if (threads <= 1) {
     for (int64_t i = 0; i < tasks; ++i) fn(i, 0);
     return;
   }
   std::atomic<int64_t> next{0};
   auto worker = [&](int id) {
-    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) fn(i, id);
+    for (int64_t i0 = next.fetch_add(chunk); i0 < tasks; i0 = next.fetch_add(chunk))
+      for (int64_t i = i0; i < i0 + chunk && i < tasks; ++i) fn(i, id);
   };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads - 1));
