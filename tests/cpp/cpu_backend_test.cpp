@@ -1,5 +1,6 @@
 // The cpu backend against the reference on random problems over every parameter, with the
-// SPEC.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run.
+// SPEC.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run,
+// and each with both panel stores (FNA_CPU_PANELS: per-worker rings, shared panels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,10 +26,17 @@ std::vector<std::string> kernel_sets() {
   return v;
 }
 
-class CpuVsReference : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+class CpuVsReference
+    : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {
  protected:
-  void SetUp() override { setenv("FNA_CPU_KERNELS", std::get<1>(GetParam()).c_str(), 1); }
-  void TearDown() override { unsetenv("FNA_CPU_KERNELS"); }
+  void SetUp() override {
+    setenv("FNA_CPU_KERNELS", std::get<1>(GetParam()).c_str(), 1);
+    setenv("FNA_CPU_PANELS", std::get<2>(GetParam()).c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("FNA_CPU_KERNELS");
+    unsetenv("FNA_CPU_PANELS");
+  }
   int rank() const { return std::get<0>(GetParam()); }
 };
 
@@ -151,10 +159,11 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
 
 INSTANTIATE_TEST_SUITE_P(RanksAndKernels, CpuVsReference,
                          ::testing::Combine(::testing::Values(1, 2, 3),
-                                            ::testing::ValuesIn(kernel_sets())),
+                                            ::testing::ValuesIn(kernel_sets()),
+                                            ::testing::Values("rings", "shared")),
                          [](const auto& info) {
                            return "rank" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param);
+                                  std::get<1>(info.param) + "_" + std::get<2>(info.param);
                          });
 
 }  // namespace
