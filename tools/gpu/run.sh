@@ -10,14 +10,17 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(test)
 export PYTHONUNBUFFERED=1
 # Build what is committed (HEAD), not the shared working tree, where teammates' files may be half
-# written. FNA_INPLACE=1 builds the working tree as it is.
+# written. FNA_INPLACE=1 builds the working tree as it is. The device's copy has no git history:
+# there, carry `git archive HEAD -o build/head.tar`, untar it and run with FNA_INPLACE=1 and
+# FNA_COMMIT=$(git get-tar-commit-id < build/head.tar).
 if [ -z "${FNA_INPLACE:-}" ] && git rev-parse -q --verify HEAD >/dev/null 2>&1; then
   rm -rf /tmp/fna-src && mkdir -p /tmp/fna-src && git archive HEAD | tar -x -C /tmp/fna-src && cd /tmp/fna-src \
     || { echo "could not export HEAD"; exit 1; }
 fi
 summary=()
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit: $(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unknown) in $PWD, $(date -u +%FT%TZ)" | tee -a "$OUT/gpu.txt"
+# FNA_COMMIT names the commit when the tree came as a tarball (`git get-tar-commit-id < tar`).
+echo "commit: ${FNA_COMMIT:-$(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unknown)} in $PWD, $(date -u +%FT%TZ)" | tee -a "$OUT/gpu.txt"
 
 t0=$(date +%s)
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
