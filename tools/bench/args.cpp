@@ -23,6 +23,9 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --mode fwd|bwd|both    forward only, or forward + backward (default both)
   --repeats N  --warmup N  --threads N
   --check N              queries checked against the reference (default 64; 0 = none)
+  --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
+  --allow-tf32           cuda-fused float32: plain TF32 products (default: split TF32)
+  --deterministic        CUDA backward in a fixed order (bitwise reproducible)
   --sweep                run the built-in list of problems for the device, with a progress line
   --json FILE            append one JSON object per result line to FILE
 )";
@@ -184,6 +187,13 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       else { *err = "--mode=" + s + " is not fwd, bwd or both"; return false; }
     } else if (f == "--sweep") {
       cfg->sweep = true;
+    } else if (f == "--config") {
+      if (!value(&cfg->config)) return false;
+      if (cfg->config.empty()) { *err = "--config needs a configuration name"; return false; }
+    } else if (f == "--allow-tf32") {
+      cfg->allow_tf32 = true;
+    } else if (f == "--deterministic") {
+      cfg->deterministic = true;
     } else if (f == "--json") {
       if (!value(&cfg->json)) return false;
     } else {

@@ -21,6 +21,9 @@ struct BenchConfig {
   bool sweep = false;
   bool time_reference = false;
   std::string json;          // write results as JSON lines here
+  std::string config;        // cuda-fused tile configuration (Options::config); empty = heuristic
+  bool allow_tf32 = false;   // Options::allow_tf32 (cuda-fused float32: plain TF32)
+  bool deterministic = false;  // Options::deterministic
   std::string name = "custom";
 };
 
