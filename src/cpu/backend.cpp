@@ -545,6 +545,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   std::vector<Floats>& acc = tl_acc;
   if (acc.size() < static_cast<size_t>(threads)) acc.resize(static_cast<size_t>(threads));
   std::vector<char> used(static_cast<size_t>(threads), 0);  // one byte per worker: no sharing
+  // Per worker, the panels its tasks have accumulated into: only those are zeroed (on first
+  // touch) and summed; a worker's chunks of lines touch a fraction of them.
+  std::vector<std::vector<char>> touched(static_cast<size_t>(threads));
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale = static_cast<float>(opt.scale);
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
@@ -552,9 +555,11 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     Floats& ac = acc[static_cast<size_t>(worker)];
+    std::vector<char>& mine = touched[static_cast<size_t>(worker)];
     if (!used[static_cast<size_t>(worker)]) {
       if (static_cast<int64_t>(ac.size()) < acc_floats) ac.resize(static_cast<size_t>(acc_floats));
-      std::fill(ac.data(), ac.data() + acc_floats, 0.f);
+      std::fill(ac.data() + add_base, ac.data() + acc_floats, 0.f);
+      mine.assign(static_cast<size_t>(panels.count), 0);
       used[static_cast<size_t>(worker)] = 1;
     }
     TileGeom tg;
@@ -572,6 +577,14 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       panels.convert(k, D, Dp, id, kt + at * kt_floats, kr + at * panel_k, tmp);
       panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
     });
+    for (int r = 0; r < s.R; ++r) {
+      const int64_t id = sc.panel_ids[static_cast<size_t>(r)];
+      if (!mine[static_cast<size_t>(id)]) {
+        std::fill(ac.data() + id * panel_k, ac.data() + (id + 1) * panel_k, 0.f);
+        std::fill(ac.data() + dv_base + id * panel_v, ac.data() + dv_base + (id + 1) * panel_v, 0.f);
+        mine[static_cast<size_t>(id)] = 1;
+      }
+    }
     const int64_t slots = store.slots();
     panels.rows_of(tg, kl, static_cast<const float*>(kt), kt_floats, 1, &sc.r1, slots);
     panels.rows_of(tg, kl, static_cast<const float*>(kr), panel_k, Dp, &sc.r2, slots);
@@ -655,7 +668,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       std::fill(sk.begin(), sk.end(), 0.f);
       std::fill(sv.begin(), sv.end(), 0.f);
       for (int w = 0; w < threads; ++w) {
-        if (!used[static_cast<size_t>(w)]) continue;
+        if (!used[static_cast<size_t>(w)] || !touched[static_cast<size_t>(w)][static_cast<size_t>(id)]) continue;
         const Floats& ac = acc[static_cast<size_t>(w)];
         const float* srck = ac.data() + id * panel_k + static_cast<int64_t>(j) * Dp;
         const float* srcv = ac.data() + dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
