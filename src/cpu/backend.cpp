@@ -635,9 +635,12 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
         load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
         load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
         load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
-        double dl = 0;
-        for (int e = 0; e < Dv; ++e) dl += static_cast<double>(dob[t * Dvp + e]) * ob[t * Dvp + e];
-        db[t] = static_cast<float>(dl);
+        // rowsum(dO * O) in double, in four independent sums (one chain would wait on each add).
+        double dl[4] = {0, 0, 0, 0};
+        const float* dor = dob + static_cast<int64_t>(t) * Dvp;
+        const float* orow = ob + static_cast<int64_t>(t) * Dvp;
+        for (int e = 0; e < Dv; ++e) dl[e & 3] += static_cast<double>(dor[e]) * orow[e];
+        db[t] = static_cast<float>((dl[0] + dl[1]) + (dl[2] + dl[3]));
         lb[t] = static_cast<float>(lse.load(lse.token_offset(tg.b, tok, h))) * kLog2e;
       }
       kern.backward(bt);
