@@ -250,7 +250,7 @@ Outcome run_backward(const Case& c, const RunConfig& rc) {
     if (!h->empty()) h->fill(kNaN);
   st = fna::backward(ref.c.p, ref.backward_args(), reference_options(c, rc));
   if (!st.ok()) return fail("reference backward failed: " + st.message);
-  return from_check(fna_test::check_backward(got, ref));
+  return from_check(fna_test::check_backward(got, ref, tolerance(rc)));
 }
 
 Outcome run_qk_forward(const Case& c, const RunConfig& rc) {

@@ -2,8 +2,9 @@
 // CPU tests (ranks 1-3, every SPEC parameter, dtypes, GQA, additional KV, odd shapes,
 // non-contiguous layouts) plus fixed special cases and error paths. Outputs are poisoned (NaN)
 // before each run. Problems a backend declines with Code::unsupported are counted apart.
-// cuda-fused (and auto) forwards run the float32 cases a second time with Options::allow_tf32
-// (plain TF32, judged against a naive TF32 computation; row "forward tf32"), and one fixed problem
+// cuda-fused (and auto) forwards and backwards run the float32 cases a second time with
+// Options::allow_tf32 (plain TF32, judged against a naive TF32 computation; rows "forward tf32",
+// "backward tf32"), and one fixed problem
 // checks that the two float32 precisions really differ (split TF32 float32-accurate, plain TF32
 // not).
 // The last line is always `N passed, N failed`; the exit code is non-zero on any failure.
@@ -287,8 +288,10 @@ int main(int argc, char** argv) {
       if (!family_selected(args, op)) continue;
       // The fused backend has no unfused operators (API contract, checked in the error paths).
       if (fna_gpu_test::op_is_unfused(op) && backend == fna::Backend::cuda_fused) continue;
-      // Pass 1 (forward of cuda-fused / auto only): the float32 cases again with allow_tf32.
-      const int passes = op == Op::forward && fused_like && any_f32 ? 2 : 1;
+      // Pass 1 (forward / backward of cuda-fused / auto only): the float32 cases again with
+      // allow_tf32.
+      const int passes =
+          (op == Op::forward || op == Op::backward) && fused_like && any_f32 ? 2 : 1;
       for (int pass = 0; pass < passes; ++pass) {
         rc.allow_tf32 = pass == 1;
         const std::string row = std::string(fna::backend_name(backend)) + " " +

@@ -1,11 +1,13 @@
 // Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
 // per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
 // kernel (bwd_dkdv.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
-// in deterministic mode, the dQ kernel (bwd_dq.cuh). Anything outside the fast path (float32,
-// head dims > 256, a non-contiguous head dim, pre-sm_80, too little shared memory) answers
-// `unsupported`, so that `auto` falls back to the naive backend. Head dims are zero-padded to 64,
-// 128 or 256 (max(D, D_v)); above 128 the dK/dV kernel runs as two passes (bwd_launch.cuh). Rows
-// that are not 16-byte aligned (or dims not multiples of 8) take element-wise loads and stores.
+// in deterministic mode, the dQ kernel (bwd_dq.cuh). float32 runs on the TF32 tensor cores as split
+// TF32 (float32 accuracy), head dims <= 128. Anything outside the fast path (head dims > 256,
+// float32 head dims > 128, a non-contiguous head dim, pre-sm_80, too little shared memory)
+// answers `unsupported`, so that `auto` falls back to the naive backend. Head dims are
+// zero-padded to 64, 128 or 256 (max(D, D_v)); above 128 the dK/dV kernel runs as two passes
+// (bwd_launch.cuh). Rows that are not 16-byte aligned (or dims not multiples of 16 bytes) take
+// element-wise loads and stores.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/backends.h"
@@ -32,13 +35,17 @@ FNA_BWD_DECLARE(__nv_bfloat16, 64)
 FNA_BWD_DECLARE(__nv_bfloat16, 128)
 FNA_BWD_DECLARE(__half, 256)
 FNA_BWD_DECLARE(__nv_bfloat16, 256)
+FNA_BWD_DECLARE(mma::F32, 64)
+FNA_BWD_DECLARE(mma::F32, 128)
 
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One warp per (batch, token, head): stats = {LSE * log2(e), sum_d dO * O}.
-template <typename T>
+// One warp per (batch, token, head): stats = {LSE * log2(e), sum_d dO * O}. kTf32 (plain TF32):
+// dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum) stays consistent (a query
+// alone in its window gets dS = 0, not the rounding error of dP).
+template <typename T, bool kTf32 = false>
 __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const float* lse,
                              TokStrides sl, float2* stats) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -53,29 +60,34 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
   const T* gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, b, x, h);
   const T* gO = o + tok_offset(so, b, x, h);
   float acc = 0.f;
-  for (int d = lane; d < p.dim_v; d += 32) acc += float(gdO[d]) * float(gO[d]);
+  for (int d = lane; d < p.dim_v; d += 32) {
+    float x = float(gdO[d]);
+    if constexpr (kTf32) x = __uint_as_float(mma::to_tf32(x));
+    acc += x * float(gO[d]);
+  }
   for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
   if (lane == 0) stats[row] = make_float2(lse[tok_offset(sl, b, x, h)] * kLog2e, acc);
 }
 
 // Strides of a [B, L.., H, D] TensorRef lifted to 3 axes. Returns false when the head dim is not
 // contiguous (no path reads that); clears *aligned when rows are not 16-byte aligned (cp.async).
-bool lift(const Problem& p, const TensorRef& t, TokStrides* s, bool* aligned) {
+// `vec`: elements per 16-byte chunk (8 16-bit, 4 float).
+bool lift(const Problem& p, const TensorRef& t, TokStrides* s, bool* aligned, int vec) {
   s->b = t.strides[0];
   const int lead = kAxes - p.rank;  // lifted axes (tiling.cuh): the problem's are the last ones
   for (int a = 0; a < kAxes; ++a) s->x[a] = a >= lead ? t.strides[1 + a - lead] : 0;
   s->h = t.strides[p.rank + 1];
-  bool al = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % 8 == 0 && s->h % 8 == 0;
-  for (int a = 0; a < kAxes; ++a) al = al && s->x[a] % 8 == 0;
+  bool al = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % vec == 0 && s->h % vec == 0;
+  for (int a = 0; a < kAxes; ++a) al = al && s->x[a] % vec == 0;
   *aligned = *aligned && al;
   return t.strides[p.rank + 2] == 1;
 }
-bool lift_add(const TensorRef& t, AddStrides* s, bool* aligned) {
+bool lift_add(const TensorRef& t, AddStrides* s, bool* aligned, int vec) {
   s->b = t.strides[0];
   s->n = t.strides[1];
   s->h = t.strides[2];
-  *aligned = *aligned && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % 8 == 0 &&
-             s->n % 8 == 0 && s->h % 8 == 0;
+  *aligned = *aligned && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % vec == 0 &&
+             s->n % vec == 0 && s->h % vec == 0;
   return t.strides[3] == 1;
 }
 
@@ -196,8 +208,10 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, int64_t* n_tiles
   }
 }
 
+// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements).
 template <typename T>
 Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad) {
+  using E = typename Elem<T>::type;
   cudaStream_t stream = detail::stream_of(opt);
   const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
   // Benchmark hook: FNA_FUSED_BWD_DETERMINISTIC=1 times the deterministic path through callers
@@ -207,7 +221,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   // Tiles and grids first: nothing is queued when the problem does not fit the grid.
   Params p_dkdv = p, p_dq = p;
   int64_t n_dkdv = 0, n_dq = 0;
-  const TileRows tr = tile_rows(dpad);
+  const TileRows tr = tile_rows(dpad, Elem<T>::kF32);
   set_tiles(&p_dkdv, tr.dkdv_queries, tr.dkdv_keys, true, &n_dkdv);
   if (deterministic) set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, &n_dq);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
@@ -216,7 +230,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
     return {Code::unsupported, "backend=cuda-fused: batch * heads * dilation groups = " +
                                    std::to_string(y_dq) + " exceeds the grid"};
   const dim3 grid_dkdv{unsigned(n_dkdv), unsigned(y_dkdv)};
-  const dim3 grid_add{unsigned((p.num_add + kDkdvKeys - 1) / kDkdvKeys),
+  const dim3 grid_add{unsigned((p.num_add + tr.dkdv_keys - 1) / tr.dkdv_keys),
                       unsigned(p.batch * p.heads_kv)};
   const dim3 grid_dq{unsigned(n_dq), unsigned(y_dq)};
 
@@ -227,7 +241,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
 
   TokStrides so{}, sl{};
   bool unused = true;
-  lift(pr, a.o, &so, &unused);
+  lift(pr, a.o, &so, &unused, 4);
   sl.b = a.lse.strides[0];
   const int lead = kAxes - pr.rank;
   for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
@@ -250,13 +264,15 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
 
   const int threads = 256;
   const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);
-  stats_kernel<T><<<blocks, threads, 0, stream>>>(p, static_cast<const T*>(a.o.data), so,
+  stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(p, static_cast<const E*>(a.o.data), so,
                                                   static_cast<const float*>(a.lse.data), sl,
                                                   ws.as<float2>());
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
-  if (dpad == 256)
-    return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+  if constexpr (!Elem<T>::kF32) {  // float32: head dims <= 128 (cuda_fused_backward)
+    if (dpad == 256)
+      return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+  }
   return launch_backward<T, 128>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
 }
 
@@ -270,9 +286,13 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   auto unsupported = [](const std::string& why) {
     return Status{Code::unsupported, "backend=cuda-fused backward: " + why};
   };
-  if (pr.dtype == DType::f32) return unsupported("dtype=float32 is not implemented (f16/bf16 only)");
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
+  // float32 (split TF32) covers head dims up to 128 for now; the kernels have a float32 shape for
+  // 256 (bwd_launch.cuh) that is not instantiated until it is validated on a device.
+  if (pr.dtype == DType::f32 && dmax > 128)
+    return unsupported("dtype=float32 with head dim " + std::to_string(dmax) +
+                       " > 128 is not implemented yet (float32: head dims <= 128)");
   // Options::config names a forward configuration (config.h); the backward picks its own tiles
   // (pick_tiles), so a config chosen for the forward does not push the backward off this path.
 
@@ -293,14 +313,15 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   p.scale = float(opt.scale);
   p.scale_log2 = float(opt.scale) * 1.4426950408889634f;
 
-  bool al = pr.dim % 8 == 0 && pr.dim_v % 8 == 0;
-  bool ok = lift(pr, a.q, &p.sq, &al) && lift(pr, a.k, &p.sk, &al) && lift(pr, a.v, &p.sv, &al) &&
-            lift(pr, a.d_o, &p.sdo, &al) && lift(pr, a.dq, &p.sdq, &al) &&
-            lift(pr, a.dk, &p.sdk, &al) && lift(pr, a.dv, &p.sdv, &al) &&
-            a.o.strides[pr.rank + 2] == 1;
+  const int vec = pr.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
+  bool al = pr.dim % vec == 0 && pr.dim_v % vec == 0;
+  bool ok = lift(pr, a.q, &p.sq, &al, vec) && lift(pr, a.k, &p.sk, &al, vec) &&
+            lift(pr, a.v, &p.sv, &al, vec) && lift(pr, a.d_o, &p.sdo, &al, vec) &&
+            lift(pr, a.dq, &p.sdq, &al, vec) && lift(pr, a.dk, &p.sdk, &al, vec) &&
+            lift(pr, a.dv, &p.sdv, &al, vec) && a.o.strides[pr.rank + 2] == 1;
   if (p.num_add > 0)
-    ok = ok && lift_add(a.add_k, &p.sak, &al) && lift_add(a.add_v, &p.sav, &al) &&
-         lift_add(a.d_add_k, &p.sdak, &al) && lift_add(a.d_add_v, &p.sdav, &al);
+    ok = ok && lift_add(a.add_k, &p.sak, &al, vec) && lift_add(a.add_v, &p.sav, &al, vec) &&
+         lift_add(a.d_add_k, &p.sdak, &al, vec) && lift_add(a.d_add_v, &p.sdav, &al, vec);
   if (!ok) return unsupported("needs unit stride on the head dim of every tensor");
   p.aligned = al;
   p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.d_o = a.d_o.data;
@@ -313,10 +334,14 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (!st.ok()) return st;
   int major = 0;
   FNA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device_index));
-  if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16/f16)");
+  if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16 / f16 / tf32)");
   if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
 
   const int dpad = dmax <= 64 ? 64 : dmax <= 128 ? 128 : 256;
+  // float32: split TF32 (float32 accuracy) also under Options::allow_tf32, which permits but does
+  // not require TF32 rounding; the plain TF32 kernels (T = mma::TF32) are written but not
+  // instantiated until validated on a device.
+  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, p, dpad);
   if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad);
   return run<__nv_bfloat16>(pr, a, opt, p, dpad);
 }

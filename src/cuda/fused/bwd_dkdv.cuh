@@ -31,16 +31,20 @@ constexpr int kPassBoth = 0, kPassDv = 1, kPassDk = 2;
 
 template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq>
 struct DkdvTraits {
+  using E = typename Elem<T>::type;
+  static constexpr bool kF32 = Elem<T>::kF32;
   static constexpr int kKV = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kChunks = kD / 8;
-  static constexpr int kTile = kD * int(sizeof(T));  // bytes of one row
+  static constexpr int kDh = kD * int(sizeof(E)) / 2;  // a row in 16-bit units (Swizzled<kDh>)
+  static constexpr int kChunks = kDh / 8;              // 16-byte chunks per row
+  static constexpr int kTile = kD * int(sizeof(E));    // bytes of one row
   static constexpr size_t kSmemK = size_t(kKV) * kTile;
   static constexpr size_t kSmemQ = size_t(kQ) * kTile;
   // dS^T staged for dQ += dS K (atomic-dQ mode), two slots; rows padded by 16 bytes so the 8
-  // rows of one transposing ldmatrix phase hit 8 different bank groups.
-  static constexpr int kDsStride = kQSub + 8;
-  static constexpr size_t kSmemDs = kAtomicDq ? 2 * size_t(kKV) * kDsStride * sizeof(T) : 0;
+  // rows of one transposing ldmatrix phase hit 8 different bank groups; float32: by 4 floats, so
+  // that the 32-bit loads of rows 2t (t = lane % 4) and columns g (lane / 4) are conflict-free.
+  static constexpr int kDsStride = kQSub + (kF32 ? 4 : 8);
+  static constexpr size_t kSmemDs = kAtomicDq ? 2 * size_t(kKV) * kDsStride * sizeof(E) : 0;
   static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + kSmemDs + 2 * kQ * sizeof(float2) +
                                   kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2);
   static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
@@ -50,7 +54,8 @@ struct DkdvTraits {
 // [B, N, H, dq_row]). dS^T sits in shared memory as [key][query]; warps split the output into
 // 16-query x 32-column blocks.
 template <typename T, int kD, int kWarps, int kKV, int kQSub, int kDsStride>
-__device__ __forceinline__ void atomic_dq_block(const Params& p, const T* ds, uint32_t baseK,
+__device__ __forceinline__ void atomic_dq_block(const Params& p,
+                                                const typename Elem<T>::type* ds, uint32_t baseK,
                                                 int qs, int q_rows, const int* q0, int h, int b,
                                                 const Group& G, bool additional,
                                                 const uint32_t* s_qoff, int lane, int warp) {
@@ -64,6 +69,27 @@ __device__ __forceinline__ void atomic_dq_block(const Params& p, const T* ds, ui
   for (int n = 0; n < kCols / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+  if constexpr (Elem<T>::kF32) {
+    // A = dS from [key][query] storage and B = K [key][d], both by 32-bit loads in the permuted
+    // key order (k index t <-> key 2t, t + 4 <-> key 2t + 1).
+    const float* sK = reinterpret_cast<const float*>(__cvta_shared_to_generic(baseK));
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int k0 = 0; k0 < kKV; k0 += 8) {
+      const float* d0 = ds + (k0 + 2 * t) * kDsStride + m0 + g;
+      uint32_t a[4], as[4];
+      tf32_op<T>(d0[0], a[0], as[0]);
+      tf32_op<T>(d0[8], a[1], as[1]);
+      tf32_op<T>(d0[kDsStride], a[2], as[2]);
+      tf32_op<T>(d0[kDsStride + 8], a[3], as[3]);
+#pragma unroll
+      for (int n = 0; n < kCols / 8; ++n) {
+        uint32_t b0, b1, bs0, bs1;
+        load_b_kn_f32<T, kD>(b0, b1, bs0, bs1, sK, k0, n0 + n * 8, lane);
+        mma_tf32<T, true>(acc[n], a, as, b0, b1, bs0, bs1);
+      }
+    }
+  } else {
   const uint32_t baseDs = smem_u32(ds);
 #pragma unroll
   for (int k0 = 0; k0 < kKV; k0 += 16) {
@@ -78,6 +104,7 @@ __device__ __forceinline__ void atomic_dq_block(const Params& p, const T* ds, ui
       mma16816<T>(acc[n + 1], a, bb[2], bb[3]);
     }
   }
+  }  // 16-bit
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = qs + m0 + (lane >> 2) + half * 8;  // query row of the tile
@@ -117,6 +144,9 @@ template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq, int
 __global__ void __launch_bounds__(32 * kWarps, 1)
     dkdv_kernel(const Params p, const bool additional) {
   using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub, kAtomicDq>;
+  using E = typename Tr::E;
+  constexpr bool kF32 = Tr::kF32;
+  constexpr int kDh = Tr::kDh;
   constexpr bool kDoDv = kPass != kPassDk;  // accumulate dV (needs P)
   constexpr bool kDoDk = kPass != kPassDv;  // accumulate dK (needs dP, hence V)
   static_assert(kDoDk || !kAtomicDq, "dQ needs dS: not in the dV-only pass");
@@ -125,11 +155,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   constexpr int kDB = kD / 8;     // n8 blocks of the head dim
 
   extern __shared__ __align__(128) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + kKV * kD;
-  T* sQ = sV + kKV * kD;       // [2][kQ][kD]
-  T* sdO = sQ + 2 * kQ * kD;   // [2][kQ][kD]
-  T* sdS = sdO + 2 * kQ * kD;  // [2][kKV][kDsStride] (atomic-dQ mode only)
+  E* sK = reinterpret_cast<E*>(smem);
+  E* sV = sK + kKV * kD;
+  E* sQ = sV + kKV * kD;       // [2][kQ][kD]
+  E* sdO = sQ + 2 * kQ * kD;   // [2][kQ][kD]
+  E* sdS = sdO + 2 * kQ * kD;  // [2][kKV][kDsStride] (atomic-dQ mode only)
   float2* s_stat = reinterpret_cast<float2*>(reinterpret_cast<unsigned char*>(sdS) + Tr::kSmemDs);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(s_stat + 2 * kQ);
   int2* s_kinv = reinterpret_cast<int2*>(s_qoff + kQ);  // [kKV][kAxes]
@@ -161,8 +191,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   }
 
   // ---- the key/value tile, once --------------------------------------------------------------
-  const T* gK = static_cast<const T*>(additional ? p.add_k : p.k);
-  const T* gV = static_cast<const T*>(additional ? p.add_v : p.v);
+  const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
+  const E* gV = static_cast<const E*>(additional ? p.add_v : p.v);
   for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
     bool valid;
@@ -179,7 +209,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       ok = b * p.sak.b + (n0 + row) * p.sak.n + hkv * p.sak.h;
       ov = b * p.sav.b + (n0 + row) * p.sav.n + hkv * p.sav.h;
     }
-    const int so = Swizzled<kD>::offset(row, c);
+    const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
     load_chunk(sK + so, valid ? gK + ok : nullptr, c, p.dim, p.aligned, gK);
     if (kDoDk) load_chunk(sV + so, valid ? gV + ov : nullptr, c, p.dim_v, p.aligned, gV);
   }
@@ -217,8 +247,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   __syncthreads();  // s_qoff is read by the first query-tile load
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
-  const T* gQ = static_cast<const T*>(p.q);
-  const T* gdO = static_cast<const T*>(p.d_o);
+  const E* gQ = static_cast<const E*>(p.q);
+  const E* gdO = static_cast<const E*>(p.d_o);
 
   // Query tile `it`: its first local coordinates (neighborhood mode) and head.
   auto tile_origin = [&](int64_t it, int* q0, int* h) {
@@ -235,8 +265,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   auto load_q_tile = [&](int64_t it, int buf) {
     int q0[kAxes], h;
     tile_origin(it, q0, &h);
-    T* dQ_ = sQ + buf * kQ * kD;
-    T* ddO = sdO + buf * kQ * kD;
+    E* dQ_ = sQ + buf * kQ * kD;
+    E* ddO = sdO + buf * kQ * kD;
     for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
       const int row = idx / kChunks, c = idx % kChunks;
       int x[kAxes];
@@ -251,7 +281,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         valid = tok < p.tokens;
         token_coords(p, valid ? tok : 0, x);
       }
-      const int so = Swizzled<kD>::offset(row, c);
+      const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
       load_chunk(dQ_ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned,
                  gQ);
       load_chunk(ddO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
@@ -312,9 +342,33 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
 
       // S^T = K Q^T and dP^T = V dO^T over the head dim.
+      // k0 counts 16-bit units: a k16 step of 16-bit data, a k8 step of float32 (TF32 mma).
 #pragma unroll
-      for (int k0 = 0; k0 < kD; k0 += 16) {
+      for (int k0 = 0; k0 < kDh; k0 += 16) {
         uint32_t a[4], bb[4];
+        if constexpr (kF32) {
+          uint32_t ab[4], as[4], b[4], bs[4];
+          load_a<kDh>(a, baseK, wrow, k0, lane);
+          tf32_frag<T>(a, ab, as);
+#pragma unroll
+          for (int n = 0; n < kNB; n += 2) {
+            load_b_nk<kDh>(bb, baseQ, qs + n * 8, k0, lane);
+            tf32_frag<T>(bb, b, bs);
+            mma_tf32<T, (kD > 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
+            mma_tf32<T, (kD > 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+          }
+          if (kDoDk) {
+            load_a<kDh>(a, baseV, wrow, k0, lane);
+            tf32_frag<T>(a, ab, as);
+#pragma unroll
+            for (int n = 0; n < kNB; n += 2) {
+              load_b_nk<kDh>(bb, baseO, qs + n * 8, k0, lane);
+              tf32_frag<T>(bb, b, bs);
+              mma_tf32<T, (kD > 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
+              mma_tf32<T, (kD > 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+            }
+          }
+        } else {
         load_a<kD>(a, baseK, wrow, k0, lane);
 #pragma unroll
         for (int n = 0; n < kNB; n += 2) {
@@ -331,6 +385,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
             mma16816<T>(dp[n + 1], a, bb[2], bb[3]);
           }
         }
+        }  // 16-bit
       }
 
       // Border pairs only: a key row keeps the queries of its inverse window on every axis. The
@@ -381,6 +436,38 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       }
 
       // dV += P^T dO, dK += dS^T Q: the accumulators' C layout is the A layout of the next mma.
+      if constexpr (kF32) {
+        // One k8 step per n8 block of queries, queries permuted inside it (bwd_mma.cuh); dO and
+        // Q are read [query][d] with 32-bit loads.
+        const float* fQ = sQ + buf * kQ * kD;
+        const float* fO = sdO + buf * kQ * kD;
+#pragma unroll
+        for (int kk = 0; kk < kNB; ++kk) {
+          uint32_t ap[4], aps[4], ad[4], ads[4];
+          if (kDoDv) c_to_a<T>(s[kk], ap, aps);
+          if (kDoDk) c_to_a<T>(dp[kk], ad, ads);
+          if (kAtomicDq) {
+            float* ds = sdS + ds_slot * kKV * Tr::kDsStride;
+            const int r = wrow + (lane >> 2), c = kk * 8 + 2 * (lane & 3);
+            *reinterpret_cast<float2*>(ds + r * Tr::kDsStride + c) =
+                make_float2(dp[kk][0], dp[kk][1]);
+            *reinterpret_cast<float2*>(ds + (r + 8) * Tr::kDsStride + c) =
+                make_float2(dp[kk][2], dp[kk][3]);
+          }
+#pragma unroll
+          for (int n = 0; n < kDB; ++n) {
+            uint32_t b0, b1, bs0, bs1;
+            if (kDoDv) {
+              load_b_kn_f32<T, kD>(b0, b1, bs0, bs1, fO, qs + kk * 8, n * 8, lane);
+              mma_tf32<T, true>(acc_dv[n], ap, aps, b0, b1, bs0, bs1);
+            }
+            if (kDoDk) {
+              load_b_kn_f32<T, kD>(b0, b1, bs0, bs1, fQ, qs + kk * 8, n * 8, lane);
+              mma_tf32<T, true>(acc_dk[n], ad, ads, b0, b1, bs0, bs1);
+            }
+          }
+        }
+      } else {
 #pragma unroll
       for (int kk = 0; kk < kNB / 2; ++kk) {
         uint32_t ap[4], ad[4], bb[4];
@@ -393,7 +480,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         ad[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
         ad[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
         if (kAtomicDq) {
-          T* ds = sdS + ds_slot * kKV * Tr::kDsStride;
+          E* ds = sdS + ds_slot * kKV * Tr::kDsStride;
           const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
           *reinterpret_cast<uint32_t*>(ds + r * Tr::kDsStride + c) = ad[0];
           *reinterpret_cast<uint32_t*>(ds + (r + 8) * Tr::kDsStride + c) = ad[1];
@@ -414,6 +501,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
           }
         }
       }
+      }  // 16-bit
       if (kAtomicDq) {
         __syncthreads();  // dS^T of every warp is in sdS[ds_slot]
         atomic_dq_block<T, kD, kWarps, kKV, kQSub, Tr::kDsStride>(
@@ -425,8 +513,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
-  T* gdK = static_cast<T*>(additional ? p.d_add_k : p.dk);
-  T* gdV = static_cast<T*>(additional ? p.d_add_v : p.dv);
+  E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
+  E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = wrow + (lane >> 2) + half * 8;

@@ -14,25 +14,31 @@ namespace bwd {
 
 template <typename T, int kD, int kWarps, int kKV>
 struct DqTraits {
+  using E = typename Elem<T>::type;
+  static constexpr bool kF32 = Elem<T>::kF32;
   static constexpr int kQ = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kChunks = kD / 8;
-  static constexpr size_t kSmem = size_t(2 * kQ + 4 * kKV) * kD * sizeof(T) +
+  static constexpr int kDh = kD * int(sizeof(E)) / 2;  // a row in 16-bit units (Swizzled<kDh>)
+  static constexpr int kChunks = kDh / 8;
+  static constexpr size_t kSmem = size_t(2 * kQ + 4 * kKV) * kD * sizeof(E) +
                                   kKV * sizeof(uint32_t) + kQ * kAxes * sizeof(int2);
 };
 
 template <typename T, int kD, int kWarps, int kKV>
 __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   using Tr = DqTraits<T, kD, kWarps, kKV>;
+  using E = typename Tr::E;
+  constexpr bool kF32 = Tr::kF32;
+  constexpr int kDh = Tr::kDh;
   constexpr int kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
   constexpr int kNB = kKV / 8;  // n8 blocks of keys
   constexpr int kDB = kD / 8;   // n8 blocks of the head dim
 
   extern __shared__ __align__(128) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + kQ * kD;
-  T* sK = sdO + kQ * kD;      // [2][kKV][kD]
-  T* sV = sK + 2 * kKV * kD;  // [2][kKV][kD]
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sdO = sQ + kQ * kD;
+  E* sK = sdO + kQ * kD;      // [2][kKV][kD]
+  E* sV = sK + 2 * kKV * kD;  // [2][kKV][kD]
   uint32_t* s_koff = reinterpret_cast<uint32_t*>(sV + 2 * kKV * kD);
   int2* s_qwin = reinterpret_cast<int2*>(s_koff + kKV);  // [kQ][kAxes]
 
@@ -56,15 +62,15 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   }
 
   // ---- the query tile, once; its windows for the mask --------------------------------------------
-  const T* gQ = static_cast<const T*>(p.q);
-  const T* gdO = static_cast<const T*>(p.d_o);
+  const E* gQ = static_cast<const E*>(p.q);
+  const E* gdO = static_cast<const E*>(p.d_o);
   for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
     const uint32_t off = pack_offsets(p.tq, row);
     int i[kAxes], x[kAxes];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
     const bool valid = to_global(p, G, i, x);
-    const int so = Swizzled<kD>::offset(row, c);
+    const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
     load_chunk(sQ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned, gQ);
     load_chunk(sdO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
                p.aligned, gdO);
@@ -117,19 +123,19 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     }
   };
 
-  const T* gK = static_cast<const T*>(p.k);
-  const T* gV = static_cast<const T*>(p.v);
-  const T* gaK = static_cast<const T*>(p.add_k);
-  const T* gaV = static_cast<const T*>(p.add_v);
+  const E* gK = static_cast<const E*>(p.k);
+  const E* gV = static_cast<const E*>(p.v);
+  const E* gaK = static_cast<const E*>(p.add_k);
+  const E* gaV = static_cast<const E*>(p.add_v);
   auto load_kv_tile = [&](int it, int buf) {
-    T* dK_ = sK + buf * kKV * kD;
-    T* dV_ = sV + buf * kKV * kD;
+    E* dK_ = sK + buf * kKV * kD;
+    E* dV_ = sV + buf * kKV * kD;
     int k0[kAxes];
     if (it < n_nbr) tile_origin(it, k0);
     for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
       const int row = idx / kChunks, c = idx % kChunks;
       bool valid;
-      const T *srcK, *srcV;
+      const E *srcK, *srcV;
       if (it < n_nbr) {
         const uint32_t off = s_koff[row];
         int i[kAxes], x[kAxes];
@@ -143,7 +149,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
         srcK = gaK + b * p.sak.b + n * p.sak.n + hkv * p.sak.h;
         srcV = gaV + b * p.sav.b + n * p.sav.n + hkv * p.sav.h;
       }
-      const int so = Swizzled<kD>::offset(row, c);
+      const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
       load_chunk(dK_ + so, valid ? srcK : nullptr, c, p.dim, p.aligned, gQ);
       load_chunk(dV_ + so, valid ? srcV : nullptr, c, p.dim_v, p.aligned, gQ);
     }
@@ -188,9 +194,31 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
 
+    // kd counts 16-bit units: a k16 step of 16-bit data, a k8 step of float32 (TF32 mma).
 #pragma unroll
-    for (int kd = 0; kd < kD; kd += 16) {
+    for (int kd = 0; kd < kDh; kd += 16) {
       uint32_t a[4], bb[4];
+      if constexpr (kF32) {
+        uint32_t ab[4], as[4], b[4], bs[4];
+        load_a<kDh>(a, baseQ, wrow, kd, lane);
+        tf32_frag<T>(a, ab, as);
+#pragma unroll
+        for (int n = 0; n < kNB; n += 2) {
+          load_b_nk<kDh>(bb, baseK, n * 8, kd, lane);
+          tf32_frag<T>(bb, b, bs);
+          mma_tf32<T, (kD > 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
+          mma_tf32<T, (kD > 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+        }
+        load_a<kDh>(a, baseO, wrow, kd, lane);
+        tf32_frag<T>(a, ab, as);
+#pragma unroll
+        for (int n = 0; n < kNB; n += 2) {
+          load_b_nk<kDh>(bb, baseV, n * 8, kd, lane);
+          tf32_frag<T>(bb, b, bs);
+          mma_tf32<T, (kD > 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
+          mma_tf32<T, (kD > 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+        }
+      } else {
       load_a<kD>(a, baseQ, wrow, kd, lane);
 #pragma unroll
       for (int n = 0; n < kNB; n += 2) {
@@ -205,6 +233,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
         mma16816<T>(dp[n], a, bb[0], bb[1]);
         mma16816<T>(dp[n + 1], a, bb[2], bb[3]);
       }
+      }  // 16-bit
     }
 
 #pragma unroll
@@ -237,6 +266,21 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     }
 
     // dQ += dS K: dS's C layout is the A layout; K is read [key][d] = [k][n].
+    if constexpr (kF32) {
+      // One k8 step per n8 block of keys, keys permuted inside it (bwd_mma.cuh).
+      const float* fK = sK + buf * kKV * kD;
+#pragma unroll
+      for (int kk = 0; kk < kNB; ++kk) {
+        uint32_t ad[4], ads[4];
+        c_to_a<T>(dp[kk], ad, ads);
+#pragma unroll
+        for (int n = 0; n < kDB; ++n) {
+          uint32_t b0, b1, bs0, bs1;
+          load_b_kn_f32<T, kD>(b0, b1, bs0, bs1, fK, kk * 8, n * 8, lane);
+          mma_tf32<T, true>(acc[n], ad, ads, b0, b1, bs0, bs1);
+        }
+      }
+    } else {
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
       uint32_t ad[4], bb[4];
@@ -251,10 +295,11 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
         mma16816<T>(acc[n + 1], ad, bb[2], bb[3]);
       }
     }
+    }  // 16-bit
   }
 
   // ---- epilogue ---------------------------------------------------------------------------------
-  T* gdQ = static_cast<T*>(p.dq);
+  E* gdQ = static_cast<E*>(p.dq);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = wrow + (lane >> 2) + half * 8;

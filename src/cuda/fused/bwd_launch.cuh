@@ -34,21 +34,39 @@ constexpr int dkdv_qsub() { return kD > 64 ? 32 : 64; }
 // kPassDk), and shared memory (K and V tiles of 128 keys, double-buffered Q and dO) only fits
 // with 32-query tiles: 2 * 64 KB + 4 * 16 KB + the dS staging, ~216 KB. The deterministic dQ
 // kernel steps over 32 keys so that S and dP (32 registers) fit next to its 128-register dQ.
-template <int kD>
+//
+// float32 (T = mma::F32 / mma::TF32) rows take twice the bytes: from head dim 128 the dK/dV kernel
+// owns 64 keys (4 warps) instead of 128 and steps over 16 queries at a time (no spills); at 256 its query tiles shrink to 16 rows (one sub-tile)
+// and the dQ kernel steps over 16 keys. Every float32 shape stays under ~218 KB.
+template <typename T, int kD>
 struct BwdShape {
+  static constexpr bool kF32 = Elem<T>::kF32;
   static constexpr bool kSplit = kD > 128;
-  static constexpr int kDkdvQueries = kSplit ? 32 : bwd::kDkdvQueries;
-  static constexpr int kQSub = dkdv_qsub<kD>();
-  static constexpr int kDqKeys = kSplit ? 32 : bwd::kDqKeys;
+  static constexpr int kDkdvWarps = kF32 && kD >= 128 ? 4 : bwd::kDkdvWarps;
+  static constexpr int kDkdvKeys = 16 * kDkdvWarps;
+  static constexpr int kDkdvQueries = kSplit ? (kF32 ? 16 : 32) : bwd::kDkdvQueries;
+  static constexpr int kQSub = kF32 && kD >= 128 ? 16 : dkdv_qsub<kD>();
+  static constexpr int kDqWarps = bwd::kDqWarps;
+  static constexpr int kDqQueries = 16 * kDqWarps;
+  static constexpr int kDqKeys = kSplit ? (kF32 ? 16 : 32) : bwd::kDqKeys;
 };
 
-// The same, for the host (padded head dim known at run time).
+// The same, for the host (padded head dim and dtype known at run time).
 struct TileRows {
   int dkdv_queries, dkdv_keys, dq_queries, dq_keys;
 };
-inline TileRows tile_rows(int dpad) {
-  if (dpad > 128) return {BwdShape<256>::kDkdvQueries, kDkdvKeys, kDqQueries, BwdShape<256>::kDqKeys};
-  return {kDkdvQueries, kDkdvKeys, kDqQueries, kDqKeys};
+template <typename T, int kD>
+constexpr TileRows tile_rows_of() {
+  using S = BwdShape<T, kD>;
+  return {S::kDkdvQueries, S::kDkdvKeys, S::kDqQueries, S::kDqKeys};
+}
+inline TileRows tile_rows(int dpad, bool f32) {
+  if (f32) {
+    if (dpad > 128) return tile_rows_of<mma::F32, 256>();
+    return dpad > 64 ? tile_rows_of<mma::F32, 128>() : tile_rows_of<mma::F32, 64>();
+  }
+  if (dpad > 128) return tile_rows_of<__half, 256>();
+  return dpad > 64 ? tile_rows_of<__half, 128>() : tile_rows_of<__half, 64>();
 }
 
 // Sets the dynamic shared memory of `kernel`, or reports that the device cannot hold it.
@@ -80,8 +98,9 @@ __global__ void dq_convert_kernel(const Params p) {
   const int b = int(row / (int64_t(p.heads) * p.tokens));
   int x[kAxes];
   token_coords(p, tok, x);
-  static_cast<T*>(p.dq)[tok_offset(p.sdq, b, x, h) + d] =
-      T(p.dq_accum[row * p.dq_row + d] * p.scale);
+  using E = typename Elem<T>::type;
+  static_cast<E*>(p.dq)[tok_offset(p.sdq, b, x, h) + d] =
+      E(p.dq_accum[row * p.dq_row + d] * p.scale);
 }
 
 inline Status launch_error(const char* what) {
@@ -94,9 +113,9 @@ inline Status launch_error(const char* what) {
 // and (when there are any) the additional keys.
 template <typename T, int kD, bool kAtomicDq, int kPass>
 struct DkdvLaunch {
-  using S = BwdShape<kD>;
-  using Tr = DkdvTraits<T, kD, kDkdvWarps, S::kDkdvQueries, S::kQSub, kAtomicDq>;
-  static constexpr auto kernel = dkdv_kernel<T, kD, kDkdvWarps, S::kDkdvQueries, S::kQSub,
+  using S = BwdShape<T, kD>;
+  using Tr = DkdvTraits<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub, kAtomicDq>;
+  static constexpr auto kernel = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
                                              kAtomicDq, kPass>;
   static Status prepare(const char* name) { return set_smem(kernel, Tr::kSmem, name); }
   static Status launch(const Params& p, dim3 grid, dim3 grid_add, cudaStream_t stream,
@@ -116,13 +135,13 @@ struct DkdvLaunch {
 template <typename T, int kD>
 Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv, dim3 grid_add,
                        dim3 grid_dq, cudaStream_t stream) {
-  using S = BwdShape<kD>;
+  using S = BwdShape<T, kD>;
   if constexpr (S::kSplit) {
     using Dv = DkdvLaunch<T, kD, false, kPassDv>;
     using DkAtomic = DkdvLaunch<T, kD, true, kPassDk>;
     using Dk = DkdvLaunch<T, kD, false, kPassDk>;
-    using DqT = DqTraits<T, kD, kDqWarps, S::kDqKeys>;
-    auto dq = dq_kernel<T, kD, kDqWarps, S::kDqKeys>;
+    using DqT = DqTraits<T, kD, S::kDqWarps, S::kDqKeys>;
+    auto dq = dq_kernel<T, kD, S::kDqWarps, S::kDqKeys>;
     const bool atomic = p_dkdv.dq_accum != nullptr;
     Status st = Dv::prepare("dkdv kernel (dV pass)");
     if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)")
@@ -143,7 +162,8 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv,
     dq<<<grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);
     return launch_error("dq");
   } else {
-  constexpr int kQSub = dkdv_qsub<kD>();
+  constexpr int kQSub = S::kQSub, kDkdvWarps = S::kDkdvWarps, kDkdvQueries = S::kDkdvQueries;
+  constexpr int kDqWarps = S::kDqWarps, kDqKeys = S::kDqKeys;
   if (p_dkdv.dq_accum != nullptr) {
     using Tr = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
     auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;

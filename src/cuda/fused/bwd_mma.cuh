@@ -24,6 +24,24 @@ struct MmaTag<__nv_bfloat16> {
   using type = mma::BF16;
 };
 
+// Storage element of a kernel's type parameter: the 16-bit types themselves, float for the two
+// float32 precisions (mma::F32 split TF32, mma::TF32 plain TF32).
+template <typename T>
+struct Elem {
+  using type = T;
+  static constexpr bool kF32 = false;
+};
+template <>
+struct Elem<mma::F32> {
+  using type = float;
+  static constexpr bool kF32 = true;
+};
+template <>
+struct Elem<mma::TF32> {
+  using type = float;
+  static constexpr bool kF32 = true;
+};
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return mma::pack2<typename MmaTag<T>::type>(lo, hi);
@@ -77,6 +95,81 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], uint32_t base, int k
                                           int lane) {
   const mma::LdsmOffset o = mma::ldsm_b_kn_addr(lane);
   mma::ldsm_x4_trans(b, base + 2 * Swizzled<kDim>::offset(k0 + o.row, (n0 + o.col) >> 3));
+}
+
+// ---- float32 on the TF32 tensor cores (m16n8k8). A row of kD floats is addressed as kD * 2
+// 16-bit units, so Swizzled<2 * kD> and the ldmatrix loaders above serve float tiles unchanged:
+// a 16-unit k-step is 8 floats, and the loaded registers are exactly the tf32 A fragment
+// (load_a) and the B fragments of two n8 blocks (load_b_nk) of that k8 step (mma.cuh).
+// ldmatrix.trans cannot transpose 32-bit data, so B operands stored [k][n] (dO, Q, K in the
+// second products) come from 32-bit shared loads; there the k order inside each 8-step is
+// permuted (k index t <-> row 2t, t + 4 <-> row 2t + 1) so that a C fragment (columns 2t, 2t + 1)
+// is the A fragment of the next product without shuffles: A = {c0, c2, c1, c3}.
+
+// One float32 operand: rounded once (TF32) or split into big + small (F32).
+template <class T>
+__device__ __forceinline__ void tf32_op(float x, uint32_t& big, uint32_t& small) {
+  if constexpr (T::kSplit) {
+    mma::split_tf32(x, big, small);
+  } else {
+    big = mma::to_tf32(x);
+    small = 0;
+  }
+}
+// A fragment (4 registers) as tf32 operands.
+template <class T>
+__device__ __forceinline__ void tf32_frag(const uint32_t (&r)[4], uint32_t (&big)[4],
+                                          uint32_t (&small)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tf32_op<T>(__uint_as_float(r[i]), big[i], small[i]);
+}
+// d += a * b: F32 sums small * big + big * small + big * big (small terms first). kFresh (the
+// long accumulations: dK / dV / dQ over hundreds of keys or queries, and S / dP over head dim
+// 256) sums the three into a fresh
+// fragment and adds that to d with an ordinary (round-to-nearest) float add: the tensor cores'
+// f32 accumulation rounds less carefully, and those sums would otherwise drift by ~1e-5
+// relative. Plain TF32 accumulates in place.
+template <class T, bool kFresh = false>
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&as)[4], uint32_t b0, uint32_t b1,
+                                         uint32_t bs0, uint32_t bs1) {
+  if constexpr (T::kSplit && !kFresh) {
+    mma::mma_1688_tf32(d, as, b0, b1);
+    mma::mma_1688_tf32(d, a, bs0, bs1);
+    mma::mma_1688_tf32(d, a, b0, b1);
+  } else if constexpr (T::kSplit) {
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    mma::mma_1688_tf32(t, as, b0, b1);
+    mma::mma_1688_tf32(t, a, bs0, bs1);
+    mma::mma_1688_tf32(t, a, b0, b1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += t[i];
+  } else {
+    mma::mma_1688_tf32(d, a, b0, b1);
+  }
+}
+// C fragment of an n8 block -> A fragment of a k8 step (permuted k order, see above).
+template <class T>
+__device__ __forceinline__ void c_to_a(const float (&c)[4], uint32_t (&a)[4], uint32_t (&as)[4]) {
+  tf32_op<T>(c[0], a[0], as[0]);
+  tf32_op<T>(c[2], a[1], as[1]);
+  tf32_op<T>(c[1], a[2], as[2]);
+  tf32_op<T>(c[3], a[3], as[3]);
+}
+// B fragment of the k8 x n8 block (k0, n0) of a Swizzled<2 * kD> float tile stored [k][n], in the
+// permuted k order: b0 = X[k0 + 2t][n0 + g], b1 = X[k0 + 2t + 1][n0 + g]. Rows 2t of one load fall
+// in different bank groups through the swizzle (conflict-free).
+template <int kD>
+__device__ __forceinline__ float swz_f32(const float* tile, int row, int col) {
+  return tile[Swizzled<2 * kD>::offset(row, col >> 2) / 2 + (col & 3)];
+}
+template <class T, int kD>
+__device__ __forceinline__ void load_b_kn_f32(uint32_t& b0, uint32_t& b1, uint32_t& bs0,
+                                              uint32_t& bs1, const float* tile, int k0, int n0,
+                                              int lane) {
+  const int r = k0 + 2 * (lane & 3), c = n0 + (lane >> 2);
+  tf32_op<T>(swz_f32<kD>(tile, r, c), b0, bs0);
+  tf32_op<T>(swz_f32<kD>(tile, r + 1, c), b1, bs1);
 }
 
 }  // namespace bwd

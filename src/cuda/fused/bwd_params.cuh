@@ -44,7 +44,7 @@ struct Params {
   const float2* stats;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): P = exp2(S * scale_log2 - lse2)
-  // Rows 16-byte aligned and head dims multiples of 8: tiles load with cp.async and results store
+  // Rows 16-byte aligned and head dims multiples of 16 bytes (8 16-bit / 4 float): tiles load with cp.async and results store
   // in pairs. Otherwise every element goes through its own load / store (correct, slower).
   bool aligned;
   // Atomic-dQ mode: float32 dQ * (1 / scale) accumulated as [B, N, H, dq_row], dq_row = D rounded
@@ -92,40 +92,58 @@ __device__ __forceinline__ int64_t tok_offset(const TokStrides& s, int b, const 
   return b * s.b + x[0] * s.x[0] + x[1] * s.x[1] + x[2] * s.x[2] + h * s.h;
 }
 
-// Elements [8c, 8c + 8) of a row of `cols` elements at `row` (null: no row) into 16 bytes of
-// shared memory at `dst`; columns past `cols` become zeros (head-dim padding).
+// Elements [kPer c, kPer c + kPer) (kPer = 16 bytes of elements: 8 16-bit, 4 float) of a row of
+// `cols` elements at `row` (null: no row) into 16 bytes of shared memory at `dst`; columns past
+// `cols` become zeros (head-dim padding).
 template <typename T>
 __device__ __forceinline__ void load_chunk(T* dst, const T* row, int c, int cols, bool aligned,
                                            const T* any) {
+  constexpr int kPer = 16 / int(sizeof(T));
   if (aligned) {
-    const bool v = row != nullptr && c * 8 < cols;
-    cp_async16(dst, v ? row + c * 8 : any, v);
+    const bool v = row != nullptr && c * kPer < cols;
+    cp_async16(dst, v ? row + c * kPer : any, v);
     return;
   }
-  const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
-  uint16_t e[8];
+  if constexpr (sizeof(T) == 4) {
+    float e[4];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = row != nullptr && c * 8 + k < cols ? r[c * 8 + k] : 0;
-  uint4 w;
-  w.x = e[0] | (uint32_t(e[1]) << 16);
-  w.y = e[2] | (uint32_t(e[3]) << 16);
-  w.z = e[4] | (uint32_t(e[5]) << 16);
-  w.w = e[6] | (uint32_t(e[7]) << 16);
-  *reinterpret_cast<uint4*>(dst) = w;
+    for (int k = 0; k < 4; ++k) e[k] = row != nullptr && c * 4 + k < cols ? row[c * 4 + k] : 0.f;
+    *reinterpret_cast<float4*>(dst) = make_float4(e[0], e[1], e[2], e[3]);
+  } else {
+    const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+    uint16_t e[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = row != nullptr && c * 8 + k < cols ? r[c * 8 + k] : 0;
+    uint4 w;
+    w.x = e[0] | (uint32_t(e[1]) << 16);
+    w.y = e[2] | (uint32_t(e[3]) << 16);
+    w.z = e[4] | (uint32_t(e[5]) << 16);
+    w.w = e[6] | (uint32_t(e[7]) << 16);
+    *reinterpret_cast<uint4*>(dst) = w;
+  }
 }
 
 // Stores the pair (lo, hi) at columns col, col + 1 of a row of `cols` elements.
 template <typename T>
 __device__ __forceinline__ void store_pair(T* row, int col, int cols, float lo, float hi,
                                            bool aligned) {
-  const uint32_t v = pack2<T>(lo, hi);
-  if (aligned) {
-    if (col < cols) *reinterpret_cast<uint32_t*>(row + col) = v;
-    return;
+  if constexpr (sizeof(T) == 4) {
+    if (aligned) {
+      if (col < cols) *reinterpret_cast<float2*>(row + col) = make_float2(lo, hi);
+      return;
+    }
+    if (col < cols) row[col] = lo;
+    if (col + 1 < cols) row[col + 1] = hi;
+  } else {
+    const uint32_t v = pack2<T>(lo, hi);
+    if (aligned) {
+      if (col < cols) *reinterpret_cast<uint32_t*>(row + col) = v;
+      return;
+    }
+    uint16_t* r = reinterpret_cast<uint16_t*>(row);
+    if (col < cols) r[col] = uint16_t(v & 0xffffu);
+    if (col + 1 < cols) r[col + 1] = uint16_t(v >> 16);
   }
-  uint16_t* r = reinterpret_cast<uint16_t*>(row);
-  if (col < cols) r[col] = uint16_t(v & 0xffffu);
-  if (col + 1 < cols) r[col + 1] = uint16_t(v >> 16);
 }
 
 }  // namespace bwd

@@ -252,9 +252,9 @@ NaiveForward naive_forward(const ProblemTensors& t, bool tf32) {
   return out;
 }
 
-NaiveBackward naive_backward(const ProblemTensors& t) {
+NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
   const Dense d(t);
-  const Rounder r{d.p.dtype};
+  const Rounder r{d.p.dtype, tf32};
   const double scale = t.c.resolved_scale();
   const int64_t B = d.p.batch;
   NaiveBackward out;
@@ -283,7 +283,7 @@ NaiveBackward naive_backward(const ProblemTensors& t) {
           float acc = 0.f;
           for (size_t w = 0; w < S; ++w)
             if (slots[w] >= 0)
-              acc += static_cast<float>(ds[w]) * static_cast<float>(d.Kj(b, slots[w], hk)[e]);
+              acc += r.in(ds[w]) * r.in(d.Kj(b, slots[w], hk)[e]);
           out.dq[((b * d.N + t_) * d.H + h) * d.D + e] = r(acc);
         }
         for (size_t w = 0; w < S; ++w) {
@@ -292,8 +292,8 @@ NaiveBackward naive_backward(const ProblemTensors& t) {
           float* v_acc = gv.at(b * (d.N + d.A) + slots[w], h);
           const double* qv = d.Q(b, t_, h);
           const double* dov = d.dO(b, t_, h);
-          for (int64_t e = 0; e < d.D; ++e) k_acc[e] += static_cast<float>(ds[w]) * static_cast<float>(qv[e]);
-          for (int64_t e = 0; e < d.Dv; ++e) v_acc[e] += static_cast<float>(p[w]) * static_cast<float>(dov[e]);
+          for (int64_t e = 0; e < d.D; ++e) k_acc[e] += r.in(ds[w]) * r.in(qv[e]);
+          for (int64_t e = 0; e < d.Dv; ++e) v_acc[e] += r.in(p[w]) * r.in(dov[e]);
         }
       }
   }
@@ -422,7 +422,8 @@ Check check_forward(const ProblemTensors& got, const ProblemTensors& ref, const 
 
 Check check_backward(const ProblemTensors& got, const ProblemTensors& ref, const Tolerance& tol) {
   const fna::DType dt = got.c.p.dtype;
-  const NaiveBackward nv = dt == fna::DType::f32 ? NaiveBackward{} : naive_backward(got);
+  const NaiveBackward nv =
+      dt == fna::DType::f32 && !tol.tf32 ? NaiveBackward{} : naive_backward(got, tol.tf32);
   const std::vector<double> rq = ref.dq.to_double(), rk = ref.dk.to_double(),
                             rv = ref.dv.to_double(), rak = ref.d_add_k.to_double(),
                             rav = ref.d_add_v.to_double();

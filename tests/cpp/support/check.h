@@ -6,9 +6,10 @@
 //   every intermediate to the dtype, like a plain bf16 PyTorch implementation);
 //   atol = 2 * u * max|ref| with u the dtype's unit roundoff (the rounding of ref to the dtype).
 // float32: max|out - ref| <= f32_rel * max|ref| (1e-5 by default).
-// float32 computed with TF32 products (Tolerance::tf32, forward only): the low-precision rule with
-//   u = 2^-11 and out_naive = dense attention with the products' operands (Q, K, P, V) rounded to
-//   TF32, float32 accumulation, like a plain TF32 matmul graph.
+// float32 computed with TF32 products (Tolerance::tf32, forward and backward): the low-precision
+//   rule with u = 2^-11 and out_naive = dense attention (and its gradients) with the products'
+//   operands (Q, K, P, V, dO, dS) rounded to TF32, float32 accumulation, like a plain TF32 matmul
+//   graph.
 // NaN never passes; an infinite ref (-inf logits of non-neighbor slots) must be matched exactly.
 #pragma once
 
@@ -57,7 +58,7 @@ struct NaiveBackward {
 };
 // tf32: operands of the products rounded to TF32 (float32 problems).
 NaiveForward naive_forward(const ProblemTensors& t, bool tf32 = false);
-NaiveBackward naive_backward(const ProblemTensors& t);     // from t.d_o
+NaiveBackward naive_backward(const ProblemTensors& t, bool tf32 = false);  // from t.d_o
 std::vector<double> naive_qk(const ProblemTensors& t);     // attn logits (non-neighbors -inf)
 std::vector<double> naive_av(const ProblemTensors& t);     // o from t.attn
 NaiveBackward naive_qk_backward(const ProblemTensors& t);  // dq, dk, d_add_k from t.d_attn
