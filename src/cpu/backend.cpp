@@ -1,6 +1,6 @@
 // The production CPU backend, fused forward and backward: the driver. It splits the problem into
-// tiles of queries along the last axis (see cpu/tile.h), gathers each tile's key box once into
-// contiguous float buffers (converting dtype and strides), and runs the ISA-specific tile kernels.
+// tiles of queries along the last axis (see cpu/tile.h), converts the key / value lines the tiles
+// read into float panels (dtype and strides; PanelStore), and runs the ISA-specific tile kernels.
 // Only the neighborhood is visited: the box comes from nbr::window / nbr::tile_union.
 #include <cmath>
 #include <cstdlib>
@@ -156,7 +156,7 @@ struct TileGeom {
     const int64_t nt = static_cast<int64_t>(pl.last_tiles.size());
     // Order (slowest first): batch, KV head, line, tile. The tiles of a line share their key
     // rows, and the next line's tiles all but one of them, so the panels in use (about the window
-    // height in lines, of one head) stay in L2 and each panel is converted (LazyPanels) just
+    // height in lines, of one head) stay in L2 and each panel is converted (PanelStore) just
     // before its first tiles read it.
     const int64_t tile = task % nt;
     int64_t rest = task / nt;

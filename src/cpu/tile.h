@@ -37,11 +37,11 @@ struct TileShape {
   int col_count[kTileQueries];
 };
 
-// Keys and values are pre-converted once per call into float "panels", one per (batch, KV head,
-// line of the other axes, dilation group of the last axis), in two layouts: transposed
-// [dim][pitch] (columns contiguous: scores vectorize over keys) and row-major [pitch][dim_pad]
-// (P V, dQ, dK, dV vectorize over the head dim). A tile sees row r of its box through pointers
-// already offset to the box's first column.
+// Keys and values are converted into float "panels" as the tiles first need them (backend.cpp's
+// PanelStore), one per (batch, KV head, line of the other axes, dilation group of the last
+// axis), in two layouts: transposed [dim][pitch] (columns contiguous: scores vectorize over keys)
+// and row-major [pitch][dim_pad] (P V, dQ, dK, dV vectorize over the head dim). A tile sees row r
+// of its box through pointers already offset to the box's first column.
 struct ForwardTile {
   TileShape s;
   int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
