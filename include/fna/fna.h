@@ -88,7 +88,9 @@ struct Options {
   void* stream = nullptr;        // cudaStream_t; null = the legacy default stream
   double scale = -1.0;           // attention scale; <= 0 means 1 / sqrt(D)
   int num_threads = 0;           // CPU backends: 0 = hardware concurrency
-  bool deterministic = false;    // CUDA backward: no atomics-order dependence
+  // Backward in a fixed accumulation order, bitwise reproducible run to run: CUDA without
+  // order-dependent atomics; cpu with a fixed task-to-thread assignment (for one num_threads).
+  bool deterministic = false;
   std::string config;            // cuda_fused: explicit tile configuration name; empty = heuristic
   // cuda_fused, float32 tensors: plain TF32 tensor-core products (about 1e-3 relative error)
   // instead of the default split-TF32 products (three TF32 MMAs per product, float32-class error).

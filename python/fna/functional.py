@@ -160,7 +160,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     log of the softmax denominator; not differentiable) when ``return_lse``.
     config: name of a ``cuda-fused`` forward tile configuration (see :func:`fna.fused_configs`)
     instead of the heuristic's choice; an error on any other backend (no silent fallback).
-    deterministic: the CUDA backward accumulates in a fixed order (bitwise reproducible).
+    deterministic: the backward accumulates in a fixed order (bitwise reproducible; on the CPU
+    for one thread count).
     allow_tf32: float32 on ``cuda-fused`` with plain TF32 products (~1e-3 relative) instead of
     split-TF32 (float32-class); None follows ``torch.backends.cuda.matmul.allow_tf32``.
     NATTEN's tuning keywords (``q_tile_shape``, ``kv_tile_shape``, ``backward_*``,

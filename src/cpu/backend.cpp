@@ -652,8 +652,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
       for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
     }
-  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())));
-  // Sum the per-thread accumulators and store: grid keys panel by panel, then additional keys.
+  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())), opt.deterministic);
+  // Sum the per-thread accumulators, in worker order, and store: grid keys panel by panel, then
+  // additional keys. (Deterministic mode fixes which worker ran which task, so these sums repeat
+  // bitwise.)
   const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
   const Strided dak = add_view(a.d_add_k, p), dav = add_view(a.d_add_v, p);
   const nbr::Axis& L = plan.ax[plan.la];

@@ -168,3 +168,37 @@ INSTANTIATE_TEST_SUITE_P(RanksAndKernels, CpuVsReference,
 
 }  // namespace
 }  // namespace fna_test
+
+namespace fna_test {
+namespace {
+
+// Options::deterministic on the cpu backward: three runs on two threads give bitwise identical
+// gradients (per-thread dK / dV partial sums with a fixed task-to-thread assignment, summed in
+// thread order). The assignment itself is tested against timing in parallel_test.cpp.
+TEST(CpuDeterministic, BackwardRepeatsBitwise) {
+  for (int i = 0; i < 4; ++i) {
+    const Case c = random_case(13000 + i, 2, 1);
+    ProblemTensors t(c);
+    t.c.with_lse = true;
+    fna::Options o = options_for(c, fna::Backend::cpu, 2);
+    o.deterministic = true;
+    ASSERT_TRUE(fna::forward(c.p, t.forward_args(), o).ok());
+    std::vector<std::vector<unsigned char>> first;
+    for (int run = 0; run < 3; ++run) {
+      t.poison_outputs();
+      ASSERT_TRUE(fna::forward(c.p, t.forward_args(), o).ok());
+      const fna::Status st = fna::backward(c.p, t.backward_args(), o);
+      ASSERT_TRUE(st.ok()) << st.message;
+      std::vector<std::vector<unsigned char>> got;
+      for (const HostTensor* g : {&t.dq, &t.dk, &t.dv}) {
+        const auto* b = static_cast<const unsigned char*>(g->data());
+        got.emplace_back(b, b + g->bytes());
+      }
+      if (run == 0) first = got;
+      else EXPECT_EQ(got, first) << c.str() << " run " << run;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fna_test
