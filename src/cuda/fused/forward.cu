@@ -55,6 +55,7 @@ struct FwdEntry {
   int q[kAxes];
   int kv[kAxes];
   int warps;
+  int arch;   // 80: mma.sync kernels (fwd_kernel.cuh, sm_80+); 90: wgmma kernels (fwd_sm90.cuh, 9.0 only)
   cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
   size_t (*smem)();
 
@@ -68,7 +69,7 @@ struct FwdEntry {
       return s;
     };
     const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
-    return std::string("fna_fwd_sm80_") + dt + "_d" +
+    return std::string(arch == 90 ? "fna_fwd_sm90_" : "fna_fwd_sm80_") + dt + "_d" +
            std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv) + "_w" + std::to_string(warps);
   }
 };
@@ -81,16 +82,33 @@ struct FwdEntry {
            {Q0, Q1, Q2},                                                              \
            {K0, K1, K2},                                                              \
            (Q0) * (Q1) * (Q2) / (16 * (MT)),                                          \
+           80,                                                                        \
            &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>, \
            &fused::fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 
+#define FNA_FWD_SM90_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                                \
+  FwdEntry{R,                                                                              \
+           DTypeOf<mma::DT>::value,                                                        \
+           false,                                                                          \
+           D,                                                                              \
+           {Q0, Q1, Q2},                                                                   \
+           {K0, K1, K2},                                                                   \
+           (Q0) * (Q1) * (Q2) / 16,                                                        \
+           90,                                                                             \
+           &fused::launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,     \
+           &fused::fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+
 const std::vector<FwdEntry>& table() {
   static const std::vector<FwdEntry> t{
+#if defined(FNA_WITH_SM90)
+      FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
+#endif
       FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16) FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)
           FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, F32) FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, TF32)};
   return t;
 }
 #undef FNA_FWD_ENTRY
+#undef FNA_FWD_SM90_ENTRY
 
 Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
 
@@ -178,6 +196,12 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
   const bool tf32 = opt.allow_tf32;
   const FwdEntry*& cfg = *out;
   const fused::Geometry geo = geometry_of(p);
+  int cc_major = 0, cc_minor = 0;
+  FNA_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor,
+                                      opt.device_index));
+  FNA_CUDA_TRY(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor,
+                                      opt.device_index));
+  const bool hopper = cc_major == 9 && cc_minor == 0;
   const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, tf32, need);
   if (!opt.config.empty()) {
     for (const FwdEntry& e : table())
@@ -188,17 +212,26 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
               "config='" + opt.config + "' is not a cuda-fused forward configuration for rank=" +
                   std::to_string(p.rank) + ", dtype=" + dtype_name(p.dtype) +
                   ", dim=" + std::to_string(need) + "; valid: " + join_names(cands)};
+    if (cfg->arch == 90 && !hopper)
+      return unsupported("config='" + opt.config + "' is a Hopper (wgmma) configuration: it needs "
+                         "compute capability 9.0, device " + std::to_string(opt.device_index) +
+                         " has " + std::to_string(cc_major) + "." + std::to_string(cc_minor));
   } else {
     if (cands.empty())
       return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
     // Only configurations whose CTA fits the device's shared memory (sm_86 / sm_89 offer 99 KiB,
-    // less than the two-m-tile head-dim-128 tiles take); ties go to the earlier table entry.
+    // less than the two-m-tile head-dim-128 tiles take) and runs on it; on compute capability 9.0
+    // the wgmma kernels when one fits, else the mma.sync ones. Ties go to the earlier entry.
     int smem_optin = 0;
     FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                         opt.device_index));
+    bool any90 = false;
+    for (const FwdEntry* e : cands)
+      any90 = any90 || (e->arch == 90 && hopper && e->smem() <= static_cast<size_t>(smem_optin));
     double best = 0;
     for (const FwdEntry* e : cands) {
       if (e->smem() > static_cast<size_t>(smem_optin)) continue;
+      if ((e->arch == 90) != any90) continue;
       const double c = cost_of(*e, geo);
       if (cfg == nullptr || c < best) {
         cfg = e;

@@ -353,6 +353,63 @@ __device__ __forceinline__ void pv_tf32(FwdState<Tr>& st,
   }
 }
 
+// Online softmax of one step's scores s (in place: s becomes P), the running max / sum update,
+// and the rescale of O when a row's reference max moved.
+template <class Tr, bool kMasked>
+__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
+                                               float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                               float scale_log2) {
+  constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
+  // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
+  // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
+  // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
+  // instructions as the MMAs of a 32-key step.
+  constexpr float kSlack = 8.f;
+  float alpha[kMT][2];
+  bool rescale = false;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float cand = mx * scale_log2;
+      const float m_old = st.m[mt][r];
+      const bool move = cand > m_old + kSlack;  // false for -inf vs -inf
+      const float m_new = move ? cand : m_old;
+      // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
+      // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
+      const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
+      alpha[mt][r] = move ? mma::fast_exp2(m_old - m_use) : 1.f;
+      rescale = rescale || move;
+      st.m[mt][r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        s[mt][j][2 * r] = mma::fast_exp2(fmaf(s[mt][j][2 * r], scale_log2, -m_use));
+        s[mt][j][2 * r + 1] = mma::fast_exp2(fmaf(s[mt][j][2 * r + 1], scale_log2, -m_use));
+        sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+      }
+      st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
+    }
+  }
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        st.o[mt][j][0] *= alpha[mt][0];
+        st.o[mt][j][1] *= alpha[mt][0];
+        st.o[mt][j][2] *= alpha[mt][1];
+        st.o[mt][j][3] *= alpha[mt][1];
+      }
+  }
+
+}
+
 // Keys [col0, col0 + kStepN) of one K/V tile: S = Q K^T, mask (kMasked), online softmax,
 // O += P V.
 template <class Tr, class T, class KT, bool kMasked>
@@ -405,53 +462,7 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
 
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
-  // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
-  // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
-  // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
-  // instructions as the MMAs of a 32-key step.
-  constexpr float kSlack = 8.f;
-  float alpha[kMT][2];
-  bool rescale = false;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float cand = mx * scale_log2;
-      const float m_old = st.m[mt][r];
-      const bool move = cand > m_old + kSlack;  // false for -inf vs -inf
-      const float m_new = move ? cand : m_old;
-      // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
-      // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
-      const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
-      alpha[mt][r] = move ? mma::fast_exp2(m_old - m_use) : 1.f;
-      rescale = rescale || move;
-      st.m[mt][r] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        s[mt][j][2 * r] = mma::fast_exp2(fmaf(s[mt][j][2 * r], scale_log2, -m_use));
-        s[mt][j][2 * r + 1] = mma::fast_exp2(fmaf(s[mt][j][2 * r + 1], scale_log2, -m_use));
-        sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
-      }
-      st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
-    }
-  }
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        st.o[mt][j][0] *= alpha[mt][0];
-        st.o[mt][j][1] *= alpha[mt][0];
-        st.o[mt][j][2] *= alpha[mt][1];
-        st.o[mt][j][3] *= alpha[mt][1];
-      }
-  }
+  softmax_update<Tr, kMasked>(st, s, scale_log2);
 
   if constexpr (Tr::kF32) {
     pv_tf32<Tr, T>(st, s, sV, lane);
@@ -482,6 +493,157 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
   }
 }
 
+// The CTA's place in the launch: batch, head, dilation group and query-tile origin (local
+// coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices so
+// neighbors share K/V in L2. False when the tile starts past a shorter group's end.
+struct FwdTile {
+  int b, h;
+  Group gr;
+  int qo[kAxes];
+};
+
+template <class QT>
+__device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile& ft) {
+  int flat = block;
+  const int tile = flat % p.q_tiles_total;
+  flat /= p.q_tiles_total;
+  const int grp = flat % p.groups;
+  flat /= p.groups;
+  ft.h = flat % p.heads;
+  ft.b = flat / p.heads;
+  ft.gr = Group::of(p.geo, grp);
+  int t = tile;
+#pragma unroll
+  for (int ax = kAxes - 1; ax >= 0; --ax) {
+    ft.qo[ax] = (t % p.q_tiles[ax]) * QT::ext(ax);
+    t /= p.q_tiles[ax];
+  }
+  bool in = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.gr.len[ax];
+  return in;
+}
+
+// Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
+// neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
+// is zero-filled; masked, and 0 * 0 keeps O finite).
+template <class QT, int kFirst, class Elem>
+__device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
+                                          const int (&qo)[kAxes], const Elem* gQ, int row,
+                                          const Elem*& a) {
+  int c[kAxes];
+  QT::coord(row, c);
+  bool ok = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    c[ax] += qo[ax];
+    ok = ok && c[ax] < gr.len[ax];
+  }
+  a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
+  return ok;
+}
+
+template <class KT, int kFirst, class Elem>
+__device__ __forceinline__ bool kv_row_src(const FwdParams& p, const Group& gr, const KvTile& t,
+                                           const Elem* gK, const Elem* gV, int row,
+                                           const Elem*& k, const Elem*& v) {
+  int c[kAxes];
+  KT::coord(row, c);
+  bool ok = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    c[ax] += t.origin[ax];
+    ok = ok && c[ax] < gr.len[ax];
+  }
+  k = gK + token_offset<kFirst>(p.geo, gr, c, p.k_stride);
+  v = gV + token_offset<kFirst>(p.geo, gr, c, p.v_stride);
+  return ok;
+}
+
+template <class Elem>
+__device__ __forceinline__ bool add_row_src(const FwdParams& p, int b, int hkv, const KvTile& t,
+                                            int row, const Elem*& k, const Elem*& v) {
+  const Elem* gAK =
+      static_cast<const Elem*>(p.add_k) + b * p.add_k_stride[0] + hkv * p.add_k_stride[2];
+  const Elem* gAV =
+      static_cast<const Elem*>(p.add_v) + b * p.add_v_stride[0] + hkv * p.add_v_stride[2];
+  const int n = t.add_begin + row;
+  k = gAK + n * p.add_k_stride[1];
+  v = gAV + n * p.add_v_stride[1];
+  return n < p.num_add;
+}
+
+// Every query row's window, once per CTA (made visible by the main loop's first barrier).
+template <class Tr, class QT>
+__device__ __forceinline__ void init_windows(const Geometry& geo, const Group& gr,
+                                             const int (&qo)[kAxes], RowWindow* sWin) {
+  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads) {
+    int q[kAxes];
+    QT::coord(row, q);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
+    sWin[row] = RowWindow::of(geo, gr, q);
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void init_state(FwdState<Tr>& st) {
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < Tr::kD / 8; ++j)
+      st.o[mt][j][0] = st.o[mt][j][1] = st.o[mt][j][2] = st.o[mt][j][3] = 0.f;
+    st.m[mt][0] = st.m[mt][1] = -INFINITY;
+    st.l[mt][0] = st.l[mt][1] = 0.f;
+  }
+}
+
+// Epilogue: finish the row sums across the quad, normalize, store O (and LSE). `row0`: the
+// warp's first row in the query tile.
+template <class Tr, class T, class QT>
+__device__ __forceinline__ void store_output(const FwdState<Tr>& st, const FwdParams& p,
+                                             const FwdTile& ft, int row0, int lane) {
+  using Elem = typename Tr::Elem;
+  constexpr int kFirst = Tr::kFirstAxis;
+  Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = st.l[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      int q[kAxes];
+      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
+      bool valid = true;
+#pragma unroll
+      for (int ax = 0; ax < kAxes; ++ax) {
+        q[ax] += ft.qo[ax];
+        valid = valid && q[ax] < ft.gr.len[ax];
+      }
+      if (!valid) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);
+#pragma unroll
+      for (int j = 0; j < Tr::kD / 8; ++j) {
+        const int col = j * 8 + 2 * (lane & 3);
+        if (col >= p.dim_v) continue;
+        if constexpr (Tr::kF32)
+          *reinterpret_cast<float2*>(row + col) =
+              make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+        else
+          *reinterpret_cast<uint32_t*>(row + col) =
+              mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+      }
+      if (p.lse != nullptr && (lane & 3) == 0) {
+        float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
+                     token_offset<kFirst>(p.geo, ft.gr, q, p.lse_stride);
+        *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
+      }
+    }
+  }
+}
+
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
 __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads,
                                   FwdTraits<T, kD, kRank, kMT, QT, KT>::kMinBlocks)
@@ -494,54 +656,25 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   Elem* sKV = Tr::kQInRegs ? sQ : sQ + Tr::kQElems;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Query tiles of one (batch, head, group) are adjacent block indices so neighbors share K/V
-  // in L2.
-  int flat = blockIdx.x;
-  const int tile = flat % p.q_tiles_total;
-  flat /= p.q_tiles_total;
-  const int grp = flat % p.groups;
-  flat /= p.groups;
-  const int h = flat % p.heads;
-  const int b = flat / p.heads;
+  FwdTile ft;
+  if (!fwd_tile<QT>(p, blockIdx.x, ft)) return;  // this group is shorter than the largest one
   const Geometry& geo = p.geo;
-  const Group gr = Group::of(geo, grp);
-  int qo[kAxes];
-  {
-    int t = tile;
-#pragma unroll
-    for (int ax = kAxes - 1; ax >= 0; --ax) {
-      qo[ax] = (t % p.q_tiles[ax]) * QT::ext(ax);
-      t /= p.q_tiles[ax];
-    }
-  }
-#pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax)
-    if (qo[ax] >= gr.len[ax]) return;  // this group is shorter than the largest one
+  const Group& gr = ft.gr;
+  const int hkv = ft.h / p.heads_per_kv;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+  const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+  const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  const int hkv = h / p.heads_per_kv;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + b * p.q_stride[0] + h * p.q_stride[4];
-  const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_stride[0] + hkv * p.k_stride[4];
-  const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[4];
-
-  copy_rows<Tr, Tr::kQ, false>(
-      sQ, p.dim, p.q, nullptr, 0, nullptr, [&](int row, const Elem*& a, const Elem*&) {
-        int c[kAxes];
-        QT::coord(row, c);
-        bool ok = true;
-#pragma unroll
-        for (int ax = 0; ax < kAxes; ++ax) {
-          c[ax] += qo[ax];
-          ok = ok && c[ax] < gr.len[ax];
-        }
-        a = gQ + token_offset<kFirst>(geo, gr, c, p.q_stride);
-        return ok;
-      });
+  copy_rows<Tr, Tr::kQ, false>(sQ, p.dim, p.q, nullptr, 0, nullptr,
+                               [&](int row, const Elem*& a, const Elem*&) {
+                                 return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
+                               });
   mma::cp_async_commit();
 
   // The key-tile span lives in shared memory: it is read once per tile, and kept in registers it
   // would pin a dozen of them next to O for the whole loop.
   __shared__ KvSpan sSpan;
-  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, qo);
+  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -552,45 +685,20 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     Elem* sK = sKV + (2 * buf) * Tr::kTileElems;
     Elem* sV = sK + Tr::kTileElems;
     if (t.add_begin < 0) {
-      // Rows past the group's end are zero-filled: masked out, and 0 * 0 keeps O finite.
       copy_rows<Tr, Tr::kN, true>(
           sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
-            int c[kAxes];
-            KT::coord(row, c);
-            bool ok = true;
-#pragma unroll
-            for (int ax = 0; ax < kAxes; ++ax) {
-              c[ax] += t.origin[ax];
-              ok = ok && c[ax] < gr.len[ax];
-            }
-            k = gK + token_offset<kFirst>(geo, gr, c, p.k_stride);
-            v = gV + token_offset<kFirst>(geo, gr, c, p.v_stride);
-            return ok;
+            return kv_row_src<KT, kFirst>(p, gr, t, gK, gV, row, k, v);
           });
     } else {
-      const Elem* gAK = static_cast<const Elem*>(p.add_k) + b * p.add_k_stride[0] +
-                        hkv * p.add_k_stride[2];
-      const Elem* gAV = static_cast<const Elem*>(p.add_v) + b * p.add_v_stride[0] +
-                        hkv * p.add_v_stride[2];
       copy_rows<Tr, Tr::kN, true>(
           sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
-            const int n = t.add_begin + row;
-            k = gAK + n * p.add_k_stride[1];
-            v = gAV + n * p.add_v_stride[1];
-            return n < p.num_add;
+            return add_row_src(p, ft.b, hkv, t, row, k, v);
           });
     }
   };
 
   FwdState<Tr> st;
-#pragma unroll
-  for (int mt = 0; mt < Tr::kMT; ++mt) {
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-      st.o[mt][j][0] = st.o[mt][j][1] = st.o[mt][j][2] = st.o[mt][j][3] = 0.f;
-    st.m[mt][0] = st.m[mt][1] = -INFINITY;
-    st.l[mt][0] = st.l[mt][1] = 0.f;
-  }
+  init_state(st);
   const int row0 = warp * Tr::kWarpRows;
 
   if constexpr (Tr::kQInRegs) {
@@ -609,15 +717,8 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   load_kv(0, 0);
   mma::cp_async_commit();
 
-  // Every query row's window, once per CTA (made visible by the loop's first barrier).
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
-  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads) {
-    int q[kAxes];
-    QT::coord(row, q);
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
-    sWin[row] = RowWindow::of(geo, gr, q);
-  }
+  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
 
   // One barrier per tile: once every warp has passed it, tile `it` has landed for all and every
   // warp has finished tile it - 1, so its buffer can take tile it + 1 while `it` is computed.
@@ -641,45 +742,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
         fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
     }
   }
-
-  // Epilogue: finish the row sums across the quad, normalize, store O (and LSE).
-  Elem* gO = static_cast<Elem*>(p.o) + b * p.o_stride[0] + h * p.o_stride[4];
-#pragma unroll
-  for (int mt = 0; mt < Tr::kMT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float l = st.l[mt][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      int q[kAxes];
-      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
-      bool valid = true;
-#pragma unroll
-      for (int ax = 0; ax < kAxes; ++ax) {
-        q[ax] += qo[ax];
-        valid = valid && q[ax] < gr.len[ax];
-      }
-      if (!valid) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      Elem* row = gO + token_offset<kFirst>(geo, gr, q, p.o_stride);
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        const int col = j * 8 + 2 * (lane & 3);
-        if (col >= p.dim_v) continue;
-        if constexpr (Tr::kF32)
-          *reinterpret_cast<float2*>(row + col) =
-              make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
-        else
-          *reinterpret_cast<uint32_t*>(row + col) =
-              mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
-      }
-      if (p.lse != nullptr && (lane & 3) == 0) {
-        float* lse = p.lse + b * p.lse_stride[0] + h * p.lse_stride[4] +
-                     token_offset<kFirst>(geo, gr, q, p.lse_stride);
-        *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
-      }
-    }
-  }
+  store_output<Tr, T, QT>(st, p, ft, row0, lane);
 }
 
 template <class T, int kD, int kRank, int kMT, class QT, class KT>

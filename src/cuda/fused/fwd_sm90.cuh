@@ -1,0 +1,240 @@
+// The fused forward on Hopper's warpgroup MMAs (wgmma, sm_90a): the algorithm of fwd_kernel.cuh
+// (same tiles, same key-tile walk, mask, online softmax and epilogue, shared with it), with the
+// two GEMMs issued per warpgroup instead of per warp.
+//
+// A CTA owns one multi-dimensional query tile of kQ = 64 * warpgroups rows; warpgroup w owns rows
+// 64w..64w+63 (warp 4w + i rows 16i.. of those, the mma.sync-compatible accumulator layout, so the
+// mask and softmax code is the sm_80 kernel's with one m-tile per warp). Per key/value tile:
+//   S = Q K^T   wgmma m64nN k16, A = Q and B = K both from 128-byte-swizzled shared memory;
+//   mask (border tiles), online softmax in registers;
+//   O += P V    wgmma m64nD k16, A = P straight from the S accumulators (registers), B = V read
+//               transposed (MN-major) from the same swizzled layout K uses.
+// Tiles arrive by cp.async (gathered rows: a multi-dimensional tile is not one box of global
+// memory), double buffered, one barrier per tile; fence.proxy.async hands the generic-proxy writes
+// to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
+#pragma once
+
+#include "cuda/common/wgmma.cuh"
+#include "cuda/fused/fwd_kernel.cuh"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, int kRank_, class QT, class KT>
+struct Sm90Traits {
+  using Elem = typename T::type;
+  static constexpr bool kF32 = false;
+  static constexpr int kVec = 8;
+  static constexpr int kD = kD_;
+  static constexpr int kRank = kRank_;
+  static constexpr int kFirstAxis = kAxes - kRank;
+  static constexpr int kQ = QT::kSize;
+  static constexpr int kN = KT::kSize;
+  // The sm_80 kernel's names for the per-warp view (FwdState, apply_mask, softmax_update).
+  static constexpr int kMT = 1;
+  static constexpr int kWarpRows = 16;
+  static constexpr int kStepN = kN;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kWarps = kQ / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  static constexpr int kQBytes = kQ * kD * 2;
+  static constexpr int kTileBytes = kN * kD * 2;
+  static constexpr int kWinOffset = kQBytes + 4 * kTileBytes;  // K, V double buffered
+  // 1024 bytes of slack: the swizzle pattern repeats every 1024 bytes, so regions start aligned.
+  static constexpr size_t kSmemBytes = 1024 + size_t(kWinOffset) + size_t(kQ) * sizeof(RowWindow);
+  // Two CTAs per SM when both fit the SM's 228 KiB (64-key tiles): one CTA's barrier and softmax
+  // then overlap the other's MMAs.
+  static constexpr int kMinBlocks = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
+  static_assert(kQ % 64 == 0 && (kD == 64 || kD == 128) && (kN == 64 || kN == 128),
+                "sm90 tile sizes");
+};
+
+// copy_rows (fwd_kernel.cuh) into the 128-byte-swizzled layout: row r's chunk c of region c / 8
+// (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16.
+template <class Tr, int kRows, bool kTwo, class RowSrc>
+__device__ __forceinline__ void copy_rows_sw(uint32_t dst_a, int dim_a, const void* fb_a,
+                                             uint32_t dst_b, int dim_b, const void* fb_b,
+                                             RowSrc row_src) {
+  using Elem = typename Tr::Elem;
+  constexpr int kTPR = Tr::kThreads >= kRows ? Tr::kThreads / kRows : 1;
+  constexpr int kRowsPerPass = Tr::kThreads / kTPR;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  constexpr int kCPT = Tr::kChunks / kTPR;
+  constexpr uint32_t kRegion = kRows * 128;
+  static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
+  const int sub = threadIdx.x % kTPR;
+  const int r0 = threadIdx.x / kTPR;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = r0 + pass * kRowsPerPass;
+    const Elem* src_a = nullptr;
+    const Elem* src_b = nullptr;
+    const bool ok = row_src(row, src_a, src_b);
+    const uint32_t rbase = uint32_t(row) * 128;
+    const int sw = row & 7;
+#pragma unroll
+    for (int i = 0; i < kCPT; ++i) {
+      const int ch = i * kTPR + sub;
+      const uint32_t off = (ch >> 3) * kRegion + rbase + uint32_t(((ch & 7) ^ sw) << 4);
+      const bool v = ok && ch * Tr::kVec < dim_a;
+      mma::cp_async_16(dst_a + off, v ? src_a + ch * Tr::kVec : fb_a, v);
+      if constexpr (kTwo) {
+        const bool vb = ok && ch * Tr::kVec < dim_b;
+        mma::cp_async_16(dst_b + off, vb ? src_b + ch * Tr::kVec : fb_b, vb);
+      }
+    }
+  }
+}
+
+// One key/value tile for one warpgroup: S = Q K^T, mask, online softmax, O += P V.
+template <class Tr, class T, class KT, bool kMasked>
+__device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
+                                          uint32_t sV, const KvTile& tile, const RowWindow* sWin,
+                                          int num_add, float scale_log2) {
+  constexpr int kN = Tr::kN, kD = Tr::kD;
+  using MmaS = wgmma::Mma<T, kN>;
+  using MmaO = wgmma::Mma<T, kD>;
+  float s[1][kN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+  // Descriptors: the k-step's offset only changes the start address field (16-byte units).
+  const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024);
+  const uint64_t dk = wgmma::desc_sw128(sK, 16, 1024);
+  wgmma::fence_operands(s[0]);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    MmaS::ss(s[0], dq + ((kk >> 2) * (Tr::kQ * 128) + (kk & 3) * 32) / 16,
+             dk + ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16, 1);
+  wgmma::commit();
+  wgmma::fence_operands(s[0]);
+  wgmma::wait<0>();
+  wgmma::fence_operands(s[0]);
+
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
+  softmax_update<Tr, kMasked>(st, s, scale_log2);
+
+  // P as the register A operand of every k-step, packed before the first MMA is issued (packing
+  // between MMAs would make the compiler serialize them).
+  uint32_t a[kN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    a[kk][0] = mma::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+    a[kk][1] = mma::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+    a[kk][2] = mma::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+    a[kk][3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+  }
+  const uint64_t dv = wgmma::desc_sw128(sV, kN * 128, 1024);
+  wgmma::fence_operands(st.o[0]);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
+  wgmma::commit();
+  wgmma::fence_operands(st.o[0]);
+  wgmma::wait<0>();
+  wgmma::fence_operands(st.o[0]);
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
+                                  Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
+    fna_fwd_sm90_kernel(const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  using Elem = typename Tr::Elem;
+  constexpr int kFirst = Tr::kFirstAxis;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_u32(smem_raw);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t sQ = raw + pad;
+  const uint32_t sKV = sQ + Tr::kQBytes;
+  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + pad + Tr::kWinOffset);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  FwdTile ft;
+  if (!fwd_tile<QT>(p, blockIdx.x, ft)) return;
+  const Geometry& geo = p.geo;
+  const Group& gr = ft.gr;
+  const int hkv = ft.h / p.heads_per_kv;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+  const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+  const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+
+  copy_rows_sw<Tr, Tr::kQ, false>(sQ, p.dim, p.q, 0, 0, nullptr,
+                                  [&](int row, const Elem*& a, const Elem*&) {
+                                    return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
+                                  });
+  mma::cp_async_commit();
+
+  __shared__ KvSpan sSpan;
+  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
+  __syncthreads();
+  const KvSpan& span = sSpan;
+  const int n_nbr = span.total();
+  const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+
+  auto load_kv = [&](int it, int buf) {
+    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
+    const uint32_t sV = sK + Tr::kTileBytes;
+    if (t.add_begin < 0) {
+      copy_rows_sw<Tr, Tr::kN, true>(
+          sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
+            return kv_row_src<KT, kFirst>(p, gr, t, gK, gV, row, k, v);
+          });
+    } else {
+      copy_rows_sw<Tr, Tr::kN, true>(
+          sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
+            return add_row_src(p, ft.b, hkv, t, row, k, v);
+          });
+    }
+  };
+  load_kv(0, 0);
+  mma::cp_async_commit();
+  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
+
+  FwdState<Tr> st;
+  init_state(st);
+  const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
+  for (int it = 0; it < n_tiles; ++it) {
+    mma::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_kv(it + 1, (it + 1) & 1);
+      mma::cp_async_commit();
+    }
+    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
+    const uint32_t sV = sK + Tr::kTileBytes;
+    if (t.inside)
+      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
+    else
+      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
+  }
+  store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+#endif
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90_smem_bytes() {
+  return Sm90Traits<T, kD, kRank, QT, KT>::kSmemBytes;
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
+  auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Tr::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fused
+}  // namespace fna
