@@ -10,6 +10,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/guarded.h"
@@ -101,6 +102,15 @@ void prefetch_row(const Strided& s, int64_t off, int n) {
   const char* row = static_cast<const char*>(s.data) + off * detail::dtype_size(s.dtype);
   const int64_t bytes = n * detail::dtype_size(s.dtype);
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(row + i);
+}
+
+// Appends the cache lines of a row of n contiguous elements to `out` (nothing when strided).
+void row_lines(const Strided& s, int64_t off, int n, std::vector<const char*>* out) {
+  if (s.se != 1 || n <= 0) return;
+  const int64_t es = detail::dtype_size(s.dtype);
+  const uintptr_t b = reinterpret_cast<uintptr_t>(static_cast<const char*>(s.data) + off * es);
+  const uintptr_t e = b + static_cast<uintptr_t>(n * es);
+  for (uintptr_t l = b & ~uintptr_t(63); l < e; l += 64) out->push_back(reinterpret_cast<const char*>(l));
 }
 
 void store_row(const Strided& s, int64_t off, int n, const float* src) {
@@ -362,6 +372,10 @@ class PanelStore {
       lazy_.reset(new LazyPanels(count));
   }
   int64_t slots() const { return slots_; }
+  // Whether `worker`'s ring holds panel id now (rings only).
+  bool holds(int worker, int64_t id) const {
+    return slots_ > 0 && tags_[static_cast<size_t>(worker)][static_cast<size_t>(id % slots_)] == id;
+  }
   int64_t chunk(int64_t tasks_per_line) const { return slots_ > 0 ? chunk_lines_ * tasks_per_line : 1; }
   // Panel `index` (a slot, or the id when shared) of set i lies at base(i, worker) + index * floats.
   float* base(size_t i, int worker) {
@@ -407,6 +421,12 @@ struct Scratch {
   std::vector<float> tmp;  // Panels::convert's block
   std::vector<const float*> r1, r2, r3;
   std::vector<float*> r4, r5;
+  // Prefetch hints (tile.h: Prefetch): this tile's list; the source lines of the panels the
+  // next line converts, shared out over the tiles of line `ahead_line`; the next task's geometry.
+  std::vector<const char*> hints, ahead;
+  int64_t ahead_line = -1;
+  TileGeom tg, next;
+  int64_t next_task = -1;
 };
 
 template <typename V>
@@ -440,6 +460,71 @@ void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileG
   store.ensure(worker, sc.panel_ids.data(), R, ahead, convert);
 }
 
+// The task's geometry, built when the previous task prefetched it (sc.next) or now.
+TileGeom& task_geom(const Plan& plan, int64_t task, int D, int Dv, int A, Scratch& sc) {
+  if (sc.next_task == task) {
+    std::swap(sc.tg, sc.next);
+    sc.next_task = -1;
+  } else {
+    sc.tg.build(plan, task, D, Dv, A);
+  }
+  return sc.tg;
+}
+
+// Fills sc.hints for a task of a chunk of consecutive tasks (`chunk` > 1; one worker runs them in
+// order): the `rows` tensors' lines of the next task's query tokens (every head of the KV group),
+// and, with rings, this tile's share of the source lines of the panels that the next line's
+// tiles will convert (those the worker's ring does not hold), of every tensor in `panel_src`.
+void plan_hints(const Plan& plan, int64_t task, int64_t chunk, int worker, const PanelStore& store,
+                const Panels& panels, const std::vector<std::pair<const Strided*, int>>& rows,
+                const std::vector<std::pair<const Strided*, int>>& panel_src, int D, int Dv, int A,
+                Scratch& sc) {
+  sc.hints.clear();
+  if (chunk <= 1) return;
+  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
+  const int64_t tile = task % nt, line_task = task - tile;
+  if ((task + 1) % chunk != 0 && task + 1 < plan.tasks()) {
+    sc.next.build(plan, task + 1, D, Dv, A);
+    sc.next_task = task + 1;
+    for (int64_t gi = 0; gi < plan.group; ++gi) {
+      const int64_t h = sc.next.hk * plan.group + gi;
+      for (int t = 0; t < sc.next.s.T; ++t)
+        for (const auto& r : rows)
+          row_lines(*r.first, r.first->token_offset(sc.next.b, sc.next.q_token[t], h), r.second, &sc.hints);
+    }
+  }
+  if (store.slots() == 0) return;
+  if (sc.ahead_line != line_task) {
+    sc.ahead_line = line_task;
+    sc.ahead.clear();
+    const int64_t next_line = line_task + nt;
+    if (next_line / chunk == task / chunk && next_line < plan.tasks()) {
+      TileGeom gn;
+      gn.build(plan, next_line, D, Dv, A);
+      const Problem& p = plan.p;
+      const nbr::Axis& L = plan.ax[plan.la];
+      int64_t prev = -1;
+      for (int64_t tok : gn.row_token) {
+        const int64_t kl = tok / p.shape[plan.la];
+        if (kl == prev) continue;
+        prev = kl;
+        for (int g = 0; g < L.dilation && g < L.length; ++g) {
+          if (store.holds(worker, panels.id(gn.b, gn.hk, kl, g))) continue;
+          const int lg = nbr::group_length(L, g);
+          for (int j = 0; j < lg; ++j) {
+            const int64_t token = kl * p.shape[plan.la] + static_cast<int64_t>(j) * L.dilation + g;
+            for (const auto& r : panel_src)
+              row_lines(*r.first, r.first->token_offset(gn.b, token, gn.hk), r.second, &sc.ahead);
+          }
+        }
+      }
+    }
+  }
+  const size_t n = sc.ahead.size();
+  sc.hints.insert(sc.hints.end(), sc.ahead.begin() + static_cast<int64_t>(n * tile / nt),
+                  sc.ahead.begin() + static_cast<int64_t>(n * (tile + 1) / nt));
+}
+
 }  // namespace
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
@@ -463,10 +548,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
+  const int64_t chunk = store.chunk(static_cast<int64_t>(plan.last_tiles.size()));
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
-    TileGeom tg;
-    tg.build(plan, task, D, Dv, A);
+    const TileGeom& tg = task_geom(plan, task, D, Dv, A, sc);
     const TileShape& s = tg.s;
     key_lines(tg, p.shape[plan.la], &sc.key_line);
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
@@ -476,12 +561,16 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
       panels.convert(k, D, Dp, id, kt + at * kt_floats, nullptr, tmp);
       panels.convert(v, Dv, Dvp, id, nullptr, vr + at * v_floats, tmp);
     });
+    plan_hints(plan, task, chunk, worker, store, panels, {{&q, D}, {&o, Dv}}, {{&k, D}, {&v, Dv}}, D,
+               Dv, A, sc);
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt), kt_floats, 1, &sc.r1,
                    store.slots());
     panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr), v_floats, Dvp, &sc.r2,
                    store.slots());
     ForwardTile ft;
     ft.s = s;
+    ft.prefetch.lines = sc.hints.data();
+    ft.prefetch.n = static_cast<int>(sc.hints.size());
     ft.pitch = panels.pitch;
     ft.scale_log2 = scale_log2;
     ft.kt_rows = sc.r1.data();
@@ -511,7 +600,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
-  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())));
+  }, chunk);
   return Status::Ok();
 }
 

@@ -337,6 +337,23 @@ static Group next_group(const TileShape& s, int t0) {
   return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW)};
 }
 
+// Issues a tile's prefetch hints (tile.h: Prefetch) `per` at a time, at each of the tile's block
+// calls, so that they never stall on full line-fill buffers; finish() issues what is left.
+struct Hints {
+  const char* const* p;
+  int n, i, per;
+  Hints(const Prefetch& pf, int calls)
+      : p(pf.lines), n(pf.n), i(0), per(calls > 0 ? (pf.n + calls - 1) / calls : pf.n) {}
+  inline void issue() {
+    const int e = n - i < per ? n : i + per;
+    for (; i < e; ++i) __builtin_prefetch(p[i], 0, 2);  // to L2 (prefetcht1)
+  }
+  void finish() {
+    per = n;
+    issue();
+  }
+};
+
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
 // loops run chunk-major (a chunk of the head dim, or of the rows, for every group) to reuse the
 // box from L1 instead of streaming it from L2 once per group.
@@ -360,7 +377,8 @@ static int tile_groups(const TileShape& s, Group* out) {
 // read (the batch's rows x the chunk's dims x the tile's columns) are reused from L1 / L2 while
 // the groups sweep over them, instead of being streamed once per group.
 static void tile_scores(const TileShape& s, const Group* grs, int ng, const float* xs, int xpitch,
-                        int D, const float* const* rows, int pitch, float* buf, int64_t plane) {
+                        int D, const float* const* rows, int pitch, float* buf, int64_t plane,
+                        Hints* hints) {
   for (int d0 = 0; d0 < D; d0 += kDChunk) {
     const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk;
     for (int r0 = 0; r0 < s.R;) {
@@ -371,6 +389,7 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, const floa
         for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
         group_scores(gr.t1 - gr.t0, x, d0, d1, rows, r0, r1, s.R, pitch, gr.cb, gr.Wspan,
                      buf + gr.t0 * plane);
+        hints->issue();
       }
       r0 = r1;
     }
@@ -380,7 +399,7 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, const floa
 // out[t] = sum over rows and span columns of the group's weights x rows[r][cb + c][:].
 static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, const float* buf,
                                int64_t plane, const float* const* rows, int64_t rpitch, int nvec,
-                               float* outs, int opitch) {
+                               float* outs, int opitch, Hints* hints) {
   for (int r0 = 0; r0 < s.R; r0 += kRChunk) {
     const int r1 = s.R - r0 < kRChunk ? s.R : r0 + kRChunk;
     for (int i = 0; i < ng; ++i) {
@@ -390,6 +409,7 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
       group_weighted_rows(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                           r1 - r0, gr.Wspan, gr.span, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
                           static_cast<int64_t>(s.R) * gr.Wspan);
+      hints->issue();
     }
   }
 }
@@ -397,7 +417,7 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
 // rows[r][cb + c][:] += sum_t w_t[r][c] * mult * x_t for every group (dK, dV).
 static void tile_outer(const TileShape& s, const Group* grs, int ng, const float* buf,
                        int64_t plane, const float* xs, int xpitch, float mult,
-                       float* const* rows, int rpitch, int nvec) {
+                       float* const* rows, int rpitch, int nvec, Hints* hints) {
   for (int r0 = 0; r0 < s.R; r0 += kRChunk) {
     const int r1 = s.R - r0 < kRChunk ? s.R : r0 + kRChunk;
     for (int i = 0; i < ng; ++i) {
@@ -407,9 +427,19 @@ static void tile_outer(const TileShape& s, const Group* grs, int ng, const float
       group_outer_all(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                       static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, gr.span, x, mult, rows + r0,
                       rpitch, gr.cb, nvec);
+      hints->issue();
     }
   }
 }
+
+// Block calls (Hints::issue points) of tile_scores over a head dim of D, and of
+// tile_weighted_rows / tile_outer.
+static int score_calls(const TileShape& s, int ng, int D) {
+  int batches = 0;
+  for (int r0 = 0; r0 < s.R; r0 = batch_end(r0, s.R, kGroupPairs)) ++batches;
+  return ng * batches * ((D + kDChunk - 1) / kDChunk);
+}
+static int row_calls(const TileShape& s, int ng) { return ng * ((s.R + kRChunk - 1) / kRChunk); }
 
 // Room per query in the score buffers: R rows of the widest group span.
 static int64_t tile_plane(const TileShape& s) {
@@ -462,7 +492,8 @@ void forward_tile(const ForwardTile& a) {
   const int64_t plane = tile_plane(s);
   float* sc = a.scratch;
   float* sadd = a.scratch + s.T * plane;
-  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane);
+  Hints hints(a.prefetch, score_calls(s, ng, s.D) + row_calls(s, ng));
+  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane, &hints);
   float l[kTileQueries], m[kTileQueries];
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
@@ -484,7 +515,8 @@ void forward_tile(const ForwardTile& a) {
       }
     }
   }
-  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, s.Dvp);
+  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, s.Dvp, &hints);
+  hints.finish();
   for (int t = 0; t < s.T; ++t) {
     float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
     for (int n = 0; n < s.A; ++n)
@@ -504,8 +536,9 @@ void backward_tile(const BackwardTile& a) {
   // P (from the saved LSE), dP, dS for every query, then dQ = dS K, dK += scale dS^T Q,
   // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the
   // box panels have slack columns beyond M for the span's padding).
-  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, a.p, plane);
-  tile_scores(s, grs, ng, a.d_o, s.Dvp, s.Dv, a.vt_rows, a.pitch, a.ds, plane);  // dP
+  Hints hints(a.prefetch, score_calls(s, ng, s.D) + score_calls(s, ng, s.Dv) + 3 * row_calls(s, ng));
+  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, a.p, plane, &hints);
+  tile_scores(s, grs, ng, a.d_o, s.Dvp, s.Dv, a.vt_rows, a.pitch, a.ds, plane, &hints);  // dP
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
@@ -519,9 +552,10 @@ void backward_tile(const BackwardTile& a) {
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
   }
-  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, s.Dp);
-  tile_outer(s, grs, ng, a.ds, plane, a.q, s.Dp, a.scale, a.dk_rows, s.Dp, s.Dp / kVW);
-  tile_outer(s, grs, ng, a.p, plane, a.d_o, s.Dvp, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW);
+  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, s.Dp, &hints);
+  tile_outer(s, grs, ng, a.ds, plane, a.q, s.Dp, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, &hints);
+  tile_outer(s, grs, ng, a.p, plane, a.d_o, s.Dvp, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, &hints);
+  hints.finish();
   for (int t = 0; t < s.T; ++t) {
     const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
     const float* y = a.d_o + static_cast<int64_t>(t) * s.Dvp;

@@ -42,8 +42,18 @@ struct TileShape {
 // axis), in two layouts: transposed [dim][pitch] (columns contiguous: scores vectorize over keys)
 // and row-major [pitch][dim_pad] (P V, dQ, dK, dV vectorize over the head dim). A tile sees row r
 // of its box through pointers already offset to the box's first column.
+// Cache lines the driver wants in L2 before the next tiles: the next tile's query / output rows
+// and the source rows of the key / value panels the next line converts. The kernels issue them a
+// few at a time between their FMA blocks, so the memory latency hides behind this tile's math
+// instead of stalling the copies (which otherwise ran out of line-fill buffers in bursts).
+struct Prefetch {
+  const char* const* lines = nullptr;
+  int n = 0;
+};
+
 struct ForwardTile {
   TileShape s;
+  Prefetch prefetch;
   int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
   float scale_log2 = 0;         // scale * log2(e): scores are kept in base 2
   const float* q;               // [T][Dp]
@@ -59,6 +69,7 @@ struct ForwardTile {
 // Backward for one query head: P from the saved LSE, dS, dQ; dK / dV are accumulated in place.
 struct BackwardTile {
   TileShape s;
+  Prefetch prefetch;
   int pitch = 0;
   float scale = 0, scale_log2 = 0;
   const float* q;               // [T][Dp]
