@@ -139,12 +139,15 @@ fused::Geometry geometry_of(const Problem& p) {
 }
 
 // Work estimate of a configuration: every visited key tile costs kQ * kN score pairs, border
-// tiles about a quarter more for the mask, and each tile's copy about as much as 32 more query
-// rows would (so smaller query tiles pay for re-reading K/V).
+// tiles about a quarter more for the mask, and each tile's copy and barrier about as much as 32
+// more query rows would on the mma.sync kernels (so smaller query tiles pay for re-reading K/V),
+// 64 on the wgmma kernels, whose per-tile waits for MMA completion cost more next to their faster
+// MMAs.
 double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
   const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
   const double masked = s.visited - s.unmasked;
-  return ((s.visited + 0.25 * masked) * double(e.q_size()) + 32.0 * s.visited) *
+  const double per_tile_rows = e.arch == 90 ? 64.0 : 32.0;
+  return ((s.visited + 0.25 * masked) * double(e.q_size()) + per_tile_rows * s.visited) *
          double(e.kv_size());
 }
 

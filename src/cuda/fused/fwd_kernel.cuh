@@ -187,6 +187,8 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
     return;
   }
   using Bits = typename std::conditional<(KT::kSize > 32), unsigned long long, unsigned>::type;
+  static_assert(KT::kExt[0] <= 64 && KT::kExt[1] <= 64 && KT::kExt[2] <= 64,
+                "one bit per key-tile position on each axis: extents up to 64");
   constexpr int kBits = sizeof(Bits) * 8;
   constexpr bool kFastAxis8 = KT::kExt[kAxes - 1] % 8 == 0;
 #pragma unroll
