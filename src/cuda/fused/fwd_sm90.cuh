@@ -43,9 +43,14 @@ struct Sm90Traits {
   static constexpr int kWinOffset = kQBytes + 4 * kTileBytes;  // K, V double buffered
   // 1024 bytes of slack: the swizzle pattern repeats every 1024 bytes, so regions start aligned.
   static constexpr size_t kSmemBytes = 1024 + size_t(kWinOffset) + size_t(kQ) * sizeof(RowWindow);
-  // Two CTAs per SM when both fit the SM's 228 KiB (64-key tiles): one CTA's barrier and softmax
-  // then overlap the other's MMAs.
-  static constexpr int kMinBlocks = 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
+  // As many CTAs per SM as the SM's 228 KiB of shared memory hold (1 KiB reserved per CTA), at
+  // most 4 and with at least 128 registers per thread (S, O and P need them): one CTA's barrier
+  // and softmax then overlap the others' MMAs. The launch bound makes the compiler fit the
+  // registers to that.
+  static constexpr int kBySmem = int((228 * 1024) / (kSmemBytes + 1024));
+  static constexpr int kByThreads = 65536 / (kThreads * 128);
+  static constexpr int kMinBlocks0 = kBySmem < kByThreads ? kBySmem : kByThreads;
+  static constexpr int kMinBlocks = kMinBlocks0 > 4 ? 4 : (kMinBlocks0 < 1 ? 1 : kMinBlocks0);
   static_assert(kQ % 64 == 0 && (kD == 64 || kD == 128) && (kN == 64 || kN == 128),
                 "sm90 tile sizes");
 };
