@@ -104,14 +104,29 @@ void prefetch_row(const Strided& s, int64_t off, int n) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(row + i);
 }
 
-// Appends the cache lines of a row of n contiguous elements to `out` (nothing when strided).
-void row_lines(const Strided& s, int64_t off, int n, std::vector<const char*>* out) {
-  if (s.se != 1 || n <= 0) return;
-  const int64_t es = detail::dtype_size(s.dtype);
-  const uintptr_t b = reinterpret_cast<uintptr_t>(static_cast<const char*>(s.data) + off * es);
-  const uintptr_t e = b + static_cast<uintptr_t>(n * es);
-  for (uintptr_t l = b & ~uintptr_t(63); l < e; l += 64) out->push_back(reinterpret_cast<const char*>(l));
-}
+// Rows to prefetch (tile.h: Prefetch): each row's first cache line, and the most lines any row
+// spans.
+struct HintRows {
+  std::vector<const char*> rows;
+  int lines = 0;
+  void clear() {
+    rows.clear();
+    lines = 0;
+  }
+  // `count` rows of n contiguous elements, the first at element offset `off`, `step` apart
+  // (nothing when the elements are strided).
+  void add(const Strided& s, int64_t off, int64_t step, int count, int n) {
+    if (s.se != 1 || n <= 0) return;
+    const int64_t es = detail::dtype_size(s.dtype);
+    const char* base = static_cast<const char*>(s.data);
+    for (int j = 0; j < count; ++j) {
+      const uintptr_t b = reinterpret_cast<uintptr_t>(base + (off + j * step) * es);
+      const uintptr_t e = b + static_cast<uintptr_t>(n * es) - 1;
+      lines = std::max(lines, static_cast<int>((e >> 6) - (b >> 6) + 1));
+      rows.push_back(reinterpret_cast<const char*>(b & ~uintptr_t(63)));
+    }
+  }
+};
 
 void store_row(const Strided& s, int64_t off, int n, const float* src) {
   if (s.dtype == DType::f32 && s.se == 1) {
@@ -423,7 +438,7 @@ struct Scratch {
   std::vector<float*> r4, r5;
   // Prefetch hints (tile.h: Prefetch): this tile's list; the source lines of the panels the
   // next line converts, shared out over the tiles of line `ahead_line`; the next task's geometry.
-  std::vector<const char*> hints, ahead;
+  HintRows hints, ahead;
   int64_t ahead_line = -1;
   TileGeom tg, next;
   int64_t next_task = -1;
@@ -481,17 +496,21 @@ void plan_hints(const Plan& plan, int64_t task, int64_t chunk, int worker, const
                 Scratch& sc) {
   sc.hints.clear();
   if (chunk <= 1) return;
+  const Problem& p = plan.p;
+  const nbr::Axis& L = plan.ax[plan.la];
   const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
   const int64_t tile = task % nt, line_task = task - tile;
   if ((task + 1) % chunk != 0 && task + 1 < plan.tasks()) {
+    const TileGeom& nx = sc.next;
     sc.next.build(plan, task + 1, D, Dv, A);
     sc.next_task = task + 1;
-    for (int64_t gi = 0; gi < plan.group; ++gi) {
-      const int64_t h = sc.next.hk * plan.group + gi;
-      for (int t = 0; t < sc.next.s.T; ++t)
-        for (const auto& r : rows)
-          row_lines(*r.first, r.first->token_offset(sc.next.b, sc.next.q_token[t], h), r.second, &sc.hints);
-    }
+    for (int64_t gi = 0; gi < plan.group; ++gi)
+      for (const auto& r : rows) {  // a tile's queries: consecutive in the group, dilation apart
+        const Strided& x = *r.first;
+        if (x.present())
+          sc.hints.add(x, x.token_offset(nx.b, nx.q_token[0], nx.hk * plan.group + gi),
+                       L.dilation * x.sl[x.rank - 1], nx.s.T, r.second);
+      }
   }
   if (store.slots() == 0) return;
   if (sc.ahead_line != line_task) {
@@ -501,8 +520,6 @@ void plan_hints(const Plan& plan, int64_t task, int64_t chunk, int worker, const
     if (next_line / chunk == task / chunk && next_line < plan.tasks()) {
       TileGeom gn;
       gn.build(plan, next_line, D, Dv, A);
-      const Problem& p = plan.p;
-      const nbr::Axis& L = plan.ax[plan.la];
       int64_t prev = -1;
       for (int64_t tok : gn.row_token) {
         const int64_t kl = tok / p.shape[plan.la];
@@ -510,19 +527,19 @@ void plan_hints(const Plan& plan, int64_t task, int64_t chunk, int worker, const
         prev = kl;
         for (int g = 0; g < L.dilation && g < L.length; ++g) {
           if (store.holds(worker, panels.id(gn.b, gn.hk, kl, g))) continue;
-          const int lg = nbr::group_length(L, g);
-          for (int j = 0; j < lg; ++j) {
-            const int64_t token = kl * p.shape[plan.la] + static_cast<int64_t>(j) * L.dilation + g;
-            for (const auto& r : panel_src)
-              row_lines(*r.first, r.first->token_offset(gn.b, token, gn.hk), r.second, &sc.ahead);
+          for (const auto& r : panel_src) {
+            const Strided& x = *r.first;
+            sc.ahead.add(x, x.token_offset(gn.b, kl * p.shape[plan.la] + g, gn.hk),
+                         L.dilation * x.sl[x.rank - 1], nbr::group_length(L, g), r.second);
           }
         }
       }
     }
   }
-  const size_t n = sc.ahead.size();
-  sc.hints.insert(sc.hints.end(), sc.ahead.begin() + static_cast<int64_t>(n * tile / nt),
-                  sc.ahead.begin() + static_cast<int64_t>(n * (tile + 1) / nt));
+  const size_t n = sc.ahead.rows.size();
+  sc.hints.rows.insert(sc.hints.rows.end(), sc.ahead.rows.begin() + static_cast<int64_t>(n * tile / nt),
+                       sc.ahead.rows.begin() + static_cast<int64_t>(n * (tile + 1) / nt));
+  sc.hints.lines = std::max(sc.hints.lines, sc.ahead.lines);
 }
 
 }  // namespace
@@ -569,8 +586,9 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
                    store.slots());
     ForwardTile ft;
     ft.s = s;
-    ft.prefetch.lines = sc.hints.data();
-    ft.prefetch.n = static_cast<int>(sc.hints.size());
+    ft.prefetch.rows = sc.hints.rows.data();
+    ft.prefetch.n = static_cast<int>(sc.hints.rows.size());
+    ft.prefetch.lines = sc.hints.lines;
     ft.pitch = panels.pitch;
     ft.scale_log2 = scale_log2;
     ft.kt_rows = sc.r1.data();
@@ -641,6 +659,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const float scale = static_cast<float>(opt.scale);
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
   const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
+  const int64_t chunk = store.chunk(static_cast<int64_t>(plan.last_tiles.size()));
   parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     Floats& ac = acc[static_cast<size_t>(worker)];
@@ -651,8 +670,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       mine.assign(static_cast<size_t>(panels.count), 0);
       used[static_cast<size_t>(worker)] = 1;
     }
-    TileGeom tg;
-    tg.build(plan, task, D, Dv, A);
+    const TileGeom& tg = task_geom(plan, task, D, Dv, A, sc);
     const TileShape& s = tg.s;
     // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
     const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
@@ -666,6 +684,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       panels.convert(k, D, Dp, id, kt + at * kt_floats, kr + at * panel_k, tmp);
       panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
     });
+    plan_hints(plan, task, chunk, worker, store, panels, {{&q, D}, {&d_o, Dv}, {&o, Dv}, {&dq, D}},
+               {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
     for (int r = 0; r < s.R; ++r) {
       const int64_t id = sc.panel_ids[static_cast<size_t>(r)];
       if (!mine[static_cast<size_t>(id)]) {
@@ -682,6 +702,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     panels.rows_of(tg, kl, ac.data() + dv_base, panel_v, Dvp, &sc.r5);
     BackwardTile bt;
     bt.s = s;
+    bt.prefetch.rows = sc.hints.rows.data();
+    bt.prefetch.n = static_cast<int>(sc.hints.rows.size());
+    bt.prefetch.lines = sc.hints.lines;
     bt.pitch = panels.pitch;
     bt.scale = scale;
     bt.scale_log2 = scale * kLog2e;
@@ -741,7 +764,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
       for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
     }
-  }, store.chunk(static_cast<int64_t>(plan.last_tiles.size())), opt.deterministic);
+  }, chunk, opt.deterministic);
   // Sum the per-thread accumulators, in worker order, and store: grid keys panel by panel, then
   // additional keys. (Deterministic mode fixes which worker ran which task, so these sums repeat
   // bitwise.)

@@ -109,6 +109,24 @@ static float exp_rows(float* s, int n, float scale, float sub) {
   return hsum(sum);
 }
 
+// A tile's prefetch hints (tile.h: Prefetch), issued one at a time from inside the FMA loops
+// (every few iterations), so that they trickle out while the math runs and never stall on full
+// line-fill buffers the way a burst does; finish() issues whatever is left.
+struct Hints {
+  const char* const* p;
+  int n, lines, i = 0, l = 0;
+  explicit Hints(const Prefetch& pf) : p(pf.rows), n(pf.n), lines(pf.lines) {}
+  inline void one() {
+    if (i < n) {
+      __builtin_prefetch(p[i] + 64 * l, 0, 2);  // to L2 (prefetcht1)
+      if (++l == lines) l = 0, ++i;
+    }
+  }
+  void finish() {
+    while (i < n) one();
+  }
+};
+
 // ---- Query groups: up to kGroup consecutive queries whose windows fit in one span of columns.
 // Each loaded key / value vector then feeds kGroup FMAs instead of one (the windows of
 // neighboring queries overlap almost entirely), which takes the loads off the critical path.
@@ -118,12 +136,13 @@ constexpr int kGroupPairs = kVW >= 16 ? 6 : (kVW >= 8 ? 3 : 2);
 constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
 
 template <int NQ, int NP>
-static inline void group_dot(const float* const* x, int d0, int d1, const float* const* base,
+static inline void group_dot(Hints* h, const float* const* x, int d0, int d1, const float* const* base,
                              int pitch, float* const* out, bool accumulate) {
   vf acc[NQ][NP];
   for (int g = 0; g < NQ; ++g)
     for (int i = 0; i < NP; ++i) acc[g][i] = accumulate ? ld(out[g] + i * kVW) : vf{};
   for (int d = d0; d < d1; ++d) {
+    if (((d - d0) & 3) == 0) h->one();
     vf kv[NP];
     const int off = d * pitch;
     for (int i = 0; i < NP; ++i) kv[i] = ld(base[i] + off);
@@ -137,18 +156,18 @@ static inline void group_dot(const float* const* x, int d0, int d1, const float*
 }
 
 template <int NQ>
-static void group_dot_np(int np, const float* const* x, int d0, int d1, const float* const* base,
+static void group_dot_np(Hints* h, int np, const float* const* x, int d0, int d1, const float* const* base,
                          int pitch, float* const* out, bool acc) {
   switch (np) {
-    case 1: group_dot<NQ, 1>(x, d0, d1, base, pitch, out, acc); break;
-    case 2: group_dot<NQ, 2>(x, d0, d1, base, pitch, out, acc); break;
+    case 1: group_dot<NQ, 1>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 2: group_dot<NQ, 2>(h, x, d0, d1, base, pitch, out, acc); break;
 #if FNA_CPU_VW >= 8
-    case 3: group_dot<NQ, 3>(x, d0, d1, base, pitch, out, acc); break;
+    case 3: group_dot<NQ, 3>(h, x, d0, d1, base, pitch, out, acc); break;
 #endif
 #if FNA_CPU_VW >= 16
-    case 4: group_dot<NQ, 4>(x, d0, d1, base, pitch, out, acc); break;
-    case 5: group_dot<NQ, 5>(x, d0, d1, base, pitch, out, acc); break;
-    case 6: group_dot<NQ, 6>(x, d0, d1, base, pitch, out, acc); break;
+    case 4: group_dot<NQ, 4>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 5: group_dot<NQ, 5>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 6: group_dot<NQ, 6>(h, x, d0, d1, base, pitch, out, acc); break;
 #endif
     default: break;
   }
@@ -165,7 +184,7 @@ static inline int batch_end(int i0, int n, int most) {
 // out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan) for the
 // rows [r0, r1), for nq <= kGroup queries (accumulating when d0 > 0: callers split D into
 // cache-sized chunks).
-static void group_scores(int nq, const float* const* x, int d0, int d1, const float* const* rows,
+static void group_scores(Hints* h, int nq, const float* const* x, int d0, int d1, const float* const* rows,
                          int r0, int r1, int R, int pitch, int cb, int Wspan, float* out) {
   const int nv = Wspan / kVW, first = r0 * nv, total = r1 * nv;
   const int64_t qstride = static_cast<int64_t>(R) * Wspan;
@@ -180,17 +199,17 @@ static void group_scores(int nq, const float* const* x, int d0, int d1, const fl
     for (int g = 0; g < nq; ++g) dst[g] = out + g * qstride + i0 * kVW;
     const bool acc = d0 > 0;
     switch (nq) {
-      case 1: group_dot_np<1>(n, x, d0, d1, base, pitch, dst, acc); break;
-      case 2: group_dot_np<2>(n, x, d0, d1, base, pitch, dst, acc); break;
-      case 3: group_dot_np<3>(n, x, d0, d1, base, pitch, dst, acc); break;
-      default: group_dot_np<4>(n, x, d0, d1, base, pitch, dst, acc); break;
+      case 1: group_dot_np<1>(h, n, x, d0, d1, base, pitch, dst, acc); break;
+      case 2: group_dot_np<2>(h, n, x, d0, d1, base, pitch, dst, acc); break;
+      case 3: group_dot_np<3>(h, n, x, d0, d1, base, pitch, dst, acc); break;
+      default: group_dot_np<4>(h, n, x, d0, d1, base, pitch, dst, acc); break;
     }
     i0 = i1;
   }
 }
 
 template <int NQ, int NV>
-static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static inline void group_accum(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                                const float* const* rows, int64_t pitch, int cb, int col0,
                                float* const* out, bool accumulate) {
   vf acc[NQ][NV];
@@ -200,6 +219,7 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
     for (int c = 0; c < ncols; ++c) {
+      if ((c & 7) == 0) h->one();
       vf v[NV];
       for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
       for (int g = 0; g < NQ; ++g) {
@@ -213,17 +233,17 @@ static inline void group_accum(const float* w, int64_t qstride, int R, int Wspan
 }
 
 template <int NQ>
-static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static void group_accum_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                            const float* const* rows, int64_t pitch, int cb, int col0, float* const* out,
                            bool accumulate) {
   switch (nv) {
-    case 1: group_accum<NQ, 1>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 1: group_accum<NQ, 1>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    case 3: group_accum<NQ, 3>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    default: group_accum<NQ, 4>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 2: group_accum<NQ, 2>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 3: group_accum<NQ, 3>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 4>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #else
-    default: group_accum<NQ, 2>(w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 2>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #endif
   }
 }
@@ -231,7 +251,7 @@ static void group_accum_nv(int nv, const float* w, int64_t qstride, int R, int W
 // out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]),
 // over the ncols <= Wspan columns of the group's windows (w's rows are Wspan apart; the padding
 // lanes beyond them hold zero weights and are skipped).
-static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int ncols,
+static void group_weighted_rows(Hints* h, int nq, const float* w, int R, int Wspan, int ncols,
                                 const float* const* rows, int64_t pitch, int cb, int nvec, float* const* out,
                                 bool accumulate = false, int64_t qstride = -1) {
   if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
@@ -239,10 +259,10 @@ static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int nc
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_accum_nv<1>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 2: group_accum_nv<2>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 3: group_accum_nv<3>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      default: group_accum_nv<4>(n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 1: group_accum_nv<1>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 2: group_accum_nv<2>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      case 3: group_accum_nv<3>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      default: group_accum_nv<4>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
     }
   }
 }
@@ -251,7 +271,7 @@ static void group_weighted_rows(int nq, const float* w, int R, int Wspan, int nc
 // column c: the transposed product (dK = dS^T Q, dV = P^T dO) of one query group, with the
 // group's x vectors held in registers. Masked lanes carry zero weights.
 template <int NQ, int NV>
-static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static inline void group_outer(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                                const float* const* x, float mult, float* const* rows, int pitch,
                                int cb, int col0) {
   vf xv[NQ][NV];
@@ -261,6 +281,7 @@ static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
     float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     for (int c = 0; c < ncols; ++c) {
+      if ((c & 7) == 0) h->one();
       float* d = dst + static_cast<int64_t>(c) * pitch;
       vf acc[NV];
       for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
@@ -274,32 +295,32 @@ static inline void group_outer(const float* w, int64_t qstride, int R, int Wspan
 }
 
 template <int NQ>
-static void group_outer_nv(int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static void group_outer_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                            const float* const* x, float mult, float* const* rows, int pitch, int cb,
                            int col0) {
   switch (nv) {
-    case 1: group_outer<NQ, 1>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 1: group_outer<NQ, 1>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_outer<NQ, 2>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    case 3: group_outer<NQ, 3>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    default: group_outer<NQ, 4>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 2: group_outer<NQ, 2>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 3: group_outer<NQ, 3>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 4>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #else
-    default: group_outer<NQ, 2>(w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 2>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #endif
   }
 }
 
-static void group_outer_all(int nq, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static void group_outer_all(Hints* h, int nq, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                             const float* const* x, float mult, float* const* rows, int pitch, int cb,
                             int nvec) {
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
     const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
     const int col0 = j0 * kVW;
     switch (nq) {
-      case 1: group_outer_nv<1>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      case 2: group_outer_nv<2>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      case 3: group_outer_nv<3>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      default: group_outer_nv<4>(n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      case 1: group_outer_nv<1>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      case 2: group_outer_nv<2>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      case 3: group_outer_nv<3>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      default: group_outer_nv<4>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
     }
   }
 }
@@ -337,23 +358,6 @@ static Group next_group(const TileShape& s, int t0) {
   return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW)};
 }
 
-// Issues a tile's prefetch hints (tile.h: Prefetch) `per` at a time, at each of the tile's block
-// calls, so that they never stall on full line-fill buffers; finish() issues what is left.
-struct Hints {
-  const char* const* p;
-  int n, i, per;
-  Hints(const Prefetch& pf, int calls)
-      : p(pf.lines), n(pf.n), i(0), per(calls > 0 ? (pf.n + calls - 1) / calls : pf.n) {}
-  inline void issue() {
-    const int e = n - i < per ? n : i + per;
-    for (; i < e; ++i) __builtin_prefetch(p[i], 0, 2);  // to L2 (prefetcht1)
-  }
-  void finish() {
-    per = n;
-    issue();
-  }
-};
-
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
 // loops run chunk-major (a chunk of the head dim, or of the rows, for every group) to reuse the
 // box from L1 instead of streaming it from L2 once per group.
@@ -387,9 +391,8 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, const floa
         const Group& gr = grs[i];
         const float* x[kGroup];
         for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
-        group_scores(gr.t1 - gr.t0, x, d0, d1, rows, r0, r1, s.R, pitch, gr.cb, gr.Wspan,
+        group_scores(hints, gr.t1 - gr.t0, x, d0, d1, rows, r0, r1, s.R, pitch, gr.cb, gr.Wspan,
                      buf + gr.t0 * plane);
-        hints->issue();
       }
       r0 = r1;
     }
@@ -406,10 +409,9 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
       const Group& gr = grs[i];
       float* out[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) out[g] = outs + static_cast<int64_t>(gr.t0 + g) * opitch;
-      group_weighted_rows(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+      group_weighted_rows(hints, gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                           r1 - r0, gr.Wspan, gr.span, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
                           static_cast<int64_t>(s.R) * gr.Wspan);
-      hints->issue();
     }
   }
 }
@@ -424,22 +426,12 @@ static void tile_outer(const TileShape& s, const Group* grs, int ng, const float
       const Group& gr = grs[i];
       const float* x[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
-      group_outer_all(gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+      group_outer_all(hints, gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                       static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, gr.span, x, mult, rows + r0,
                       rpitch, gr.cb, nvec);
-      hints->issue();
     }
   }
 }
-
-// Block calls (Hints::issue points) of tile_scores over a head dim of D, and of
-// tile_weighted_rows / tile_outer.
-static int score_calls(const TileShape& s, int ng, int D) {
-  int batches = 0;
-  for (int r0 = 0; r0 < s.R; r0 = batch_end(r0, s.R, kGroupPairs)) ++batches;
-  return ng * batches * ((D + kDChunk - 1) / kDChunk);
-}
-static int row_calls(const TileShape& s, int ng) { return ng * ((s.R + kRChunk - 1) / kRChunk); }
 
 // Room per query in the score buffers: R rows of the widest group span.
 static int64_t tile_plane(const TileShape& s) {
@@ -492,7 +484,7 @@ void forward_tile(const ForwardTile& a) {
   const int64_t plane = tile_plane(s);
   float* sc = a.scratch;
   float* sadd = a.scratch + s.T * plane;
-  Hints hints(a.prefetch, score_calls(s, ng, s.D) + row_calls(s, ng));
+  Hints hints(a.prefetch);
   tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane, &hints);
   float l[kTileQueries], m[kTileQueries];
   for (int i = 0; i < ng; ++i) {
@@ -536,7 +528,7 @@ void backward_tile(const BackwardTile& a) {
   // P (from the saved LSE), dP, dS for every query, then dQ = dS K, dK += scale dS^T Q,
   // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the
   // box panels have slack columns beyond M for the span's padding).
-  Hints hints(a.prefetch, score_calls(s, ng, s.D) + score_calls(s, ng, s.Dv) + 3 * row_calls(s, ng));
+  Hints hints(a.prefetch);
   tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, a.p, plane, &hints);
   tile_scores(s, grs, ng, a.d_o, s.Dvp, s.Dv, a.vt_rows, a.pitch, a.ds, plane, &hints);  // dP
   for (int i = 0; i < ng; ++i) {

@@ -47,8 +47,8 @@ struct TileShape {
 // few at a time between their FMA blocks, so the memory latency hides behind this tile's math
 // instead of stalling the copies (which otherwise ran out of line-fill buffers in bursts).
 struct Prefetch {
-  const char* const* lines = nullptr;
-  int n = 0;
+  const char* const* rows = nullptr;  // n rows, each `lines` cache lines from its pointer on
+  int n = 0, lines = 0;
 };
 
 struct ForwardTile {
