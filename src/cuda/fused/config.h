@@ -85,32 +85,30 @@
       FNA_FWD_CONFIGS_F32_RANK3(X, DT)
 
 // Hopper (sm_90a, wgmma) configurations, 16-bit only: X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2,
-// dtype). Query tiles of 64 rows per warpgroup (128 = two warpgroups, 8 warps), key tiles of 64 or
-// 128 keys (no tile axis above 64: the border mask keeps one bit per position); the head dim
-// padded to 64 or 128. Name: fna_fwd_sm90_<dtype>_d<head_dim>_q<q>_kv<kv>_w<warps>.
+// dtype). Query tiles of 64 rows per warpgroup (64 or 128 rows: one or two warpgroups), key tiles
+// of 64 or 128 keys (no tile axis above 64: the border mask keeps one bit per position); the head
+// dim padded to 64 or 128. Name: fna_fwd_sm90_<dtype>_d<head_dim>_q<q>_kv<kv>_w<warps>.
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
-// where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/gpu/fwd_configs.py):
-// at head dim 128, 64-key tiles (two CTAs per SM, 100 KB each) ran 1.3x (1d-long), 1.3x (2d-large)
-// and 1.33x (3d-video) faster than 128-key tiles (one CTA per SM, S and O both 64 registers),
-// which are therefore not listed; at head dim 64 (2d-nat) 8x16 key tiles beat 8x8 by 13%.
+// where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/gpu/fwd_configs.py,
+// TFLOP/s): at head dim 128, 128 queries x 64 keys (two CTAs per SM) ran 1d-long 318, 2d-large 243
+// (8x16 / 8x8), 3d-video 203 (2x8x8 / 2x4x8); 128-key tiles (one CTA per SM: S and O both take 64
+// registers) ran 236 / 190 / 155, and 256-query tiles (four warpgroups) 292 / 210 / 179, so
+// neither is listed. At head dim 64 (2d-nat, 13x13 windows) the one-warpgroup 8x8 / 8x8 tile ran
+// 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
-  X(1, 128, 1, 1, 128, 1, 1, 64, DT)       \
-  X(1, 128, 1, 1, 256, 1, 1, 64, DT)
+  X(1, 128, 1, 1, 128, 1, 1, 64, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
   X(2, 64, 1, 8, 16, 1, 8, 16, DT)        \
   X(2, 64, 1, 8, 16, 1, 8, 8, DT)         \
-  X(2, 128, 1, 8, 16, 1, 8, 8, DT)        \
-  X(2, 128, 1, 16, 16, 1, 8, 8, DT)       \
   X(2, 64, 1, 8, 8, 1, 8, 8, DT)          \
-  X(2, 64, 1, 8, 8, 1, 8, 16, DT)
+  X(2, 128, 1, 8, 16, 1, 8, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
   X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
   X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)         \
-  X(3, 128, 4, 8, 8, 2, 4, 8, DT)
+  X(3, 128, 2, 8, 8, 2, 4, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
