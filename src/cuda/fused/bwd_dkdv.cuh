@@ -50,6 +50,25 @@ struct DkdvTraits {
   static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
 };
 
+// Global coordinates `x` of query row `row` of the query tile at `q0`; false when the row holds
+// no query (outside the group, or past the last token). Neighborhood mode: local coordinates q0 +
+// the row's offsets (s_qoff: the query tile shape's packed offsets). Additional mode: the
+// queries are all tokens in flat order, q0[0] numbering tiles of `q_rows` rows.
+__device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G, bool additional,
+                                                 const int* q0, int q_rows,
+                                                 const uint32_t* s_qoff, int row, int* x) {
+  if (!additional) {
+    int i[kAxes];
+    const uint32_t off = s_qoff[row];
+    for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
+    return to_global(p, G, i, x);
+  }
+  const int64_t tok = int64_t(q0[0]) * q_rows + row;
+  const bool valid = tok < p.tokens;
+  token_coords(p, valid ? tok : 0, x);
+  return valid;
+}
+
 // dQ[qs .. qs + kQSub) += dS K over this CTA's keys, added into p.dq_accum (float32, unscaled,
 // [B, N, H, dq_row]). dS^T sits in shared memory as [key][query]; warps split the output into
 // 16-query x 32-column blocks.
@@ -109,18 +128,7 @@ __device__ __forceinline__ void atomic_dq_block(const Params& p,
   for (int half = 0; half < 2; ++half) {
     const int row = qs + m0 + (lane >> 2) + half * 8;  // query row of the tile
     int x[kAxes];
-    bool valid;
-    if (!additional) {
-      int i[kAxes];
-      const uint32_t off = s_qoff[row];
-      for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-      valid = to_global(p, G, i, x);
-    } else {
-      const int64_t tok = int64_t(q0[0]) * q_rows + row;
-      valid = tok < p.tokens;
-      token_coords(p, valid ? tok : 0, x);
-    }
-    if (!valid) continue;
+    if (!query_row_coords(p, G, additional, q0, q_rows, s_qoff, row, x)) continue;
     float* dst =
         p.dq_accum + ((int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h) * p.dq_row;
 #pragma unroll
@@ -270,17 +278,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
       const int row = idx / kChunks, c = idx % kChunks;
       int x[kAxes];
-      bool valid;
-      if (!additional) {
-        int i[kAxes];
-        const uint32_t off = s_qoff[row];
-        for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-        valid = to_global(p, G, i, x);
-      } else {
-        const int64_t tok = int64_t(q0[0]) * kQ + row;
-        valid = tok < p.tokens;
-        token_coords(p, valid ? tok : 0, x);
-      }
+      const bool valid = query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x);
       const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
       load_chunk(dQ_ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned,
                  gQ);
