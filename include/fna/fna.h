@@ -92,6 +92,9 @@ struct Options {
   // order-dependent atomics; cpu with a fixed task-to-thread assignment (for one num_threads).
   bool deterministic = false;
   std::string config;            // cuda_fused: explicit tile configuration name; empty = heuristic
+  // cuda_fused backward: explicit backward tile configuration (fused_backward_configs); empty =
+  // the heuristic. Like `config`, an error with any other backend.
+  std::string backward_config;
   // cuda_fused, float32 tensors: plain TF32 tensor-core products (about 1e-3 relative error)
   // instead of the default split-TF32 products (three TF32 MMAs per product, float32-class error).
   bool allow_tf32 = false;
@@ -156,6 +159,9 @@ Status validate_problem(const Problem& p);
 
 // Names of the cuda_fused tile configurations valid for (rank, dtype, head dim); empty without CUDA.
 std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim);
+// Names of the cuda_fused backward tile configurations (Options::backward_config) for (rank,
+// dtype, max(D, D_v)); empty without CUDA or above head dim 256.
+std::vector<std::string> fused_backward_configs(int rank, DType dtype, int64_t dim);
 
 // What the cuda_fused forward would run for a problem (Options: config, allow_tf32,
 // device_index) and how well its tiles fit the neighborhoods.

@@ -124,7 +124,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     case Backend::cuda_naive: return detail::cuda_naive_backward(p, a, o);
     case Backend::cuda_fused: {
       st = detail::cuda_fused_backward(p, a, o);
-      if (st.code == Code::unsupported && opt.backend == Backend::automatic)
+      // As in the forward: no silent fallback from a named backward configuration.
+      if (st.code == Code::unsupported && opt.backend == Backend::automatic &&
+          opt.backward_config.empty())
         return detail::cuda_naive_backward(p, a, o);
       return st;
     }
@@ -285,6 +287,15 @@ Backend resolve_backend(Backend requested, Device device) {
 std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim) {
 #if defined(FNA_WITH_CUDA_FUSED)
   return detail::cuda_fused_configs(rank, dtype, dim);
+#else
+  (void)rank; (void)dtype; (void)dim;
+  return {};
+#endif
+}
+
+std::vector<std::string> fused_backward_configs(int rank, DType dtype, int64_t dim) {
+#if defined(FNA_WITH_CUDA_FUSED)
+  return detail::cuda_fused_backward_configs(rank, dtype, dim);
 #else
   (void)rank; (void)dtype; (void)dim;
   return {};

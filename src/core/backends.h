@@ -24,6 +24,7 @@ FNA_DECLARE_BACKEND(cuda_naive)
 Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt);
 Status cuda_fused_backward(const Problem& p, const BackwardArgs& a, const Options& opt);
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim);
+std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int64_t dim);
 Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan);
 
 // CUDA runtime helpers (defined in src/cuda/common/runtime.cu; stubs without CUDA).

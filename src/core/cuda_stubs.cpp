@@ -28,6 +28,7 @@ Status cuda_naive_av_backward(const Problem&, const AVBackwardArgs&, const Optio
 Status cuda_fused_forward(const Problem&, const ForwardArgs&, const Options&) { return missing("backend=cuda-fused"); }
 Status cuda_fused_backward(const Problem&, const BackwardArgs&, const Options&) { return missing("backend=cuda-fused"); }
 std::vector<std::string> cuda_fused_configs(int, DType, int64_t) { return {}; }
+std::vector<std::string> cuda_fused_backward_configs(int, DType, int64_t) { return {}; }
 Status cuda_fused_plan(const Problem&, const Options&, FusedPlan*) { return missing("backend=cuda-fused"); }
 #endif
 

@@ -1,5 +1,6 @@
 #include "core/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -138,6 +139,26 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (!backend_compiled(r))
     return {Code::not_compiled, std::string("backend=") + backend_name(r) +
                                     " is not compiled into this build of fna"};
+  // Checked before any device is touched, so that a wrong name reads as such everywhere.
+  if (!opt.backward_config.empty()) {
+    if (r != Backend::cuda_fused)
+      return invalid("backward_config='" + opt.backward_config +
+                     "' names a cuda-fused backward tile configuration, but backend=" +
+                     backend_name(r) + " runs this call");
+    const int64_t dim = std::max(p.dim, p.dim_v);
+    const std::vector<std::string> names = cuda_fused_backward_configs(p.rank, p.dtype, dim);
+    std::string valid;
+    bool found = false;
+    for (const std::string& n : names) {
+      found = found || n == opt.backward_config;
+      valid += (valid.empty() ? "" : ", ") + n;
+    }
+    if (!found)
+      return invalid("backward_config='" + opt.backward_config +
+                     "' is not a cuda-fused backward configuration for rank=" + str(p.rank) +
+                     ", dtype=" + dtype_name(p.dtype) + ", dim=" + str(dim) +
+                     "; valid: " + (valid.empty() ? "(none)" : valid));
+  }
   const bool cuda_backend = r == Backend::cuda_naive || r == Backend::cuda_fused;
   if (cuda_backend && opt.device != Device::cuda)
     return invalid(std::string("backend=") + backend_name(r) +
@@ -154,7 +175,6 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (!opt.config.empty() && r != Backend::cuda_fused)
     return invalid("config='" + opt.config + "' names a cuda-fused tile configuration, but backend=" +
                    backend_name(r) + " runs this call");
-  (void)p;
   *resolved = r;
   return Status::Ok();
 }

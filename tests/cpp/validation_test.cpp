@@ -2,6 +2,7 @@
 // Outputs are poisoned first and must stay untouched by a rejected call.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -167,6 +168,72 @@ TEST(Validation, ConfigOnOtherBackend) {
                          {"config='fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4'", "cuda-fused",
                           b == fna::Backend::reference ? "backend=reference" : "backend=cpu"},
                          o);
+  }
+}
+
+// A backward configuration likewise: an error on any other backend, forward and backward calls.
+TEST(Validation, BackwardConfigOnOtherBackend) {
+  const std::string name = "fna_bwd_sm80_f32_d64_kv8x16_q8x8_dqq8x8_dqkv8x8";
+  for (fna::Backend b : {fna::Backend::automatic, fna::Backend::cpu, fna::Backend::reference}) {
+    fna::Options o = cpu_opts();
+    o.backend = b;
+    o.backward_config = name;
+    const std::vector<std::string> needles = {
+        "backward_config='" + name + "'", "cuda-fused backward",
+        b == fna::Backend::reference ? "backend=reference" : "backend=cpu"};
+    expect_forward_error(valid_case().p, fna::Code::invalid_argument, needles, o);
+    ProblemTensors t(valid_case());
+    const fna::Status st = fna::backward(t.c.p, t.backward_args(), o);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << st.message;
+    for (const auto& n : needles) EXPECT_TRUE(contains(st.message, n)) << st.message;
+    for (double v : t.dq.to_double()) ASSERT_TRUE(std::isnan(v)) << "a rejected call wrote dQ";
+  }
+}
+
+// The backward configuration table: names carry their dtype, padded head dim and shapes (one
+// extent per axis of the rank); a name is valid for its own (rank, dtype, padded dim) alone, and
+// a wrong one is an invalid_argument naming it and listing the valid ones, before any device is
+// needed (checked here on the CPU; the GPU suite runs every listed configuration).
+TEST(Validation, BackwardConfigTable) {
+  if (!fna::backend_compiled(fna::Backend::cuda_fused)) {
+    EXPECT_TRUE(fna::fused_backward_configs(2, fna::DType::bf16, 64).empty());
+    GTEST_SKIP() << "cuda-fused not compiled: the table is empty";
+  }
+  const fna::DType dtypes[] = {fna::DType::f32, fna::DType::f16, fna::DType::bf16};
+  const char* tokens[] = {"f32", "f16", "bf16"};
+  for (int rank = 1; rank <= 3; ++rank)
+    for (int t = 0; t < 3; ++t)
+      for (int64_t dim : {8, 64, 65, 128, 200, 256}) {
+        const std::vector<std::string> names = fna::fused_backward_configs(rank, dtypes[t], dim);
+        const int64_t pad = dim <= 64 ? 64 : dim <= 128 ? 128 : 256;
+        ASSERT_FALSE(names.empty()) << rank << " " << tokens[t] << " " << dim;
+        EXPECT_GE(names.size(), rank == 1 ? 1u : 2u) << names[0];
+        const std::string prefix =
+            std::string("fna_bwd_sm80_") + tokens[t] + "_d" + std::to_string(pad) + "_kv";
+        for (size_t i = 0; i < names.size(); ++i) {
+          EXPECT_EQ(names[i].rfind(prefix, 0), 0u) << names[i];
+          // rank - 1 'x' per shape, four shapes
+          EXPECT_EQ(std::count(names[i].begin(), names[i].end(), 'x'), 4 * (rank - 1)) << names[i];
+          for (size_t j = 0; j < i; ++j) EXPECT_NE(names[i], names[j]);
+        }
+      }
+  EXPECT_TRUE(fna::fused_backward_configs(2, fna::DType::bf16, 257).empty());
+
+  Case c = valid_case();  // rank 2, float32, head dims 8 / 4 (padded 64)
+  const std::vector<std::string> valid = fna::fused_backward_configs(2, fna::DType::f32, 8);
+  const std::string other = fna::fused_backward_configs(2, fna::DType::bf16, 8)[0];
+  for (const std::string& bad : {std::string("bogus"), other}) {
+    fna::Options o;
+    o.backend = fna::Backend::cuda_fused;
+    o.device = fna::Device::cuda;
+    o.backward_config = bad;
+    ProblemTensors t(c);
+    const fna::Status st = fna::backward(c.p, t.backward_args(), o);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << st.message;
+    for (const std::string& n :
+         {"backward_config='" + bad + "'", std::string("is not a cuda-fused backward configuration"),
+          std::string("rank=2, dtype=float32, dim=8"), "valid: " + valid[0]})
+      EXPECT_TRUE(contains(st.message, n)) << "'" << st.message << "' lacks '" << n << "'";
   }
 }
 

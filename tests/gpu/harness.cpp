@@ -108,6 +108,7 @@ fna::Options device_options(const Case& c, const RunConfig& rc, cudaStream_t str
   o.device_index = 0;
   o.stream = stream;
   o.config = rc.config;
+  o.backward_config = rc.backward_config;
   o.allow_tf32 = rc.allow_tf32;
   return o;
 }
@@ -192,7 +193,8 @@ Outcome run_forward(const Case& c, const RunConfig& rc, double* rel_err = nullpt
   return from_check(fna_test::check_forward(got, ref, tolerance(rc)));
 }
 
-Outcome run_backward(const Case& c, const RunConfig& rc) {
+// `rel_err` (when given, float32): max|grad - ref| / max|ref| of the worst gradient.
+Outcome run_backward(const Case& c, const RunConfig& rc, double* rel_err = nullptr) {
   ProblemTensors got(c);
   fna::Status st = reference_forward_into(got, rc);
   if (!st.ok()) return fail("reference forward failed: " + st.message);
@@ -250,6 +252,12 @@ Outcome run_backward(const Case& c, const RunConfig& rc) {
     if (!h->empty()) h->fill(kNaN);
   st = fna::backward(ref.c.p, ref.backward_args(), reference_options(c, rc));
   if (!st.ok()) return fail("reference backward failed: " + st.message);
+  if (rel_err != nullptr) {
+    fna_test::Tolerance unit;  // as in run_forward
+    unit.f32_rel = 1.0;
+    const Check r = fna_test::check_backward(got, ref, unit);
+    *rel_err = r.bound > 0 ? r.err / r.bound : 0.0;
+  }
   return from_check(fna_test::check_backward(got, ref, tolerance(rc)));
 }
 
@@ -366,13 +374,15 @@ Outcome run_av_backward(const Case& c, const RunConfig& rc) {
 
 }  // namespace
 
-Outcome run_tf32_contrast(const Case& c, const RunConfig& rc) {
+Outcome run_tf32_contrast(Op op, const Case& c, const RunConfig& rc) {
   if (c.p.dtype != fna::DType::f32) return fail("run_tf32_contrast needs a float32 case");
+  if (op != Op::forward && op != Op::backward) return fail("run_tf32_contrast: forward or backward");
   double rel[2] = {0, 0};
   for (int mode = 0; mode < 2; ++mode) {
     RunConfig r = rc;
     r.allow_tf32 = mode == 1;
-    const Outcome o = run_forward(c, r, &rel[mode]);
+    const Outcome o =
+        op == Op::forward ? run_forward(c, r, &rel[mode]) : run_backward(c, r, &rel[mode]);
     if (o.verdict != Verdict::pass)
       return {o.verdict, std::string(mode ? "allow_tf32=true: " : "allow_tf32=false: ") + o.detail};
   }

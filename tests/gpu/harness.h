@@ -30,6 +30,7 @@ bool op_is_unfused(Op op);
 struct RunConfig {
   fna::Backend backend = fna::Backend::cuda_naive;
   std::string config;      // Options::config (cuda-fused tile configuration), empty = heuristic
+  std::string backward_config;  // Options::backward_config, empty = the backward's heuristic
   bool use_stream = false; // run on a created stream instead of the legacy default stream
   // Backward only: ask for Options::deterministic and run twice; the results must be bitwise equal.
   bool deterministic = false;
@@ -43,11 +44,11 @@ struct RunConfig {
 // Runs one operator of one case on the device and checks it against the reference.
 Outcome run_case(Op op, const fna_test::Case& c, const RunConfig& rc);
 
-// The float32 cuda-fused forward of one case in both precisions must differ as the modes promise:
-// the default (split TF32) within float32's bound,
+// The float32 cuda-fused forward (op = forward) or backward (op = backward) of one case in both
+// precisions must differ as the modes promise: the default (split TF32) within float32's bound,
 // plain TF32 (allow_tf32) within its rule and measurably less accurate (relative error above 1e-5
 // and 10x the split one's), so neither mode silently runs the other.
-Outcome run_tf32_contrast(const fna_test::Case& c, const RunConfig& rc);
+Outcome run_tf32_contrast(Op op, const fna_test::Case& c, const RunConfig& rc);
 
 // Error paths of the CUDA entry points (host pointers with device=cuda, wrong device index, ...).
 // Each check is one test; returns the failures' descriptions (empty = all passed) and counts.

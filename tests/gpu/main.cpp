@@ -5,8 +5,10 @@
 // cuda-fused (and auto) forwards and backwards run the float32 cases a second time with
 // Options::allow_tf32 (plain TF32, judged against a naive TF32 computation; rows "forward tf32",
 // "backward tf32"), and one fixed problem
-// checks that the two float32 precisions really differ (split TF32 float32-accurate, plain TF32
-// not).
+// checks, forward and backward, that the two float32 precisions really differ (split TF32
+// float32-accurate, plain TF32 not). cuda-fused backwards also run every listed backward
+// configuration (fna::fused_backward_configs) per rank, dtype and padded head dim (rows
+// "backward configs"), alternating the atomic and deterministic dQ modes.
 // The last line is always `N passed, N failed`; the exit code is non-zero on any failure.
 //
 //   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
@@ -334,14 +336,17 @@ int main(int argc, char** argv) {
       rc.allow_tf32 = false;
     }
     // (Not with --config: the contrast problem has its own rank and head dim.)
-    if (fused_like && any_f32 && family_selected(args, Op::forward) && args.only < 0 &&
-        args.config.empty()) {
-      const Outcome o = fna_gpu_test::run_tf32_contrast(tf32_contrast_case(), rc);
-      auto& t = tally[std::string(fna::backend_name(backend)) + " tf32 contrast"];
+    for (Op op : {Op::forward, Op::backward}) {
+      if (!(fused_like && any_f32 && family_selected(args, op) && args.only < 0 &&
+            args.config.empty()))
+        continue;
+      const Outcome o = fna_gpu_test::run_tf32_contrast(op, tf32_contrast_case(), rc);
+      const std::string what = std::string("tf32 contrast ") + fna_gpu_test::op_name(op);
+      auto& t = tally[std::string(fna::backend_name(backend)) + " " + what];
       if (o.verdict == Verdict::pass) {
         ++passed;
         ++t[0];
-        std::printf("tf32 contrast [%s]: %s\n", fna::backend_name(backend), o.detail.c_str());
+        std::printf("%s [%s]: %s\n", what.c_str(), fna::backend_name(backend), o.detail.c_str());
       } else if (o.verdict == Verdict::unsupported) {
         ++unsupported;
         ++t[2];
@@ -349,8 +354,69 @@ int main(int argc, char** argv) {
       } else {
         ++failed;
         ++t[1];
-        std::printf("FAIL [%s] tf32 contrast: %s\n", fna::backend_name(backend), o.detail.c_str());
+        std::printf("FAIL [%s] %s: %s\n", fna::backend_name(backend), what.c_str(),
+                    o.detail.c_str());
       }
+    }
+    // Every listed backward configuration, on a random case of its rank and head dim (padded
+    // 64, 128, 256; --rank / --dim / --dtype narrow it), float32 also with allow_tf32.
+    if (backend == fna::Backend::cuda_fused && family_selected(args, Op::backward) &&
+        args.only < 0 && args.config.empty()) {
+      fna_test::RandomLimits lim;
+      lim.max_axis[0] = 130;  // past one 128-row tile; several tiles per axis in 2-D / 3-D
+      lim.max_axis[1] = 20;
+      lim.max_axis[2] = 8;
+      const std::string row = "cuda-fused backward configs";
+      auto& t = tally[row];
+      double& worst = worst_ratio[row];
+      int n = 0;
+      for (int rank = 1; rank <= 3; ++rank) {
+        if (args.rank != 0 && rank != args.rank) continue;
+        for (fna::DType dtype : args.dtypes) {
+          lim.dtypes = {dtype};
+          const std::vector<int64_t> dims =
+              args.dim > 0 ? std::vector<int64_t>{args.dim} : std::vector<int64_t>{48, 128, 176};
+          for (int64_t dim : dims) {
+            const int64_t dim_v = args.dim_v > 0 ? args.dim_v : dim;
+            const std::vector<std::string> names =
+                fna::fused_backward_configs(rank, dtype, std::max(dim, dim_v));
+            for (size_t j = 0; j < names.size(); ++j) {
+              Case c = fna_test::random_case(args.seed * 1000003ull + 0xbc0f00 + 97 * n, rank, 1,
+                                             lim);
+              c.p.dim = dim;
+              c.p.dim_v = dim_v;
+              rc.backward_config = names[j];
+              rc.deterministic = n % 2 == 1;
+              rc.use_stream = false;
+              for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
+                rc.allow_tf32 = pass == 1;
+                const Outcome o = fna_gpu_test::run_case(Op::backward, c, rc);
+                if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
+                if (o.verdict == Verdict::pass) {
+                  ++passed;
+                  ++t[0];
+                } else if (o.verdict == Verdict::unsupported) {
+                  ++unsupported;
+                  ++t[2];
+                  ++unsupported_reasons[o.detail];
+                } else {
+                  ++failed;
+                  ++t[1];
+                  std::printf("FAIL [cuda-fused] backward_config=%s%s%s %s\n%s\n",
+                              names[j].c_str(), rc.allow_tf32 ? " (allow_tf32)" : "",
+                              rc.deterministic ? " (deterministic)" : "", c.str().c_str(),
+                              o.detail.c_str());
+                  std::fflush(stdout);
+                }
+              }
+              ++n;
+            }
+          }
+        }
+      }
+      rc.backward_config.clear();
+      rc.allow_tf32 = false;
+      rc.deterministic = false;
     }
   }
   const double secs =

@@ -24,6 +24,7 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --repeats N  --warmup N  --threads N
   --check N              queries checked against the reference (default 64; 0 = none)
   --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
+  --backward-config NAME cuda-fused backward tile configuration (likewise)
   --allow-tf32           cuda-fused float32: plain TF32 products (default: split TF32)
   --deterministic        CUDA backward in a fixed order (bitwise reproducible)
   --sweep                run the built-in list of problems for the device, with a progress line
@@ -190,6 +191,12 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
     } else if (f == "--config") {
       if (!value(&cfg->config)) return false;
       if (cfg->config.empty()) { *err = "--config needs a configuration name"; return false; }
+    } else if (f == "--backward-config") {
+      if (!value(&cfg->backward_config)) return false;
+      if (cfg->backward_config.empty()) {
+        *err = "--backward-config needs a configuration name";
+        return false;
+      }
     } else if (f == "--allow-tf32") {
       cfg->allow_tf32 = true;
     } else if (f == "--deterministic") {

@@ -22,6 +22,7 @@ struct BenchConfig {
   bool time_reference = false;
   std::string json;          // write results as JSON lines here
   std::string config;        // cuda-fused tile configuration (Options::config); empty = heuristic
+  std::string backward_config;  // cuda-fused backward tiles (Options::backward_config)
   bool allow_tf32 = false;   // Options::allow_tf32 (cuda-fused float32: plain TF32)
   bool deterministic = false;  // Options::deterministic
   std::string name = "custom";

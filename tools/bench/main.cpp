@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "args.h"
@@ -88,7 +89,10 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   opt.device = cfg.device;
   opt.num_threads = cfg.threads;
   // The tile configuration names a cuda-fused kernel; other backends run without it.
-  if (backend == fna::Backend::cuda_fused) opt.config = cfg.config;
+  if (backend == fna::Backend::cuda_fused) {
+    opt.config = cfg.config;
+    opt.backward_config = cfg.backward_config;
+  }
   opt.allow_tf32 = cfg.allow_tf32;
   opt.deterministic = cfg.deterministic;
   const int repeats = backend == fna::Backend::reference ? 1 : cfg.repeats;
@@ -176,11 +180,14 @@ int run_one(const BenchConfig& cfg) {
         if (fna::backend_compiled(b)) backends.push_back(b);
     }
   }
-  if (!cfg.config.empty() &&
-      std::find(backends.begin(), backends.end(), fna::Backend::cuda_fused) == backends.end()) {
-    std::fprintf(stderr, "fna-bench: --config=%s names a cuda-fused configuration, but cuda-fused "
-                 "is not among the backends run\n", cfg.config.c_str());
-    return 2;
+  for (const auto& [flag, name] : {std::make_pair("--config", cfg.config),
+                                    std::make_pair("--backward-config", cfg.backward_config)}) {
+    if (!name.empty() &&
+        std::find(backends.begin(), backends.end(), fna::Backend::cuda_fused) == backends.end()) {
+      std::fprintf(stderr, "fna-bench: %s=%s names a cuda-fused configuration, but cuda-fused "
+                   "is not among the backends run\n", flag, name.c_str());
+      return 2;
+    }
   }
   if (cfg.device == fna::Device::cuda && !fna::cuda_available()) {
     std::fprintf(stderr, "fna-bench: --device cuda, but %s\n",

@@ -1,13 +1,14 @@
 // Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
 // per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
 // kernel (bwd_dkdv.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
-// in deterministic mode, the dQ kernel (bwd_dq.cuh). float32 runs on the TF32 tensor cores as split
-// TF32 (float32 accuracy), head dims <= 128. Anything outside the fast path (head dims > 256,
-// float32 head dims > 128, a non-contiguous head dim, pre-sm_80, too little shared memory)
-// answers `unsupported`, so that `auto` falls back to the naive backend. Head dims are
-// zero-padded to 64, 128 or 256 (max(D, D_v)); above 128 the dK/dV kernel runs as two passes
-// (bwd_launch.cuh). Rows that are not 16-byte aligned (or dims not multiples of 16 bytes) take
-// element-wise loads and stores.
+// in deterministic mode, the dQ kernel (bwd_dq.cuh). float32 runs on the TF32 tensor cores: split
+// TF32 (float32 accuracy) by default, plain TF32 under Options::allow_tf32. Anything outside the
+// fast path (head dims > 256, a non-contiguous head dim, pre-sm_80, too little shared memory)
+// answers `unsupported`, so that `auto` falls back to the naive backend (unless
+// Options::backward_config names a configuration). Head dims are zero-padded to 64, 128 or 256
+// (max(D, D_v)); above 128 the dK/dV kernel runs as two passes (bwd_launch.cuh). Rows that are
+// not 16-byte aligned (or dims not multiples of 16 bytes) take element-wise loads and stores.
+// Tile shapes: Options::backward_config (the table below) or the heuristic (pick_tiles).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -37,10 +38,26 @@ FNA_BWD_DECLARE(__half, 256)
 FNA_BWD_DECLARE(__nv_bfloat16, 256)
 FNA_BWD_DECLARE(mma::F32, 64)
 FNA_BWD_DECLARE(mma::F32, 128)
+FNA_BWD_DECLARE(mma::F32, 256)
+FNA_BWD_DECLARE(mma::TF32, 64)
+FNA_BWD_DECLARE(mma::TF32, 128)
+FNA_BWD_DECLARE(mma::TF32, 256)
 
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// One backward configuration: tile shapes lifted to kAxes (leading extents 1 below rank 3).
+struct BwdConfig {
+  int rank;
+  DType dtype;
+  int dim;       // padded head dim (64, 128, 256)
+  int kv[kAxes]; // dK/dV kernel: the key tile it owns
+  int q[kAxes];  //   and the query tiles it visits
+  int dq_q[kAxes];   // dQ kernel (deterministic mode): the query tile it owns
+  int dq_kv[kAxes];  //   and the key tiles it visits
+  std::string name() const;
+};
 
 // One warp per (batch, token, head): stats = {LSE * log2(e), sum_d dO * O}. kTf32 (plain TF32):
 // dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum) stays consistent (a query
@@ -195,8 +212,13 @@ void pick_tiles(const Params& p, int own_rows, int other_rows, bool own_kv, int*
   cache[key] = {own[0], own[1], own[2], other[0], other[1], other[2]};
 }
 
-void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, int64_t* n_tiles) {
-  if (own_kv)
+// Tile shapes of one kernel: `q` / `kv` (a configuration's, lifted to kAxes) or, when null, the
+// heuristic's.
+void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, const int* kv,
+               int64_t* n_tiles) {
+  if (q != nullptr)
+    for (int a = 0; a < kAxes; ++a) p->tq[a] = q[a], p->tkv[a] = kv[a];
+  else if (own_kv)
     pick_tiles(*p, kv_rows, q_rows, true, p->tkv, p->tq);
   else
     pick_tiles(*p, q_rows, kv_rows, false, p->tq, p->tkv);
@@ -208,9 +230,75 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, int64_t* n_tiles
   }
 }
 
-// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements).
+// ---- backward configurations (Options::backward_config, fna::fused_backward_configs) ----------
+// The kernels' row counts are fixed per (dtype, padded head dim) (BwdShape, bwd_launch.cuh); a
+// configuration fixes how those rows spread over the axes, for both kernels: the dK/dV kernel's
+// owned key tile and visited query tile, and the deterministic dQ kernel's owned query tile and
+// visited key tile. The table is one shape per row count (16, 32, 64 or 128 rows) for each of a
+// few styles per rank, applied to all four tiles of a (dtype, head dim):
+//   rank 2: square (8x16: haloes closest to square windows), wide (4x32: long windows on the
+//           last, contiguous axis), tall (16x8: long windows on the first axis);
+//   rank 3: cube (4x4x8), slab (2x8x8: shallow first axis, as video windows often are).
+// Name: fna_bwd_sm80_<dtype>_d<padded dim>_kv<dK/dV keys>_q<dK/dV queries>_dqq<dQ queries>_dqkv<dQ
+// keys>, shapes over the problem's axes. The default (no backward_config) is not one of these
+// but the heuristic's search over every power-of-two shape (pick_tiles), which the table serves
+// to override (and an autotuner to explore).
+struct BwdStyle {
+  int rank;
+  int shape[4][kAxes];  // for 16, 32, 64 and 128 rows, lifted to kAxes
+};
+constexpr BwdStyle kBwdStyles[] = {
+    {1, {{1, 1, 16}, {1, 1, 32}, {1, 1, 64}, {1, 1, 128}}},   // line
+    {2, {{1, 4, 4}, {1, 4, 8}, {1, 8, 8}, {1, 8, 16}}},       // square
+    {2, {{1, 2, 8}, {1, 2, 16}, {1, 4, 16}, {1, 4, 32}}},     // wide
+    {2, {{1, 4, 4}, {1, 8, 4}, {1, 8, 8}, {1, 16, 8}}},       // tall
+    {3, {{2, 2, 4}, {2, 4, 4}, {4, 4, 4}, {4, 4, 8}}},        // cube
+    {3, {{1, 4, 4}, {1, 4, 8}, {2, 4, 8}, {2, 8, 8}}},        // slab
+};
+
+int padded_dim(int64_t dmax) { return dmax <= 64 ? 64 : dmax <= 128 ? 128 : 256; }
+
+std::string BwdConfig::name() const {
+  auto shape = [&](const int* e) {
+    std::string s;
+    for (int ax = kAxes - rank; ax < kAxes; ++ax)
+      s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
+    return s;
+  };
+  const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
+  return std::string("fna_bwd_sm80_") + dt + "_d" + std::to_string(dim) + "_kv" + shape(kv) +
+         "_q" + shape(q) + "_dqq" + shape(dq_q) + "_dqkv" + shape(dq_kv);
+}
+
+// The configurations for (rank, dtype, max(D, D_v)); empty above 256.
+std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
+  std::vector<BwdConfig> out;
+  if (dmax < 1 || dmax > 256) return out;
+  const int dpad = padded_dim(dmax);
+  const TileRows tr = tile_rows(dpad, dtype == DType::f32);
+  auto copy = [](const BwdStyle& s, int rows, int* dst) {
+    const int i = rows == 16 ? 0 : rows == 32 ? 1 : rows == 64 ? 2 : 3;
+    for (int a = 0; a < kAxes; ++a) dst[a] = s.shape[i][a];
+  };
+  for (const BwdStyle& s : kBwdStyles) {
+    if (s.rank != rank) continue;
+    BwdConfig c{rank, dtype, dpad, {}, {}, {}, {}};
+    copy(s, tr.dkdv_keys, c.kv);
+    copy(s, tr.dkdv_queries, c.q);
+    copy(s, tr.dq_queries, c.dq_q);
+    copy(s, tr.dq_keys, c.dq_kv);
+    bool dup = false;  // styles that agree at these row counts
+    for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
+    if (!dup) out.push_back(c);
+  }
+  return out;
+}
+
+// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements). cfg:
+// Options::backward_config's entry, or null (the heuristic).
 template <typename T>
-Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad) {
+Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad,
+           const BwdConfig* cfg) {
   using E = typename Elem<T>::type;
   cudaStream_t stream = detail::stream_of(opt);
   const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
@@ -222,8 +310,11 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   Params p_dkdv = p, p_dq = p;
   int64_t n_dkdv = 0, n_dq = 0;
   const TileRows tr = tile_rows(dpad, Elem<T>::kF32);
-  set_tiles(&p_dkdv, tr.dkdv_queries, tr.dkdv_keys, true, &n_dkdv);
-  if (deterministic) set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, &n_dq);
+  set_tiles(&p_dkdv, tr.dkdv_queries, tr.dkdv_keys, true, cfg ? cfg->q : nullptr,
+            cfg ? cfg->kv : nullptr, &n_dkdv);
+  if (deterministic)
+    set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, cfg ? cfg->dq_q : nullptr,
+              cfg ? cfg->dq_kv : nullptr, &n_dq);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
@@ -264,15 +355,13 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
 
   const int threads = 256;
   const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);
-  stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(p, static_cast<const E*>(a.o.data), so,
-                                                  static_cast<const float*>(a.lse.data), sl,
-                                                  ws.as<float2>());
+  stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(
+      p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl,
+      ws.as<float2>());
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
-  if constexpr (!Elem<T>::kF32) {  // float32: head dims <= 128 (cuda_fused_backward)
-    if (dpad == 256)
-      return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
-  }
+  if (dpad == 256)
+    return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
   return launch_backward<T, 128>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
 }
 
@@ -281,6 +370,12 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
 
 namespace detail {
 
+std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int64_t dim) {
+  std::vector<std::string> names;
+  for (const bwd::BwdConfig& c : bwd::bwd_configs(rank, dtype, dim)) names.push_back(c.name());
+  return names;
+}
+
 Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt) {
   using namespace bwd;
   auto unsupported = [](const std::string& why) {
@@ -288,13 +383,19 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   };
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
-  // float32 (split TF32) covers head dims up to 128 for now; the kernels have a float32 shape for
-  // 256 (bwd_launch.cuh) that is not instantiated until it is validated on a device.
-  if (pr.dtype == DType::f32 && dmax > 128)
-    return unsupported("dtype=float32 with head dim " + std::to_string(dmax) +
-                       " > 128 is not implemented yet (float32: head dims <= 128)");
-  // Options::config names a forward configuration (config.h); the backward picks its own tiles
-  // (pick_tiles), so a config chosen for the forward does not push the backward off this path.
+  // Options::config names a forward configuration (config.h) and does not concern the backward;
+  // Options::backward_config names one of the table below (validate_options checked the name).
+  const BwdConfig* cfg = nullptr;
+  std::vector<BwdConfig> cfgs;
+  if (!opt.backward_config.empty()) {
+    cfgs = bwd_configs(pr.rank, pr.dtype, dmax);
+    for (const BwdConfig& c : cfgs)
+      if (c.name() == opt.backward_config) cfg = &c;
+    if (cfg == nullptr)  // validate_options lists the valid names; this is a second guard
+      return {Code::invalid_argument, "backward_config='" + opt.backward_config +
+                                          "' is not a cuda-fused backward configuration for " +
+                                          "this problem (see fna::fused_backward_configs)"};
+  }
 
   for (int ax = 0; ax < pr.rank; ++ax)
     if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
@@ -337,13 +438,12 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16 / f16 / tf32)");
   if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
 
-  const int dpad = dmax <= 64 ? 64 : dmax <= 128 ? 128 : 256;
-  // float32: split TF32 (float32 accuracy) also under Options::allow_tf32, which permits but does
-  // not require TF32 rounding; the plain TF32 kernels (T = mma::TF32) are written but not
-  // instantiated until validated on a device.
-  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, p, dpad);
-  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad);
-  return run<__nv_bfloat16>(pr, a, opt, p, dpad);
+  const int dpad = padded_dim(dmax);
+  // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
+  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, p, dpad, cfg);
+  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, p, dpad, cfg);
+  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad, cfg);
+  return run<__nv_bfloat16>(pr, a, opt, p, dpad, cfg);
 }
 
 }  // namespace detail

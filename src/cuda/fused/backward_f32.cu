@@ -1,7 +1,6 @@
 // Instantiations of the fused backward kernels for float32 on the TF32 tensor cores, split TF32
 // (mma::F32: three TF32 products per float32 product, float32 accuracy), padded head dims 64 and
-// 128. Plain TF32 (mma::TF32) and head dim 256 compile from the same templates but are not
-// instantiated until validated on a device (backward.cu).
+// 128 (256 in backward_f32_256.cu; plain TF32 in backward_tf32*.cu).
 #include "cuda/fused/bwd_launch.cuh"
 
 namespace fna {
