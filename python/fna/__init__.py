@@ -53,6 +53,13 @@ def fused_configs(rank, dtype, head_dim):
     return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
 
 
+def fused_backward_configs(rank, dtype, head_dim):
+    """Backward tile configurations of cuda-fused (``backward_config=``) for (rank, dtype,
+    max(D, D_v)); empty without it or above head dim 256. The default, without
+    ``backward_config``, is a heuristic that searches every tile shape."""
+    return list(_C.fused_backward_configs(rank, _dtype_name(dtype), head_dim))
+
+
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
                device_index=0):
@@ -70,7 +77,7 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
         raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
                          "1 to 3 spatial axes")
     ks, st, dil, causal = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
-    config, _, allow_tf32 = _args.fused_options(config, False, allow_tf32, torch_tensors=False)
+    config, _, allow_tf32, _ = _args.fused_options(config, False, allow_tf32, torch_tensors=False)
     return _C.fused_plan([int(x) for x in query_shape], _dtype_name(dtype), kernel_size=ks,
                          stride=st, dilation=dil, is_causal=causal,
                          heads_kv=0 if heads_kv is None else int(heads_kv),
@@ -95,5 +102,5 @@ def __getattr__(name):
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
     "na_backward", "na_qk_backward", "na_av_backward", "backend_compiled", "cuda_available",
-    "resolve_backend", "fused_configs", "fused_plan", "version", "BACKENDS", *_MODULES,
+    "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "version", "BACKENDS", *_MODULES,
 ]

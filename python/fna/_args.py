@@ -70,10 +70,11 @@ def backend_name(backend):
     return backend
 
 
-def fused_options(config, deterministic, allow_tf32, torch_tensors):
-    """(config, deterministic, allow_tf32) as the extension takes them.
+def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_config=None):
+    """(config, deterministic, allow_tf32, backward_config) as the extension takes them.
 
-    config: None or a cuda-fused configuration name (``fna.fused_configs``). deterministic: bool.
+    config: None or a cuda-fused configuration name (``fna.fused_configs``). backward_config: None
+    or a cuda-fused backward configuration name (``fna.fused_backward_configs``). deterministic: bool.
     allow_tf32: None follows ``torch.backends.cuda.matmul.allow_tf32`` for torch tensors (so
     ``torch.set_float32_matmul_precision("high")`` enables TF32 here too) and is False otherwise.
     """
@@ -81,6 +82,11 @@ def fused_options(config, deterministic, allow_tf32, torch_tensors):
         config = ""
     elif not isinstance(config, str) or not config:
         raise TypeError(f"config={config!r} must be a non-empty string (a configuration name) or None")
+    if backward_config is None:
+        backward_config = ""
+    elif not isinstance(backward_config, str) or not backward_config:
+        raise TypeError(f"backward_config={backward_config!r} must be a non-empty string "
+                        "(a backward configuration name) or None")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic={deterministic!r} must be a bool")
     if allow_tf32 is None:
@@ -90,7 +96,7 @@ def fused_options(config, deterministic, allow_tf32, torch_tensors):
             allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     elif not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32={allow_tf32!r} must be a bool or None")
-    return config, deterministic, allow_tf32
+    return config, deterministic, allow_tf32, backward_config
 
 
 def resolve_scale(scale, head_dim):

@@ -22,7 +22,7 @@ from torch import Tensor
 from . import _C
 
 
-def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False)):
+def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "")):
     kernel_size, stride, dilation, is_causal = sp
     # DLPack refuses tensors that require grad; the op's inputs are never differentiated here.
     arrays = [None if a is None else a.detach() for a in arrays]
@@ -33,10 +33,10 @@ def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False))
         ctx = contextlib.nullcontext()
     with ctx:
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        config, deterministic, allow_tf32 = opts
+        config, deterministic, allow_tf32, backward_config = opts
         fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation,
            is_causal=is_causal, backend=backend, scale=scale, stream=stream, config=config,
-           deterministic=deterministic, allow_tf32=allow_tf32)
+           deterministic=deterministic, allow_tf32=allow_tf32, backward_config=backward_config)
 
 
 def _sp(kernel_size, stride, dilation, is_causal):
@@ -53,18 +53,19 @@ def _out_shape(q, v):
 def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optional[Tensor],
                additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                dilation: List[int], is_causal: List[bool], scale: float, backend: str,
-               config: str, deterministic: bool, allow_tf32: bool) -> Tuple[Tensor, Tensor]:
+               config: str, deterministic: bool, allow_tf32: bool,
+               backward_config: str) -> Tuple[Tensor, Tensor]:
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     _call(_C.forward, query.device, query, key, value, out, lse, additional_keys,
           additional_values, sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend,
-          scale=scale, opts=(config, deterministic, allow_tf32))
+          scale=scale, opts=(config, deterministic, allow_tf32, backward_config))
     return out, lse
 
 
 @na_forward.register_fake
 def _(query, key, value, additional_keys, additional_values, kernel_size, stride, dilation,
-      is_causal, scale, backend, config, deterministic, allow_tf32):
+      is_causal, scale, backend, config, deterministic, allow_tf32, backward_config):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     return out, lse
@@ -75,20 +76,22 @@ def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: 
                 d_output: Tensor, additional_keys: Optional[Tensor],
                 additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                 dilation: List[int], is_causal: List[bool], scale: float, backend: str,
-                config: str, deterministic: bool, allow_tf32: bool) -> List[Tensor]:
+                config: str, deterministic: bool, allow_tf32: bool,
+                backward_config: str) -> List[Tensor]:
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     add = [] if additional_keys is None else [torch.empty_like(additional_keys),
                                               torch.empty_like(additional_values)]
     _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
           additional_keys, additional_values, *(add or [None, None]),
           sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale,
-          opts=(config, deterministic, allow_tf32))
+          opts=(config, deterministic, allow_tf32, backward_config))
     return grads + add
 
 
 @na_backward.register_fake
 def _(query, key, value, output, lse, d_output, additional_keys, additional_values, kernel_size,
-      stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32):
+      stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
+      backward_config):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
         grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
@@ -97,11 +100,11 @@ def _(query, key, value, output, lse, d_output, additional_keys, additional_valu
 
 def _na_setup(ctx, inputs, output):
     (query, key, value, add_k, add_v, kernel_size, stride, dilation, is_causal, scale, backend,
-     config, deterministic, allow_tf32) = inputs
+     config, deterministic, allow_tf32, backward_config) = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend,
-                  config, deterministic, allow_tf32)
+                  config, deterministic, allow_tf32, backward_config)
     # LSE is an auxiliary output: the C++ backward has no term for a gradient flowing into it.
     ctx.mark_non_differentiable(lse)
 
@@ -113,7 +116,7 @@ def _na_backward(ctx, d_out, d_lse):
     grads = torch.ops.fna.na_backward(query, key, value, out, lse, d_out, add_k, add_v,
                                       *ctx.params)
     d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
-    return (grads[0], grads[1], grads[2]) + d_add + (None,) * 9
+    return (grads[0], grads[1], grads[2]) + d_add + (None,) * 10
 
 
 na_forward.register_autograd(_na_backward, setup_context=_na_setup)

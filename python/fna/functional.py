@@ -121,7 +121,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
-    opts = _args.fused_options(*opts, torch_tensors=kind == "torch")
+    config, deterministic, allow_tf32, backward_config = opts
+    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config)
     if kind == "torch":
         _check_devices(fn, backend, named)
         out, lse = torch.ops.fna.na_forward(query, key, value, additional_keys,
@@ -136,18 +137,20 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config), natten_tuning)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -163,35 +166,41 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     deterministic: the backward accumulates in a fixed order (bitwise reproducible; on the CPU
     for one thread count).
     allow_tf32: float32 on ``cuda-fused`` with plain TF32 products (~1e-3 relative) instead of
-    split-TF32 (float32-class); None follows ``torch.backends.cuda.matmul.allow_tf32``.
+    split-TF32 (float32-class), forward and backward; None follows
+    ``torch.backends.cuda.matmul.allow_tf32``.
+    backward_config: name of a ``cuda-fused`` backward tile configuration (see
+    :func:`fna.fused_backward_configs`) instead of the heuristic's tiles; checked at the forward
+    call, an error on any other backend (no silent fallback).
     NATTEN's tuning keywords (``q_tile_shape``, ``kv_tile_shape``, ``backward_*``,
     ``run_persistent_kernel``, ``kernel_schedule``, ``torch_compile``, ``attention_kwargs``,
     ``try_fuse_additional_kv``) are accepted and ignored; any other keyword is a TypeError.
     """
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config), natten_tuning)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, **natten_tuning):
+         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config), natten_tuning)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
-                backend=None, config=None, deterministic=False, allow_tf32=None):
+                backend=None, config=None, deterministic=False, allow_tf32=None,
+                backward_config=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
     parameters and additional keys/values). Returns ``(d_query, d_key, d_value)``, plus
     ``(d_additional_keys, d_additional_values)`` when additional keys/values are given.
-    Works for NumPy arrays and torch tensors. config / deterministic / allow_tf32: see
-    :func:`na2d`.
+    Works for NumPy arrays and torch tensors. config / deterministic / allow_tf32 /
+    backward_config: see :func:`na2d`.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
@@ -205,7 +214,7 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
-    opts = _args.fused_options(config, deterministic, allow_tf32, torch_tensors=kind == "torch")
+    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config)
     if kind == "torch":
         _check_devices(fn, backend, named)
         grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,

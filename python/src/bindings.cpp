@@ -245,7 +245,8 @@ void num_additional(Call& c, const char* name, const std::optional<A>& a) {
 }
 
 void set_options(Call& c, const std::string& backend, double scale, uintptr_t stream,
-                 int num_threads, bool deterministic, const std::string& config, bool allow_tf32) {
+                 int num_threads, bool deterministic, const std::string& config, bool allow_tf32,
+                 const std::string& backward_config) {
   // Problem errors first: the role extents checked next are only meaningful for a valid problem.
   check(fna::validate_problem(c.p));
   check(fna::parse_backend(backend, &c.opt.backend));
@@ -255,6 +256,7 @@ void set_options(Call& c, const std::string& backend, double scale, uintptr_t st
   c.opt.deterministic = deterministic;
   c.opt.config = config;
   c.opt.allow_tf32 = allow_tf32;
+  c.opt.backward_config = backward_config;
 }
 
 // Runs `fn` without the GIL: the arrays stay alive in the caller's frame.
@@ -272,13 +274,14 @@ void run(F&& fn) {
   const std::vector<int64_t>&kernel_size, const std::vector<int64_t>&stride,                  \
       const std::vector<int64_t>&dilation, const std::vector<bool>&is_causal,                 \
       const std::string &backend, double scale, uintptr_t stream, int num_threads,            \
-      bool deterministic, const std::string &config, bool allow_tf32
+      bool deterministic, const std::string &config, bool allow_tf32,                          \
+      const std::string &backward_config
 
 #define FNA_OPTION_ARGS                                                                       \
   nb::kw_only(), nb::arg("kernel_size"), nb::arg("stride"), nb::arg("dilation"),              \
       nb::arg("is_causal"), nb::arg("backend") = "auto", nb::arg("scale") = -1.0,             \
       nb::arg("stream") = 0, nb::arg("num_threads") = 0, nb::arg("deterministic") = false,    \
-      nb::arg("config") = "", nb::arg("allow_tf32") = false
+      nb::arg("config") = "", nb::arg("allow_tf32") = false, nb::arg("backward_config") = ""
 
 void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
              const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS) {
@@ -288,7 +291,8 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != add_v.has_value())
     raise(PyExc_ValueError, "additional_keys and additional_values must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::ForwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -312,7 +316,8 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
     raise(PyExc_ValueError,
           "additional_keys, additional_values, d_additional_keys and d_additional_values must be "
           "given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::BackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -336,7 +341,8 @@ void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, F
   int64_t dim_k = 0;
   kv_dims(c, "key", k, &dim_k);
   num_additional(c, "additional_keys", add_k);
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::QKArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -354,7 +360,8 @@ void qk_backward(const In& q, const In& k, const In& d_attn, const Out& dq, cons
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != d_add_k.has_value())
     raise(PyExc_ValueError, "additional_keys and d_additional_keys must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::QKBackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -387,7 +394,8 @@ void init_av(Call& c, const A& attn, const In& v, const OptIn& add_v, const Spat
 void av_forward(const In& attn, const In& v, const Out& o, const OptIn& add_v, FNA_OPTION_PARAMS) {
   Call c;
   init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::AVArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));
@@ -402,7 +410,8 @@ void av_backward(const In& attn, const In& v, const In& d_o, const Out& d_attn, 
   init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
   if (add_v.has_value() != d_add_v.has_value())
     raise(PyExc_ValueError, "additional_values and d_additional_values must be given together");
-  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32);
+  set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
+              backward_config);
   fna::AVBackwardArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));
@@ -473,6 +482,10 @@ NB_MODULE(_C, m) {
     return fna::fused_configs(rank, dtype_arg(dtype), dim);
   }, nb::arg("rank"), nb::arg("dtype"), nb::arg("dim"),
      "Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.");
+  m.def("fused_backward_configs", [](int rank, const std::string& dtype, int64_t dim) {
+    return fna::fused_backward_configs(rank, dtype_arg(dtype), dim);
+  }, nb::arg("rank"), nb::arg("dtype"), nb::arg("dim"),
+     "Names of the cuda-fused backward tile configurations for (rank, dtype, max(D, D_v)).");
   m.def("fused_plan", [](const std::vector<int64_t>& query_shape, const std::string& dtype,
                          const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& dilation, const std::vector<bool>& is_causal,

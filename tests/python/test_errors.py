@@ -362,3 +362,44 @@ def test_fused_option_errors():
     # Valid values are accepted where they do not apply (deterministic on the CPU, allow_tf32).
     out2 = fna.na2d(q, k, v, 3, deterministic=True, allow_tf32=True)
     np.testing.assert_array_equal(out, out2)
+
+
+def test_backward_config_errors():
+    """backward_config: a wrong type is a TypeError naming it; a name on a backend other than
+    cuda-fused is a ValueError at the forward call already (numpy and torch), never ignored."""
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match=r"backward_config=3 must be a non-empty string"):
+        fna.na2d(q, k, v, 3, backward_config=3)
+    with pytest.raises(TypeError, match=r"backward_config='' must be a non-empty string"):
+        fna.na_backward(q, q, k, v, q, q[..., 0], 3, backward_config="")
+    name = "fna_bwd_sm80_f32_d64_kv8x16_q8x8_dqq8x8_dqkv8x8"
+    with pytest.raises(ValueError, match=rf"backward_config='{name}' names a cuda-fused backward "
+                                         r"tile configuration, but backend=cpu runs this call"):
+        fna.na2d(q, k, v, 3, backward_config=name)
+    out, lse = fna.na2d(q, k, v, 3, return_lse=True)
+    with pytest.raises(ValueError, match=r"but backend=reference runs this call"):
+        fna.na_backward(out, q, k, v, out, lse, 3, backend="reference", backward_config=name)
+    torch = pytest.importorskip("torch")
+    t = [torch.from_numpy(x).requires_grad_(True) for x in (q, k, v)]
+    with pytest.raises(ValueError, match=rf"backward_config='{name}' names a cuda-fused"):
+        fna.na2d(*t, 3, backward_config=name)
+
+
+def test_fused_backward_configs_listing():
+    """The backward configuration table through Python: per (rank, dtype, head dim) the names of
+    the padded head dim's kernels, one tile extent per axis; empty above 256 (and without
+    cuda-fused)."""
+    if not fna.backend_compiled("cuda-fused"):
+        assert fna.fused_backward_configs(2, "bfloat16", 64) == []
+        pytest.skip("cuda-fused not compiled")
+    for rank in (1, 2, 3):
+        for dtype, tok in (("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16")):
+            for dim, pad in ((32, 64), (96, 128), (160, 256), (256, 256)):
+                names = fna.fused_backward_configs(rank, dtype, dim)
+                assert names and len(set(names)) == len(names), (rank, dtype, dim, names)
+                for n in names:
+                    assert n.startswith(f"fna_bwd_sm80_{tok}_d{pad}_kv"), n
+                    shapes = [p.lstrip("dqkv") for p in n.split("_")[5:]]
+                    assert len(shapes) == 4 and all(len(s.split("x")) == rank for s in shapes), n
+    assert fna.fused_backward_configs(2, "bfloat16", 257) == []
+    assert fna.fused_backward_configs(2, np.float32, 64) == fna.fused_backward_configs(2, "float32", 64)

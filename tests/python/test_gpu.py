@@ -233,6 +233,54 @@ def test_cuda_float32_precision(allow_tf32):
     assert err < (2e-3 if tf32 else 2e-5), f"allow_tf32={allow_tf32}: relative error {err}"
 
 
+def _grad_errors(q, k, v, ks, d_out, **kw):
+    """Relative max errors of dQ, dK, dV of fna.na2d(..., **kw) against the float64 oracle."""
+    t = dict(q=q, k=k, v=v, ks=list(ks), st=[1, 1], dil=[1, 1], causal=[False, False],
+             add_k=None, add_v=None)
+    ref = oracle(t, d_out=d_out)
+    out = fna.na2d(q, k, v, ks, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    return [float(np.abs(np64(g) - ref[n]).max() / np.abs(ref[n]).max())
+            for g, n in zip(grads, ("dq", "dk", "dv"))]
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cuda_fused_explicit_backward_config(dtype):
+    """Every listed backward configuration, named explicitly, gives the oracle's gradients (both
+    dQ modes); a name of another dtype is an error at the forward call, not a silent fallback."""
+    rng = np.random.default_rng(seed_of("gpu-bwd-config", dtype))
+    tdt = getattr(torch, dtype)
+    q, k, v = _fused_2d_problem(rng, tdt, shape=(20, 40))
+    d_out = torch.from_numpy(rng.standard_normal(q.shape).astype(np.float32)).to(tdt).cuda()
+    names = fna.fused_backward_configs(2, dtype, 64)
+    assert len(names) >= 2
+    bound = 2e-2 if dtype == "bfloat16" else 2e-5
+    for i, name in enumerate(names):
+        errs = _grad_errors(q, k, v, (7, 9), d_out, backend="cuda-fused", backward_config=name,
+                            deterministic=i % 2 == 1, allow_tf32=False)
+        assert max(errs) < bound, f"backward_config={name}: relative errors {errs}"
+    other = fna.fused_backward_configs(2, "float16", 64)[0]
+    with pytest.raises(ValueError, match="is not a cuda-fused backward configuration.*valid: "
+                                         + names[0]):
+        fna.na2d(q, k, v, (7, 9), backward_config=other)
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("d", [64, 160])
+def test_cuda_fused_float32_backward_precision(d):
+    """The float32 fused backward (head dims up to 256): split TF32 within 2e-5 relative by
+    default; allow_tf32=True runs plain TF32, within 1e-2 and measurably (>1e-5) less exact, so
+    neither mode silently runs the other."""
+    rng = np.random.default_rng(seed_of("gpu-tf32-bwd", d))
+    q, k, v = _fused_2d_problem(rng, torch.float32, d=d, shape=(16, 24))
+    d_out = torch.from_numpy(rng.standard_normal(q.shape[:-1] + (d,)).astype(np.float32)).cuda()
+    split = max(_grad_errors(q, k, v, (7, 5), d_out, backend="cuda-fused", allow_tf32=False))
+    plain = max(_grad_errors(q, k, v, (7, 5), d_out, backend="cuda-fused", allow_tf32=True))
+    assert split < 2e-5, f"split TF32 backward: relative error {split}"
+    assert 1e-5 < plain < 1e-2 and plain > 10 * split, f"plain TF32 {plain}, split {split}"
+
+
 def _tiles_of(name, rank):
     """Query / key tile extents per axis from a configuration name (..._q8x16_kv8x8_w4)."""
     parts = name.split("_")

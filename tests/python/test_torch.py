@@ -349,7 +349,7 @@ def opcheck_all(device, backend):
     ak, av = r(1, 2, 1, 4), r(1, 2, 1, 3)
     sp = ([3, 3], [1, 2], [1, 1], [True, False])
     ops = torch.ops.fna
-    fo = ("", False, False)  # config, deterministic, allow_tf32
+    fo = ("", False, False, "")  # config, deterministic, allow_tf32, backward_config
     out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend, *fo)
     attn = ops.na_qk(q, k, ak, *sp, -1.0, backend)
     w = torch.softmax(attn.detach(), -1).requires_grad_(True)
