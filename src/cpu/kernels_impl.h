@@ -44,27 +44,53 @@ static inline vf splat_load(const float* p) {
   return vf{} + *p;
 #endif
 }
-static inline vi lanes() {
+static inline vi lanes() {  // 0, 1, .., kVW - 1 (from memory: a loop-built vector is not folded)
+  static const int kLanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   vi l;
-  for (int i = 0; i < kVW; ++i) l[i] = i;
+  __builtin_memcpy(&l, kLanes, sizeof(l));
   return l;
 }
+// Horizontal sum / max: log2(kVW) steps, each combining lanes l and l ^ h (literal shuffle
+// masks: a loop-built index vector is not folded into a constant).
+#if FNA_CPU_VW == 16
+#define FNA_CPU_FOLD(v, OP) \
+  v = OP(v, __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7})); \
+  v = OP(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11})); \
+  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13})); \
+  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}))
+#elif FNA_CPU_VW == 8
+#define FNA_CPU_FOLD(v, OP) \
+  v = OP(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3})); \
+  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5})); \
+  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6}))
+#else
+#define FNA_CPU_FOLD(v, OP) \
+  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1})); \
+  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2}))
+#endif
+static inline vf vadd(vf a, vf b) { return a + b; }
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 static inline float hsum(vf v) {
-  float s = 0.f;
-  for (int i = 0; i < kVW; ++i) s += v[i];
-  return s;
+  FNA_CPU_FOLD(v, vadd);
+  return v[0];
 }
 static inline float hmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < kVW; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+  FNA_CPU_FOLD(v, vmax);
+  return v[0];
 }
+#undef FNA_CPU_FOLD
 
 // 2^x for x <= 0 (scores minus their max), relative error ~1e-8 before float rounding:
 // x = n + f with n integer, f in [-0.5, 0.5]; 2^f by its degree-7 Taylor polynomial.
 static inline vf exp2v(vf x) {
   x = x < -126.f ? splat(-126.f) : x;
+#if FNA_CPU_VW == 16
+  // AVX-512: one rounding and one scaling instruction instead of four integer / float steps.
+  const vf n = (vf)_mm512_maskz_roundscale_ps(__mmask16(0xffff), (__m512)x,
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
   const vf n = (x + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23 trick)
+#endif
   const vf f = x - n;
   vf p = splat(1.5252733804e-5f);
   p = p * f + 1.5403530393e-4f;
@@ -74,6 +100,9 @@ static inline vf exp2v(vf x) {
   p = p * f + 2.4022650696e-1f;
   p = p * f + 6.9314718056e-1f;
   p = p * f + 1.0f;
+#if FNA_CPU_VW == 16
+  return (vf)_mm512_maskz_scalef_ps(__mmask16(0xffff), (__m512)p, (__m512)n);
+#else
   const vi e = __builtin_convertvector(n, vi) << 23;
   vi bits;
   __builtin_memcpy(&bits, &p, sizeof(p));
@@ -81,6 +110,7 @@ static inline vf exp2v(vf x) {
   vf out;
   __builtin_memcpy(&out, &bits, sizeof(out));
   return out;
+#endif
 }
 static inline float exp2s(float x) { return exp2v(splat(x))[0]; }
 
@@ -95,16 +125,37 @@ static void axpy(float a, const float* x, float* y, int n) {  // n padded
   for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
 }
 
-// s <- 2^(s * scale - sub) in place (masked lanes, which hold -inf, become 0); returns the sum.
-static float exp_rows(float* s, int n, float scale, float sub) {
-  vf sum = vf{};
+// Over R rows of Wspan floats, of which the lanes [lo, hi) hold a query's scores: the max of
+// those lanes, then s <- 2^(s * scale - sub) on them and exact zeros on the others (masked lanes
+// are replaced, never computed: their scores belong to other queries of the group). Returns
+// the sum.
+static float masked_max(const float* s, int R, int Wspan, int lo, int hi) {
+  const vi lane = lanes();
+  const vf ninf = splat(-__builtin_inff());
+  vf m = ninf;
+  for (int c = 0; c < Wspan; c += kVW) {
+    const vi l = lane + c;
+    const vi in = (l >= lo) & (l < hi);
+    for (int r = 0; r < R; ++r) {
+      const vf x = ld(s + static_cast<int64_t>(r) * Wspan + c);
+      m = (in & (x > m)) ? x : m;
+    }
+  }
+  return hmax(m);
+}
+static float masked_exp(float* s, int R, int Wspan, int lo, int hi, float scale, float sub) {
+  const vi lane = lanes();
   const vf zero = vf{};
-  for (int c = 0; c < n; c += kVW) {
-    const vf x = ld(s + c);
-    vf p = exp2v(x * scale - sub);
-    p = x == -__builtin_inff() ? zero : p;
-    st(s + c, p);
-    sum += p;
+  vf sum = vf{};
+  for (int c = 0; c < Wspan; c += kVW) {
+    const vi l = lane + c;
+    const vi in = (l >= lo) & (l < hi);
+    for (int r = 0; r < R; ++r) {
+      float* row = s + static_cast<int64_t>(r) * Wspan + c;
+      const vf p = in ? exp2v(ld(row) * scale - sub) : zero;
+      st(row, p);
+      sum += p;
+    }
   }
   return hsum(sum);
 }
@@ -325,24 +376,6 @@ static void group_outer_all(Hints* h, int nq, const float* w, int64_t qstride, i
   }
 }
 
-// Masks lanes outside [lo, hi) of each row to -inf and returns the max over the valid lanes.
-static float mask_range_and_max(float* s, int R, int Wspan, int lo, int hi) {
-  const vi lane = lanes();
-  const vf ninf = splat(-__builtin_inff());
-  vf m = ninf;
-  for (int r = 0; r < R; ++r) {
-    float* row = s + static_cast<int64_t>(r) * Wspan;
-    for (int c = 0; c < Wspan; c += kVW) {
-      vf x = ld(row + c);
-      const vi l = lane + c;
-      x = (l >= lo) & (l < hi) ? x : ninf;
-      st(row + c, x);
-      m = x > m ? x : m;
-    }
-  }
-  return hmax(m);
-}
-
 // Splits queries [0, T) into groups: [t0, t1) with a shared span of columns: the union of their
 // windows, [cb, cb + span), padded to Wspan lanes in the score buffers.
 struct Group {
@@ -495,12 +528,12 @@ void forward_tile(const ForwardTile& a) {
       float* sg = sc + gr.t0 * plane + (t - gr.t0) * qstride;
       float* ag = sadd + t * s.A;
       const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
-      m[t] = mask_range_and_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
+      m[t] = masked_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
         ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
         m[t] = ag[n] > m[t] ? ag[n] : m[t];
       }
-      l[t] = exp_rows(sg, static_cast<int>(qstride), a.scale_log2, m[t]);
+      l[t] = masked_exp(sg, s.R, gr.Wspan, lo, lo + s.col_count[t], a.scale_log2, m[t]);
       for (int n = 0; n < s.A; ++n) {
         ag[n] = exp2s(ag[n] - m[t]);
         l[t] += ag[n];
@@ -538,8 +571,7 @@ void backward_tile(const BackwardTile& a) {
       const int lo = s.col_begin[t] - gr.cb;
       float* pg = a.p + gr.t0 * plane + (t - gr.t0) * qstride;
       float* dg = a.ds + gr.t0 * plane + (t - gr.t0) * qstride;
-      mask_range_and_max(pg, s.R, gr.Wspan, lo, lo + s.col_count[t]);
-      exp_rows(pg, static_cast<int>(qstride), a.scale_log2, a.lse2[t]);
+      masked_exp(pg, s.R, gr.Wspan, lo, lo + s.col_count[t], a.scale_log2, a.lse2[t]);
       const vf delta = splat(a.delta[t]);
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
