@@ -42,13 +42,22 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Keeps the compiler from moving accesses of `x` across an in-flight wgmma.
+// Keeps the compiler from moving accesses of accumulators (or reusing the registers of register A
+// operands, which the MMA reads asynchronously) across an in-flight wgmma.
 template <int kN>
 __device__ __forceinline__ void fence_operands(float (&d)[kN][4]) {
 #pragma unroll
   for (int j = 0; j < kN; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
+}
+
+template <int kN>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
 }
 
 template <class T, int kN>
