@@ -17,10 +17,6 @@
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_kernel.cuh"
 
-#ifndef FNA_SM90_OVERLAP
-#define FNA_SM90_OVERLAP 0
-#endif
-
 namespace fna {
 namespace fused {
 
@@ -124,59 +120,6 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
   const uint64_t dv = wgmma::desc_sw128(sV, kN * 128, 1024);
   uint32_t a[kN / 16][4];
-#if FNA_SM90_OVERLAP
-  // Softmax in two phases so that exponentiating keys 16(kk+1).. overlaps the P V MMA of keys
-  // 16kk..: first the row maxima and the rescale of O (lazy, as softmax_update), then per 16-key
-  // k-step exp2, pack, issue.
-  constexpr float kSlack = 8.f;
-  float alpha[2], m_use[2], sum[2] = {0.f, 0.f};
-  bool rescale = false;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[0][j][2 * r], s[0][j][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float cand = mx * scale_log2;
-    const float m_old = st.m[0][r];
-    const bool move = cand > m_old + kSlack;
-    const float m_new = move ? cand : m_old;
-    m_use[r] = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
-    alpha[r] = move ? mma::fast_exp2(m_old - m_use[r]) : 1.f;
-    rescale = rescale || move;
-    st.m[0][r] = m_new;
-  }
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      st.o[0][j][0] *= alpha[0];
-      st.o[0][j][1] *= alpha[0];
-      st.o[0][j][2] *= alpha[1];
-      st.o[0][j][3] *= alpha[1];
-    }
-  }
-  wgmma::fence_operands(st.o[0]);
-#pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
-#pragma unroll
-    for (int j = 2 * kk; j < 2 * kk + 2; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[0][j][i] = mma::fast_exp2(fmaf(s[0][j][i], scale_log2, -m_use[i >> 1]));
-        sum[i >> 1] += s[0][j][i];
-      }
-    a[kk][0] = mma::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-    a[kk][1] = mma::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-    a[kk][2] = mma::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-    a[kk][3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-    wgmma::fence();
-    MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
-  }
-  wgmma::commit();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[0][r] = st.l[0][r] * alpha[r] + sum[r];
-#else
   softmax_update<Tr, kMasked>(st, s, scale_log2);
 
   // P as the register A operand of every k-step, packed before the first MMA is issued (packing
@@ -193,7 +136,6 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
   wgmma::commit();
-#endif
   wgmma::fence_operands(st.o[0]);
   wgmma::fence_operands(a);
   wgmma::wait<0>();
