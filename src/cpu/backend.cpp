@@ -475,6 +475,21 @@ void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileG
   store.ensure(worker, sc.panel_ids.data(), R, ahead, convert);
 }
 
+// The caller's float32 rows of a tile's queries in tensor x (head h), read or written in place:
+// query t's row at the result + t * *pitch. Null when x needs a conversion: another dtype, strided
+// elements, a padded row (n < n_pad: the kernels read and write n_pad floats), or rows that
+// overlap.
+template <typename T>
+T* direct_rows(const Strided& x, int n, int n_pad, const Plan& plan, const TileGeom& tg, int64_t h,
+               int* pitch) {
+  if (!x.present() || x.dtype != DType::f32 || x.se != 1 || n != n_pad) return nullptr;
+  const int64_t step = plan.ax[plan.la].dilation * x.sl[x.rank - 1];
+  if (step < n && tg.s.T > 1) return nullptr;
+  if (step > (int64_t(1) << 30)) return nullptr;
+  *pitch = static_cast<int>(step);
+  return static_cast<T*>(x.data) + x.token_offset(tg.b, tg.q_token[0], h);
+}
+
 // The task's geometry, built when the previous task prefetched it (sc.next) or now.
 TileGeom& task_geom(const Plan& plan, int64_t task, int D, int Dv, int A, Scratch& sc) {
   if (sc.next_task == task) {
@@ -602,19 +617,25 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     float* lb = sized(sc.lse, s.T);
     ft.add_k = ak;
     ft.add_v = av;
-    ft.q = qb;
-    ft.o = ob;
     ft.lse = lb;
     // Scores of the whole tile (cpu/kernels_impl.h): T queries x R rows x the widest group span.
     ft.scratch = sized(sc.work, static_cast<int64_t>(s.T) * s.R * padded_window(max_count(s) + 4, plan.vw) +
                                     static_cast<int64_t>(s.T) * (A + 1));
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
-      for (int t = 0; t < s.T; ++t)
-        load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+      const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &ft.q_pitch);
+      float* od = direct_rows<float>(o, Dv, Dvp, plan, tg, h, &ft.o_pitch);
+      ft.q = qd ? qd : qb;
+      ft.o = od ? od : ob;
+      if (!qd) {
+        ft.q_pitch = Dp;
+        for (int t = 0; t < s.T; ++t)
+          load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+      }
+      if (!od) ft.o_pitch = Dvp;
       kern.forward(ft);
       for (int t = 0; t < s.T; ++t) {
-        store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
+        if (!od) store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
         if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
       }
     }
@@ -727,13 +748,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     float* lb = sized(sc.lse, s.T);
     float* db = sized(sc.delta, s.T);
     float* dqb = sized(sc.dq, static_cast<int64_t>(s.T) * Dp);
-    bt.q = qb;
-    bt.d_o = dob;
     bt.delta = db;
     bt.lse2 = lb;
     bt.add_k = ak;
     bt.add_v = av;
-    bt.dq = dqb;
     bt.d_add_k = dak;
     bt.d_add_v = dav;
     bt.p = sized(sc.work, s.T * plane);
@@ -742,22 +760,34 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     bt.ds_add = sized(sc.ds_add, static_cast<int64_t>(s.T) * A + 1);
     for (int64_t gi = 0; gi < plan.group; ++gi) {
       const int64_t h = tg.hk * plan.group + gi;
+      int o_pitch = Dvp;
+      const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &bt.q_pitch);
+      const float* dod = direct_rows<const float>(d_o, Dv, Dvp, plan, tg, h, &bt.do_pitch);
+      const float* od = direct_rows<const float>(o, Dv, Dvp, plan, tg, h, &o_pitch);
+      float* dqd = direct_rows<float>(dq, D, Dp, plan, tg, h, &bt.dq_pitch);
+      bt.q = qd ? qd : qb;
+      bt.d_o = dod ? dod : dob;
+      bt.dq = dqd ? dqd : dqb;
+      if (!qd) bt.q_pitch = Dp;
+      if (!dod) bt.do_pitch = Dvp;
+      if (!dqd) bt.dq_pitch = Dp;
       for (int t = 0; t < s.T; ++t) {
         const int64_t tok = tg.q_token[t];
-        load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
-        load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
-        load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
+        if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+        if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
+        if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
         // rowsum(dO * O) in double, in four independent sums (one chain would wait on each add).
         double dl[4] = {0, 0, 0, 0};
-        const float* dor = dob + static_cast<int64_t>(t) * Dvp;
-        const float* orow = ob + static_cast<int64_t>(t) * Dvp;
+        const float* dor = bt.d_o + static_cast<int64_t>(t) * bt.do_pitch;
+        const float* orow = (od ? od : ob) + static_cast<int64_t>(t) * o_pitch;
         for (int e = 0; e < Dv; ++e) dl[e & 3] += static_cast<double>(dor[e]) * orow[e];
         db[t] = static_cast<float>((dl[0] + dl[1]) + (dl[2] + dl[3]));
         lb[t] = static_cast<float>(lse.load(lse.token_offset(tg.b, tok, h))) * kLog2e;
       }
       kern.backward(bt);
-      for (int t = 0; t < s.T; ++t)
-        store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, dqb + static_cast<int64_t>(t) * Dp);
+      if (!dqd)
+        for (int t = 0; t < s.T; ++t)
+          store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, dqb + static_cast<int64_t>(t) * Dp);
     }
     for (int n = 0; n < A; ++n) {
       float* dst = ac.data() + add_base + ((tg.b * A + n) * p.heads_kv + tg.hk) * (Dp + Dvp);

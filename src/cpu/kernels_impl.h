@@ -518,7 +518,7 @@ void forward_tile(const ForwardTile& a) {
   float* sc = a.scratch;
   float* sadd = a.scratch + s.T * plane;
   Hints hints(a.prefetch);
-  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, sc, plane, &hints);
+  tile_scores(s, grs, ng, a.q, a.q_pitch, s.D, a.kt_rows, a.pitch, sc, plane, &hints);
   float l[kTileQueries], m[kTileQueries];
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
@@ -527,7 +527,7 @@ void forward_tile(const ForwardTile& a) {
       const int lo = s.col_begin[t] - gr.cb;
       float* sg = sc + gr.t0 * plane + (t - gr.t0) * qstride;
       float* ag = sadd + t * s.A;
-      const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
+      const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
       m[t] = masked_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
         ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
@@ -540,10 +540,10 @@ void forward_tile(const ForwardTile& a) {
       }
     }
   }
-  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, s.Dvp, &hints);
+  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, a.o_pitch, &hints);
   hints.finish();
   for (int t = 0; t < s.T; ++t) {
-    float* o = a.o + static_cast<int64_t>(t) * s.Dvp;
+    float* o = a.o + static_cast<int64_t>(t) * a.o_pitch;
     for (int n = 0; n < s.A; ++n)
       axpy(sadd[t * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
     const float inv = 1.f / l[t];
@@ -562,8 +562,8 @@ void backward_tile(const BackwardTile& a) {
   // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the
   // box panels have slack columns beyond M for the span's padding).
   Hints hints(a.prefetch);
-  tile_scores(s, grs, ng, a.q, s.Dp, s.D, a.kt_rows, a.pitch, a.p, plane, &hints);
-  tile_scores(s, grs, ng, a.d_o, s.Dvp, s.Dv, a.vt_rows, a.pitch, a.ds, plane, &hints);  // dP
+  tile_scores(s, grs, ng, a.q, a.q_pitch, s.D, a.kt_rows, a.pitch, a.p, plane, &hints);
+  tile_scores(s, grs, ng, a.d_o, a.do_pitch, s.Dv, a.vt_rows, a.pitch, a.ds, plane, &hints);  // dP
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
@@ -576,14 +576,14 @@ void backward_tile(const BackwardTile& a) {
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
   }
-  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, s.Dp, &hints);
-  tile_outer(s, grs, ng, a.ds, plane, a.q, s.Dp, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, &hints);
-  tile_outer(s, grs, ng, a.p, plane, a.d_o, s.Dvp, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, &hints);
+  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, a.dq_pitch, &hints);
+  tile_outer(s, grs, ng, a.ds, plane, a.q, a.q_pitch, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, &hints);
+  tile_outer(s, grs, ng, a.p, plane, a.d_o, a.do_pitch, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, &hints);
   hints.finish();
   for (int t = 0; t < s.T; ++t) {
-    const float* x = a.q + static_cast<int64_t>(t) * s.Dp;
-    const float* y = a.d_o + static_cast<int64_t>(t) * s.Dvp;
-    float* dq = a.dq + static_cast<int64_t>(t) * s.Dp;
+    const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
+    const float* y = a.d_o + static_cast<int64_t>(t) * a.do_pitch;
+    float* dq = a.dq + static_cast<int64_t>(t) * a.dq_pitch;
     for (int n = 0; n < s.A; ++n) {
       const float pn = exp2s(dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
       const float dpn = dot(y, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
@@ -597,9 +597,9 @@ void backward_tile(const BackwardTile& a) {
   }
   for (int n = 0; n < s.A; ++n)
     for (int t = 0; t < s.T; ++t) {
-      axpy(a.ds_add[t * s.A + n] * a.scale, a.q + static_cast<int64_t>(t) * s.Dp,
+      axpy(a.ds_add[t * s.A + n] * a.scale, a.q + static_cast<int64_t>(t) * a.q_pitch,
            a.d_add_k + static_cast<int64_t>(n) * s.Dp, s.Dp);
-      axpy(a.p_add[t * s.A + n], a.d_o + static_cast<int64_t>(t) * s.Dvp,
+      axpy(a.p_add[t * s.A + n], a.d_o + static_cast<int64_t>(t) * a.do_pitch,
            a.d_add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
     }
 }

@@ -56,12 +56,16 @@ struct ForwardTile {
   Prefetch prefetch;
   int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
   float scale_log2 = 0;         // scale * log2(e): scores are kept in base 2
-  const float* q;               // [T][Dp]
+  // Query t's row is q + t * q_pitch (Dp floats, zero beyond D), its output row o + t * o_pitch
+  // (Dvp floats written): the driver's buffers, or the caller's float32 tensors themselves when
+  // their rows need no conversion and no padding.
+  int q_pitch = 0, o_pitch = 0;
+  const float* q;               // [T][q_pitch]
   const float* const* kt_rows;  // [R] -> [D][pitch] transposed keys
   const float* const* v_rows;   // [R] -> [M][Dvp] values
   const float* add_k;           // [A][Dp]
   const float* add_v;           // [A][Dvp]
-  float* o;                     // [T][Dvp] normalized output
+  float* o;                     // [T][o_pitch] normalized output
   float* lse;                   // [T] natural-log LSE
   float* scratch;               // >= R * padded_window(max count) + A floats
 };
@@ -72,8 +76,9 @@ struct BackwardTile {
   Prefetch prefetch;
   int pitch = 0;
   float scale = 0, scale_log2 = 0;
-  const float* q;               // [T][Dp]
-  const float* d_o;             // [T][Dvp]
+  int q_pitch = 0, do_pitch = 0, dq_pitch = 0;  // as in ForwardTile
+  const float* q;               // [T][q_pitch]
+  const float* d_o;             // [T][do_pitch]
   const float* delta;           // [T] rowsum(dO * O)
   const float* lse2;            // [T] LSE in base 2 (lse * log2(e))
   const float* const* kt_rows;  // [R] -> [D][pitch]
@@ -81,7 +86,7 @@ struct BackwardTile {
   const float* const* vt_rows;  // [R] -> [Dv][pitch]
   const float* add_k;           // [A][Dp]
   const float* add_v;           // [A][Dvp]
-  float* dq;                    // [T][Dp]  (written)
+  float* dq;                    // [T][dq_pitch]  (written)
   float* const* dk_rows;        // [R] -> [M][Dp]  (accumulated)
   float* const* dv_rows;        // [R] -> [M][Dvp] (accumulated)
   float* d_add_k;               // [A][Dp]  (accumulated)
