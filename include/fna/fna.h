@@ -158,6 +158,7 @@ Backend resolve_backend(Backend requested, Device device);
 Status validate_problem(const Problem& p);
 
 // Names of the cuda_fused tile configurations valid for (rank, dtype, head dim); empty without CUDA.
+// fna_fwd_sm80_* run on every sm_80+ device; fna_fwd_sm90_* (wgmma) only on compute capability 9.0.
 std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim);
 // Names of the cuda_fused backward tile configurations (Options::backward_config) for (rank,
 // dtype, max(D, D_v)); empty without CUDA or above head dim 256.

@@ -49,7 +49,8 @@ def _dtype_name(dtype):
 
 def fused_configs(rank, dtype, head_dim):
     """Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.
-    `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype."""
+    `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype. ``fna_fwd_sm80_*`` run on
+    every sm_80+ GPU, ``fna_fwd_sm90_*`` (Hopper wgmma kernels) only on compute capability 9.0."""
     return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
 
 

@@ -358,6 +358,65 @@ int main(int argc, char** argv) {
                     o.detail.c_str());
       }
     }
+    // Every listed forward configuration (mma.sync and, on compute capability 9.0, wgmma), on
+    // three random cases of its rank and head dim; float32 also with allow_tf32. A Hopper-only
+    // configuration on another device must answer `unsupported`, which is counted as such.
+    if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
+        args.only < 0 && args.config.empty()) {
+      fna_test::RandomLimits lim;
+      lim.max_axis[0] = 130;
+      lim.max_axis[1] = 20;
+      lim.max_axis[2] = 8;
+      const std::string row = "cuda-fused forward configs";
+      auto& t = tally[row];
+      double& worst = worst_ratio[row];
+      int n = 0;
+      for (int rank = 1; rank <= 3; ++rank) {
+        if (args.rank != 0 && rank != args.rank) continue;
+        for (fna::DType dtype : args.dtypes) {
+          lim.dtypes = {dtype};
+          const std::vector<int64_t> dims =
+              args.dim > 0 ? std::vector<int64_t>{args.dim} : std::vector<int64_t>{32, 56, 128, 200};
+          for (int64_t dim : dims) {
+            const int64_t dim_v = args.dim_v > 0 ? args.dim_v : dim;
+            const std::vector<std::string> names =
+                fna::fused_configs(rank, dtype, std::max(dim, dim_v));
+            for (size_t j = 0; j < names.size(); ++j) {
+              for (int rep = 0; rep < 3; ++rep, ++n) {
+                Case c = fna_test::random_case(args.seed * 1000003ull + 0xfc0f00 + 89 * n, rank,
+                                               1, lim);
+                c.p.dim = dim;
+                c.p.dim_v = dim_v;
+                rc.config = names[j];
+                rc.use_stream = false;
+                for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
+                  rc.allow_tf32 = pass == 1;
+                  const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);
+                  if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
+                  if (o.verdict == Verdict::pass) {
+                    ++passed;
+                    ++t[0];
+                  } else if (o.verdict == Verdict::unsupported) {
+                    ++unsupported;
+                    ++t[2];
+                    ++unsupported_reasons[o.detail];
+                  } else {
+                    ++failed;
+                    ++t[1];
+                    std::printf("FAIL [cuda-fused] config=%s%s %s\n%s\n", names[j].c_str(),
+                                rc.allow_tf32 ? " (allow_tf32)" : "", c.str().c_str(),
+                                o.detail.c_str());
+                    std::fflush(stdout);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+      rc.config.clear();
+      rc.allow_tf32 = false;
+    }
     // Every listed backward configuration, on a random case of its rank and head dim (padded
     // 64, 128, 256; --rank / --dim / --dtype narrow it), float32 also with allow_tf32.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::backward) &&
