@@ -259,7 +259,28 @@ static void group_scores(Hints* h, int nq, const float* const* x, int d0, int d1
   }
 }
 
-template <int NQ, int NV>
+// "Diagonal" groups: kGroup queries whose windows, all W columns wide, start at span columns
+// 0, 1, .., kGroup - 1 (every interior group of a tile). Span column c then holds weights only
+// for the queries [max(0, c - W + 1), min(c + 1, kGroup)); the products of the others are exact
+// zeros (masked lanes), 19% of them at W = 13, and the diagonal kernels skip them by running
+// the span's columns in runs of one active query range each.
+#define FNA_CPU_INLINE inline __attribute__((always_inline))
+
+// acc[g] += sum_{c0 <= c < c1} w[g][c] * src[c][..] for the queries G0 <= g < G1.
+template <int NQ, int NV, int G0, int G1>
+static FNA_CPU_INLINE void accum_cols(vf (&acc)[NQ][NV], const float* src, int64_t pitch, const float* wr,
+                                      int64_t qstride, int c0, int c1) {
+  for (int c = c0; c < c1; ++c) {
+    vf v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
+    for (int g = G0; g < G1; ++g) {
+      const vf b = splat_load(wr + g * qstride + c);
+      for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
+    }
+  }
+}
+
+template <int NQ, int NV, bool Diag>
 static inline void group_accum(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                                const float* const* rows, int64_t pitch, int cb, int col0,
                                float* const* out, bool accumulate) {
@@ -269,32 +290,38 @@ static inline void group_accum(Hints* h, const float* w, int64_t qstride, int R,
   for (int r = 0; r < R; ++r) {
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    for (int c = 0; c < ncols; ++c) {
-      if ((c & 7) == 0) h->one();
-      vf v[NV];
-      for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
-      for (int g = 0; g < NQ; ++g) {
-        const vf b = splat_load(wr + g * qstride + c);
-        for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
-      }
+    h->one();
+    h->one();
+    if (Diag) {
+      static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
+      const int W = ncols - 3;
+      accum_cols<NQ, NV, 0, 1>(acc, src, pitch, wr, qstride, 0, 1);
+      accum_cols<NQ, NV, 0, 2>(acc, src, pitch, wr, qstride, 1, 2);
+      accum_cols<NQ, NV, 0, 3>(acc, src, pitch, wr, qstride, 2, 3);
+      accum_cols<NQ, NV, 0, 4>(acc, src, pitch, wr, qstride, 3, W);
+      accum_cols<NQ, NV, 1, 4>(acc, src, pitch, wr, qstride, W, W + 1);
+      accum_cols<NQ, NV, 2, 4>(acc, src, pitch, wr, qstride, W + 1, W + 2);
+      accum_cols<NQ, NV, 3, 4>(acc, src, pitch, wr, qstride, W + 2, W + 3);
+    } else {
+      accum_cols<NQ, NV, 0, NQ>(acc, src, pitch, wr, qstride, 0, ncols);
     }
   }
   for (int g = 0; g < NQ; ++g)
     for (int j = 0; j < NV; ++j) st(out[g] + col0 + j * kVW, acc[g][j]);
 }
 
-template <int NQ>
+template <int NQ, bool Diag = false>
 static void group_accum_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                            const float* const* rows, int64_t pitch, int cb, int col0, float* const* out,
                            bool accumulate) {
   switch (nv) {
-    case 1: group_accum<NQ, 1>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 1: group_accum<NQ, 1, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    case 3: group_accum<NQ, 3>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    default: group_accum<NQ, 4>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 2: group_accum<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    case 3: group_accum<NQ, 3, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 4, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #else
-    default: group_accum<NQ, 2>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+    default: group_accum<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
 #endif
   }
 }
@@ -302,7 +329,7 @@ static void group_accum_nv(Hints* h, int nv, const float* w, int64_t qstride, in
 // out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]),
 // over the ncols <= Wspan columns of the group's windows (w's rows are Wspan apart; the padding
 // lanes beyond them hold zero weights and are skipped).
-static void group_weighted_rows(Hints* h, int nq, const float* w, int R, int Wspan, int ncols,
+static void group_weighted_rows(Hints* h, int nq, bool diag, const float* w, int R, int Wspan, int ncols,
                                 const float* const* rows, int64_t pitch, int cb, int nvec, float* const* out,
                                 bool accumulate = false, int64_t qstride = -1) {
   if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
@@ -313,7 +340,12 @@ static void group_weighted_rows(Hints* h, int nq, const float* w, int R, int Wsp
       case 1: group_accum_nv<1>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
       case 2: group_accum_nv<2>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
       case 3: group_accum_nv<3>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      default: group_accum_nv<4>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
+      default:
+        if (diag)
+          group_accum_nv<4, true>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate);
+        else
+          group_accum_nv<4>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate);
+        break;
     }
   }
 }
@@ -321,7 +353,24 @@ static void group_weighted_rows(Hints* h, int nq, const float* w, int R, int Wsp
 // rows[r][cb + c][col0 ..] += sum_g w[g][r][c] * mult * x[g][col0 ..] for every row r and span
 // column c: the transposed product (dK = dS^T Q, dV = P^T dO) of one query group, with the
 // group's x vectors held in registers. Masked lanes carry zero weights.
-template <int NQ, int NV>
+// rows[c][..] += sum_{G0 <= g < G1} w[g][c] * xv[g] for c0 <= c < c1 (diagonal runs, as in
+// group_accum).
+template <int NQ, int NV, int G0, int G1>
+static FNA_CPU_INLINE void outer_cols(const vf (&xv)[NQ][NV], float* dst, int pitch, const float* wr,
+                                      int64_t qstride, int c0, int c1) {
+  for (int c = c0; c < c1; ++c) {
+    float* d = dst + static_cast<int64_t>(c) * pitch;
+    vf acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
+    for (int g = G0; g < G1; ++g) {
+      const vf b = splat_load(wr + g * qstride + c);
+      for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
+    }
+    for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
+  }
+}
+
+template <int NQ, int NV, bool Diag>
 static inline void group_outer(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                                const float* const* x, float mult, float* const* rows, int pitch,
                                int cb, int col0) {
@@ -331,37 +380,41 @@ static inline void group_outer(Hints* h, const float* w, int64_t qstride, int R,
   for (int r = 0; r < R; ++r) {
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
     float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
-    for (int c = 0; c < ncols; ++c) {
-      if ((c & 7) == 0) h->one();
-      float* d = dst + static_cast<int64_t>(c) * pitch;
-      vf acc[NV];
-      for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
-      for (int g = 0; g < NQ; ++g) {
-        const vf b = splat_load(wr + g * qstride + c);
-        for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
-      }
-      for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
+    h->one();
+    h->one();
+    if (Diag) {
+      static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
+      const int W = ncols - 3;
+      outer_cols<NQ, NV, 0, 1>(xv, dst, pitch, wr, qstride, 0, 1);
+      outer_cols<NQ, NV, 0, 2>(xv, dst, pitch, wr, qstride, 1, 2);
+      outer_cols<NQ, NV, 0, 3>(xv, dst, pitch, wr, qstride, 2, 3);
+      outer_cols<NQ, NV, 0, 4>(xv, dst, pitch, wr, qstride, 3, W);
+      outer_cols<NQ, NV, 1, 4>(xv, dst, pitch, wr, qstride, W, W + 1);
+      outer_cols<NQ, NV, 2, 4>(xv, dst, pitch, wr, qstride, W + 1, W + 2);
+      outer_cols<NQ, NV, 3, 4>(xv, dst, pitch, wr, qstride, W + 2, W + 3);
+    } else {
+      outer_cols<NQ, NV, 0, NQ>(xv, dst, pitch, wr, qstride, 0, ncols);
     }
   }
 }
 
-template <int NQ>
+template <int NQ, bool Diag = false>
 static void group_outer_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                            const float* const* x, float mult, float* const* rows, int pitch, int cb,
                            int col0) {
   switch (nv) {
-    case 1: group_outer<NQ, 1>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 1: group_outer<NQ, 1, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #if FNA_CPU_VW >= 16
-    case 2: group_outer<NQ, 2>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    case 3: group_outer<NQ, 3>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    default: group_outer<NQ, 4>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 2: group_outer<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    case 3: group_outer<NQ, 3, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 4, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #else
-    default: group_outer<NQ, 2>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+    default: group_outer<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
 #endif
   }
 }
 
-static void group_outer_all(Hints* h, int nq, const float* w, int64_t qstride, int R, int Wspan, int ncols,
+static void group_outer_all(Hints* h, int nq, bool diag, const float* w, int64_t qstride, int R, int Wspan, int ncols,
                             const float* const* x, float mult, float* const* rows, int pitch, int cb,
                             int nvec) {
   for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
@@ -371,7 +424,12 @@ static void group_outer_all(Hints* h, int nq, const float* w, int64_t qstride, i
       case 1: group_outer_nv<1>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
       case 2: group_outer_nv<2>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
       case 3: group_outer_nv<3>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      default: group_outer_nv<4>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
+      default:
+        if (diag)
+          group_outer_nv<4, true>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0);
+        else
+          group_outer_nv<4>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0);
+        break;
     }
   }
 }
@@ -380,6 +438,7 @@ static void group_outer_all(Hints* h, int nq, const float* w, int64_t qstride, i
 // windows, [cb, cb + span), padded to Wspan lanes in the score buffers.
 struct Group {
   int t0, t1, cb, span, Wspan;
+  bool diag;  // a diagonal group (see accum_cols)
 };
 static Group next_group(const TileShape& s, int t0) {
   const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
@@ -388,7 +447,10 @@ static Group next_group(const TileShape& s, int t0) {
          s.col_begin[t1] + s.col_count[t1] - s.col_begin[t0] <= limit)
     ++t1;
   const int span = s.col_begin[t1 - 1] + s.col_count[t1 - 1] - s.col_begin[t0];
-  return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW)};
+  bool diag = t1 - t0 == kGroup && kGroup == 4 && s.col_count[t0] >= 3;
+  for (int t = t0; t < t1 && diag; ++t)
+    diag = s.col_begin[t] - s.col_begin[t0] == t - t0 && s.col_count[t] == s.col_count[t0];
+  return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW), diag};
 }
 
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
@@ -442,7 +504,7 @@ static void tile_weighted_rows(const TileShape& s, const Group* grs, int ng, con
       const Group& gr = grs[i];
       float* out[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) out[g] = outs + static_cast<int64_t>(gr.t0 + g) * opitch;
-      group_weighted_rows(hints, gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+      group_weighted_rows(hints, gr.t1 - gr.t0, gr.diag, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                           r1 - r0, gr.Wspan, gr.span, rows + r0, rpitch, gr.cb, nvec, out, r0 > 0,
                           static_cast<int64_t>(s.R) * gr.Wspan);
     }
@@ -459,7 +521,7 @@ static void tile_outer(const TileShape& s, const Group* grs, int ng, const float
       const Group& gr = grs[i];
       const float* x[kGroup];
       for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
-      group_outer_all(hints, gr.t1 - gr.t0, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
+      group_outer_all(hints, gr.t1 - gr.t0, gr.diag, buf + gr.t0 * plane + static_cast<int64_t>(r0) * gr.Wspan,
                       static_cast<int64_t>(s.R) * gr.Wspan, r1 - r0, gr.Wspan, gr.span, x, mult, rows + r0,
                       rpitch, gr.cb, nvec);
     }
