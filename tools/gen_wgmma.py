@@ -87,11 +87,18 @@ def gen(tname, ptype, n):
     rs = (f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{a0 + 5}, 0;\\n'
           f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} {{{dlist}}}, '
           f'{{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1, 1;\\n}}\\n"')
+    sst = ss.replace("p, 1, 1, 0, 0;", "p, 1, 1, 1, 1;")
     outs = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
     out.append(f"template <>\nstruct Mma<{tname}, {n}> {{")
     out.append(f"  // d (+)= A B, A and B K-major in shared memory (descriptors); scale_d = 0 overwrites d.")
     out.append(f"  __device__ __forceinline__ static void ss(float (&d)[{n // 8}][4], uint64_t da, uint64_t db, int scale_d) {{")
     out.append(f"    asm volatile({ss}")
+    out.append(f"                 : {outs}")
+    out.append(f'                 : "l"(da), "l"(db), "r"(scale_d));')
+    out.append("  }")
+    out.append(f"  // d (+)= A B, A and B MN-major in shared memory (both read transposed).")
+    out.append(f"  __device__ __forceinline__ static void sst(float (&d)[{n // 8}][4], uint64_t da, uint64_t db, int scale_d) {{")
+    out.append(f"    asm volatile({sst}")
     out.append(f"                 : {outs}")
     out.append(f'                 : "l"(da), "l"(db), "r"(scale_d));')
     out.append("  }")

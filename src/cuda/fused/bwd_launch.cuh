@@ -11,6 +11,7 @@
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_dq.cuh"
 #include "cuda/fused/bwd_params.cuh"
+#include "cuda/fused/bwd_sm90.h"
 
 namespace fna {
 namespace bwd {
@@ -165,6 +166,13 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv,
   constexpr int kQSub = S::kQSub, kDkdvWarps = S::kDkdvWarps, kDkdvQueries = S::kDkdvQueries;
   constexpr int kDqWarps = S::kDqWarps, kDqKeys = S::kDqKeys;
   if (p_dkdv.dq_accum != nullptr) {
+#if defined(FNA_WITH_SM90)
+    // Hopper: the dK / dV / atomic-dQ kernel on wgmma (bwd_dkdv_sm90.cuh), same tiles.
+    if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128) && kDkdvWarps == 8 &&
+                  kDkdvQueries == 64) {
+      if (use_bwd_sm90()) return launch_dkdv_sm90<T, kD>(p_dkdv, grid_dkdv, grid_add, stream);
+    }
+#endif
     using Tr = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
     auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
     Status st = set_smem(dkdv, Tr::kSmem, "dkdv kernel (atomic dq)");

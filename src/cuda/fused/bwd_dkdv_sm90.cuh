@@ -1,0 +1,428 @@
+// dK / dV (and atomic dQ) kernel of the fused backward on Hopper's warpgroup MMAs (wgmma,
+// sm_90a): the algorithm of bwd_dkdv.cuh (one multi-dimensional key/value tile per CTA, the query
+// tiles of its inverse neighborhood, everything transposed with keys as rows), with the five
+// products issued per warpgroup:
+//   S^T  = K Q^T     wgmma m64n64, A = this warpgroup's 64 keys, B = the 64-query tile (both
+//   dP^T = V dO^T    K-major, from 128-byte-swizzled shared memory)
+//   mask, P^T = exp2(S^T scale - LSE), dS^T = P^T (dP^T - rowsum(dO O))   (registers, per thread
+//                    exactly as bwd_dkdv.cuh: the accumulator layout per warp is mma.sync's)
+//   dV += P^T dO     wgmma m64nD, A = P^T from registers, B = dO read transposed (MN-major)
+//   dK += dS^T Q     the same with dS^T and Q
+//   dQ  = dS K       wgmma m64n64 per 64 head-dim columns, A = dS^T staged in shared memory and
+//                    read transposed, B = K read transposed; added into the float32 dQ buffer
+//                    with vector atomics (warpgroup w takes the column blocks w, w + 2, ...).
+// CTA: 128 keys (two warpgroups, 8 warps) x query tiles of 64, the shapes the host tiling of the
+// 16-bit backward already uses (bwd_launch.cuh), 16-bit elements, head dims padded to 64 or 128,
+// atomic-dQ mode only (the deterministic mode keeps the mma.sync kernels).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/wgmma.cuh"
+#include "cuda/fused/bwd_dkdv.cuh"
+#include "cuda/fused/bwd_params.cuh"
+
+namespace fna {
+namespace bwd {
+
+template <typename T, int kD>
+struct DkdvSm90Traits {
+  using E = T;
+  using Tag = typename MmaTag<T>::type;
+  static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
+  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  static constexpr int kKVBytes = kKV * kD * 2;
+  static constexpr int kQBytes = kQ * kD * 2;
+  static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
+  static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  static constexpr int kOffO = kOffQ + 2 * kQBytes;  // Q and dO double buffered
+  static constexpr int kOffDs = kOffO + 2 * kQBytes;
+  static constexpr int kOffStat = kOffDs + kDsBytes;           // float2 [2][kQ]
+  static constexpr int kOffQoff = kOffStat + 2 * kQ * 8;       // uint32 [kQ]
+  static constexpr int kOffKinv = kOffQoff + kQ * 4;           // int2 [kKV][kAxes]
+  static constexpr size_t kSmem = 1024 + size_t(kOffKinv) + size_t(kKV) * kAxes * 8;
+  static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+};
+
+// Byte offset of row `row`, 16-byte chunk `c` in a tile of kRows rows stored as 64-column regions
+// of 128-byte rows with the 128-byte swizzle (wgmma.cuh).
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128(int row, int c) {
+  return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = DkdvSm90Traits<T, kD>;
+  using E = T;
+  using Tag = typename Tr::Tag;
+  constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
+  constexpr int kNB = kQ / 8;  // n8 blocks of queries
+  constexpr int kDB = kD / 8;  // n8 blocks of the head dim
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  unsigned char* smem = smem_raw + pad;
+  const uint32_t base = raw + pad;
+  float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
+  uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
+  int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+
+  // ---- which tile this CTA owns (as bwd_dkdv.cuh) ----------------------------------------------
+  int b, hkv, kv0[kAxes] = {0, 0, 0};
+  Group G;
+  int64_t n0 = 0;
+  if (!additional) {
+    int y = blockIdx.y;
+    const int group = y % p.num_groups;
+    y /= p.num_groups;
+    hkv = y % p.heads_kv;
+    b = y / p.heads_kv;
+    G = Group::of(p.geo, group);
+    int x = blockIdx.x;
+    for (int a = kAxes - 1; a >= 0; --a) {
+      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
+      x /= p.tiles[a];
+      if (kv0[a] >= G.len[a]) return;
+    }
+  } else {
+    hkv = blockIdx.y % p.heads_kv;
+    b = blockIdx.y / p.heads_kv;
+    n0 = int64_t(blockIdx.x) * kKV;
+    for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
+  }
+
+  // ---- the key/value tile, once ---------------------------------------------------------------
+  const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
+  const E* gV = static_cast<const E*>(additional ? p.add_v : p.v);
+  for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    bool valid;
+    int64_t ok = 0, ov = 0;
+    if (!additional) {
+      const uint32_t off = pack_offsets(p.tkv, row);
+      int i[kAxes], x[kAxes];
+      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
+      valid = to_global(p, G, i, x);
+      ok = tok_offset(p.sk, b, x, hkv);
+      ov = tok_offset(p.sv, b, x, hkv);
+    } else {
+      valid = n0 + row < p.num_add;
+      ok = b * p.sak.b + (n0 + row) * p.sak.n + hkv * p.sak.h;
+      ov = b * p.sav.b + (n0 + row) * p.sav.n + hkv * p.sav.h;
+    }
+    const uint32_t so = sw128<kKV>(row, c);
+    load_chunk(reinterpret_cast<E*>(smem + Tr::kOffK + so), valid ? gK + ok : nullptr, c, p.dim,
+               p.aligned, gK);
+    load_chunk(reinterpret_cast<E*>(smem + Tr::kOffV + so), valid ? gV + ov : nullptr, c,
+               p.dim_v, p.aligned, gV);
+  }
+  cp_async_commit();
+
+  nbr::Range qr[kAxes];
+  int nq[kAxes] = {1, 1, 1};
+  int64_t n_tiles;
+  if (!additional) {
+    if (tid < kKV) {
+      const uint32_t off = pack_offsets(p.tkv, tid);
+      int i[kAxes];
+      bool valid = true;
+      for (int a = 0; a < kAxes; ++a) {
+        i[a] = kv0[a] + unpack_offset(off, a);
+        valid = valid && i[a] < G.len[a];
+      }
+      for (int a = 0; a < kAxes; ++a) {
+        const nbr::Range r =
+            valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
+        s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
+      }
+    }
+    n_tiles = 1;
+    for (int a = 0; a < kAxes; ++a) {
+      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
+      qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
+      nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
+      n_tiles *= nq[a];
+    }
+  } else {
+    n_tiles = (p.tokens + kQ - 1) / kQ;
+  }
+  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
+  __syncthreads();
+
+  const int64_t n_iter = n_tiles * p.heads_per_kv;
+  const E* gQ = static_cast<const E*>(p.q);
+  const E* gdO = static_cast<const E*>(p.d_o);
+
+  auto tile_origin = [&](int64_t it, int* q0, int* h) {
+    const int64_t hh = it / n_tiles;
+    int64_t t = it - hh * n_tiles;
+    *h = hkv * p.heads_per_kv + int(hh);
+    for (int a = kAxes - 1; a >= 0; --a) {
+      q0[a] = additional ? 0 : qr[a].begin + int(t % nq[a]) * p.tq[a];
+      if (!additional) t /= nq[a];
+    }
+    if (additional) q0[0] = int(t);
+  };
+
+  auto load_q_tile = [&](int64_t it, int buf) {
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
+    unsigned char* dQ_ = smem + Tr::kOffQ + buf * Tr::kQBytes;
+    unsigned char* ddO = smem + Tr::kOffO + buf * Tr::kQBytes;
+    for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
+      const int row = idx / kChunks, c = idx % kChunks;
+      int x[kAxes];
+      const bool valid = query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x);
+      const uint32_t so = sw128<kQ>(row, c);
+      load_chunk(reinterpret_cast<E*>(dQ_ + so), valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr,
+                 c, p.dim, p.aligned, gQ);
+      load_chunk(reinterpret_cast<E*>(ddO + so),
+                 valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v, p.aligned, gdO);
+      if (c == 0) {
+        float2 st = make_float2(INFINITY, 0.f);
+        if (valid) st = p.stats[(int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h];
+        s_stat[buf * kQ + row] = st;
+      }
+    }
+    cp_async_commit();
+  };
+
+  auto tile_is_full = [&](int64_t it) {
+    if (additional) return true;
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
+    bool full = true;
+    for (int a = 0; a < kAxes; ++a) {
+      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
+      if (q1 > G.len[a] || k1 > G.len[a]) return false;
+      const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
+      full = full && in.begin <= kv0[a] && k1 <= in.end;
+    }
+    return full;
+  };
+
+  float acc_dk[kDB][4], acc_dv[kDB][4];
+#pragma unroll
+  for (int n = 0; n < kDB; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
+
+  using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
+  using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
+  const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
+  const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
+  const uint32_t aDs = base + Tr::kOffDs;
+  const int wrow = warp * 16;
+
+  if (n_iter > 0) load_q_tile(0, 0);
+  for (int64_t it = 0; it < n_iter; ++it) {
+    const int buf = int(it & 1);
+    cp_async_wait_all();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (it + 1 < n_iter) load_q_tile(it + 1, buf ^ 1);
+    const bool masked = !tile_is_full(it);
+    int q0[kAxes], h;
+    tile_origin(it, q0, &h);
+    const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
+    const uint32_t aO = base + Tr::kOffO + buf * Tr::kQBytes;
+    const float2* stat = s_stat + buf * kQ;
+
+    // S^T = K Q^T and dP^T = V dO^T over the head dim.
+    float s[kNB][4], dp[kNB][4];
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::fence();
+    {
+      const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
+      const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+    }
+    wgmma::commit();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+
+    // Border pairs only (bwd_dkdv.cuh): a key row keeps the queries of its inverse window.
+    if (masked) {
+      int lo[2][kAxes], len[2][kAxes];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = wrow + (lane >> 2) + half * 8;
+#pragma unroll
+        for (int a = 0; a < kAxes; ++a) {
+          const int2 r = s_kinv[row * kAxes + a];
+          lo[half][a] = r.x - q0[a];
+          len[half][a] = r.y - r.x;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t off = s_qoff[n * 8 + 2 * (lane & 3) + j];
+          int o[kAxes];
+#pragma unroll
+          for (int a = 0; a < kAxes; ++a) o[a] = unpack_offset(off, a);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            bool in = true;
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a)
+              in = in && unsigned(o[a] - lo[half][a]) < unsigned(len[half][a]);
+            if (!in) s[n][2 * half + j] = -INFINITY;
+          }
+        }
+      }
+    }
+
+    // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
+#pragma unroll
+    for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
+        const float pe = mma::fast_exp2(s[n][e] * p.scale_log2 - st.x);
+        s[n][e] = pe;
+        dp[n][e] = pe * (dp[n][e] - st.y);
+      }
+    }
+
+    // P^T and dS^T as register A operands (16 queries per k-step); dS^T also to shared memory
+    // for dQ, in the swizzled [key][query] layout.
+    uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
+      unsigned char* ds = smem + Tr::kOffDs;
+      const int cb = (c & 7) * 2;
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
+    }
+
+    // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence();
+    {
+      const uint64_t dob = wgmma::desc_sw128(aO, kQ * 128, 1024);
+      const uint64_t dq = wgmma::desc_sw128(aQ, kQ * 128, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
+#pragma unroll
+      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dk, ad[kk], dq + (kk * 16 * 128) / 16, 1);
+    }
+    wgmma::commit();
+
+    // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
+    wgmma::fence_proxy_async();
+    __syncthreads();
+#pragma unroll 1
+    for (int cblk = wg; cblk < kD / 64; cblk += 2) {
+      float dqa[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
+      wgmma::fence_operands(dqa);
+      wgmma::fence();
+      const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
+      const uint64_t dkb = wgmma::desc_sw128(base + Tr::kOffK + cblk * kKV * 128, kKV * 128, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kKV / 16; ++kk)
+        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
+      wgmma::commit();
+      wgmma::fence_operands(dqa);
+      wgmma::wait<0>();
+      wgmma::fence_operands(dqa);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
+        int x[kAxes];
+        if (!query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x)) continue;
+        float* dst =
+            p.dq_accum + ((int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h) * p.dq_row;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const int col = cblk * 64 + n * 8 + 2 * (lane & 3);
+          if (col >= p.dim) continue;
+          atomicAdd(reinterpret_cast<float2*>(dst + col),
+                    make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
+        }
+      }
+    }
+    // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
+    // and dS^T are overwritten after the next barrier.
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+  }
+
+  // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
+  E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
+  E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+    bool valid;
+    int64_t ok, ov;
+    if (!additional) {
+      const uint32_t off = pack_offsets(p.tkv, row);
+      int i[kAxes], x[kAxes];
+      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
+      valid = to_global(p, G, i, x);
+      ok = tok_offset(p.sdk, b, x, hkv);
+      ov = tok_offset(p.sdv, b, x, hkv);
+    } else {
+      valid = n0 + row < p.num_add;
+      ok = b * p.sdak.b + (n0 + row) * p.sdak.n + hkv * p.sdak.h;
+      ov = b * p.sdav.b + (n0 + row) * p.sdav.n + hkv * p.sdav.h;
+    }
+    if (!valid) continue;
+#pragma unroll
+    for (int n = 0; n < kDB; ++n) {
+      const int col = n * 8 + 2 * (lane & 3);
+      store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
+                 acc_dk[n][2 * half + 1] * p.scale, p.aligned);
+      store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1], p.aligned);
+    }
+  }
+#endif
+}
+
+}  // namespace bwd
+}  // namespace fna
