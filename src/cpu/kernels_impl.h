@@ -186,19 +186,23 @@ constexpr int kGroup = 4;
 constexpr int kGroupPairs = kVW >= 16 ? 6 : (kVW >= 8 ? 3 : 2);
 constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
 
+// xi: the group's query values interleaved, xi[(d - d0) * kGroup + g] (one pointer for all the
+// broadcasts: with one pointer per query the loop ran out of registers and reloaded its key
+// pointers from the stack / vector registers on every step, the latter through the FMA port).
 template <int NQ, int NP>
-static inline void group_dot(Hints* h, const float* const* x, int d0, int d1, const float* const* base,
-                             int pitch, float* const* out, bool accumulate) {
+static inline void group_dot(const float* xi, int d0, int d1, const float* const* base, int pitch,
+                             float* const* out, bool accumulate) {
   vf acc[NQ][NP];
   for (int g = 0; g < NQ; ++g)
     for (int i = 0; i < NP; ++i) acc[g][i] = accumulate ? ld(out[g] + i * kVW) : vf{};
-  for (int d = d0; d < d1; ++d) {
-    if (((d - d0) & 3) == 0) h->one();
+  const float* b0[NP];
+  for (int i = 0; i < NP; ++i) b0[i] = base[i] + static_cast<int64_t>(d0) * pitch;
+  for (int d = 0; d < d1 - d0; ++d) {
     vf kv[NP];
-    const int off = d * pitch;
-    for (int i = 0; i < NP; ++i) kv[i] = ld(base[i] + off);
+    const int64_t off = static_cast<int64_t>(d) * pitch;
+    for (int i = 0; i < NP; ++i) kv[i] = ld(b0[i] + off);
     for (int g = 0; g < NQ; ++g) {
-      const vf b = splat_load(x[g] + d);
+      const vf b = splat_load(xi + d * kGroup + g);
       for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
     }
   }
@@ -207,18 +211,18 @@ static inline void group_dot(Hints* h, const float* const* x, int d0, int d1, co
 }
 
 template <int NQ>
-static void group_dot_np(Hints* h, int np, const float* const* x, int d0, int d1, const float* const* base,
-                         int pitch, float* const* out, bool acc) {
+static void group_dot_np(int np, const float* xi, int d0, int d1, const float* const* base, int pitch,
+                         float* const* out, bool acc) {
   switch (np) {
-    case 1: group_dot<NQ, 1>(h, x, d0, d1, base, pitch, out, acc); break;
-    case 2: group_dot<NQ, 2>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 1: group_dot<NQ, 1>(xi, d0, d1, base, pitch, out, acc); break;
+    case 2: group_dot<NQ, 2>(xi, d0, d1, base, pitch, out, acc); break;
 #if FNA_CPU_VW >= 8
-    case 3: group_dot<NQ, 3>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 3: group_dot<NQ, 3>(xi, d0, d1, base, pitch, out, acc); break;
 #endif
 #if FNA_CPU_VW >= 16
-    case 4: group_dot<NQ, 4>(h, x, d0, d1, base, pitch, out, acc); break;
-    case 5: group_dot<NQ, 5>(h, x, d0, d1, base, pitch, out, acc); break;
-    case 6: group_dot<NQ, 6>(h, x, d0, d1, base, pitch, out, acc); break;
+    case 4: group_dot<NQ, 4>(xi, d0, d1, base, pitch, out, acc); break;
+    case 5: group_dot<NQ, 5>(xi, d0, d1, base, pitch, out, acc); break;
+    case 6: group_dot<NQ, 6>(xi, d0, d1, base, pitch, out, acc); break;
 #endif
     default: break;
   }
@@ -233,10 +237,11 @@ static inline int batch_end(int i0, int n, int most) {
 }
 
 // out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan) for the
-// rows [r0, r1), for nq <= kGroup queries (accumulating when d0 > 0: callers split D into
-// cache-sized chunks).
-static void group_scores(Hints* h, int nq, const float* const* x, int d0, int d1, const float* const* rows,
-                         int r0, int r1, int R, int pitch, int cb, int Wspan, float* out) {
+// rows [r0, r1), for nq <= kGroup queries given interleaved (xi, see group_dot), accumulating
+// when d0 > 0 (callers split D into cache-sized chunks). Issues `hint_count` prefetch hints.
+static void group_scores(Hints* h, int hint_count, int nq, const float* xi, int d0, int d1,
+                         const float* const* rows, int r0, int r1, int R, int pitch, int cb, int Wspan,
+                         float* out) {
   const int nv = Wspan / kVW, first = r0 * nv, total = r1 * nv;
   const int64_t qstride = static_cast<int64_t>(R) * Wspan;
   const float* base[kGroupPairs];
@@ -248,12 +253,13 @@ static void group_scores(Hints* h, int nq, const float* const* x, int d0, int d1
       base[i] = rows[r] + cb + v * kVW;
     }
     for (int g = 0; g < nq; ++g) dst[g] = out + g * qstride + i0 * kVW;
+    for (int k = 0; k < hint_count; ++k) h->one();
     const bool acc = d0 > 0;
     switch (nq) {
-      case 1: group_dot_np<1>(h, n, x, d0, d1, base, pitch, dst, acc); break;
-      case 2: group_dot_np<2>(h, n, x, d0, d1, base, pitch, dst, acc); break;
-      case 3: group_dot_np<3>(h, n, x, d0, d1, base, pitch, dst, acc); break;
-      default: group_dot_np<4>(h, n, x, d0, d1, base, pitch, dst, acc); break;
+      case 1: group_dot_np<1>(n, xi, d0, d1, base, pitch, dst, acc); break;
+      case 2: group_dot_np<2>(n, xi, d0, d1, base, pitch, dst, acc); break;
+      case 3: group_dot_np<3>(n, xi, d0, d1, base, pitch, dst, acc); break;
+      default: group_dot_np<4>(n, xi, d0, d1, base, pitch, dst, acc); break;
     }
     i0 = i1;
   }
@@ -290,8 +296,7 @@ static inline void group_accum(Hints* h, const float* w, int64_t qstride, int R,
   for (int r = 0; r < R; ++r) {
     const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    h->one();
-    h->one();
+    for (int k = 0; k < 4; ++k) h->one();
     if (Diag) {
       static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
       const int W = ncols - 3;
@@ -380,8 +385,7 @@ static inline void group_outer(Hints* h, const float* w, int64_t qstride, int R,
   for (int r = 0; r < R; ++r) {
     const float* wr = w + static_cast<int64_t>(r) * Wspan;
     float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
-    h->one();
-    h->one();
+    for (int k = 0; k < 4; ++k) h->one();
     if (Diag) {
       static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
       const int W = ncols - 3;
@@ -478,16 +482,22 @@ static int tile_groups(const TileShape& s, Group* out) {
 static void tile_scores(const TileShape& s, const Group* grs, int ng, const float* xs, int xpitch,
                         int D, const float* const* rows, int pitch, float* buf, int64_t plane,
                         Hints* hints) {
+  float xi[kTileQueries * kGroup * kDChunk];  // per group: its queries' chunk, interleaved
   for (int d0 = 0; d0 < D; d0 += kDChunk) {
-    const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk;
+    const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk, dc = d1 - d0;
+    for (int i = 0; i < ng; ++i) {
+      float* dst = xi + i * kGroup * kDChunk;
+      for (int g = 0; g < grs[i].t1 - grs[i].t0; ++g) {
+        const float* x = xs + static_cast<int64_t>(grs[i].t0 + g) * xpitch + d0;
+        for (int d = 0; d < dc; ++d) dst[d * kGroup + g] = x[d];
+      }
+    }
     for (int r0 = 0; r0 < s.R;) {
       const int r1 = batch_end(r0, s.R, kGroupPairs);
       for (int i = 0; i < ng; ++i) {
         const Group& gr = grs[i];
-        const float* x[kGroup];
-        for (int g = 0; g < gr.t1 - gr.t0; ++g) x[g] = xs + static_cast<int64_t>(gr.t0 + g) * xpitch;
-        group_scores(hints, gr.t1 - gr.t0, x, d0, d1, rows, r0, r1, s.R, pitch, gr.cb, gr.Wspan,
-                     buf + gr.t0 * plane);
+        group_scores(hints, 4, gr.t1 - gr.t0, xi + i * kGroup * kDChunk, d0, d1, rows, r0, r1, s.R,
+                     pitch, gr.cb, gr.Wspan, buf + gr.t0 * plane);
       }
       r0 = r1;
     }
