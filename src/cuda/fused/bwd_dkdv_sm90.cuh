@@ -25,11 +25,14 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD>
+// kWGs = 2: a CTA owns the host's 128-key tile with two warpgroups (one CTA per SM: the 255
+// registers of dK, dV, S^T, dP^T). kWGs = 1: a CTA owns half of it (64 keys: the tile split on its
+// first axis of extent > 1, which must be even) with one warpgroup, two CTAs per SM.
+template <typename T, int kD, int kWGs = 2>
 struct DkdvSm90Traits {
   using E = T;
   using Tag = typename MmaTag<T>::type;
-  static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
+  static constexpr int kWarps = 4 * kWGs, kThreads = 128 * kWGs, kKV = 64 * kWGs, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
@@ -51,10 +54,11 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
+template <typename T, int kD, int kWGs>
+__global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
+    dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD>;
+  using Tr = DkdvSm90Traits<T, kD, kWGs>;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -74,6 +78,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 
   // ---- which tile this CTA owns (as bwd_dkdv.cuh) ----------------------------------------------
   int b, hkv, kv0[kAxes] = {0, 0, 0};
+  int tk[kAxes] = {p.tkv[0], p.tkv[1], p.tkv[2]};  // this CTA's key tile shape
   Group G;
   int64_t n0 = 0;
   if (!additional) {
@@ -83,12 +88,22 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     hkv = y % p.heads_kv;
     b = y / p.heads_kv;
     G = Group::of(p.geo, group);
-    int x = blockIdx.x;
+    int x = kWGs == 1 ? int(blockIdx.x >> 1) : int(blockIdx.x);
     for (int a = kAxes - 1; a >= 0; --a) {
       kv0[a] = (x % p.tiles[a]) * p.tkv[a];
       x /= p.tiles[a];
-      if (kv0[a] >= G.len[a]) return;
     }
+    if (kWGs == 1) {
+      const int split = tk[0] > 1 ? 0 : (tk[1] > 1 ? 1 : 2);
+#pragma unroll
+      for (int a = 0; a < kAxes; ++a)
+        if (a == split) {
+          tk[a] /= 2;
+          kv0[a] += int(blockIdx.x & 1) * tk[a];
+        }
+    }
+    for (int a = 0; a < kAxes; ++a)
+      if (kv0[a] >= G.len[a]) return;  // this group is shorter than group 0 on this axis
   } else {
     hkv = blockIdx.y % p.heads_kv;
     b = blockIdx.y / p.heads_kv;
@@ -104,7 +119,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     bool valid;
     int64_t ok = 0, ov = 0;
     if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
+      const uint32_t off = pack_offsets(tk, row);
       int i[kAxes], x[kAxes];
       for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
       valid = to_global(p, G, i, x);
@@ -128,7 +143,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int64_t n_tiles;
   if (!additional) {
     if (tid < kKV) {
-      const uint32_t off = pack_offsets(p.tkv, tid);
+      const uint32_t off = pack_offsets(tk, tid);
       int i[kAxes];
       bool valid = true;
       for (int a = 0; a < kAxes; ++a) {
@@ -143,7 +158,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
     n_tiles = 1;
     for (int a = 0; a < kAxes; ++a) {
-      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
+      const int e = min(kv0[a] + tk[a], G.len[a]);
       qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
       nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
       n_tiles *= nq[a];
@@ -198,7 +213,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     tile_origin(it, q0, &h);
     bool full = true;
     for (int a = 0; a < kAxes; ++a) {
-      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
+      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + tk[a];
       if (q1 > G.len[a] || k1 > G.len[a]) return false;
       const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
       full = full && in.begin <= kv0[a] && k1 <= in.end;
@@ -348,7 +363,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_proxy_async();
     __syncthreads();
 #pragma unroll 1
-    for (int cblk = wg; cblk < kD / 64; cblk += 2) {
+    for (int cblk = wg; cblk < kD / 64; cblk += kWGs) {
       float dqa[8][4];
 #pragma unroll
       for (int n = 0; n < 8; ++n)
@@ -403,7 +418,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     bool valid;
     int64_t ok, ov;
     if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
+      const uint32_t off = pack_offsets(tk, row);
       int i[kAxes], x[kAxes];
       for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
       valid = to_global(p, G, i, x);
