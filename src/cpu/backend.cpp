@@ -776,12 +776,23 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
         if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
         if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
         if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
-        // rowsum(dO * O) in double, in four independent sums (one chain would wait on each add).
-        double dl[4] = {0, 0, 0, 0};
+        // rowsum(dO * O) in double, in four independent sums (one chain would wait on each add;
+        // sum k takes the elements e = k mod 4). Named locals: an array indexed by e & 3 went
+        // through memory, one store-to-load round trip per element.
+        double d0 = 0, d1 = 0, d2 = 0, d3 = 0;
         const float* dor = bt.d_o + static_cast<int64_t>(t) * bt.do_pitch;
         const float* orow = (od ? od : ob) + static_cast<int64_t>(t) * o_pitch;
-        for (int e = 0; e < Dv; ++e) dl[e & 3] += static_cast<double>(dor[e]) * orow[e];
-        db[t] = static_cast<float>((dl[0] + dl[1]) + (dl[2] + dl[3]));
+        int e = 0;
+        for (; e + 4 <= Dv; e += 4) {
+          d0 += static_cast<double>(dor[e]) * orow[e];
+          d1 += static_cast<double>(dor[e + 1]) * orow[e + 1];
+          d2 += static_cast<double>(dor[e + 2]) * orow[e + 2];
+          d3 += static_cast<double>(dor[e + 3]) * orow[e + 3];
+        }
+        if (e < Dv) d0 += static_cast<double>(dor[e]) * orow[e];
+        if (e + 1 < Dv) d1 += static_cast<double>(dor[e + 1]) * orow[e + 1];
+        if (e + 2 < Dv) d2 += static_cast<double>(dor[e + 2]) * orow[e + 2];
+        db[t] = static_cast<float>((d0 + d1) + (d2 + d3));
         lb[t] = static_cast<float>(lse.load(lse.token_offset(tg.b, tok, h))) * kLog2e;
       }
       kern.backward(bt);
