@@ -13,7 +13,10 @@
 //                    with vector atomics (warpgroup w takes the column blocks w, w + 2, ...).
 // CTA: 128 keys (two warpgroups, 8 warps) x query tiles of 64, the shapes the host tiling of the
 // 16-bit backward already uses (bwd_launch.cuh), 16-bit elements, head dims padded to 64 or 128,
-// atomic-dQ mode only (the deterministic mode keeps the mma.sync kernels).
+// atomic-dQ mode only (the deterministic mode keeps the mma.sync kernels). One CTA per SM (dK, dV,
+// S^T and dP^T take the 255 registers). Measured on an H100 (2026-11-22): half tiles (one
+// warpgroup, 64 keys, two CTAs per SM) ran forward+backward 15-17% slower, and dQ per warpgroup
+// over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,14 +28,11 @@
 namespace fna {
 namespace bwd {
 
-// kWGs = 2: a CTA owns the host's 128-key tile with two warpgroups (one CTA per SM: the 255
-// registers of dK, dV, S^T, dP^T). kWGs = 1: a CTA owns half of it (64 keys: the tile split on its
-// first axis of extent > 1, which must be even) with one warpgroup, two CTAs per SM.
-template <typename T, int kD, int kWGs = 2>
+template <typename T, int kD>
 struct DkdvSm90Traits {
   using E = T;
   using Tag = typename MmaTag<T>::type;
-  static constexpr int kWarps = 4 * kWGs, kThreads = 128 * kWGs, kKV = 64 * kWGs, kQ = 64;
+  static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
@@ -54,11 +54,10 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD, int kWGs>
-__global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
-    dkdv_sm90_kernel(const Params p, const bool additional) {
+template <typename T, int kD>
+__global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD, kWGs>;
+  using Tr = DkdvSm90Traits<T, kD>;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -78,7 +77,6 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
 
   // ---- which tile this CTA owns (as bwd_dkdv.cuh) ----------------------------------------------
   int b, hkv, kv0[kAxes] = {0, 0, 0};
-  int tk[kAxes] = {p.tkv[0], p.tkv[1], p.tkv[2]};  // this CTA's key tile shape
   Group G;
   int64_t n0 = 0;
   if (!additional) {
@@ -88,22 +86,12 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     hkv = y % p.heads_kv;
     b = y / p.heads_kv;
     G = Group::of(p.geo, group);
-    int x = kWGs == 1 ? int(blockIdx.x >> 1) : int(blockIdx.x);
+    int x = blockIdx.x;
     for (int a = kAxes - 1; a >= 0; --a) {
       kv0[a] = (x % p.tiles[a]) * p.tkv[a];
       x /= p.tiles[a];
+      if (kv0[a] >= G.len[a]) return;
     }
-    if (kWGs == 1) {
-      const int split = tk[0] > 1 ? 0 : (tk[1] > 1 ? 1 : 2);
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a)
-        if (a == split) {
-          tk[a] /= 2;
-          kv0[a] += int(blockIdx.x & 1) * tk[a];
-        }
-    }
-    for (int a = 0; a < kAxes; ++a)
-      if (kv0[a] >= G.len[a]) return;  // this group is shorter than group 0 on this axis
   } else {
     hkv = blockIdx.y % p.heads_kv;
     b = blockIdx.y / p.heads_kv;
@@ -119,7 +107,7 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     bool valid;
     int64_t ok = 0, ov = 0;
     if (!additional) {
-      const uint32_t off = pack_offsets(tk, row);
+      const uint32_t off = pack_offsets(p.tkv, row);
       int i[kAxes], x[kAxes];
       for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
       valid = to_global(p, G, i, x);
@@ -143,7 +131,7 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
   int64_t n_tiles;
   if (!additional) {
     if (tid < kKV) {
-      const uint32_t off = pack_offsets(tk, tid);
+      const uint32_t off = pack_offsets(p.tkv, tid);
       int i[kAxes];
       bool valid = true;
       for (int a = 0; a < kAxes; ++a) {
@@ -158,7 +146,7 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     }
     n_tiles = 1;
     for (int a = 0; a < kAxes; ++a) {
-      const int e = min(kv0[a] + tk[a], G.len[a]);
+      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
       qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
       nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
       n_tiles *= nq[a];
@@ -213,7 +201,7 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     tile_origin(it, q0, &h);
     bool full = true;
     for (int a = 0; a < kAxes; ++a) {
-      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + tk[a];
+      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
       if (q1 > G.len[a] || k1 > G.len[a]) return false;
       const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
       full = full && in.begin <= kv0[a] && k1 <= in.end;
@@ -358,12 +346,10 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     wgmma::commit();
 
     // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
-    // (Each warpgroup taking dQ over its own 64 keys instead, with no CTA barrier here but twice
-    // the atomics, ran 4-10% slower on an H100.)
     wgmma::fence_proxy_async();
     __syncthreads();
 #pragma unroll 1
-    for (int cblk = wg; cblk < kD / 64; cblk += kWGs) {
+    for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
 #pragma unroll
       for (int n = 0; n < 8; ++n)
@@ -418,7 +404,7 @@ __global__ void __launch_bounds__(128 * kWGs, kWGs == 1 ? 2 : 1)
     bool valid;
     int64_t ok, ov;
     if (!additional) {
-      const uint32_t off = pack_offsets(tk, row);
+      const uint32_t off = pack_offsets(p.tkv, row);
       int i[kAxes], x[kAxes];
       for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
       valid = to_global(p, G, i, x);
