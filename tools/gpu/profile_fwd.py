@@ -1,7 +1,9 @@
-"""One cuda-fused forward of a standard problem (bf16), for Nsight Compute:
+"""cuda-fused forward (and with --bwd, forward+backward) calls of a standard problem (bf16), for
+Nsight Compute:
 
     ncu -k regex:fna_fwd --launch-skip 2 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats python3 tools/gpu/profile_fwd.py 2d-large
+    ncu -k regex:dkdv --launch-skip 1 --launch-count 1 ... python3 tools/gpu/profile_fwd.py 2d-large --bwd
 """
 import os
 import sys
@@ -15,10 +17,13 @@ from gpu_bench import PROBLEMS  # noqa: E402
 name = sys.argv[1] if len(sys.argv) > 1 else "2d-large"
 B, H, shape, D, kernel = PROBLEMS[name]
 g = torch.Generator(device="cuda").manual_seed(0)
+bwd = "--bwd" in sys.argv
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
-           for _ in range(3))
+           .requires_grad_(bwd) for _ in range(3))
 fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
 for _ in range(3):
-    fn(q, k, v, kernel, backend="cuda-fused")
+    out = fn(q, k, v, kernel, backend="cuda-fused")
+    if bwd:
+        out.sum().backward()
 torch.cuda.synchronize()
 print(name, fna.fused_plan(list(q.shape), kernel, dtype=torch.bfloat16)["config"])
