@@ -113,6 +113,10 @@ def _na_backward(ctx, d_out, d_lse):
     query, key, value, out, lse, add_k, add_v = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
+    elif d_out.stride(-1) != 1:
+        # e.g. out.sum().backward() hands an expanded (all-zero-stride) gradient; the fused
+        # backward reads rows with unit stride on the head dim, so materialize it once.
+        d_out = d_out.contiguous()
     grads = torch.ops.fna.na_backward(query, key, value, out, lse, d_out, add_k, add_v,
                                       *ctx.params)
     d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
