@@ -157,6 +157,48 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
   }
 }
 
+// Float32 heads-last tensors whose head dims are multiples of every vector width: the fused
+// kernels then read Q / dO and write O / dQ in the caller's rows (backend.cpp: direct_rows), on
+// problems long enough for per-worker rings, with the diagonal query groups of the kernels.
+// Windows at the borders, dilation (also one that does not divide the axis), strides, causal,
+// GQA and additional keys, on one and two threads.
+TEST_P(CpuVsReference, InPlaceRows) {
+  if (rank() != 2) GTEST_SKIP() << "2-D problems (rings need lines of several rows)";
+  struct Shape {
+    int64_t L0, L1, K0, K1, d0, d1, s0, s1;
+    bool causal0;
+    int64_t H, Hkv, D, Dv, A, B;
+  };
+  const Shape shapes[] = {
+      {40, 37, 5, 7, 1, 1, 1, 1, false, 2, 2, 16, 32, 0, 1},
+      {45, 33, 3, 5, 2, 3, 1, 2, false, 4, 2, 32, 16, 0, 2},
+      {36, 40, 7, 3, 1, 1, 3, 1, true, 2, 1, 16, 16, 3, 1},
+  };
+  for (const Shape& sh : shapes) {
+    Case c;
+    fna::Problem& p = c.p;
+    p.rank = 2;
+    p.batch = sh.B;
+    p.shape[0] = sh.L0;
+    p.shape[1] = sh.L1;
+    p.kernel_size[0] = sh.K0;
+    p.kernel_size[1] = sh.K1;
+    p.dilation[0] = sh.d0;
+    p.dilation[1] = sh.d1;
+    p.stride[0] = sh.s0;
+    p.stride[1] = sh.s1;
+    p.is_causal[0] = sh.causal0;
+    p.heads = sh.H;
+    p.heads_kv = sh.Hkv;
+    p.dim = sh.D;
+    p.dim_v = sh.Dv;
+    p.num_additional = sh.A;
+    p.dtype = fna::DType::f32;
+    c.seed = static_cast<uint64_t>(sh.L0 * 1000 + sh.L1);
+    for (int threads : {1, 2}) run_fused(c, threads);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(RanksAndKernels, CpuVsReference,
                          ::testing::Combine(::testing::Values(1, 2, 3),
                                             ::testing::ValuesIn(kernel_sets()),
