@@ -271,14 +271,17 @@ struct Panels {
     rest /= pl.lines;
     const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
     const int lg = nbr::group_length(L, g);
+    // Row j of the panel is the token line * L + j * dilation + g: one offset, then steps.
+    const int64_t first = src.token_offset(b, line * p.shape[pl.la] + g, hk);
+    const int64_t step = L.dilation * src.sl[src.rank - 1];
     for (int j0 = 0; j0 < lg; j0 += kBlock) {
       const int nj = lg - j0 < kBlock ? lg - j0 : kBlock;
       for (int j = 0; j < nj; ++j) {
-        const int64_t token = line * p.shape[pl.la] + static_cast<int64_t>(j0 + j) * L.dilation + g;
+        const int64_t off = first + (j0 + j) * step;
         float* dst = rw ? rw + static_cast<int64_t>(j0 + j) * dim_pad : tmp + j * dim_pad;
         if (j0 + j + kPrefetch < lg)  // the source rows are strided (heads, other tokens between)
-          prefetch_row(src, src.token_offset(b, token + kPrefetch * L.dilation, hk), dim);
-        load_row(src, src.token_offset(b, token, hk), dim, dim_pad, dst);
+          prefetch_row(src, off + kPrefetch * step, dim);
+        load_row(src, off, dim, dim_pad, dst);
       }
       if (tr) {  // (columns from lg on get zeros; the padding is zeroed below anyway)
         const float* blk = rw ? rw + static_cast<int64_t>(j0) * dim_pad : tmp;
