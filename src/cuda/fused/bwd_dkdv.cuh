@@ -285,9 +285,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       load_chunk(ddO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
                  p.aligned, gdO);
       if (c == 0) {
-        float2 st = make_float2(INFINITY, 0.f);  // no query: P = exp2(-inf) = 0
-        if (valid) st = p.stats[(int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h];
-        s_stat[buf * kQ + row] = st;
+        // The statistics travel with the tile (cp.async, waited at the next barrier) instead of
+        // a load whose latency the issuing thread would wait out here.
+        float2* dst = s_stat + buf * kQ + row;
+        if (valid)
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)),
+                       "l"(p.stats + (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h));
+        else
+          *dst = make_float2(INFINITY, 0.f);  // no query: P = exp2(-inf) = 0
       }
     }
     cp_async_commit();
