@@ -170,8 +170,11 @@ double dot_rounded(const double* a, const double* b, int64_t n, const Rounder& r
 
 // The low-precision softmax probabilities of one query row, like a plain PyTorch bf16 graph:
 // S = round(QK^T), S = round(S * scale), P = round(softmax_f32(S)).
+// lse_in (when given): P = exp(S - lse_in) from that log-sum-exp instead of the naive softmax's own
+// normalization, as a backward computes it from the forward's LSE.
 void naive_probs(const Dense& d, const Rounder& r, double scale, int64_t b, int64_t t, int64_t h,
-                 const std::vector<int64_t>& slots, std::vector<double>* p, double* lse) {
+                 const std::vector<int64_t>& slots, std::vector<double>* p, double* lse,
+                 const double* lse_in = nullptr) {
   const int64_t hk = h / d.group;
   std::vector<double> s(slots.size(), -std::numeric_limits<double>::infinity());
   float m = -std::numeric_limits<float>::infinity();
@@ -184,8 +187,11 @@ void naive_probs(const Dense& d, const Rounder& r, double scale, int64_t b, int6
   for (size_t w = 0; w < slots.size(); ++w)
     if (slots[w] >= 0) sum += std::exp(static_cast<float>(s[w]) - m);
   p->assign(slots.size(), 0.0);
-  for (size_t w = 0; w < slots.size(); ++w)
-    if (slots[w] >= 0) (*p)[w] = r(std::exp(static_cast<float>(s[w]) - m) / sum);
+  for (size_t w = 0; w < slots.size(); ++w) {
+    if (slots[w] < 0) continue;
+    (*p)[w] = lse_in ? r(std::exp(static_cast<float>(s[w]) - static_cast<float>(*lse_in)))
+                     : r(std::exp(static_cast<float>(s[w]) - m) / sum);
+  }
   if (lse) *lse = r(m + std::log(sum));
 }
 
@@ -261,13 +267,19 @@ NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
   out.dq.assign(B * d.N * d.H * d.D, 0.0);
   KVGrad gk(B * (d.N + d.A), d.H, d.Hk, d.D), gv(B * (d.N + d.A), d.H, d.Hk, d.Dv);
   std::vector<double> p, dp, ds;
+  // TF32: the backward's P comes from the given LSE (an exact forward's in the tests) and scores
+  // from TF32-rounded Q and K, so P of a row no longer sums to 1 (by up to ~1e-2 at head dim 256
+  // with large scores); the naive computation does the same, or its error would miss that part.
+  const std::vector<double> lse_given = tf32 && !t.lse.empty() ? t.lse.to_double()
+                                                               : std::vector<double>{};
   for (int64_t t_ = 0; t_ < d.N; ++t_) {
     const std::vector<int64_t> slots = d.slots(t_);
     const size_t S = slots.size();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t hk = h / d.group;
-        naive_probs(d, r, scale, b, t_, h, slots, &p, nullptr);
+        naive_probs(d, r, scale, b, t_, h, slots, &p, nullptr,
+                    lse_given.empty() ? nullptr : &lse_given[(b * d.N + t_) * d.H + h]);
         dp.assign(S, 0.0);
         float rowsum = 0.f;
         for (size_t w = 0; w < S; ++w) {
