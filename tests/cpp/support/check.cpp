@@ -270,8 +270,10 @@ NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
   // TF32: the backward's P comes from the given LSE (an exact forward's in the tests) and scores
   // from TF32-rounded Q and K, so P of a row no longer sums to 1 (by up to ~1e-2 at head dim 256
   // with large scores); the naive computation does the same, or its error would miss that part.
-  const std::vector<double> lse_given = tf32 && !t.lse.empty() ? t.lse.to_double()
-                                                               : std::vector<double>{};
+  // Its row sum is then the backward's sum(dO * O) from the given O (dO rounded as in dP).
+  const bool given = tf32 && !t.lse.empty() && !t.o.empty();
+  const std::vector<double> lse_given = given ? t.lse.to_double() : std::vector<double>{};
+  const std::vector<double> o_given = given ? t.o.to_double() : std::vector<double>{};
   for (int64_t t_ = 0; t_ < d.N; ++t_) {
     const std::vector<int64_t> slots = d.slots(t_);
     const size_t S = slots.size();
@@ -285,7 +287,12 @@ NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
         for (size_t w = 0; w < S; ++w) {
           if (slots[w] < 0) continue;
           dp[w] = dot_rounded(d.dO(b, t_, h), d.Vj(b, slots[w], hk), d.Dv, r);
-          rowsum += static_cast<float>(dp[w]) * static_cast<float>(p[w]);
+          if (!given) rowsum += static_cast<float>(dp[w]) * static_cast<float>(p[w]);
+        }
+        if (given) {
+          const double* ov = &o_given[((b * d.N + t_) * d.H + h) * d.Dv];
+          for (int64_t e = 0; e < d.Dv; ++e)
+            rowsum += r.in(d.dO(b, t_, h)[e]) * static_cast<float>(ov[e]);
         }
         ds.assign(S, 0.0);
         for (size_t w = 0; w < S; ++w)
