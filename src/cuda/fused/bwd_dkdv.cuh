@@ -357,8 +357,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
           for (int n = 0; n < kNB; n += 2) {
             load_b_nk<kDh>(bb, baseQ, qs + n * 8, k0, lane);
             tf32_frag<T>(bb, b, bs);
-            mma_tf32<T, (kD > 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
-            mma_tf32<T, (kD > 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+            mma_tf32<T, (kD >= 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
+            mma_tf32<T, (kD >= 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
           }
           if (kDoDk) {
             load_a<kDh>(a, baseV, wrow, k0, lane);
@@ -367,8 +367,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
             for (int n = 0; n < kNB; n += 2) {
               load_b_nk<kDh>(bb, baseO, qs + n * 8, k0, lane);
               tf32_frag<T>(bb, b, bs);
-              mma_tf32<T, (kD > 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
-              mma_tf32<T, (kD > 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+              mma_tf32<T, (kD >= 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
+              mma_tf32<T, (kD >= 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
             }
           }
         } else {

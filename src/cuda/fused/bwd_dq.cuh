@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
         for (int n = 0; n < kNB; n += 2) {
           load_b_nk<kDh>(bb, baseK, n * 8, kd, lane);
           tf32_frag<T>(bb, b, bs);
-          mma_tf32<T, (kD > 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
-          mma_tf32<T, (kD > 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+          mma_tf32<T, (kD >= 128)>(s[n], ab, as, b[0], b[1], bs[0], bs[1]);
+          mma_tf32<T, (kD >= 128)>(s[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
         }
         load_a<kDh>(a, baseO, wrow, kd, lane);
         tf32_frag<T>(a, ab, as);
@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
         for (int n = 0; n < kNB; n += 2) {
           load_b_nk<kDh>(bb, baseV, n * 8, kd, lane);
           tf32_frag<T>(bb, b, bs);
-          mma_tf32<T, (kD > 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
-          mma_tf32<T, (kD > 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
+          mma_tf32<T, (kD >= 128)>(dp[n], ab, as, b[0], b[1], bs[0], bs[1]);
+          mma_tf32<T, (kD >= 128)>(dp[n + 1], ab, as, b[2], b[3], bs[2], bs[3]);
         }
       } else {
       load_a<kD>(a, baseQ, wrow, kd, lane);

@@ -124,8 +124,8 @@ __device__ __forceinline__ void tf32_frag(const uint32_t (&r)[4], uint32_t (&big
   for (int i = 0; i < 4; ++i) tf32_op<T>(__uint_as_float(r[i]), big[i], small[i]);
 }
 // d += a * b: F32 sums small * big + big * small + big * big (small terms first). kFresh (the
-// long accumulations: dK / dV / dQ over hundreds of keys or queries, and S / dP over head dim
-// 256) sums the three into a fresh
+// long accumulations: dK / dV / dQ over hundreds of keys or queries, and S / dP over head dims
+// 128 and above, as the forward does from 128) sums the three into a fresh
 // fragment and adds that to d with an ordinary (round-to-nearest) float add: the tensor cores'
 // f32 accumulation rounds less carefully, and those sums would otherwise drift by ~1e-5
 // relative. Plain TF32 accumulates in place.
