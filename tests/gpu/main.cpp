@@ -268,6 +268,26 @@ int main(int argc, char** argv) {
   std::map<std::string, std::array<int, 3>> tally;
   std::map<std::string, double> worst_ratio;  // per row: the largest max|out-ref| / bound
   std::map<std::string, int> unsupported_reasons;
+  // Counts one outcome in row `row` of the tally; true when it failed (the caller prints it).
+  auto count = [&](const std::string& row, const Outcome& o) {
+    auto& t = tally[row];
+    if (o.verdict != Verdict::unsupported)
+      worst_ratio[row] = std::max(worst_ratio[row], o.ratio);
+    if (o.verdict == Verdict::pass) {
+      ++passed;
+      ++t[0];
+      return false;
+    }
+    if (o.verdict == Verdict::unsupported) {
+      ++unsupported;
+      ++t[2];
+      ++unsupported_reasons[o.detail];
+      return false;
+    }
+    ++failed;
+    ++t[1];
+    return true;
+  };
 
   for (fna::Backend backend : args.backends) {
     if (!fna::backend_compiled(backend) && backend != fna::Backend::automatic) {
@@ -368,8 +388,7 @@ int main(int argc, char** argv) {
       lim.max_axis[1] = 20;
       lim.max_axis[2] = 8;
       const std::string row = "cuda-fused forward configs";
-      auto& t = tally[row];
-      double& worst = worst_ratio[row];
+      tally[row];  // the row is listed even when every case is skipped
       int n = 0;
       for (int rank = 1; rank <= 3; ++rank) {
         if (args.rank != 0 && rank != args.rank) continue;
@@ -392,17 +411,7 @@ int main(int argc, char** argv) {
                 for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
                   rc.allow_tf32 = pass == 1;
                   const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);
-                  if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
-                  if (o.verdict == Verdict::pass) {
-                    ++passed;
-                    ++t[0];
-                  } else if (o.verdict == Verdict::unsupported) {
-                    ++unsupported;
-                    ++t[2];
-                    ++unsupported_reasons[o.detail];
-                  } else {
-                    ++failed;
-                    ++t[1];
+                  if (count(row, o)) {
                     std::printf("FAIL [cuda-fused] config=%s%s %s\n%s\n", names[j].c_str(),
                                 rc.allow_tf32 ? " (allow_tf32)" : "", c.str().c_str(),
                                 o.detail.c_str());
@@ -426,8 +435,7 @@ int main(int argc, char** argv) {
       lim.max_axis[1] = 20;
       lim.max_axis[2] = 8;
       const std::string row = "cuda-fused backward configs";
-      auto& t = tally[row];
-      double& worst = worst_ratio[row];
+      tally[row];  // the row is listed even when every case is skipped
       int n = 0;
       for (int rank = 1; rank <= 3; ++rank) {
         if (args.rank != 0 && rank != args.rank) continue;
@@ -450,17 +458,7 @@ int main(int argc, char** argv) {
               for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
                 rc.allow_tf32 = pass == 1;
                 const Outcome o = fna_gpu_test::run_case(Op::backward, c, rc);
-                if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
-                if (o.verdict == Verdict::pass) {
-                  ++passed;
-                  ++t[0];
-                } else if (o.verdict == Verdict::unsupported) {
-                  ++unsupported;
-                  ++t[2];
-                  ++unsupported_reasons[o.detail];
-                } else {
-                  ++failed;
-                  ++t[1];
+                if (count(row, o)) {
                   std::printf("FAIL [cuda-fused] backward_config=%s%s%s %s\n%s\n",
                               names[j].c_str(), rc.allow_tf32 ? " (allow_tf32)" : "",
                               rc.deterministic ? " (deterministic)" : "", c.str().c_str(),
