@@ -637,9 +637,13 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
       }
       if (!od) ft.o_pitch = Dvp;
       kern.forward(ft);
-      for (int t = 0; t < s.T; ++t) {
-        if (!od) store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
-        if (lse.present()) lse.store(lse.token_offset(tg.b, tg.q_token[t], h), lb[t]);
+      if (!od)
+        for (int t = 0; t < s.T; ++t)
+          store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
+      if (lse.present()) {  // float32; the tile's queries are `step` apart (token_offset divides)
+        float* dst = static_cast<float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
+        const int64_t step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
+        for (int t = 0; t < s.T; ++t) dst[t * step] = lb[t];
       }
     }
   }, chunk);
@@ -774,6 +778,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       if (!qd) bt.q_pitch = Dp;
       if (!dod) bt.do_pitch = Dvp;
       if (!dqd) bt.dq_pitch = Dp;
+      const float* lse_row = static_cast<const float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
+      const int64_t lse_step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
       for (int t = 0; t < s.T; ++t) {
         const int64_t tok = tg.q_token[t];
         if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
@@ -796,7 +802,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
         if (e + 1 < Dv) d1 += static_cast<double>(dor[e + 1]) * orow[e + 1];
         if (e + 2 < Dv) d2 += static_cast<double>(dor[e + 2]) * orow[e + 2];
         db[t] = static_cast<float>((d0 + d1) + (d2 + d3));
-        lb[t] = static_cast<float>(lse.load(lse.token_offset(tg.b, tok, h))) * kLog2e;
+        lb[t] = lse_row[t * lse_step] * kLog2e;
       }
       kern.backward(bt);
       if (!dqd)
