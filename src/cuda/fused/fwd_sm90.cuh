@@ -1,5 +1,5 @@
 // The fused forward on Hopper's warpgroup MMAs (wgmma, sm_90a): the algorithm of fwd_kernel.cuh
-// (same tiles, same key-tile walk, mask, online softmax and epilogue, shared with it), with the
+// (same tiles, same key-tile walk, mask, online softmax and epilogue: fwd_common.cuh), with the
 // two GEMMs issued per warpgroup instead of per warp.
 //
 // A CTA owns one multi-dimensional query tile of kQ = 64 * warpgroups rows; warpgroup w owns rows
@@ -15,7 +15,7 @@
 #pragma once
 
 #include "cuda/common/wgmma.cuh"
-#include "cuda/fused/fwd_kernel.cuh"
+#include "cuda/fused/fwd_common.cuh"
 
 namespace fna {
 namespace fused {

@@ -1,0 +1,340 @@
+// The parts of the fused forward that the mma.sync kernel (fwd_kernel.cuh) and the wgmma kernel
+// (fwd_sm90.cuh) share: the CTA's place in the launch, the row sources of the tile copies, the
+// per-thread softmax state, the border-tile mask, the online softmax and the epilogue. They work
+// on the mma.sync accumulator layout per warp (two rows per 16-row m-tile), which is also the
+// per-warp layout of a wgmma m64 accumulator. `Tr` supplies kMT, kStepN, kD, kQ, kThreads,
+// kWarpRows, kFirstAxis, kQInRegs, kF32 and Elem.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/fwd_params.h"
+#include "cuda/fused/tiling.cuh"
+
+namespace fna {
+namespace fused {
+
+// Offset (elements) of the token at local coordinates `c` of group `gr`, for lifted strides
+// s[1..3]; axes below kFirst are lifted (coordinate 0).
+template <int kFirst>
+__device__ __forceinline__ int64_t token_offset(const Geometry& geo, const Group& gr,
+                                                const int (&c)[kAxes], const int64_t* s) {
+  int64_t off = 0;
+#pragma unroll
+  for (int ax = kFirst; ax < kAxes; ++ax) off += int64_t(gr.global(geo, ax, c[ax])) * s[1 + ax];
+  return off;
+}
+
+// Per-thread state of the online softmax: two rows per m-tile (lane / 4 and lane / 4 + 8 of its
+// 16), O accumulators over the padded head dim.
+template <class Tr>
+struct FwdState {
+  float o[Tr::kMT][Tr::kD / 8][4];
+  float m[Tr::kMT][2];  // running max of scale * log2(e) * s
+  float l[Tr::kMT][2];  // running sum of exp2(.. - m), partial over this thread's columns
+  uint32_t qf[Tr::kQInRegs ? Tr::kMT : 1][Tr::kQInRegs ? Tr::kD / 16 : 1][4];
+};
+
+// The key/value tile currently processed: a neighborhood tile (origin per axis) or a tile of
+// additional keys (first additional token).
+struct KvTile {
+  int origin[kAxes];
+  int add_begin;  // >= 0 for additional-key tiles
+  bool inside;    // neighborhood tile wholly inside every window: no mask
+};
+
+template <class Tr, class KT>
+__device__ __forceinline__ KvTile kv_tile(const KvSpan& span, int n_nbr, int it) {
+  KvTile t;
+  if (it < n_nbr) {
+    t.inside = kv_tile_at<KT>(span, it, t.origin);
+    t.add_begin = -1;
+  } else {
+    t.inside = false;
+    t.add_begin = (it - n_nbr) * Tr::kN;
+  }
+  return t;
+}
+
+// Border-tile mask. Per query row and axis, the window clipped to the tile becomes a bit set over
+// the tile's positions on that axis; a key is in when its bit is set on every axis. The thread's
+// columns are j * 8 + 2 * (lane % 4) + e, so when the fastest tile axis is a multiple of 8 every
+// coordinate but that axis's 2 * (lane % 4) is a compile-time constant: each element costs a few
+// constant-position bit tests, and only one row's bit sets are live at a time.
+template <class Tr, class KT>
+__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                           const KvTile& tile, const RowWindow* sWin, int num_add,
+                                           int col0) {
+  constexpr int kN = Tr::kStepN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t2 = 2 * (lane & 3);
+  if (tile.add_begin >= 0) {
+    // Additional keys: only the count bounds the last tile.
+    const int rem = num_add - tile.add_begin - col0 - t2;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (j * 8 + (i & 1) >= rem) s[mt][j][i] = -INFINITY;
+    return;
+  }
+  using Bits = typename std::conditional<(KT::kSize > 32), unsigned long long, unsigned>::type;
+  static_assert(KT::kExt[0] <= 64 && KT::kExt[1] <= 64 && KT::kExt[2] <= 64,
+                "one bit per key-tile position on each axis: extents up to 64");
+  constexpr int kBits = sizeof(Bits) * 8;
+  constexpr bool kFastAxis8 = KT::kExt[kAxes - 1] % 8 == 0;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const RowWindow& w = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
+      Bits bits[kAxes];
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
+        const int ext = KT::ext(ax);
+        int lo = w.begin[ax] - tile.origin[ax], hi = w.end[ax] - tile.origin[ax];
+        lo = lo < 0 ? 0 : (lo > ext ? ext : lo);
+        hi = hi < 0 ? 0 : (hi > ext ? ext : hi);
+        const Bits below_hi = hi >= kBits ? ~Bits(0) : ((Bits(1) << hi) - 1);
+        const Bits below_lo = lo >= kBits ? ~Bits(0) : ((Bits(1) << lo) - 1);
+        bits[ax] = below_hi & ~below_lo;
+      }
+      if constexpr (kFastAxis8) bits[kAxes - 1] >>= t2;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          bool in = true;
+          if constexpr (kFastAxis8) {
+            int c[kAxes];
+            KT::coord(col0 + j * 8, c);  // compile-time after unrolling; t2 + e is on the fast axis
+            c[kAxes - 1] += e;
+#pragma unroll
+            for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
+          } else {
+            int c[kAxes];
+            KT::coord(col0 + j * 8 + t2 + e, c);
+#pragma unroll
+            for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
+          }
+          if (!in) s[mt][j][2 * r + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Online softmax of one step's scores s (in place: s becomes P), the running max / sum update,
+// and the rescale of O when a row's reference max moved.
+template <class Tr, bool kMasked>
+__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
+                                               float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                               float scale_log2) {
+  constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
+  // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
+  // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
+  // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
+  // instructions as the MMAs of a 32-key step.
+  constexpr float kSlack = 8.f;
+  float alpha[kMT][2];
+  bool rescale = false;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float cand = mx * scale_log2;
+      const float m_old = st.m[mt][r];
+      const bool move = cand > m_old + kSlack;  // false for -inf vs -inf
+      const float m_new = move ? cand : m_old;
+      // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
+      // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
+      const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
+      alpha[mt][r] = move ? mma::fast_exp2(m_old - m_use) : 1.f;
+      rescale = rescale || move;
+      st.m[mt][r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        s[mt][j][2 * r] = mma::fast_exp2(fmaf(s[mt][j][2 * r], scale_log2, -m_use));
+        s[mt][j][2 * r + 1] = mma::fast_exp2(fmaf(s[mt][j][2 * r + 1], scale_log2, -m_use));
+        sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+      }
+      st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
+    }
+  }
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        st.o[mt][j][0] *= alpha[mt][0];
+        st.o[mt][j][1] *= alpha[mt][0];
+        st.o[mt][j][2] *= alpha[mt][1];
+        st.o[mt][j][3] *= alpha[mt][1];
+      }
+  }
+
+}
+
+// The CTA's place in the launch: batch, head, dilation group and query-tile origin (local
+// coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices so
+// neighbors share K/V in L2. False when the tile starts past a shorter group's end.
+struct FwdTile {
+  int b, h;
+  Group gr;
+  int qo[kAxes];
+};
+
+template <class QT>
+__device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile& ft) {
+  int flat = block;
+  const int tile = flat % p.q_tiles_total;
+  flat /= p.q_tiles_total;
+  const int grp = flat % p.groups;
+  flat /= p.groups;
+  ft.h = flat % p.heads;
+  ft.b = flat / p.heads;
+  ft.gr = Group::of(p.geo, grp);
+  int t = tile;
+#pragma unroll
+  for (int ax = kAxes - 1; ax >= 0; --ax) {
+    ft.qo[ax] = (t % p.q_tiles[ax]) * QT::ext(ax);
+    t /= p.q_tiles[ax];
+  }
+  bool in = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.gr.len[ax];
+  return in;
+}
+
+// Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
+// neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
+// is zero-filled; masked, and 0 * 0 keeps O finite).
+template <class QT, int kFirst, class Elem>
+__device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
+                                          const int (&qo)[kAxes], const Elem* gQ, int row,
+                                          const Elem*& a) {
+  int c[kAxes];
+  QT::coord(row, c);
+  bool ok = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    c[ax] += qo[ax];
+    ok = ok && c[ax] < gr.len[ax];
+  }
+  a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
+  return ok;
+}
+
+template <class KT, int kFirst, class Elem>
+__device__ __forceinline__ bool kv_row_src(const FwdParams& p, const Group& gr, const KvTile& t,
+                                           const Elem* gK, const Elem* gV, int row,
+                                           const Elem*& k, const Elem*& v) {
+  int c[kAxes];
+  KT::coord(row, c);
+  bool ok = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    c[ax] += t.origin[ax];
+    ok = ok && c[ax] < gr.len[ax];
+  }
+  k = gK + token_offset<kFirst>(p.geo, gr, c, p.k_stride);
+  v = gV + token_offset<kFirst>(p.geo, gr, c, p.v_stride);
+  return ok;
+}
+
+template <class Elem>
+__device__ __forceinline__ bool add_row_src(const FwdParams& p, int b, int hkv, const KvTile& t,
+                                            int row, const Elem*& k, const Elem*& v) {
+  const Elem* gAK =
+      static_cast<const Elem*>(p.add_k) + b * p.add_k_stride[0] + hkv * p.add_k_stride[2];
+  const Elem* gAV =
+      static_cast<const Elem*>(p.add_v) + b * p.add_v_stride[0] + hkv * p.add_v_stride[2];
+  const int n = t.add_begin + row;
+  k = gAK + n * p.add_k_stride[1];
+  v = gAV + n * p.add_v_stride[1];
+  return n < p.num_add;
+}
+
+// Every query row's window, once per CTA (made visible by the main loop's first barrier).
+template <class Tr, class QT>
+__device__ __forceinline__ void init_windows(const Geometry& geo, const Group& gr,
+                                             const int (&qo)[kAxes], RowWindow* sWin) {
+  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads) {
+    int q[kAxes];
+    QT::coord(row, q);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
+    sWin[row] = RowWindow::of(geo, gr, q);
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void init_state(FwdState<Tr>& st) {
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < Tr::kD / 8; ++j)
+      st.o[mt][j][0] = st.o[mt][j][1] = st.o[mt][j][2] = st.o[mt][j][3] = 0.f;
+    st.m[mt][0] = st.m[mt][1] = -INFINITY;
+    st.l[mt][0] = st.l[mt][1] = 0.f;
+  }
+}
+
+// Epilogue: finish the row sums across the quad, normalize, store O (and LSE). `row0`: the
+// warp's first row in the query tile.
+template <class Tr, class T, class QT>
+__device__ __forceinline__ void store_output(const FwdState<Tr>& st, const FwdParams& p,
+                                             const FwdTile& ft, int row0, int lane) {
+  using Elem = typename Tr::Elem;
+  constexpr int kFirst = Tr::kFirstAxis;
+  Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = st.l[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      int q[kAxes];
+      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
+      bool valid = true;
+#pragma unroll
+      for (int ax = 0; ax < kAxes; ++ax) {
+        q[ax] += ft.qo[ax];
+        valid = valid && q[ax] < ft.gr.len[ax];
+      }
+      if (!valid) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);
+#pragma unroll
+      for (int j = 0; j < Tr::kD / 8; ++j) {
+        const int col = j * 8 + 2 * (lane & 3);
+        if (col >= p.dim_v) continue;
+        if constexpr (Tr::kF32)
+          *reinterpret_cast<float2*>(row + col) =
+              make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+        else
+          *reinterpret_cast<uint32_t*>(row + col) =
+              mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+      }
+      if (p.lse != nullptr && (lane & 3) == 0) {
+        float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
+                     token_offset<kFirst>(p.geo, ft.gr, q, p.lse_stride);
+        *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
+      }
+    }
+  }
+}
+
+}  // namespace fused
+}  // namespace fna
