@@ -69,6 +69,34 @@ __device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G
   return valid;
 }
 
+// The key tile a dK / dV CTA owns: batch, kv head, dilation group and origin (neighborhood
+// mode), or the first additional token (additional mode, tiles of kKV tokens). False when the
+// tile starts past a shorter group's end (group 0 sets the grid).
+__device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, int kKV, int& b,
+                                             int& hkv, int (&kv0)[kAxes], Group& G,
+                                             int64_t& n0) {
+  if (!additional) {
+    int y = blockIdx.y;
+    const int group = y % p.num_groups;
+    y /= p.num_groups;
+    hkv = y % p.heads_kv;
+    b = y / p.heads_kv;
+    G = Group::of(p.geo, group);
+    int x = blockIdx.x;
+    for (int a = kAxes - 1; a >= 0; --a) {
+      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
+      x /= p.tiles[a];
+      if (kv0[a] >= G.len[a]) return false;  // this group is shorter than group 0 on this axis
+    }
+  } else {
+    hkv = blockIdx.y % p.heads_kv;
+    b = blockIdx.y / p.heads_kv;
+    n0 = int64_t(blockIdx.x) * kKV;
+    for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
+  }
+  return true;
+}
+
 // dQ[qs .. qs + kQSub) += dS K over this CTA's keys, added into p.dq_accum (float32, unscaled,
 // [B, N, H, dq_row]). dS^T sits in shared memory as [key][query]; warps split the output into
 // 16-query x 32-column blocks.
@@ -178,25 +206,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int b, hkv, kv0[kAxes] = {0, 0, 0};
   Group G;
   int64_t n0 = 0;  // additional mode: first additional token
-  if (!additional) {
-    int y = blockIdx.y;
-    const int group = y % p.num_groups;
-    y /= p.num_groups;
-    hkv = y % p.heads_kv;
-    b = y / p.heads_kv;
-    G = Group::of(p.geo, group);
-    int x = blockIdx.x;
-    for (int a = kAxes - 1; a >= 0; --a) {
-      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
-      x /= p.tiles[a];
-      if (kv0[a] >= G.len[a]) return;  // this group is shorter than group 0 on this axis
-    }
-  } else {
-    hkv = blockIdx.y % p.heads_kv;
-    b = blockIdx.y / p.heads_kv;
-    n0 = int64_t(blockIdx.x) * kKV;
-    for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
-  }
+  if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
 
   // ---- the key/value tile, once --------------------------------------------------------------
   const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);

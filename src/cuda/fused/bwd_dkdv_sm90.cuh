@@ -79,25 +79,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int b, hkv, kv0[kAxes] = {0, 0, 0};
   Group G;
   int64_t n0 = 0;
-  if (!additional) {
-    int y = blockIdx.y;
-    const int group = y % p.num_groups;
-    y /= p.num_groups;
-    hkv = y % p.heads_kv;
-    b = y / p.heads_kv;
-    G = Group::of(p.geo, group);
-    int x = blockIdx.x;
-    for (int a = kAxes - 1; a >= 0; --a) {
-      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
-      x /= p.tiles[a];
-      if (kv0[a] >= G.len[a]) return;
-    }
-  } else {
-    hkv = blockIdx.y % p.heads_kv;
-    b = blockIdx.y / p.heads_kv;
-    n0 = int64_t(blockIdx.x) * kKV;
-    for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
-  }
+  if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
 
   // ---- the key/value tile, once ---------------------------------------------------------------
   const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
