@@ -128,19 +128,19 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
   }
 }
 
-// Online softmax of one step's scores s (in place: s becomes P) and the running max / sum
-// update. alpha is each row's factor for O; true when some row of the warp needs O rescaled
-// (rescale_o), which the pipelined Hopper forward defers until its P V MMA has completed.
+// Online softmax of one step's scores s (in place: s becomes P), the running max / sum update,
+// and the rescale of O when a row's reference max moved.
 template <class Tr, bool kMasked>
-__device__ __forceinline__ bool softmax_stats(FwdState<Tr>& st,
-                                              float (&s)[Tr::kMT][Tr::kStepN / 8][4],
-                                              float scale_log2, float (&alpha)[Tr::kMT][2]) {
-  constexpr int kN = Tr::kStepN, kMT = Tr::kMT;
+__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
+                                               float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                               float scale_log2) {
+  constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
   // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
   // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
   // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
   // instructions as the MMAs of a 32-key step.
   constexpr float kSlack = 8.f;
+  float alpha[kMT][2];
   bool rescale = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -171,29 +171,18 @@ __device__ __forceinline__ bool softmax_stats(FwdState<Tr>& st,
       st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
     }
   }
-  return __any_sync(0xffffffffu, rescale);
-}
-
-template <class Tr>
-__device__ __forceinline__ void rescale_o(FwdState<Tr>& st, const float (&alpha)[Tr::kMT][2]) {
+  if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-  for (int mt = 0; mt < Tr::kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int j = 0; j < Tr::kD / 8; ++j) {
-      st.o[mt][j][0] *= alpha[mt][0];
-      st.o[mt][j][1] *= alpha[mt][0];
-      st.o[mt][j][2] *= alpha[mt][1];
-      st.o[mt][j][3] *= alpha[mt][1];
-    }
-}
+      for (int j = 0; j < kD / 8; ++j) {
+        st.o[mt][j][0] *= alpha[mt][0];
+        st.o[mt][j][1] *= alpha[mt][0];
+        st.o[mt][j][2] *= alpha[mt][1];
+        st.o[mt][j][3] *= alpha[mt][1];
+      }
+  }
 
-// The whole step: statistics, then O rescaled where a row's reference max moved.
-template <class Tr, bool kMasked>
-__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
-                                               float (&s)[Tr::kMT][Tr::kStepN / 8][4],
-                                               float scale_log2) {
-  float alpha[Tr::kMT][2];
-  if (softmax_stats<Tr, kMasked>(st, s, scale_log2, alpha)) rescale_o(st, alpha);
 }
 
 // The CTA's place in the launch: batch, head, dilation group and query-tile origin (local

@@ -14,8 +14,6 @@
 // to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
 #pragma once
 
-#include <cstdlib>
-
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_common.cuh"
 
@@ -145,89 +143,9 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::fence_operands(a);
 }
 
-// The pipelined step (FNA_SM90_PIPE): S = Q K^T of this tile is issued, then O += P V of the
-// previous tile (P from registers `a`, V of the previous tile); the softmax of this tile runs on
-// the CUDA cores while P V runs on the tensor cores, and the rescale of O waits for it. `a` holds
-// this tile's P on return, for the next step (or the final P V).
-template <class Tr, class T, class KT, bool kMasked>
-__device__ __forceinline__ void sm90_pipe_step(FwdState<Tr>& st, uint32_t (&a)[Tr::kN / 16][4],
-                                               bool has_prev, uint32_t sQw, uint32_t sK,
-                                               uint32_t sVprev, const KvTile& tile,
-                                               const RowWindow* sWin, int num_add,
-                                               float scale_log2) {
-  constexpr int kN = Tr::kN, kD = Tr::kD;
-  using MmaS = wgmma::Mma<T, kN>;
-  using MmaO = wgmma::Mma<T, kD>;
-  float s[1][kN / 8][4];
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-  const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024);
-  const uint64_t dk = wgmma::desc_sw128(sK, 16, 1024);
-  wgmma::fence_operands(s[0]);
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    MmaS::ss(s[0], dq + ((kk >> 2) * (Tr::kQ * 128) + (kk & 3) * 32) / 16,
-             dk + ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16, 1);
-  wgmma::commit();
-  if (has_prev) {
-    const uint64_t dv = wgmma::desc_sw128(sVprev, kN * 128, 1024);
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
-    wgmma::commit();
-    wgmma::fence_operands(st.o[0]);
-    wgmma::fence_operands(a);
-    wgmma::fence_operands(s[0]);
-    wgmma::wait<1>();
-  } else {
-    wgmma::fence_operands(s[0]);
-    wgmma::wait<0>();
-  }
-  wgmma::fence_operands(s[0]);
-
-  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
-  float alpha[1][2];
-  const bool rescale = softmax_stats<Tr, kMasked>(st, s, scale_log2, alpha);
-  wgmma::wait<0>();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
-  if (rescale) rescale_o(st, alpha);
-#pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
-    a[kk][0] = mma::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-    a[kk][1] = mma::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-    a[kk][2] = mma::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-    a[kk][3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-  }
-}
-
-// The last tile's O += P V of the pipelined loop.
-template <class Tr, class T>
-__device__ __forceinline__ void sm90_pipe_tail(FwdState<Tr>& st, uint32_t (&a)[Tr::kN / 16][4],
-                                               uint32_t sV) {
-  using MmaO = wgmma::Mma<T, Tr::kD>;
-  const uint64_t dv = wgmma::desc_sw128(sV, Tr::kN * 128, 1024);
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < Tr::kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
-  wgmma::commit();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
-  wgmma::wait<0>();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
-}
-
-// kPipe: 0 the plain loop; 1 the pipelined loop (K of tile j + 1 and V of tile j load during step
-// j, which runs S of tile j with P V of tile j - 1: same buffers, one barrier per tile); 2 the
-// pipelined loop with one CTA per SM (all 255 registers).
-template <class T, int kD, int kRank, class QT, class KT, int kPipe>
+template <class T, int kD, int kRank, class QT, class KT>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
-                                  kPipe == 2 ? 1 : Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
+                                  Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
     fna_fwd_sm90_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
@@ -279,66 +197,13 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
           });
     }
   };
-  // One operand (K or V) of tile `it` into its buffer, for the pipelined loop.
-  auto load_one = [&](int it, bool value) {
-    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
-    const uint32_t dst = sKV + (2 * (it & 1) + (value ? 1 : 0)) * Tr::kTileBytes;
-    const int dim = value ? p.dim_v : p.dim;
-    if (t.add_begin < 0) {
-      copy_rows_sw<Tr, Tr::kN, false>(
-          dst, dim, value ? p.v : p.k, 0, 0, nullptr, [&](int row, const Elem*& x, const Elem*&) {
-            const Elem *k, *v;
-            const bool ok = kv_row_src<KT, kFirst>(p, gr, t, gK, gV, row, k, v);
-            x = value ? v : k;
-            return ok;
-          });
-    } else {
-      copy_rows_sw<Tr, Tr::kN, false>(
-          dst, dim, value ? p.add_v : p.add_k, 0, 0, nullptr,
-          [&](int row, const Elem*& x, const Elem*&) {
-            const Elem *k, *v;
-            const bool ok = add_row_src(p, ft.b, hkv, t, row, k, v);
-            x = value ? v : k;
-            return ok;
-          });
-    }
-  };
-  if constexpr (kPipe != 0)
-    load_one(0, false);
-  else
-    load_kv(0, 0);
+  load_kv(0, 0);
   mma::cp_async_commit();
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
 
   FwdState<Tr> st;
   init_state(st);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
-  if constexpr (kPipe != 0) {
-    uint32_t a[Tr::kN / 16][4];
-    for (int it = 0; it < n_tiles; ++it) {
-      mma::cp_async_wait<0>();
-      wgmma::fence_proxy_async();
-      __syncthreads();
-      if (it + 1 < n_tiles) load_one(it + 1, false);
-      load_one(it, true);
-      mma::cp_async_commit();
-      const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
-      const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
-      const uint32_t sVprev = sKV + (2 * ((it + 1) & 1) + 1) * Tr::kTileBytes;
-      if (t.inside)
-        sm90_pipe_step<Tr, T, KT, false>(st, a, it > 0, sQw, sK, sVprev, t, sWin, p.num_add,
-                                         p.scale_log2);
-      else
-        sm90_pipe_step<Tr, T, KT, true>(st, a, it > 0, sQw, sK, sVprev, t, sWin, p.num_add,
-                                        p.scale_log2);
-    }
-    if (n_tiles > 0) {
-      mma::cp_async_wait<0>();
-      wgmma::fence_proxy_async();
-      __syncthreads();
-      sm90_pipe_tail<Tr, T>(st, a, sKV + (2 * ((n_tiles - 1) & 1) + 1) * Tr::kTileBytes);
-    }
-  } else {
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();
     wgmma::fence_proxy_async();
@@ -355,7 +220,6 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     else
       sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
   }
-  }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
 #endif
 }
@@ -369,13 +233,7 @@ template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  static const int pipe = [] {
-    const char* e = std::getenv("FNA_SM90_PIPE");
-    return e ? std::atoi(e) : 0;
-  }();
-  auto kernel = pipe == 1   ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, 1>
-                : pipe == 2 ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, 2>
-                            : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, 0>;
+  auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Tr::kSmemBytes));
   if (err != cudaSuccess) return err;
