@@ -23,6 +23,7 @@
 
 #include "cuda/fused/bwd_mma.cuh"
 #include "cuda/fused/bwd_params.cuh"
+#include "cuda/fused/bwd_qtiles.cuh"
 
 namespace fna {
 namespace bwd {
@@ -46,28 +47,10 @@ struct DkdvTraits {
   static constexpr int kDsStride = kQSub + (kF32 ? 4 : 8);
   static constexpr size_t kSmemDs = kAtomicDq ? 2 * size_t(kKV) * kDsStride * sizeof(E) : 0;
   static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + kSmemDs + 2 * kQ * sizeof(float2) +
-                                  kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2);
+                                  kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2) +
+                                  2 * kQ * sizeof(int64_t);
   static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
 };
-
-// Global coordinates `x` of query row `row` of the query tile at `q0`; false when the row holds
-// no query (outside the group, or past the last token). Neighborhood mode: local coordinates q0 +
-// the row's offsets (s_qoff: the query tile shape's packed offsets). Additional mode: the
-// queries are all tokens in flat order, q0[0] numbering tiles of `q_rows` rows.
-__device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G, bool additional,
-                                                 const int* q0, int q_rows,
-                                                 const uint32_t* s_qoff, int row, int* x) {
-  if (!additional) {
-    int i[kAxes];
-    const uint32_t off = s_qoff[row];
-    for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-    return to_global(p, G, i, x);
-  }
-  const int64_t tok = int64_t(q0[0]) * q_rows + row;
-  const bool valid = tok < p.tokens;
-  token_coords(p, valid ? tok : 0, x);
-  return valid;
-}
 
 // The key tile a dK / dV CTA owns: batch, kv head, dilation group and origin (neighborhood
 // mode), or the first additional token (additional mode, tiles of kKV tokens). False when the
@@ -103,9 +86,8 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
 template <typename T, int kD, int kWarps, int kKV, int kQSub, int kDsStride>
 __device__ __forceinline__ void atomic_dq_block(const Params& p,
                                                 const typename Elem<T>::type* ds, uint32_t baseK,
-                                                int qs, int q_rows, const int* q0, int h, int b,
-                                                const Group& G, bool additional,
-                                                const uint32_t* s_qoff, int lane, int warp) {
+                                                int qs, const int64_t* s_tok, int lane,
+                                                int warp) {
   constexpr int kMB = kQSub / 16;
   constexpr int kWarpsPerM = kWarps / kMB;
   constexpr int kCols = kD / kWarpsPerM;
@@ -154,11 +136,9 @@ __device__ __forceinline__ void atomic_dq_block(const Params& p,
   }  // 16-bit
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = qs + m0 + (lane >> 2) + half * 8;  // query row of the tile
-    int x[kAxes];
-    if (!query_row_coords(p, G, additional, q0, q_rows, s_qoff, row, x)) continue;
-    float* dst =
-        p.dq_accum + ((int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h) * p.dq_row;
+    const int64_t t = s_tok[qs + m0 + (lane >> 2) + half * 8];  // query row of the tile
+    if (t < 0) continue;
+    float* dst = p.dq_accum + t * p.dq_row;
 #pragma unroll
     for (int n = 0; n < kCols / 8; ++n) {
       const int col = n0 + n * 8 + 2 * (lane & 3);
@@ -199,6 +179,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   float2* s_stat = reinterpret_cast<float2*>(reinterpret_cast<unsigned char*>(sdS) + Tr::kSmemDs);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(s_stat + 2 * kQ);
   int2* s_kinv = reinterpret_cast<int2*>(s_qoff + kQ);  // [kKV][kAxes]
+  int64_t* s_tok = reinterpret_cast<int64_t*>(s_kinv + kKV * kAxes);  // [2][kQ]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -260,68 +241,20 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     }
   } else {
     n_tiles = (p.tokens + kQ - 1) / kQ;
+    nq[0] = int(n_tiles);
   }
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();  // s_qoff is read by the first query-tile load
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
-  const E* gQ = static_cast<const E*>(p.q);
-  const E* gdO = static_cast<const E*>(p.d_o);
-
-  // Query tile `it`: its first local coordinates (neighborhood mode) and head.
-  auto tile_origin = [&](int64_t it, int* q0, int* h) {
-    const int64_t hh = it / n_tiles;
-    int64_t t = it - hh * n_tiles;
-    *h = hkv * p.heads_per_kv + int(hh);
-    for (int a = kAxes - 1; a >= 0; --a) {
-      q0[a] = additional ? 0 : qr[a].begin + int(t % nq[a]) * p.tq[a];
-      if (!additional) t /= nq[a];
-    }
-    if (additional) q0[0] = int(t);  // flat tile index
-  };
-
-  auto load_q_tile = [&](int64_t it, int buf) {
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
-    E* dQ_ = sQ + buf * kQ * kD;
-    E* ddO = sdO + buf * kQ * kD;
-    for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
-      const int row = idx / kChunks, c = idx % kChunks;
-      int x[kAxes];
-      const bool valid = query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x);
-      const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
-      load_chunk(dQ_ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned,
-                 gQ);
-      load_chunk(ddO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
-                 p.aligned, gdO);
-      if (c == 0) {
-        // The statistics travel with the tile (cp.async, waited at the next barrier) instead of
-        // a load whose latency the issuing thread would wait out here.
-        float2* dst = s_stat + buf * kQ + row;
-        if (valid)
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)),
-                       "l"(p.stats + (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h));
-        else
-          *dst = make_float2(INFINITY, 0.f);  // no query: P = exp2(-inf) = 0
-      }
-    }
-    cp_async_commit();
-  };
-
-  // A (key tile, query tile) pair needs no mask when both lie inside the group and the keys are
-  // in every window of the query tile.
-  auto tile_is_full = [&](int64_t it) {
-    if (additional) return true;
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
-    bool full = true;
-    for (int a = 0; a < kAxes; ++a) {
-      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
-      if (q1 > G.len[a] || k1 > G.len[a]) return false;
-      const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
-      full = full && in.begin <= kv0[a] && k1 <= in.end;
-    }
-    return full;
+  // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
+  QWalk cur;
+  cur.start(p, additional, hkv, qr);
+  auto load_q_tile = [&](const QWalk& w, int buf) {
+    load_q_rows<E, kQ, kThreads, kChunks>(
+        p, G, additional, b, w, s_qoff, reinterpret_cast<unsigned char*>(sQ + buf * kQ * kD),
+        reinterpret_cast<unsigned char*>(sdO + buf * kQ * kD), s_stat + buf * kQ,
+        s_tok + buf * kQ, [](int row, int c) { return uint32_t(Swizzled<kDh>::offset(row, c)) * 2; });
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -334,15 +267,18 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const int wrow = warp * 16;
   int ds_slot = 0;
 
-  if (n_iter > 0) load_q_tile(0, 0);
+  if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
     const int buf = int(it & 1);
     cp_async_wait_all();
     __syncthreads();
-    if (it + 1 < n_iter) load_q_tile(it + 1, buf ^ 1);
-    const bool masked = !tile_is_full(it);
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
+    if (it + 1 < n_iter) {
+      QWalk nxt = cur;
+      nxt.next(p, additional, qr, nq);
+      load_q_tile(nxt, buf ^ 1);
+    }
+    const bool masked = !qtile_full(p, G, additional, kv0, cur.q0);
+    const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
     const float2* stat = s_stat + buf * kQ;
 
@@ -518,11 +454,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       if (kAtomicDq) {
         __syncthreads();  // dS^T of every warp is in sdS[ds_slot]
         atomic_dq_block<T, kD, kWarps, kKV, kQSub, Tr::kDsStride>(
-            p, sdS + ds_slot * kKV * Tr::kDsStride, baseK, qs, kQ, q0, h, b, G, additional, s_qoff,
-            lane, warp);
+            p, sdS + ds_slot * kKV * Tr::kDsStride, baseK, qs, s_tok + buf * kQ, lane, warp);
         ds_slot ^= 1;  // the other slot is free: every warp passed the barrier above after reading it
       }
     }
+    cur.next(p, additional, qr, nq);
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

@@ -24,6 +24,7 @@
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_params.cuh"
+#include "cuda/fused/bwd_qtiles.cuh"
 
 namespace fna {
 namespace bwd {
@@ -43,7 +44,8 @@ struct DkdvSm90Traits {
   static constexpr int kOffStat = kOffDs + kDsBytes;           // float2 [2][kQ]
   static constexpr int kOffQoff = kOffStat + 2 * kQ * 8;       // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;           // int2 [kKV][kAxes]
-  static constexpr size_t kSmem = 1024 + size_t(kOffKinv) + size_t(kKV) * kAxes * 8;
+  static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;  // int64 [2][kQ]
+  static constexpr size_t kSmem = 1024 + size_t(kOffTok) + size_t(2 * kQ) * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
 };
 
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
   int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
+  int64_t* s_tok = reinterpret_cast<int64_t*>(smem + Tr::kOffTok);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -135,65 +138,20 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
   } else {
     n_tiles = (p.tokens + kQ - 1) / kQ;
+    nq[0] = int(n_tiles);
   }
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
-  const E* gQ = static_cast<const E*>(p.q);
-  const E* gdO = static_cast<const E*>(p.d_o);
-
-  auto tile_origin = [&](int64_t it, int* q0, int* h) {
-    const int64_t hh = it / n_tiles;
-    int64_t t = it - hh * n_tiles;
-    *h = hkv * p.heads_per_kv + int(hh);
-    for (int a = kAxes - 1; a >= 0; --a) {
-      q0[a] = additional ? 0 : qr[a].begin + int(t % nq[a]) * p.tq[a];
-      if (!additional) t /= nq[a];
-    }
-    if (additional) q0[0] = int(t);
-  };
-
-  auto load_q_tile = [&](int64_t it, int buf) {
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
-    unsigned char* dQ_ = smem + Tr::kOffQ + buf * Tr::kQBytes;
-    unsigned char* ddO = smem + Tr::kOffO + buf * Tr::kQBytes;
-    for (int idx = tid; idx < kQ * kChunks; idx += kThreads) {
-      const int row = idx / kChunks, c = idx % kChunks;
-      int x[kAxes];
-      const bool valid = query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x);
-      const uint32_t so = sw128<kQ>(row, c);
-      load_chunk(reinterpret_cast<E*>(dQ_ + so), valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr,
-                 c, p.dim, p.aligned, gQ);
-      load_chunk(reinterpret_cast<E*>(ddO + so),
-                 valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v, p.aligned, gdO);
-      if (c == 0) {
-        // The statistics travel with the tile (cp.async, waited at the next barrier) instead of
-        // a load whose latency the issuing thread would wait out here.
-        float2* dst = s_stat + buf * kQ + row;
-        if (valid)
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)),
-                       "l"(p.stats + (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h));
-        else
-          *dst = make_float2(INFINITY, 0.f);  // no query: P = exp2(-inf) = 0
-      }
-    }
-    cp_async_commit();
-  };
-
-  auto tile_is_full = [&](int64_t it) {
-    if (additional) return true;
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
-    bool full = true;
-    for (int a = 0; a < kAxes; ++a) {
-      const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
-      if (q1 > G.len[a] || k1 > G.len[a]) return false;
-      const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
-      full = full && in.begin <= kv0[a] && k1 <= in.end;
-    }
-    return full;
+  // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
+  QWalk cur;
+  cur.start(p, additional, hkv, qr);
+  auto load_q_tile = [&](const QWalk& w, int buf) {
+    load_q_rows<E, kQ, kThreads, kChunks>(
+        p, G, additional, b, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
+        smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ,
+        [](int row, int c) { return sw128<kQ>(row, c); });
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -209,16 +167,19 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   const uint32_t aDs = base + Tr::kOffDs;
   const int wrow = warp * 16;
 
-  if (n_iter > 0) load_q_tile(0, 0);
+  if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
     const int buf = int(it & 1);
     cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (it + 1 < n_iter) load_q_tile(it + 1, buf ^ 1);
-    const bool masked = !tile_is_full(it);
-    int q0[kAxes], h;
-    tile_origin(it, q0, &h);
+    if (it + 1 < n_iter) {
+      QWalk nxt = cur;
+      nxt.next(p, additional, qr, nq);
+      load_q_tile(nxt, buf ^ 1);
+    }
+    const bool masked = !qtile_full(p, G, additional, kv0, cur.q0);
+    const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
     const uint32_t aO = base + Tr::kOffO + buf * Tr::kQBytes;
     const float2* stat = s_stat + buf * kQ;
@@ -356,10 +317,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
-        int x[kAxes];
-        if (!query_row_coords(p, G, additional, q0, kQ, s_qoff, row, x)) continue;
-        float* dst =
-            p.dq_accum + ((int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h) * p.dq_row;
+        const int64_t t = s_tok[buf * kQ + row];
+        if (t < 0) continue;
+        float* dst = p.dq_accum + t * p.dq_row;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
           const int col = cblk * 64 + n * 8 + 2 * (lane & 3);
@@ -380,6 +340,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(acc_dk);
     wgmma::fence_operands(ap);
     wgmma::fence_operands(ad);
+    cur.next(p, additional, qr, nq);
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
