@@ -58,6 +58,36 @@ __device__ __forceinline__ KvTile kv_tile(const KvSpan& span, int n_nbr, int it)
   return t;
 }
 
+// The tile after `t` (tile number it) of the walk kv_tile(.., 0), kv_tile(.., 1), ...: an
+// odometer step over the span (last axis fastest), with no division per tile.
+template <class Tr, class KT>
+__device__ __forceinline__ KvTile kv_tile_next(const KvSpan& s, int n_nbr, const KvTile& t,
+                                               int it) {
+  KvTile n;
+  if (it + 1 >= n_nbr) {
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) n.origin[ax] = 0;
+    n.inside = false;
+    n.add_begin = (it + 1 - n_nbr) * Tr::kN;
+    return n;
+  }
+  bool carry = true, inside = true;
+#pragma unroll
+  for (int ax = kAxes - 1; ax >= 0; --ax) {
+    int o = t.origin[ax];
+    if (carry) {
+      o += KT::ext(ax);
+      carry = o >= s.origin[ax] + s.count[ax] * KT::ext(ax);
+      if (carry) o = s.origin[ax];
+    }
+    n.origin[ax] = o;
+    inside = inside && o >= s.inner_begin[ax] && o + KT::ext(ax) <= s.inner_end[ax];
+  }
+  n.inside = inside;
+  n.add_begin = -1;
+  return n;
+}
+
 // Border-tile mask. Per query row and axis, the window clipped to the tile becomes a bit set over
 // the tile's positions on that axis; a key is in when its bit is set on every axis. The thread's
 // columns are j * 8 + 2 * (lane % 4) + e, so when the fastest tile axis is a multiple of 8 every

@@ -363,8 +363,9 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   const int n_nbr = span.total();
   const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
 
-  auto load_kv = [&](int it, int buf) {
-    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+  // Tile `t` into buffer `buf`; the walk's current tile is `cur` (kv_tile_next: no division).
+  KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+  auto load_kv = [&](const KvTile& t, int buf) {
     Elem* sK = sKV + (2 * buf) * Tr::kTileElems;
     Elem* sV = sK + Tr::kTileElems;
     if (t.add_begin < 0) {
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
                                                   kk * 16 + oa.col));
     __syncthreads();
   }
-  load_kv(0, 0);
+  load_kv(cur, 0);
   mma::cp_async_commit();
 
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
@@ -409,10 +410,10 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     mma::cp_async_wait<0>();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_kv(it + 1, (it + 1) & 1);
+      load_kv(kv_tile_next<Tr, KT>(span, n_nbr, cur, it), (it + 1) & 1);
       mma::cp_async_commit();
     }
-    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    const KvTile t = cur;
     const Elem* sK = sKV + (2 * (it & 1)) * Tr::kTileElems;
     const Elem* sV = sK + Tr::kTileElems;
     if (t.inside) {
@@ -424,6 +425,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
         fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
     }
+    cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
   store_output<Tr, T, QT>(st, p, ft, row0, lane);
 }

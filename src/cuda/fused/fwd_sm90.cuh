@@ -181,8 +181,9 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   const int n_nbr = span.total();
   const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
 
-  auto load_kv = [&](int it, int buf) {
-    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+  // Tile `t` into buffer `buf`; the walk's current tile is `cur` (kv_tile_next: no division).
+  KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+  auto load_kv = [&](const KvTile& t, int buf) {
     const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.add_begin < 0) {
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
           });
     }
   };
-  load_kv(0, 0);
+  load_kv(cur, 0);
   mma::cp_async_commit();
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
 
@@ -209,16 +210,17 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     wgmma::fence_proxy_async();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_kv(it + 1, (it + 1) & 1);
+      load_kv(kv_tile_next<Tr, KT>(span, n_nbr, cur, it), (it + 1) & 1);
       mma::cp_async_commit();
     }
-    const KvTile t = kv_tile<Tr, KT>(span, n_nbr, it);
+    const KvTile t = cur;
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.inside)
       sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
     else
       sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
+    cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
 #endif
