@@ -48,7 +48,7 @@ struct DkdvTraits {
   static constexpr size_t kSmemDs = kAtomicDq ? 2 * size_t(kKV) * kDsStride * sizeof(E) : 0;
   static constexpr size_t kSmem = 2 * kSmemK + 4 * kSmemQ + kSmemDs + 2 * kQ * sizeof(float2) +
                                   kQ * sizeof(uint32_t) + kKV * kAxes * sizeof(int2) +
-                                  2 * kQ * sizeof(int64_t);
+                                  2 * kQ * sizeof(int64_t) + 2 * sizeof(int);
   static_assert(kQ % kQSub == 0 && kQSub % 16 == 0, "query sub-tile must divide the tile");
 };
 
@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(s_stat + 2 * kQ);
   int2* s_kinv = reinterpret_cast<int2*>(s_qoff + kQ);  // [kKV][kAxes]
   int64_t* s_tok = reinterpret_cast<int64_t*>(s_kinv + kKV * kAxes);  // [2][kQ]
+  int* s_full = reinterpret_cast<int*>(s_tok + 2 * kQ);                // [2]: no mask needed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -255,6 +256,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         p, G, additional, b, w, s_qoff, reinterpret_cast<unsigned char*>(sQ + buf * kQ * kD),
         reinterpret_cast<unsigned char*>(sdO + buf * kQ * kD), s_stat + buf * kQ,
         s_tok + buf * kQ, [](int row, int c) { return uint32_t(Swizzled<kDh>::offset(row, c)) * 2; });
+    // Whether the tile needs no mask: once, by the last warp, for everyone after the barrier.
+    if (tid == kThreads - 1) s_full[buf] = qtile_full(p, G, additional, kv0, w.q0);
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       nxt.next(p, additional, qr, nq);
       load_q_tile(nxt, buf ^ 1);
     }
-    const bool masked = !qtile_full(p, G, additional, kv0, cur.q0);
+    const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
     const float2* stat = s_stat + buf * kQ;

@@ -45,13 +45,8 @@ struct DkdvSm90Traits {
   static constexpr int kOffQoff = kOffStat + 2 * kQ * 8;       // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;           // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;  // int64 [2][kQ]
-  static constexpr int kOffFull = kOffTok + 2 * kQ * 8;        // int [2] (+ padding)
-  // dQ staging per warpgroup (kBulkDq): float [kQ][kDqStride], rows padded by 8 floats so the
-  // float2 stores of a half warp (4 rows x 4 column pairs) hit distinct banks.
-  static constexpr int kDqStride = 64 + 8;
-  static constexpr int kDqBytes = kQ * kDqStride * 4;
-  static constexpr int kOffDq = kOffFull + 16;
-  static constexpr size_t kSmem = 1024 + size_t(kOffDq) + 2 * size_t(kDqBytes);
+  static constexpr int kOffFull = kOffTok + 2 * kQ * 8;        // int [2]: the tile needs no mask
+  static constexpr size_t kSmem = 1024 + size_t(kOffFull) + 2 * 4;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
 };
 
@@ -62,29 +57,7 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-// Bulk (TMA-engine) reduction of `bytes` of float32 from shared into global memory, in
-// bulk-group order; wait_read: until the issuing thread's groups have read their source.
-__device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void warpgroup_bar(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-
-// kBulkDq: dQ rows go through shared memory and one bulk reduction per row (FNA_BWD_SM90_DQ=bulk)
-// instead of 16 float2 atomics per thread.
-template <typename T, int kD, bool kBulkDq>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD>;
@@ -201,8 +174,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
     const int buf = int(it & 1);
-    // The previous tile's dQ rows have left the staging buffer before it is written again.
-    if (kBulkDq && (tid & 127) < kQ) bulk_wait_read();
     cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
@@ -347,29 +318,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::fence_operands(dqa);
       wgmma::wait<0>();
       wgmma::fence_operands(dqa);
-      if constexpr (kBulkDq) {
-        float* stage = reinterpret_cast<float*>(smem + Tr::kOffDq + wg * Tr::kDqBytes);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-            *reinterpret_cast<float2*>(stage + row * Tr::kDqStride + n * 8 + 2 * (lane & 3)) =
-                make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
-        }
-        wgmma::fence_proxy_async();
-        warpgroup_bar(wg);
-        const int row = tid & 127;
-        if (row < kQ) {
-          const int64_t t = s_tok[buf * kQ + row];
-          const int cols = min(64, p.dim - cblk * 64);
-          if (t >= 0 && cols > 0)
-            bulk_reduce_add(p.dq_accum + t * p.dq_row + cblk * 64,
-                            smem_u32(stage + row * Tr::kDqStride), uint32_t(cols) * 4);
-          bulk_commit();
-        }
-        continue;
-      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
@@ -398,7 +346,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(ad);
     cur.next(p, additional, qr, nq);
   }
-  if (kBulkDq && (tid & 127) < kQ) bulk_wait();
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
   E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
