@@ -80,25 +80,25 @@ static inline float hmax(vf v) {
 }
 #undef FNA_CPU_FOLD
 
-// 2^x for x <= 0 (scores minus their max), relative error ~1e-8 before float rounding:
-// x = n + f with n integer, f in [-0.5, 0.5]; 2^f by its degree-7 Taylor polynomial.
+// 2^x for x <= 0 (scores minus their max), relative error ~1e-7 (float rounding; 2e-9 before):
+// x = n + f with n integer, f in [-0.5, 0.5]; 2^f by a degree-6 minimax polynomial.
 static inline vf exp2v(vf x) {
-  x = x < -126.f ? splat(-126.f) : x;
 #if FNA_CPU_VW == 16
-  // AVX-512: one rounding and one scaling instruction instead of four integer / float steps.
+  // AVX-512: one rounding and one scaling instruction instead of four integer / float steps;
+  // scalef takes any n (2^n underflows to zero), so x needs no clamp.
   const vf n = (vf)_mm512_maskz_roundscale_ps(__mmask16(0xffff), (__m512)x,
                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
+  x = x < -126.f ? splat(-126.f) : x;  // the exponent bits below must stay a normal float's
   const vf n = (x + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23 trick)
 #endif
   const vf f = x - n;
-  vf p = splat(1.5252733804e-5f);
-  p = p * f + 1.5403530393e-4f;
-  p = p * f + 1.3333558146e-3f;
-  p = p * f + 9.6181291076e-3f;
-  p = p * f + 5.5504108665e-2f;
-  p = p * f + 2.4022650696e-1f;
-  p = p * f + 6.9314718056e-1f;
+  vf p = splat(1.5345810970757157e-4f);
+  p = p * f + 1.3399930903688073e-3f;
+  p = p * f + 9.618489071726799e-3f;
+  p = p * f + 5.550328642129898e-2f;
+  p = p * f + 2.4022646248340607e-1f;
+  p = p * f + 6.931471824645996e-1f;
   p = p * f + 1.0f;
 #if FNA_CPU_VW == 16
   return (vf)_mm512_maskz_scalef_ps(__mmask16(0xffff), (__m512)p, (__m512)n);
@@ -125,39 +125,69 @@ static void axpy(float a, const float* x, float* y, int n) {  // n padded
   for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
 }
 
-// Over R rows of Wspan floats, of which the lanes [lo, hi) hold a query's scores: the max of
-// those lanes, then s <- 2^(s * scale - sub) on them and exact zeros on the others (masked lanes
-// are replaced, never computed: their scores belong to other queries of the group). Returns
-// the sum.
-static float masked_max(const float* s, int R, int Wspan, int lo, int hi) {
-  const vi lane = lanes();
+// Softmax pieces over the scores of a query group (see Group below): NQ queries' planes, qstride
+// floats apart, each R rows of Wspan floats, of which the lanes [lo[g], hi[g]) hold query g's
+// scores (the others belong to other queries of the group: masked, i.e. never computed with, and
+// replaced by exact zeros). The queries run interleaved, NQ independent dependency chains.
+template <int NQ>
+struct GroupLanes {
+  vi in[NQ];  // per query, which lanes of span vector c are its own
+  GroupLanes(const int* lo, const int* hi, int c) {
+    const vi l = lanes() + c;
+    for (int g = 0; g < NQ; ++g) in[g] = (l >= lo[g]) & (l < hi[g]);
+  }
+};
+
+// m[g] = the max of query g's lanes (rows first, unmasked: the lanes' masks do not depend on the row).
+template <int NQ>
+static void group_max(const float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi, float* m) {
   const vf ninf = splat(-__builtin_inff());
-  vf m = ninf;
+  vf mv[NQ];
+  for (int g = 0; g < NQ; ++g) mv[g] = ninf;
   for (int c = 0; c < Wspan; c += kVW) {
-    const vi l = lane + c;
-    const vi in = (l >= lo) & (l < hi);
-    for (int r = 0; r < R; ++r) {
-      const vf x = ld(s + static_cast<int64_t>(r) * Wspan + c);
-      m = (in & (x > m)) ? x : m;
-    }
+    const GroupLanes<NQ> gl(lo, hi, c);
+    vf mr[NQ];
+    for (int g = 0; g < NQ; ++g) mr[g] = ninf;
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < NQ; ++g) mr[g] = vmax(mr[g], ld(s + g * qstride + static_cast<int64_t>(r) * Wspan + c));
+    for (int g = 0; g < NQ; ++g) mv[g] = vmax(mv[g], gl.in[g] ? mr[g] : ninf);
   }
-  return hmax(m);
+  for (int g = 0; g < NQ; ++g) m[g] = hmax(mv[g]);
 }
-static float masked_exp(float* s, int R, int Wspan, int lo, int hi, float scale, float sub) {
-  const vi lane = lanes();
+
+// s <- 2^(s * scale - sub[g]) on query g's lanes, exact zeros on the others; l[g] = the sum.
+template <int NQ>
+static void group_exp(float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi, float scale,
+                      const float* sub, float* l) {
   const vf zero = vf{};
-  vf sum = vf{};
+  vf sum[NQ], sv[NQ];
+  for (int g = 0; g < NQ; ++g) sum[g] = zero, sv[g] = splat(sub[g]);
   for (int c = 0; c < Wspan; c += kVW) {
-    const vi l = lane + c;
-    const vi in = (l >= lo) & (l < hi);
-    for (int r = 0; r < R; ++r) {
-      float* row = s + static_cast<int64_t>(r) * Wspan + c;
-      const vf p = in ? exp2v(ld(row) * scale - sub) : zero;
-      st(row, p);
-      sum += p;
-    }
+    const GroupLanes<NQ> gl(lo, hi, c);
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < NQ; ++g) {
+        float* row = s + g * qstride + static_cast<int64_t>(r) * Wspan + c;
+        const vf p = gl.in[g] ? exp2v(ld(row) * scale - sv[g]) : zero;
+        st(row, p);
+        sum[g] += p;
+      }
   }
-  return hsum(sum);
+  for (int g = 0; g < NQ; ++g) l[g] = hsum(sum[g]);
+}
+
+// The two above for nq <= kGroup queries (max: m != nullptr, else exp).
+static void group_softmax_step(int nq, float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi,
+                               float* m, float scale, const float* sub, float* l) {
+#define FNA_CPU_STEP(NQ)                                                       \
+  if (m) group_max<NQ>(s, qstride, R, Wspan, lo, hi, m);                       \
+  else group_exp<NQ>(s, qstride, R, Wspan, lo, hi, scale, sub, l);
+  switch (nq) {
+    case 1: FNA_CPU_STEP(1) break;
+    case 2: FNA_CPU_STEP(2) break;
+    case 3: FNA_CPU_STEP(3) break;
+    default: FNA_CPU_STEP(4) break;
+  }
+#undef FNA_CPU_STEP
 }
 
 // A tile's prefetch hints (tile.h: Prefetch), issued one at a time from inside the FMA loops
@@ -444,6 +474,15 @@ struct Group {
   int t0, t1, cb, span, Wspan;
   bool diag;  // a diagonal group (see accum_cols)
 };
+// The lanes [lo[g], hi[g]) of each query's window in the group's span; returns the queries.
+static int group_lanes(const TileShape& s, const Group& gr, int* lo, int* hi) {
+  for (int t = gr.t0; t < gr.t1; ++t) {
+    lo[t - gr.t0] = s.col_begin[t] - gr.cb;
+    hi[t - gr.t0] = lo[t - gr.t0] + s.col_count[t];
+  }
+  return gr.t1 - gr.t0;
+}
+
 static Group next_group(const TileShape& s, int t0) {
   const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
   int t1 = t0 + 1;
@@ -595,22 +634,26 @@ void forward_tile(const ForwardTile& a) {
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    int lo[kGroup], hi[kGroup];
+    const int nq = group_lanes(s, gr, lo, hi);
+    float* sg = sc + gr.t0 * plane;
+    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, m + gr.t0, 0.f, nullptr, nullptr);
     for (int t = gr.t0; t < gr.t1; ++t) {
-      const int lo = s.col_begin[t] - gr.cb;
-      float* sg = sc + gr.t0 * plane + (t - gr.t0) * qstride;
       float* ag = sadd + t * s.A;
       const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
-      m[t] = masked_max(sg, s.R, gr.Wspan, lo, lo + s.col_count[t]) * a.scale_log2;
+      m[t] *= a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
         ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
         m[t] = ag[n] > m[t] ? ag[n] : m[t];
       }
-      l[t] = masked_exp(sg, s.R, gr.Wspan, lo, lo + s.col_count[t], a.scale_log2, m[t]);
+    }
+    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, nullptr, a.scale_log2, m + gr.t0, l + gr.t0);
+    for (int t = gr.t0; t < gr.t1; ++t)
       for (int n = 0; n < s.A; ++n) {
+        float* ag = sadd + t * s.A;
         ag[n] = exp2s(ag[n] - m[t]);
         l[t] += ag[n];
       }
-    }
   }
   tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, a.o_pitch, &hints);
   hints.finish();
@@ -639,11 +682,14 @@ void backward_tile(const BackwardTile& a) {
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    int lo[kGroup], hi[kGroup];
+    float l[kGroup];
+    const int nq = group_lanes(s, gr, lo, hi);
+    group_softmax_step(nq, a.p + gr.t0 * plane, qstride, s.R, gr.Wspan, lo, hi, nullptr, a.scale_log2,
+                       a.lse2 + gr.t0, l);
     for (int t = gr.t0; t < gr.t1; ++t) {
-      const int lo = s.col_begin[t] - gr.cb;
       float* pg = a.p + gr.t0 * plane + (t - gr.t0) * qstride;
       float* dg = a.ds + gr.t0 * plane + (t - gr.t0) * qstride;
-      masked_exp(pg, s.R, gr.Wspan, lo, lo + s.col_count[t], a.scale_log2, a.lse2[t]);
       const vf delta = splat(a.delta[t]);
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
