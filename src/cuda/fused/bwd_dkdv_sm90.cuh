@@ -57,8 +57,7 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-// kVec4: dQ by float4 atomics (FNA_BWD_SM90_DQ4=1, for measurement) instead of float2.
-template <typename T, int kD, bool kVec4>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD>;
@@ -319,25 +318,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::fence_operands(dqa);
       wgmma::wait<0>();
       wgmma::fence_operands(dqa);
-      if constexpr (kVec4) {
-        // Lanes 2i and 2i + 1 swap halves: the even lane then holds 4 consecutive columns of row
-        // r, the odd lane 4 of row r + 8, one float4 atomic each.
-        const bool odd = lane & 1;
-        const int row = (warp & 3) * 16 + (lane >> 2) + (odd ? 8 : 0);
-        const int64_t t = s_tok[buf * kQ + row];
-        float* dst = p.dq_accum + t * p.dq_row;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const float sx = odd ? dqa[n][0] : dqa[n][2], sy = odd ? dqa[n][1] : dqa[n][3];
-          const float rx = __shfl_xor_sync(0xffffffffu, sx, 1);
-          const float ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-          const float4 v = odd ? make_float4(rx, ry, dqa[n][2], dqa[n][3])
-                               : make_float4(dqa[n][0], dqa[n][1], rx, ry);
-          const int col = cblk * 64 + n * 8 + 2 * (lane & 3) - (odd ? 2 : 0);
-          if (t >= 0 && col < p.dim) atomicAdd(reinterpret_cast<float4*>(dst + col), v);
-        }
-        continue;
-      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
