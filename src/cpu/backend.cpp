@@ -58,7 +58,12 @@ using namespace driver;
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
-  const Plan plan(p, kern.vector_width);
+  // Bands of 2 lines: work items of two adjacent lines' same tile, one kernel call for both
+  // (Plan::per_item). Measured on the 13x13 benchmark: 0.96x of line order with one tile per
+  // item (median of 40 paired calls); bands of 4, 8 or 16 were no faster. FNA_CPU_BAND=n
+  // overrides (1: line order, one tile per item; odd: no pairs).
+  const char* band_env = std::getenv("FNA_CPU_BAND");
+  const Plan plan(p, kern.vector_width, band_env ? std::atoi(band_env) : 2);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided lse = grid_view(a.lse, p, DType::f32, false);
@@ -66,7 +71,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
   const int Dp = round_up(D, plan.vw), Dvp = round_up(Dv, plan.vw);
-  const int threads = resolve_threads(opt.num_threads, plan.tasks());
+  const int threads = resolve_threads(opt.num_threads, plan.items());
   const Panels panels(plan, kern);
   // Panels are cached per calling thread: re-touching fresh pages on every call costs as much as
   // the conversion itself.
@@ -77,67 +82,86 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
-  const int64_t chunk = store.chunk(static_cast<int64_t>(plan.last_tiles.size()));
-  parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
+  const int64_t chunk = std::max<int64_t>(1, store.chunk(static_cast<int64_t>(plan.last_tiles.size())) / plan.per_item());
+  parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
-    const TileGeom& tg = task_geom(plan, task, D, Dv, A, sc);
-    const TileShape& s = tg.s;
-    key_lines(tg, p.shape[plan.la], &sc.key_line);
+    bool paired = false;
+    const int n = item_geoms(plan, item, store.ring_lines(), D, Dv, A, sc, &paired);
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
     float* kt = store.base(0, worker);
     float* vr = store.base(1, worker);
-    ensure_box(store, worker, panels, tg, sc, [&](int64_t id, int64_t at) {
-      panels.convert(k, D, Dp, id, kt + at * kt_floats, nullptr, tmp);
-      panels.convert(v, Dv, Dvp, id, nullptr, vr + at * v_floats, tmp);
-    });
-    plan_hints(plan, task, chunk, worker, store, panels, {{&q, D}, {&o, Dv}}, {{&k, D}, {&v, Dv}}, D,
-               Dv, A, sc);
-    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(kt), kt_floats, 1, &sc.r1,
-                   store.slots());
-    panels.rows_of(tg, sc.key_line.data(), static_cast<const float*>(vr), v_floats, Dvp, &sc.r2,
-                   store.slots());
-    ForwardTile ft;
-    ft.s = s;
-    ft.prefetch.rows = sc.hints.rows.data();
-    ft.prefetch.n = static_cast<int>(sc.hints.rows.size());
-    ft.prefetch.lines = sc.hints.lines;
-    ft.pitch = panels.pitch;
-    ft.scale_log2 = scale_log2;
-    ft.kt_rows = sc.r1.data();
-    ft.v_rows = sc.r2.data();
-    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * Dp + 1);
-    float* av = sized(sc.add_v, static_cast<int64_t>(A) * Dvp + 1);
-    gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
-    gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
-    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * Dp);
-    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * Dvp);
-    float* lb = sized(sc.lse, s.T);
-    ft.add_k = ak;
-    ft.add_v = av;
-    ft.lse = lb;
-    // Scores of the whole tile (cpu/kernels_impl.h): T queries x R rows x the widest group span.
-    ft.scratch = sized(sc.work, static_cast<int64_t>(s.T) * s.R * padded_window(max_count(s) + 4, plan.vw) +
-                                    static_cast<int64_t>(s.T) * (A + 1));
-    for (int64_t gi = 0; gi < plan.group; ++gi) {
-      const int64_t h = tg.hk * plan.group + gi;
-      const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &ft.q_pitch);
-      float* od = direct_rows<float>(o, Dv, Dvp, plan, tg, h, &ft.o_pitch);
-      ft.q = qd ? qd : qb;
-      ft.o = od ? od : ob;
-      if (!qd) {
-        ft.q_pitch = Dp;
-        for (int t = 0; t < s.T; ++t)
-          load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+    plan_hints(plan, item, chunk, worker, store, panels, {{&q, D}, {&o, Dv}}, {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
+    // Tiles [j0, j0 + m): both in one call when paired, else one after the other.
+    for (int j0 = 0; j0 < n; j0 += paired ? 2 : 1) {
+      const int m = paired ? 2 : 1;
+      ForwardTile ft[2];
+      for (int j = j0; j < j0 + m; ++j)
+        ensure_box(store, worker, panels, sc.tile[j].tg, sc.tile[j], [&](int64_t id, int64_t at) {
+          panels.convert(k, D, Dp, id, kt + at * kt_floats, nullptr, tmp);
+          panels.convert(v, Dv, Dvp, id, nullptr, vr + at * v_floats, tmp);
+        });
+      for (int i = 0; i < m; ++i) {
+        TileScratch& ts = sc.tile[j0 + i];
+        const TileGeom& tg = ts.tg;
+        const TileShape& s = tg.s;
+        panels.rows_of(tg, ts.key_line.data(), static_cast<const float*>(kt), kt_floats, 1, &ts.r1, store.slots());
+        panels.rows_of(tg, ts.key_line.data(), static_cast<const float*>(vr), v_floats, Dvp, &ts.r2,
+                       store.slots());
+        ForwardTile& f = ft[i];
+        f.s = s;
+        f.pitch = panels.pitch;
+        f.scale_log2 = scale_log2;
+        f.kt_rows = ts.r1.data();
+        f.v_rows = ts.r2.data();
+        float* ak = sized(ts.add_k, static_cast<int64_t>(A) * Dp + 1);
+        float* av = sized(ts.add_v, static_cast<int64_t>(A) * Dvp + 1);
+        gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
+        gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
+        f.add_k = ak;
+        f.add_v = av;
+        f.lse = sized(ts.lse, s.T);
+        // Scores of the whole tile (cpu/kernels_impl.h): T queries x R rows x the widest group span.
+        f.scratch = sized(ts.work, static_cast<int64_t>(s.T) * s.R * padded_window(max_count(s) + 4, plan.vw) +
+                                       static_cast<int64_t>(s.T) * (A + 1));
       }
-      if (!od) ft.o_pitch = Dvp;
-      kern.forward(ft);
-      if (!od)
-        for (int t = 0; t < s.T; ++t)
-          store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ob + static_cast<int64_t>(t) * Dvp);
-      if (lse.present()) {  // float32; the tile's queries are `step` apart (token_offset divides)
-        float* dst = static_cast<float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
-        const int64_t step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
-        for (int t = 0; t < s.T; ++t) dst[t * step] = lb[t];
+      if (j0 == 0) {
+        ft[0].prefetch.rows = sc.hints.rows.data();
+        ft[0].prefetch.n = static_cast<int>(sc.hints.rows.size());
+        ft[0].prefetch.lines = sc.hints.lines;
+      }
+      for (int64_t gi = 0; gi < plan.group; ++gi) {
+        bool o_direct[2] = {};
+        for (int i = 0; i < m; ++i) {
+          TileScratch& ts = sc.tile[j0 + i];
+          const TileGeom& tg = ts.tg;
+          ForwardTile& f = ft[i];
+          const int64_t h = tg.hk * plan.group + gi;
+          const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &f.q_pitch);
+          float* od = direct_rows<float>(o, Dv, Dvp, plan, tg, h, &f.o_pitch);
+          o_direct[i] = od != nullptr;
+          float* qb = sized(ts.q, static_cast<int64_t>(tg.s.T) * Dp);
+          f.q = qd ? qd : qb;
+          f.o = od ? od : sized(ts.o, static_cast<int64_t>(tg.s.T) * Dvp);
+          if (!qd) {
+            f.q_pitch = Dp;
+            for (int t = 0; t < tg.s.T; ++t)
+              load_row(q, q.token_offset(tg.b, tg.q_token[t], h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+          }
+          if (!od) f.o_pitch = Dvp;
+        }
+        kern.forward(ft, m);
+        for (int i = 0; i < m; ++i) {
+          const TileGeom& tg = sc.tile[j0 + i].tg;
+          const int64_t h = tg.hk * plan.group + gi;
+          if (!o_direct[i])
+            for (int t = 0; t < tg.s.T; ++t)
+              store_row(o, o.token_offset(tg.b, tg.q_token[t], h), Dv, ft[i].o + static_cast<int64_t>(t) * Dvp);
+          if (lse.present()) {  // float32; the tile's queries are `step` apart (token_offset divides)
+            float* dst = static_cast<float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
+            const int64_t step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
+            for (int t = 0; t < tg.s.T; ++t) dst[t * step] = ft[i].lse[t];
+          }
+        }
       }
     }
   }, chunk);

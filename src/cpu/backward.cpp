@@ -7,12 +7,108 @@ namespace cpu {
 
 using namespace driver;
 
+// Head gi of the KV group of tile ts.tg: points b's Q, dO, O, dQ at the caller's float32 rows or
+// at ts's buffers (Q, dO, O loaded), and fills its base-2 LSE. Returns whether dQ is written in
+// place (else the caller stores ts's buffer).
+static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o, const Strided& o,
+                          const Strided& dq, const Strided& lse, TileScratch& ts, int64_t gi, int D, int Dv,
+                          BackwardTile* b) {
+  const TileGeom& tg = ts.tg;
+  const int T = tg.s.T, Dp = tg.s.Dp, Dvp = tg.s.Dvp;
+  const int64_t h = tg.hk * plan.group + gi;
+  float* qb = sized(ts.q, static_cast<int64_t>(T) * Dp);
+  float* dob = sized(ts.d_o, static_cast<int64_t>(T) * Dvp);
+  float* ob = sized(ts.o, static_cast<int64_t>(T) * Dvp);
+  float* dqb = sized(ts.dq, static_cast<int64_t>(T) * Dp);
+  float* lb = sized(ts.lse, T);
+  const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &b->q_pitch);
+  const float* dod = direct_rows<const float>(d_o, Dv, Dvp, plan, tg, h, &b->do_pitch);
+  const float* od = direct_rows<const float>(o, Dv, Dvp, plan, tg, h, &b->o_pitch);
+  float* dqd = direct_rows<float>(dq, D, Dp, plan, tg, h, &b->dq_pitch);
+  b->q = qd ? qd : qb;
+  b->d_o = dod ? dod : dob;
+  b->o = od ? od : ob;
+  b->dq = dqd ? dqd : dqb;
+  if (!qd) b->q_pitch = Dp;
+  if (!dod) b->do_pitch = Dvp;
+  if (!od) b->o_pitch = Dvp;
+  if (!dqd) b->dq_pitch = Dp;
+  const float* lse_row = static_cast<const float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
+  const int64_t lse_step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
+  for (int t = 0; t < T; ++t) {
+    const int64_t tok = tg.q_token[t];
+    if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
+    if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
+    if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
+    lb[t] = lse_row[t * lse_step] * kLog2e;
+  }
+  return dqd != nullptr;
+}
+
+// Tile ts.tg's kernel arguments but the per-head rows (backward_rows): its panel rows (the dK / dV
+// accumulator panels of `acc`, zeroed on the worker's first touch: `mine`), additional keys and
+// scratch buffers.
+static void backward_tile_setup(const Plan& plan, const Panels& panels, const PanelStore& store, const float* kt,
+                                const float* kr, const float* vt, float* acc, std::vector<char>* mine,
+                                const Strided& add_k, const Strided& add_v, int A, float scale, TileScratch& ts,
+                                BackwardTile* b) {
+  const TileGeom& tg = ts.tg;
+  const TileShape& s = tg.s;
+  const int D = s.D, Dp = s.Dp, Dv = s.Dv, Dvp = s.Dvp;
+  const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch, vt_floats = static_cast<int64_t>(Dv) * panels.pitch;
+  const int64_t panel_k = static_cast<int64_t>(panels.pitch) * Dp, panel_v = static_cast<int64_t>(panels.pitch) * Dvp;
+  const int64_t dv_base = panels.count * panel_k;
+  for (int r = 0; r < s.R; ++r) {
+    const int64_t id = ts.panel_ids[static_cast<size_t>(r)];
+    if (!(*mine)[static_cast<size_t>(id)]) {
+      std::fill(acc + id * panel_k, acc + (id + 1) * panel_k, 0.f);
+      std::fill(acc + dv_base + id * panel_v, acc + dv_base + (id + 1) * panel_v, 0.f);
+      (*mine)[static_cast<size_t>(id)] = 1;
+    }
+  }
+  const int64_t* kl = ts.key_line.data();
+  const int64_t slots = store.slots();
+  panels.rows_of(tg, kl, kt, kt_floats, 1, &ts.r1, slots);
+  panels.rows_of(tg, kl, kr, panel_k, Dp, &ts.r2, slots);
+  panels.rows_of(tg, kl, vt, vt_floats, 1, &ts.r3, slots);
+  panels.rows_of(tg, kl, acc, panel_k, Dp, &ts.r4);
+  panels.rows_of(tg, kl, acc + dv_base, panel_v, Dvp, &ts.r5);
+  b->s = s;
+  b->pitch = panels.pitch;
+  b->scale = scale;
+  b->scale_log2 = scale * kLog2e;
+  b->kt_rows = ts.r1.data();
+  b->k_rows = ts.r2.data();
+  b->vt_rows = ts.r3.data();
+  b->dk_rows = ts.r4.data();
+  b->dv_rows = ts.r5.data();
+  float* ak = sized(ts.add_k, static_cast<int64_t>(A) * Dp + 1);
+  float* av = sized(ts.add_v, static_cast<int64_t>(A) * Dvp + 1);
+  gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
+  gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
+  b->add_k = ak;
+  b->add_v = av;
+  b->d_add_k = sized(ts.d_add_k, static_cast<int64_t>(A) * Dp + 1);
+  b->d_add_v = sized(ts.d_add_v, static_cast<int64_t>(A) * Dvp + 1);
+  std::fill(b->d_add_k, b->d_add_k + A * Dp, 0.f);
+  std::fill(b->d_add_v, b->d_add_v + A * Dvp, 0.f);
+  // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
+  const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
+  b->delta = sized(ts.delta, s.T);
+  b->lse2 = sized(ts.lse, s.T);
+  b->p = sized(ts.work, s.T * plane);
+  b->ds = sized(ts.work2, s.T * plane);
+  b->p_add = sized(ts.p_add, static_cast<int64_t>(s.T) * A + 1);
+  b->ds_add = sized(ts.ds_add, static_cast<int64_t>(s.T) * A + 1);
+}
+
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
   // Bands of 8 lines (Plan::band): a line's five panel sets (K^T, K, V^T, dK, dV: ~2.4 MB at
   // 128 columns, D = 64, 13 rows) overflow a 2 MB L2, one column strip of a band's does not.
   // Measured on the 13x13 benchmark: backward 0.88x of line order in the same minute.
-  // FNA_CPU_BAND=n overrides (1: line order), for experiments.
+  // Even bands: work items of two adjacent lines' same tile (Plan::per_item). FNA_CPU_BAND=n
+  // overrides (1: line order; odd: no pairs), for experiments.
   const char* band_env = std::getenv("FNA_CPU_BAND");
   const Plan plan(p, kern.vector_width, band_env ? std::atoi(band_env) : 8);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
@@ -30,7 +126,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t panel_v = static_cast<int64_t>(panels.pitch) * Dvp;
   const int64_t add_floats = p.batch * A * p.heads_kv;
   const int64_t acc_floats = panels.count * (panel_k + panel_v) + add_floats * (Dp + Dvp);
-  int threads = resolve_threads(opt.num_threads, plan.tasks());
+  int threads = resolve_threads(opt.num_threads, plan.items());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
   static thread_local std::vector<Floats> tl_panels;  // K^T, K row-major, V^T
@@ -49,8 +145,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const float scale = static_cast<float>(opt.scale);
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
   const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
-  const int64_t chunk = store.chunk(static_cast<int64_t>(plan.last_tiles.size()));
-  parallel_for(plan.tasks(), threads, [&](int64_t task, int worker) {
+  const int64_t chunk = std::max<int64_t>(1, store.chunk(static_cast<int64_t>(plan.last_tiles.size())) / plan.per_item());
+  parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     Floats& ac = acc[static_cast<size_t>(worker)];
     std::vector<char>& mine = touched[static_cast<size_t>(worker)];
@@ -60,121 +156,52 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       mine.assign(static_cast<size_t>(panels.count), 0);
       used[static_cast<size_t>(worker)] = 1;
     }
-    const TileGeom& tg = task_geom(plan, task, D, Dv, A, sc);
-    const TileShape& s = tg.s;
-    // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
-    const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
-    key_lines(tg, p.shape[plan.la], &sc.key_line);
-    const int64_t* kl = sc.key_line.data();
+    bool paired = false;
+    const int n = item_geoms(plan, item, store.ring_lines(), D, Dv, A, sc, &paired);
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
     float* kt = store.base(0, worker);
     float* kr = store.base(1, worker);
     float* vt = store.base(2, worker);
-    ensure_box(store, worker, panels, tg, sc, [&](int64_t id, int64_t at) {
-      panels.convert(k, D, Dp, id, kt + at * kt_floats, kr + at * panel_k, tmp);
-      panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
-    });
-    plan_hints(plan, task, chunk, worker, store, panels, {{&q, D}, {&d_o, Dv}, {&o, Dv}, {&dq, D}},
+    plan_hints(plan, item, chunk, worker, store, panels, {{&q, D}, {&d_o, Dv}, {&o, Dv}, {&dq, D}},
                {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
-    for (int r = 0; r < s.R; ++r) {
-      const int64_t id = sc.panel_ids[static_cast<size_t>(r)];
-      if (!mine[static_cast<size_t>(id)]) {
-        std::fill(ac.data() + id * panel_k, ac.data() + (id + 1) * panel_k, 0.f);
-        std::fill(ac.data() + dv_base + id * panel_v, ac.data() + dv_base + (id + 1) * panel_v, 0.f);
-        mine[static_cast<size_t>(id)] = 1;
+    // Tiles [j0, j0 + m): both in one call when paired, else one after the other.
+    for (int j0 = 0; j0 < n; j0 += paired ? 2 : 1) {
+      const int m = paired ? 2 : 1;
+      BackwardTile bt[2];
+      for (int j = j0; j < j0 + m; ++j)
+        ensure_box(store, worker, panels, sc.tile[j].tg, sc.tile[j], [&](int64_t id, int64_t at) {
+          panels.convert(k, D, Dp, id, kt + at * kt_floats, kr + at * panel_k, tmp);
+          panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
+        });
+      for (int i = 0; i < m; ++i)
+        backward_tile_setup(plan, panels, store, kt, kr, vt, ac.data(), &mine, add_k, add_v, A, scale, sc.tile[j0 + i],
+                            &bt[i]);
+      if (j0 == 0) {
+        bt[0].prefetch.rows = sc.hints.rows.data();
+        bt[0].prefetch.n = static_cast<int>(sc.hints.rows.size());
+        bt[0].prefetch.lines = sc.hints.lines;
       }
-    }
-    const int64_t slots = store.slots();
-    panels.rows_of(tg, kl, static_cast<const float*>(kt), kt_floats, 1, &sc.r1, slots);
-    panels.rows_of(tg, kl, static_cast<const float*>(kr), panel_k, Dp, &sc.r2, slots);
-    panels.rows_of(tg, kl, static_cast<const float*>(vt), vt_floats, 1, &sc.r3, slots);
-    panels.rows_of(tg, kl, ac.data(), panel_k, Dp, &sc.r4);
-    panels.rows_of(tg, kl, ac.data() + dv_base, panel_v, Dvp, &sc.r5);
-    BackwardTile bt;
-    bt.s = s;
-    bt.prefetch.rows = sc.hints.rows.data();
-    bt.prefetch.n = static_cast<int>(sc.hints.rows.size());
-    bt.prefetch.lines = sc.hints.lines;
-    bt.pitch = panels.pitch;
-    bt.scale = scale;
-    bt.scale_log2 = scale * kLog2e;
-    bt.kt_rows = sc.r1.data();
-    bt.k_rows = sc.r2.data();
-    bt.vt_rows = sc.r3.data();
-    bt.dk_rows = sc.r4.data();
-    bt.dv_rows = sc.r5.data();
-    float* ak = sized(sc.add_k, static_cast<int64_t>(A) * Dp + 1);
-    float* av = sized(sc.add_v, static_cast<int64_t>(A) * Dvp + 1);
-    gather_additional(add_k, tg.b, tg.hk, A, D, Dp, ak);
-    gather_additional(add_v, tg.b, tg.hk, A, Dv, Dvp, av);
-    float* dak = sized(sc.d_add_k, static_cast<int64_t>(A) * Dp + 1);
-    float* dav = sized(sc.d_add_v, static_cast<int64_t>(A) * Dvp + 1);
-    std::fill(dak, dak + A * Dp, 0.f);
-    std::fill(dav, dav + A * Dvp, 0.f);
-    float* qb = sized(sc.q, static_cast<int64_t>(s.T) * Dp);
-    float* dob = sized(sc.d_o, static_cast<int64_t>(s.T) * Dvp);
-    float* ob = sized(sc.o, static_cast<int64_t>(s.T) * Dvp);
-    float* lb = sized(sc.lse, s.T);
-    float* db = sized(sc.delta, s.T);
-    float* dqb = sized(sc.dq, static_cast<int64_t>(s.T) * Dp);
-    bt.delta = db;
-    bt.lse2 = lb;
-    bt.add_k = ak;
-    bt.add_v = av;
-    bt.d_add_k = dak;
-    bt.d_add_v = dav;
-    bt.p = sized(sc.work, s.T * plane);
-    bt.ds = sized(sc.work2, s.T * plane);
-    bt.p_add = sized(sc.p_add, static_cast<int64_t>(s.T) * A + 1);
-    bt.ds_add = sized(sc.ds_add, static_cast<int64_t>(s.T) * A + 1);
-    for (int64_t gi = 0; gi < plan.group; ++gi) {
-      const int64_t h = tg.hk * plan.group + gi;
-      int o_pitch = Dvp;
-      const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &bt.q_pitch);
-      const float* dod = direct_rows<const float>(d_o, Dv, Dvp, plan, tg, h, &bt.do_pitch);
-      const float* od = direct_rows<const float>(o, Dv, Dvp, plan, tg, h, &o_pitch);
-      float* dqd = direct_rows<float>(dq, D, Dp, plan, tg, h, &bt.dq_pitch);
-      bt.q = qd ? qd : qb;
-      bt.d_o = dod ? dod : dob;
-      bt.dq = dqd ? dqd : dqb;
-      if (!qd) bt.q_pitch = Dp;
-      if (!dod) bt.do_pitch = Dvp;
-      if (!dqd) bt.dq_pitch = Dp;
-      const float* lse_row = static_cast<const float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
-      const int64_t lse_step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
-      for (int t = 0; t < s.T; ++t) {
-        const int64_t tok = tg.q_token[t];
-        if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
-        if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
-        if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
-        // rowsum(dO * O) in double, in four independent sums (one chain would wait on each add;
-        // sum k takes the elements e = k mod 4). Named locals: an array indexed by e & 3 went
-        // through memory, one store-to-load round trip per element.
-        double d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-        const float* dor = bt.d_o + static_cast<int64_t>(t) * bt.do_pitch;
-        const float* orow = (od ? od : ob) + static_cast<int64_t>(t) * o_pitch;
-        int e = 0;
-        for (; e + 4 <= Dv; e += 4) {
-          d0 += static_cast<double>(dor[e]) * orow[e];
-          d1 += static_cast<double>(dor[e + 1]) * orow[e + 1];
-          d2 += static_cast<double>(dor[e + 2]) * orow[e + 2];
-          d3 += static_cast<double>(dor[e + 3]) * orow[e + 3];
+      for (int64_t gi = 0; gi < plan.group; ++gi) {
+        bool dq_direct[2] = {};
+        for (int i = 0; i < m; ++i)
+          dq_direct[i] = backward_rows(plan, q, d_o, o, dq, lse, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
+        kern.backward(bt, m);
+        for (int i = 0; i < m; ++i) {
+          const TileGeom& tg = sc.tile[j0 + i].tg;
+          const int64_t h = tg.hk * plan.group + gi;
+          if (!dq_direct[i])
+            for (int t = 0; t < tg.s.T; ++t)
+              store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, bt[i].dq + static_cast<int64_t>(t) * Dp);
         }
-        if (e < Dv) d0 += static_cast<double>(dor[e]) * orow[e];
-        if (e + 1 < Dv) d1 += static_cast<double>(dor[e + 1]) * orow[e + 1];
-        if (e + 2 < Dv) d2 += static_cast<double>(dor[e + 2]) * orow[e + 2];
-        db[t] = static_cast<float>((d0 + d1) + (d2 + d3));
-        lb[t] = lse_row[t * lse_step] * kLog2e;
       }
-      kern.backward(bt);
-      if (!dqd)
-        for (int t = 0; t < s.T; ++t)
-          store_row(dq, dq.token_offset(tg.b, tg.q_token[t], h), D, dqb + static_cast<int64_t>(t) * Dp);
-    }
-    for (int n = 0; n < A; ++n) {
-      float* dst = ac.data() + add_base + ((tg.b * A + n) * p.heads_kv + tg.hk) * (Dp + Dvp);
-      for (int e = 0; e < D; ++e) dst[e] += dak[n * Dp + e];
-      for (int e = 0; e < Dv; ++e) dst[Dp + e] += dav[n * Dvp + e];
+      for (int i = 0; i < m; ++i) {
+        const TileGeom& tg = sc.tile[j0 + i].tg;
+        for (int a = 0; a < A; ++a) {
+          float* dst = ac.data() + add_base + ((tg.b * A + a) * p.heads_kv + tg.hk) * (Dp + Dvp);
+          for (int e = 0; e < D; ++e) dst[e] += bt[i].d_add_k[a * Dp + e];
+          for (int e = 0; e < Dv; ++e) dst[Dp + e] += bt[i].d_add_v[a * Dvp + e];
+        }
+      }
     }
   }, chunk, opt.deterministic);
   // Sum the per-thread accumulators, in worker order, and store: grid keys panel by panel, then

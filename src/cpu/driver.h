@@ -123,6 +123,12 @@ struct Plan {
   // strip of its panels at a time, so what they share stays in L2 even when a whole line's
   // panels do not (the backward's five panel sets).
   int band;
+  // Tasks per work item (a worker's unit, one kernel call): with an even band, tasks 2i and
+  // 2i + 1 are the same tile of two adjacent lines, whose key boxes share all rows but one or two
+  // (2-D windows): one call computes both tiles' scores, each shared key vector loaded once
+  // (Kernels::forward). Otherwise one task.
+  int per_item() const { return band % 2 == 0 ? 2 : 1; }
+  int64_t items() const { return (tasks() + per_item() - 1) / per_item(); }
 
   Plan(const Problem& p_, int vw_, int band_ = 1)
       : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_), band(band_ > 1 ? band_ : 1) {
@@ -341,7 +347,7 @@ class PanelStore {
   // floats[i]: floats per panel of panel set i. bufs: the caller's cached buffers.
   PanelStore(const Plan& plan, int64_t count, int threads, std::vector<int64_t> floats,
              std::vector<Floats>* bufs)
-      : floats_(std::move(floats)), bufs_(*bufs) {
+      : floats_(std::move(floats)), bufs_(*bufs), dilation_(static_cast<int>(plan.p.dilation[plan.la])) {
     const Problem& p = plan.p;
     int64_t span = 1, stride = 1;  // lines from a task's first key row to its last
     for (int a = plan.la - 1; a >= 0; --a) {
@@ -373,6 +379,8 @@ class PanelStore {
       lazy_.reset(new LazyPanels(count));
   }
   int64_t slots() const { return slots_; }
+  // Consecutive lines whose panels a ring holds at once (0: shared, all of them).
+  int64_t ring_lines() const { return slots_ / dilation_; }
   // Whether `worker`'s ring holds panel id now (rings only).
   bool holds(int worker, int64_t id) const {
     return slots_ > 0 && tags_[static_cast<size_t>(worker)][static_cast<size_t>(id % slots_)] == id;
@@ -404,7 +412,7 @@ class PanelStore {
   std::vector<int64_t> floats_;
   std::vector<Floats>& bufs_;
   int64_t slots_ = 0, chunk_lines_ = 1;
-  int workers_ = 1;
+  int workers_ = 1, dilation_ = 1;
   std::vector<std::vector<int64_t>> tags_;
   std::unique_ptr<LazyPanels> lazy_;
 };
@@ -414,20 +422,24 @@ inline void gather_additional(const Strided& src, int64_t b, int64_t hk, int A, 
     load_row(src, src.token_offset(b, n, hk), dim, pitch, dst + static_cast<int64_t>(n) * pitch);
 }
 
-struct Scratch {
+// Per worker: the state of each tile of a work item (see Plan::per_item), and what they share.
+struct TileScratch {
   Floats add_k, add_v, q, o, d_o, dq, work, work2;
   std::vector<float> lse, delta;
   std::vector<float> d_add_k, d_add_v, p_add, ds_add;
   std::vector<int64_t> key_line, panel_ids;
-  std::vector<float> tmp;  // Panels::convert's block
   std::vector<const float*> r1, r2, r3;
   std::vector<float*> r4, r5;
-  // Prefetch hints (tile.h: Prefetch): this tile's list; the source lines of the panels the
-  // next line converts, shared out over the tiles of line `ahead_line`; the next task's geometry.
-  HintRows hints, ahead;
-  int64_t ahead_line = -1;
-  TileGeom tg, next;
+  TileGeom tg, next;  // this item's geometry; the next item's, built ahead by plan_hints
   int64_t next_task = -1;
+};
+struct Scratch {
+  std::vector<float> tmp;  // Panels::convert's block
+  // Prefetch hints (tile.h: Prefetch): this item's list; the source lines of the panels the
+  // next band converts, shared out over the tasks of the band starting at task `ahead_first`.
+  HintRows hints, ahead;
+  int64_t ahead_first = -1;
+  TileScratch tile[2];
 };
 
 template <typename V>
@@ -447,18 +459,20 @@ inline void key_lines(const TileGeom& tg, int64_t last_len, std::vector<int64_t>
   for (size_t r = 0; r < tg.row_token.size(); ++r) (*out)[r] = tg.row_token[r] / last_len;
 }
 
-// Makes the panels of the task's box rows ready (converting them with convert(id) as needed);
+// Makes the panels of the tile's box rows ready (converting them with convert(id) as needed);
 // `ahead` is the panel of the line after the box's last row, which the next line's tiles need.
+// Fills ts.key_line and ts.panel_ids.
 template <typename Convert>
-void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileGeom& tg, Scratch& sc,
+void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileGeom& tg, TileScratch& ts,
                 Convert&& convert) {
   const int R = tg.s.R;
-  sc.panel_ids.resize(static_cast<size_t>(R));
+  key_lines(tg, panels.pl.p.shape[panels.pl.la], &ts.key_line);
+  ts.panel_ids.resize(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r)
-    sc.panel_ids[static_cast<size_t>(r)] = panels.id(tg.b, tg.hk, sc.key_line[static_cast<size_t>(r)], tg.g);
-  const int64_t next = sc.key_line[static_cast<size_t>(R - 1)] + 1;
+    ts.panel_ids[static_cast<size_t>(r)] = panels.id(tg.b, tg.hk, ts.key_line[static_cast<size_t>(r)], tg.g);
+  const int64_t next = ts.key_line[static_cast<size_t>(R - 1)] + 1;
   const int64_t ahead = next < panels.pl.lines ? panels.id(tg.b, tg.hk, next, tg.g) : -1;
-  store.ensure(worker, sc.panel_ids.data(), R, ahead, convert);
+  store.ensure(worker, ts.panel_ids.data(), R, ahead, convert);
 }
 
 // The caller's float32 rows of a tile's queries in tensor x (head h), read or written in place:
@@ -476,70 +490,110 @@ T* direct_rows(const Strided& x, int n, int n_pad, const Plan& plan, const TileG
   return static_cast<T*>(x.data) + x.token_offset(tg.b, tg.q_token[0], h);
 }
 
-// The task's geometry, built when the previous task prefetched it (sc.next) or now.
-inline TileGeom& task_geom(const Plan& plan, int64_t task, int D, int Dv, int A, Scratch& sc) {
-  if (sc.next_task == task) {
-    std::swap(sc.tg, sc.next);
-    sc.next_task = -1;
+// The task's geometry, built when the previous item prefetched it (ts.next) or now.
+inline TileGeom& task_geom(const Plan& plan, int64_t task, int D, int Dv, int A, TileScratch& ts) {
+  if (ts.next_task == task) {
+    std::swap(ts.tg, ts.next);
+    ts.next_task = -1;
   } else {
-    sc.tg.build(plan, task, D, Dv, A);
+    ts.tg.build(plan, task, D, Dv, A);
   }
-  return sc.tg;
+  return ts.tg;
 }
 
-// Fills sc.hints for a task of a chunk of consecutive tasks (`chunk` > 1; one worker runs them in
-// order): the `rows` tensors' lines of the next task's query tokens (every head of the KV group),
-// and, with rings, this tile's share of the source lines of the panels that the next line's
-// tiles will convert (those the worker's ring does not hold), of every tensor in `panel_src`.
-inline void plan_hints(const Plan& plan, int64_t task, int64_t chunk, int worker, const PanelStore& store,
-                const Panels& panels, const std::vector<std::pair<const Strided*, int>>& rows,
-                const std::vector<std::pair<const Strided*, int>>& panel_src, int D, int Dv, int A,
-                Scratch& sc) {
+// The geometries of work item `item`'s tasks (Plan::per_item) in sc.tile[k].tg; returns how many
+// tasks it has. *paired: whether one kernel call takes them: two tiles of one shape whose boxes'
+// panels are all readable at once (with rings: their key rows within `ring_lines` consecutive
+// lines of the flattened batch, KV head and line index, the panels of distinct ring slots).
+inline int item_geoms(const Plan& plan, int64_t item, int64_t ring_lines, int D, int Dv, int A, Scratch& sc,
+                      bool* paired) {
+  const int64_t t0 = item * plan.per_item();
+  const int n = static_cast<int>(std::min<int64_t>(plan.per_item(), plan.tasks() - t0));
+  for (int k = 0; k < n; ++k) task_geom(plan, t0 + k, D, Dv, A, sc.tile[k]);
+  *paired = false;
+  if (n == 2) {
+    const TileShape &a = sc.tile[0].tg.s, &b = sc.tile[1].tg.s;
+    *paired = a.T == b.T && a.R == b.R && a.M == b.M;
+    for (int t = 0; t < a.T && *paired; ++t)
+      *paired = a.col_begin[t] == b.col_begin[t] && a.col_count[t] == b.col_count[t];
+    if (*paired && ring_lines > 0) {
+      int64_t lo = INT64_MAX, hi = INT64_MIN;
+      for (int k = 0; k < 2; ++k) {
+        const TileGeom& tg = sc.tile[k].tg;
+        const int64_t base = (tg.b * plan.p.heads_kv + tg.hk) * plan.lines;
+        for (int64_t tok : tg.row_token) {
+          lo = std::min(lo, base + tok / plan.p.shape[plan.la]);
+          hi = std::max(hi, base + tok / plan.p.shape[plan.la]);
+        }
+      }
+      *paired = hi - lo < ring_lines;
+    }
+  }
+  return n;
+}
+
+// Fills sc.hints for work item `item` of a chunk of consecutive items (`chunk` > 1; one worker
+// runs them in order): the `rows` tensors' lines of the next item's query tokens (every head of
+// the KV group), and, with rings, this item's share of the source lines of the panels that the
+// next band's tasks will convert (those the worker's ring does not hold), of every tensor in
+// `panel_src`.
+inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk, int worker, const PanelStore& store,
+                       const Panels& panels, const std::vector<std::pair<const Strided*, int>>& rows,
+                       const std::vector<std::pair<const Strided*, int>>& panel_src, int D, int Dv, int A,
+                       Scratch& sc) {
   sc.hints.clear();
   if (chunk <= 1) return;
   const Problem& p = plan.p;
   const nbr::Axis& L = plan.ax[plan.la];
-  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
-  const int64_t tile = task % nt, line_task = task - tile;
-  if ((task + 1) % chunk != 0 && task + 1 < plan.tasks()) {
-    const TileGeom& nx = sc.next;
-    sc.next.build(plan, task + 1, D, Dv, A);
-    sc.next_task = task + 1;
-    for (int64_t gi = 0; gi < plan.group; ++gi)
-      for (const auto& r : rows) {  // a tile's queries: consecutive in the group, dilation apart
-        const Strided& x = *r.first;
-        if (x.present())
-          sc.hints.add(x, x.token_offset(nx.b, nx.q_token[0], nx.hk * plan.group + gi),
-                       L.dilation * x.sl[x.rank - 1], nx.s.T, r.second);
-      }
-  }
-  if (store.slots() == 0 || plan.band > 1) return;  // (the panel hints assume line order)
-  if (sc.ahead_line != line_task) {
-    sc.ahead_line = line_task;
+  const int per = plan.per_item();
+  if ((item + 1) % chunk != 0)
+    for (int k = 0; k < per && (item + 1) * per + k < plan.tasks(); ++k) {
+      TileScratch& ts = sc.tile[k];
+      const TileGeom& nx = ts.next;
+      ts.next_task = (item + 1) * per + k;
+      ts.next.build(plan, ts.next_task, D, Dv, A);
+      for (int64_t gi = 0; gi < plan.group; ++gi)
+        for (const auto& r : rows) {  // a tile's queries: consecutive in the group, dilation apart
+          const Strided& x = *r.first;
+          if (x.present())
+            sc.hints.add(x, x.token_offset(nx.b, nx.q_token[0], nx.hk * plan.group + gi),
+                         L.dilation * x.sl[x.rank - 1], nx.s.T, r.second);
+        }
+    }
+  if (store.slots() == 0) return;
+  // Bands (Plan::band) of band * nt tasks: the next band's lines convert their new panels when
+  // their first tiles run (tile-column-major: the band's first tasks).
+  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size()), per_band = plan.band * nt;
+  const int64_t task = item * per, first = task - task % per_band;
+  if (sc.ahead_first != first) {
+    sc.ahead_first = first;
     sc.ahead.clear();
-    const int64_t next_line = line_task + nt;
-    if (next_line / chunk == task / chunk && next_line < plan.tasks()) {
+    const int64_t next = first + per_band, next_lines = std::min<int64_t>(plan.band, plan.tasks() / nt - next / nt);
+    if (next / (chunk * per) == task / (chunk * per) && next < plan.tasks()) {
+      std::vector<int64_t> seen;  // panels already listed
       TileGeom gn;
-      gn.build(plan, next_line, D, Dv, A);
-      int64_t prev = -1;
-      for (int64_t tok : gn.row_token) {
-        const int64_t kl = tok / p.shape[plan.la];
-        if (kl == prev) continue;
-        prev = kl;
-        for (int g = 0; g < L.dilation && g < L.length; ++g) {
-          if (store.holds(worker, panels.id(gn.b, gn.hk, kl, g))) continue;
-          for (const auto& r : panel_src) {
-            const Strided& x = *r.first;
-            sc.ahead.add(x, x.token_offset(gn.b, kl * p.shape[plan.la] + g, gn.hk),
-                         L.dilation * x.sl[x.rank - 1], nbr::group_length(L, g), r.second);
+      for (int64_t l = 0; l < next_lines; ++l) {
+        gn.build(plan, next + l, D, Dv, A);  // (tile 0 of the band's line l)
+        for (int64_t tok : gn.row_token) {
+          const int64_t kl = tok / p.shape[plan.la];
+          for (int g = 0; g < L.dilation && g < L.length; ++g) {
+            const int64_t id = panels.id(gn.b, gn.hk, kl, g);
+            if (store.holds(worker, id) || std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+            seen.push_back(id);
+            for (const auto& r : panel_src) {
+              const Strided& x = *r.first;
+              sc.ahead.add(x, x.token_offset(gn.b, kl * p.shape[plan.la] + g, gn.hk),
+                           L.dilation * x.sl[x.rank - 1], nbr::group_length(L, g), r.second);
+            }
           }
         }
       }
     }
   }
   const size_t n = sc.ahead.rows.size();
-  sc.hints.rows.insert(sc.hints.rows.end(), sc.ahead.rows.begin() + static_cast<int64_t>(n * tile / nt),
-                       sc.ahead.rows.begin() + static_cast<int64_t>(n * (tile + 1) / nt));
+  const int64_t in = task - first;
+  sc.hints.rows.insert(sc.hints.rows.end(), sc.ahead.rows.begin() + static_cast<int64_t>(n * in / per_band),
+                       sc.ahead.rows.begin() + static_cast<int64_t>(n * std::min(in + per, per_band) / per_band));
   sc.hints.lines = std::max(sc.hints.lines, sc.ahead.lines);
 }
 

@@ -15,7 +15,7 @@
 namespace fna {
 namespace cpu {
 const Kernels& avx2_kernel_table() {
-  static const Kernels k{"avx2", 8, &avx2::forward_tile, &avx2::backward_tile,
+  static const Kernels k{"avx2", 8, &avx2::forward_tiles, &avx2::backward_tiles,
                          &avx2::transpose_rows};
   return k;
 }

@@ -15,7 +15,7 @@
 namespace fna {
 namespace cpu {
 const Kernels& avx512_kernel_table() {
-  static const Kernels k{"avx512", 16, &avx512::forward_tile, &avx512::backward_tile,
+  static const Kernels k{"avx512", 16, &avx512::forward_tiles, &avx512::backward_tiles,
                          &avx512::transpose_rows};
   return k;
 }

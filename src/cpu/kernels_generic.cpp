@@ -9,7 +9,7 @@
 namespace fna {
 namespace cpu {
 const Kernels& generic_kernel_table() {
-  static const Kernels k{"generic", 4, &generic::forward_tile, &generic::backward_tile,
+  static const Kernels k{"generic", 4, &generic::forward_tiles, &generic::backward_tiles,
                          &generic::transpose_rows};
   return k;
 }

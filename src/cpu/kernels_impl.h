@@ -11,7 +11,9 @@
 // lanes outside a query's own window are masked to -inf, so P is exactly 0 there. P V, dQ, dK and
 // dV are vectorized over the head dim in the same grouped way. Softmax is exact (two passes over
 // the buffered scores of the whole window) rather than online: a query's window always fits in
-// the score buffer, so there is nothing to rescale.
+// the score buffer, so there is nothing to rescale. One call can take two tiles of one shape (the
+// same tile of two adjacent lines): their scores are computed together, each key vector of a row
+// both boxes hold feeding 2 * kGroup FMAs (tile_scores).
 //
 // Caveat of the span design: P V (and dS K in the backward) multiplies exact zeros with the value
 // (key) rows of the other windows of the query's group, so a non-finite V (K) entry there (inf,
@@ -120,12 +122,30 @@ static float dot(const float* a, const float* b, int n) {  // n is a multiple of
   return hsum(acc);
 }
 
+// sum a[e] * b[e] in double (exact products, kVW / 2 lanes per accumulator); n padded.
+static double dot_f64(const float* a, const float* b, int n) {
+  typedef float vh __attribute__((vector_size(kVW * 2)));
+  typedef double vd __attribute__((vector_size(kVW * 4)));
+  vd acc[2] = {};
+  for (int e = 0; e < n; e += kVW)
+    for (int h = 0; h < 2; ++h) {
+      vh x, y;
+      __builtin_memcpy(&x, a + e + h * kVW / 2, sizeof(x));
+      __builtin_memcpy(&y, b + e + h * kVW / 2, sizeof(y));
+      acc[h] += __builtin_convertvector(x, vd) * __builtin_convertvector(y, vd);
+    }
+  const vd sum = acc[0] + acc[1];
+  double out = 0;
+  for (int l = 0; l < kVW / 2; ++l) out += sum[l];
+  return out;
+}
+
 static void axpy(float a, const float* x, float* y, int n) {  // n padded
   const vf b = splat(a);
   for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
 }
 
-// Softmax pieces over the scores of a query group (see Group below): NQ queries' planes, qstride
+// Softmax pieces over the scores of a query group (kernels_products.h: Group): NQ queries' planes, qstride
 // floats apart, each R rows of Wspan floats, of which the lanes [lo[g], hi[g]) hold query g's
 // scores (the others belong to other queries of the group: masked, i.e. never computed with, and
 // replaced by exact zeros). The queries run interleaved, NQ independent dependency chains.
@@ -208,293 +228,7 @@ struct Hints {
   }
 };
 
-// ---- Query groups: up to kGroup consecutive queries whose windows fit in one span of columns.
-// Each loaded key / value vector then feeds kGroup FMAs instead of one (the windows of
-// neighboring queries overlap almost entirely), which takes the loads off the critical path.
-constexpr int kGroup = 4;
-// Accumulator budget: kGroup x kGroupPairs score vectors, kGroup x kGroupVecs output vectors.
-constexpr int kGroupPairs = kVW >= 16 ? 6 : (kVW >= 8 ? 3 : 2);
-constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
-
-// xi: the group's query values interleaved, xi[(d - d0) * kGroup + g] (one pointer for all the
-// broadcasts: with one pointer per query the loop ran out of registers and reloaded its key
-// pointers from the stack / vector registers on every step, the latter through the FMA port).
-template <int NQ, int NP>
-static inline void group_dot(const float* xi, int d0, int d1, const float* const* base, int pitch,
-                             float* const* out, bool accumulate) {
-  vf acc[NQ][NP];
-  for (int g = 0; g < NQ; ++g)
-    for (int i = 0; i < NP; ++i) acc[g][i] = accumulate ? ld(out[g] + i * kVW) : vf{};
-  const float* b0[NP];
-  for (int i = 0; i < NP; ++i) b0[i] = base[i] + static_cast<int64_t>(d0) * pitch;
-  for (int d = 0; d < d1 - d0; ++d) {
-    vf kv[NP];
-    const int64_t off = static_cast<int64_t>(d) * pitch;
-    for (int i = 0; i < NP; ++i) kv[i] = ld(b0[i] + off);
-    for (int g = 0; g < NQ; ++g) {
-      const vf b = splat_load(xi + d * kGroup + g);
-      for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
-    }
-  }
-  for (int g = 0; g < NQ; ++g)
-    for (int i = 0; i < NP; ++i) st(out[g] + i * kVW, acc[g][i]);
-}
-
-template <int NQ>
-static void group_dot_np(int np, const float* xi, int d0, int d1, const float* const* base, int pitch,
-                         float* const* out, bool acc) {
-  switch (np) {
-    case 1: group_dot<NQ, 1>(xi, d0, d1, base, pitch, out, acc); break;
-    case 2: group_dot<NQ, 2>(xi, d0, d1, base, pitch, out, acc); break;
-#if FNA_CPU_VW >= 8
-    case 3: group_dot<NQ, 3>(xi, d0, d1, base, pitch, out, acc); break;
-#endif
-#if FNA_CPU_VW >= 16
-    case 4: group_dot<NQ, 4>(xi, d0, d1, base, pitch, out, acc); break;
-    case 5: group_dot<NQ, 5>(xi, d0, d1, base, pitch, out, acc); break;
-    case 6: group_dot<NQ, 6>(xi, d0, d1, base, pitch, out, acc); break;
-#endif
-    default: break;
-  }
-}
-
-// End of the batch starting at i0 when [0, n) is cut into the fewest batches of at most `most`,
-// as even as possible (13 rows of 6: 5 + 4 + 4, not 6 + 6 + 1, whose one-vector call is
-// latency-bound). Stateless: the rest [i0, n) is again cut evenly into ceil(left / most) batches.
-static inline int batch_end(int i0, int n, int most) {
-  const int left = n - i0, rest = (left + most - 1) / most;
-  return i0 + (left + rest - 1) / rest;
-}
-
-// out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan) for the
-// rows [r0, r1), for nq <= kGroup queries given interleaved (xi, see group_dot), accumulating
-// when d0 > 0 (callers split D into cache-sized chunks). Issues `hint_count` prefetch hints.
-static void group_scores(Hints* h, int hint_count, int nq, const float* xi, int d0, int d1,
-                         const float* const* rows, int r0, int r1, int R, int pitch, int cb, int Wspan,
-                         float* out) {
-  const int nv = Wspan / kVW, first = r0 * nv, total = r1 * nv;
-  const int64_t qstride = static_cast<int64_t>(R) * Wspan;
-  const float* base[kGroupPairs];
-  float* dst[kGroup];
-  for (int i0 = first; i0 < total;) {
-    const int i1 = first + batch_end(i0 - first, total - first, kGroupPairs), n = i1 - i0;
-    for (int i = 0; i < n; ++i) {
-      const int r = (i0 + i) / nv, v = (i0 + i) % nv;
-      base[i] = rows[r] + cb + v * kVW;
-    }
-    for (int g = 0; g < nq; ++g) dst[g] = out + g * qstride + i0 * kVW;
-    for (int k = 0; k < hint_count; ++k) h->one();
-    const bool acc = d0 > 0;
-    switch (nq) {
-      case 1: group_dot_np<1>(n, xi, d0, d1, base, pitch, dst, acc); break;
-      case 2: group_dot_np<2>(n, xi, d0, d1, base, pitch, dst, acc); break;
-      case 3: group_dot_np<3>(n, xi, d0, d1, base, pitch, dst, acc); break;
-      default: group_dot_np<4>(n, xi, d0, d1, base, pitch, dst, acc); break;
-    }
-    i0 = i1;
-  }
-}
-
-// "Diagonal" groups: kGroup queries whose windows, all W columns wide, start at span columns
-// 0, 1, .., kGroup - 1 (every interior group of a tile). Span column c then holds weights only
-// for the queries [max(0, c - W + 1), min(c + 1, kGroup)); the products of the others are exact
-// zeros (masked lanes), 19% of them at W = 13, and the diagonal kernels skip them by running
-// the span's columns in runs of one active query range each.
-#define FNA_CPU_INLINE inline __attribute__((always_inline))
-
-// acc[g] += sum_{c0 <= c < c1} w[g][c] * src[c][..] for the queries G0 <= g < G1.
-template <int NQ, int NV, int G0, int G1>
-static FNA_CPU_INLINE void accum_cols(vf (&acc)[NQ][NV], const float* src, int64_t pitch, const float* wr,
-                                      int64_t qstride, int c0, int c1) {
-  for (int c = c0; c < c1; ++c) {
-    vf v[NV];
-    for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
-    for (int g = G0; g < G1; ++g) {
-      const vf b = splat_load(wr + g * qstride + c);
-      for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
-    }
-  }
-}
-
-template <int NQ, int NV, bool Diag>
-static inline void group_accum(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
-                               const float* const* rows, int64_t pitch, int cb, int col0,
-                               float* const* out, bool accumulate) {
-  vf acc[NQ][NV];
-  for (int g = 0; g < NQ; ++g)
-    for (int j = 0; j < NV; ++j) acc[g][j] = accumulate ? ld(out[g] + col0 + j * kVW) : vf{};
-  for (int r = 0; r < R; ++r) {
-    const float* src = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
-    const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    for (int k = 0; k < 4; ++k) h->one();
-    if (Diag) {
-      static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
-      const int W = ncols - 3;
-      accum_cols<NQ, NV, 0, 1>(acc, src, pitch, wr, qstride, 0, 1);
-      accum_cols<NQ, NV, 0, 2>(acc, src, pitch, wr, qstride, 1, 2);
-      accum_cols<NQ, NV, 0, 3>(acc, src, pitch, wr, qstride, 2, 3);
-      accum_cols<NQ, NV, 0, 4>(acc, src, pitch, wr, qstride, 3, W);
-      accum_cols<NQ, NV, 1, 4>(acc, src, pitch, wr, qstride, W, W + 1);
-      accum_cols<NQ, NV, 2, 4>(acc, src, pitch, wr, qstride, W + 1, W + 2);
-      accum_cols<NQ, NV, 3, 4>(acc, src, pitch, wr, qstride, W + 2, W + 3);
-    } else {
-      accum_cols<NQ, NV, 0, NQ>(acc, src, pitch, wr, qstride, 0, ncols);
-    }
-  }
-  for (int g = 0; g < NQ; ++g)
-    for (int j = 0; j < NV; ++j) st(out[g] + col0 + j * kVW, acc[g][j]);
-}
-
-template <int NQ, bool Diag = false>
-static void group_accum_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
-                           const float* const* rows, int64_t pitch, int cb, int col0, float* const* out,
-                           bool accumulate) {
-  switch (nv) {
-    case 1: group_accum<NQ, 1, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-#if FNA_CPU_VW >= 16
-    case 2: group_accum<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    case 3: group_accum<NQ, 3, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-    default: group_accum<NQ, 4, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-#else
-    default: group_accum<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-#endif
-  }
-}
-
-// out[g][0 .. nvec * kVW) = sum_r sum_c w[g][r][c] * rows[r][cb + c][:] (rows are [M][pitch]),
-// over the ncols <= Wspan columns of the group's windows (w's rows are Wspan apart; the padding
-// lanes beyond them hold zero weights and are skipped).
-static void group_weighted_rows(Hints* h, int nq, bool diag, const float* w, int R, int Wspan, int ncols,
-                                const float* const* rows, int64_t pitch, int cb, int nvec, float* const* out,
-                                bool accumulate = false, int64_t qstride = -1) {
-  if (qstride < 0) qstride = static_cast<int64_t>(R) * Wspan;
-  for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
-    const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
-    const int col0 = j0 * kVW;
-    switch (nq) {
-      case 1: group_accum_nv<1>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 2: group_accum_nv<2>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      case 3: group_accum_nv<3>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate); break;
-      default:
-        if (diag)
-          group_accum_nv<4, true>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate);
-        else
-          group_accum_nv<4>(h, n, w, qstride, R, Wspan, ncols, rows, pitch, cb, col0, out, accumulate);
-        break;
-    }
-  }
-}
-
-// rows[r][cb + c][col0 ..] += sum_g w[g][r][c] * mult * x[g][col0 ..] for every row r and span
-// column c: the transposed product (dK = dS^T Q, dV = P^T dO) of one query group, with the
-// group's x vectors held in registers. Masked lanes carry zero weights.
-// rows[c][..] += sum_{G0 <= g < G1} w[g][c] * xv[g] for c0 <= c < c1 (diagonal runs, as in
-// group_accum).
-template <int NQ, int NV, int G0, int G1>
-static FNA_CPU_INLINE void outer_cols(const vf (&xv)[NQ][NV], float* dst, int pitch, const float* wr,
-                                      int64_t qstride, int c0, int c1) {
-  for (int c = c0; c < c1; ++c) {
-    float* d = dst + static_cast<int64_t>(c) * pitch;
-    vf acc[NV];
-    for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
-    for (int g = G0; g < G1; ++g) {
-      const vf b = splat_load(wr + g * qstride + c);
-      for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
-    }
-    for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
-  }
-}
-
-template <int NQ, int NV, bool Diag>
-static inline void group_outer(Hints* h, const float* w, int64_t qstride, int R, int Wspan, int ncols,
-                               const float* const* x, float mult, float* const* rows, int pitch,
-                               int cb, int col0) {
-  vf xv[NQ][NV];
-  for (int g = 0; g < NQ; ++g)
-    for (int j = 0; j < NV; ++j) xv[g][j] = ld(x[g] + col0 + j * kVW) * mult;
-  for (int r = 0; r < R; ++r) {
-    const float* wr = w + static_cast<int64_t>(r) * Wspan;
-    float* dst = rows[r] + static_cast<int64_t>(cb) * pitch + col0;
-    for (int k = 0; k < 4; ++k) h->one();
-    if (Diag) {
-      static_assert(!Diag || NQ == 4, "diagonal groups have kGroup = 4 queries");
-      const int W = ncols - 3;
-      outer_cols<NQ, NV, 0, 1>(xv, dst, pitch, wr, qstride, 0, 1);
-      outer_cols<NQ, NV, 0, 2>(xv, dst, pitch, wr, qstride, 1, 2);
-      outer_cols<NQ, NV, 0, 3>(xv, dst, pitch, wr, qstride, 2, 3);
-      outer_cols<NQ, NV, 0, 4>(xv, dst, pitch, wr, qstride, 3, W);
-      outer_cols<NQ, NV, 1, 4>(xv, dst, pitch, wr, qstride, W, W + 1);
-      outer_cols<NQ, NV, 2, 4>(xv, dst, pitch, wr, qstride, W + 1, W + 2);
-      outer_cols<NQ, NV, 3, 4>(xv, dst, pitch, wr, qstride, W + 2, W + 3);
-    } else {
-      outer_cols<NQ, NV, 0, NQ>(xv, dst, pitch, wr, qstride, 0, ncols);
-    }
-  }
-}
-
-template <int NQ, bool Diag = false>
-static void group_outer_nv(Hints* h, int nv, const float* w, int64_t qstride, int R, int Wspan, int ncols,
-                           const float* const* x, float mult, float* const* rows, int pitch, int cb,
-                           int col0) {
-  switch (nv) {
-    case 1: group_outer<NQ, 1, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-#if FNA_CPU_VW >= 16
-    case 2: group_outer<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    case 3: group_outer<NQ, 3, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-    default: group_outer<NQ, 4, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-#else
-    default: group_outer<NQ, 2, Diag>(h, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-#endif
-  }
-}
-
-static void group_outer_all(Hints* h, int nq, bool diag, const float* w, int64_t qstride, int R, int Wspan, int ncols,
-                            const float* const* x, float mult, float* const* rows, int pitch, int cb,
-                            int nvec) {
-  for (int j0 = 0; j0 < nvec; j0 += kGroupVecs) {
-    const int n = nvec - j0 < kGroupVecs ? nvec - j0 : kGroupVecs;
-    const int col0 = j0 * kVW;
-    switch (nq) {
-      case 1: group_outer_nv<1>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      case 2: group_outer_nv<2>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      case 3: group_outer_nv<3>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0); break;
-      default:
-        if (diag)
-          group_outer_nv<4, true>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0);
-        else
-          group_outer_nv<4>(h, n, w, qstride, R, Wspan, ncols, x, mult, rows, pitch, cb, col0);
-        break;
-    }
-  }
-}
-
-// Splits queries [0, T) into groups: [t0, t1) with a shared span of columns: the union of their
-// windows, [cb, cb + span), padded to Wspan lanes in the score buffers.
-struct Group {
-  int t0, t1, cb, span, Wspan;
-  bool diag;  // a diagonal group (see accum_cols)
-};
-// The lanes [lo[g], hi[g]) of each query's window in the group's span; returns the queries.
-static int group_lanes(const TileShape& s, const Group& gr, int* lo, int* hi) {
-  for (int t = gr.t0; t < gr.t1; ++t) {
-    lo[t - gr.t0] = s.col_begin[t] - gr.cb;
-    hi[t - gr.t0] = lo[t - gr.t0] + s.col_count[t];
-  }
-  return gr.t1 - gr.t0;
-}
-
-static Group next_group(const TileShape& s, int t0) {
-  const int limit = padded_window(s.col_count[t0] + kGroup - 1, kVW);
-  int t1 = t0 + 1;
-  while (t1 < s.T && t1 - t0 < kGroup &&
-         s.col_begin[t1] + s.col_count[t1] - s.col_begin[t0] <= limit)
-    ++t1;
-  const int span = s.col_begin[t1 - 1] + s.col_count[t1 - 1] - s.col_begin[t0];
-  bool diag = t1 - t0 == kGroup && kGroup == 4 && s.col_count[t0] >= 3;
-  for (int t = t0; t < t1 && diag; ++t)
-    diag = s.col_begin[t] - s.col_begin[t0] == t - t0 && s.col_count[t] == s.col_count[t0];
-  return {t0, t1, s.col_begin[t0], span, padded_window(span, kVW), diag};
-}
+#include "cpu/kernels_products.h"
 
 // ---- Whole tiles. All groups of a tile read the same key box shifted by a few columns, so the
 // loops run chunk-major (a chunk of the head dim, or of the rows, for every group) to reuse the
@@ -514,31 +248,104 @@ static int tile_groups(const TileShape& s, Group* out) {
   return n;
 }
 
-// buf[t0 * plane + g * R * Wspan ..] = scores of every group (query rows x[t] = xs + t * xpitch).
+// One tile's part in a score pass (tile_scores): its queries' rows x[t] = xs + t * xpitch, its
+// box rows, and its score buffer.
+struct ScoreSide {
+  const float* xs;
+  int xpitch;
+  const float* const* rows;
+  float* buf;
+};
+
+// A run of n box rows: [a, a + n) of tile 0 and / or [b, b + n) of tile 1 (-1: none of its rows),
+// the same panel rows when both.
+struct RowRun {
+  int a, b, n;
+};
+
+// The rows of tiles 0 and 1 (R each, in the same order, those both read being the same
+// pointers) as runs: shared, then each tile's own (rows_b null: one run of tile 0's).
+static int row_runs(const float* const* ra, const float* const* rb, int R, RowRun* out) {
+  if (!rb) {
+    out[0] = {0, -1, R};
+    return 1;
+  }
+  auto find = [R](const float* const* rows, int from, const float* p) {
+    for (int i = from; i < R; ++i)
+      if (rows[i] == p) return true;
+    return false;
+  };
+  int n = 0, i = 0, j = 0;
+  while (i < R || j < R) {
+    RowRun run;
+    if (i < R && j < R && ra[i] == rb[j]) {
+      run = {i, j, 0};
+      while (i < R && j < R && ra[i] == rb[j]) ++i, ++j, ++run.n;
+    } else if (j == R || (i < R && !find(rb, j, ra[i]))) {
+      run = {i++, -1, 1};
+    } else {
+      run = {-1, j++, 1};
+    }
+    const RowRun* last = n > 0 ? &out[n - 1] : nullptr;  // one tile's rows in a row: one run
+    if (last && run.n == 1 && (run.a < 0) == (last->a < 0) && (run.b < 0) == (last->b < 0) &&
+        (run.a < 0 || run.a == last->a + last->n) && (run.b < 0 || run.b == last->b + last->n))
+      ++out[n - 1].n;
+    else
+      out[n++] = run;
+  }
+  return n;
+}
+
+// side[k].buf[t0 * plane + g * R * Wspan ..] = scores of every group, for n <= 2 tiles of one
+// shape (the same last-axis window geometry: the same groups): box rows both tiles read (two
+// lines' windows overlap in all but a row or two) are loaded once for both tiles' queries,
+// 2 * kGroup FMAs per key vector instead of kGroup (which the split key loads needed).
 // Loop order: a chunk of D, then a batch of rows, then every group, so that the keys all groups
 // read (the batch's rows x the chunk's dims x the tile's columns) are reused from L1 / L2 while
 // the groups sweep over them, instead of being streamed once per group.
-static void tile_scores(const TileShape& s, const Group* grs, int ng, const float* xs, int xpitch,
-                        int D, const float* const* rows, int pitch, float* buf, int64_t plane,
-                        Hints* hints) {
-  float xi[kTileQueries * kGroup * kDChunk];  // per group: its queries' chunk, interleaved
+static void tile_scores(const TileShape& s, const Group* grs, int ng, int D, int pitch, const ScoreSide* side,
+                        int n, int64_t plane, Hints* hints) {
+  constexpr int kMaxRows = 256;
+  if (n > 1 && s.R > kMaxRows) {  // (more rows than runs[] holds: each tile alone)
+    for (int k = 0; k < n; ++k) tile_scores(s, grs, ng, D, pitch, side + k, 1, plane, hints);
+    return;
+  }
+  RowRun runs[2 * kMaxRows];
+  const int nr = row_runs(side[0].rows, n > 1 ? side[1].rows : nullptr, s.R, runs);
+  const int xs = n * kGroup;  // per group: both tiles' queries of a d, then the next d
+  float xi[kTileQueries * 2 * kGroup * kDChunk];
   for (int d0 = 0; d0 < D; d0 += kDChunk) {
     const int d1 = D - d0 < kDChunk ? D : d0 + kDChunk, dc = d1 - d0;
-    for (int i = 0; i < ng; ++i) {
-      float* dst = xi + i * kGroup * kDChunk;
-      for (int g = 0; g < grs[i].t1 - grs[i].t0; ++g) {
-        const float* x = xs + static_cast<int64_t>(grs[i].t0 + g) * xpitch + d0;
-        for (int d = 0; d < dc; ++d) dst[d * kGroup + g] = x[d];
-      }
-    }
-    for (int r0 = 0; r0 < s.R;) {
-      const int r1 = batch_end(r0, s.R, kGroupPairs);
+    for (int k = 0; k < n; ++k)
       for (int i = 0; i < ng; ++i) {
-        const Group& gr = grs[i];
-        group_scores(hints, 4, gr.t1 - gr.t0, xi + i * kGroup * kDChunk, d0, d1, rows, r0, r1, s.R,
-                     pitch, gr.cb, gr.Wspan, buf + gr.t0 * plane);
+        const int nq = grs[i].t1 - grs[i].t0;
+        float* dst = xi + i * 2 * kGroup * kDChunk + k * nq;
+        for (int g = 0; g < nq; ++g) {
+          const float* x = side[k].xs + static_cast<int64_t>(grs[i].t0 + g) * side[k].xpitch + d0;
+          for (int d = 0; d < dc; ++d) dst[d * xs + g] = x[d];
+        }
       }
-      r0 = r1;
+    for (int u = 0; u < nr; ++u) {
+      const RowRun& run = runs[u];
+      const int tiles = run.a >= 0 && run.b >= 0 ? 2 : 1;
+      for (int r0 = 0; r0 < run.n;) {
+        const int r1 = batch_end(r0, run.n, max_np(tiles * kGroup));
+        for (int i = 0; i < ng; ++i) {
+          const Group& gr = grs[i];
+          const int nq = gr.t1 - gr.t0;
+          const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+          float* out[2 * kGroup];
+          int m = 0;
+          if (run.a >= 0)
+            for (int g = 0; g < nq; ++g) out[m++] = side[0].buf + gr.t0 * plane + g * qstride + run.a * gr.Wspan;
+          if (run.b >= 0)
+            for (int g = 0; g < nq; ++g) out[m++] = side[1].buf + gr.t0 * plane + g * qstride + run.b * gr.Wspan;
+          const float* const* rows = run.a >= 0 ? side[0].rows + run.a : side[1].rows + run.b;
+          const float* x = xi + i * 2 * kGroup * kDChunk + (run.a >= 0 ? 0 : nq);
+          group_scores(hints, 4, m, x, xs, d0, d1, rows, r0, r1, pitch, gr.cb, gr.Wspan, out);
+        }
+        r0 = r1;
+      }
     }
   }
 }
@@ -621,15 +428,11 @@ void transpose_rows(const float* rows, int row_pitch, int n, int dim, float* out
   }
 }
 
-void forward_tile(const ForwardTile& a) {
+// A forward tile once its scores are in its scratch: softmax, P V, normalization, LSE.
+static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64_t plane, Hints* hints) {
   const TileShape& s = a.s;
-  Group grs[kTileQueries] = {};
-  const int ng = tile_groups(s, grs);
-  const int64_t plane = tile_plane(s);
   float* sc = a.scratch;
   float* sadd = a.scratch + s.T * plane;
-  Hints hints(a.prefetch);
-  tile_scores(s, grs, ng, a.q, a.q_pitch, s.D, a.kt_rows, a.pitch, sc, plane, &hints);
   float l[kTileQueries], m[kTileQueries];
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
@@ -655,8 +458,7 @@ void forward_tile(const ForwardTile& a) {
         l[t] += ag[n];
       }
   }
-  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, a.o_pitch, &hints);
-  hints.finish();
+  tile_weighted_rows(s, grs, ng, sc, plane, a.v_rows, s.Dvp, s.Dvp / kVW, a.o, a.o_pitch, hints);
   for (int t = 0; t < s.T; ++t) {
     float* o = a.o + static_cast<int64_t>(t) * a.o_pitch;
     for (int n = 0; n < s.A; ++n)
@@ -668,17 +470,28 @@ void forward_tile(const ForwardTile& a) {
   }
 }
 
-void backward_tile(const BackwardTile& a) {
-  const TileShape& s = a.s;
+// n <= 2 tiles of one shape (tile.h: Kernels::forward).
+void forward_tiles(const ForwardTile* a, int n) {
+  const TileShape& s = a[0].s;
   Group grs[kTileQueries] = {};
   const int ng = tile_groups(s, grs);
   const int64_t plane = tile_plane(s);
-  // P (from the saved LSE), dP, dS for every query, then dQ = dS K, dK += scale dS^T Q,
-  // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the
-  // box panels have slack columns beyond M for the span's padding).
-  Hints hints(a.prefetch);
-  tile_scores(s, grs, ng, a.q, a.q_pitch, s.D, a.kt_rows, a.pitch, a.p, plane, &hints);
-  tile_scores(s, grs, ng, a.d_o, a.do_pitch, s.Dv, a.vt_rows, a.pitch, a.ds, plane, &hints);  // dP
+  Hints hints(a[0].prefetch);
+  ScoreSide side[2] = {};
+  for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].scratch};
+  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, &hints);
+  for (int k = 0; k < n; ++k) forward_finish(a[k], grs, ng, plane, &hints);
+  hints.finish();
+}
+
+// A backward tile once P's scores and dP are in its scratch: dS, dQ = dS K, dK += scale dS^T Q,
+// dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the box
+// panels have slack columns beyond M for the span's padding).
+static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int64_t plane, Hints* hints) {
+  const TileShape& s = a.s;
+  for (int t = 0; t < s.T; ++t)
+    a.delta[t] = static_cast<float>(dot_f64(a.d_o + static_cast<int64_t>(t) * a.do_pitch,
+                                            a.o + static_cast<int64_t>(t) * a.o_pitch, s.Dvp));
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
@@ -694,10 +507,9 @@ void backward_tile(const BackwardTile& a) {
       for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
     }
   }
-  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, a.dq_pitch, &hints);
-  tile_outer(s, grs, ng, a.ds, plane, a.q, a.q_pitch, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, &hints);
-  tile_outer(s, grs, ng, a.p, plane, a.d_o, a.do_pitch, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, &hints);
-  hints.finish();
+  tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, a.dq_pitch, hints);
+  tile_outer(s, grs, ng, a.ds, plane, a.q, a.q_pitch, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, hints);
+  tile_outer(s, grs, ng, a.p, plane, a.d_o, a.do_pitch, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, hints);
   for (int t = 0; t < s.T; ++t) {
     const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
     const float* y = a.d_o + static_cast<int64_t>(t) * a.do_pitch;
@@ -720,6 +532,26 @@ void backward_tile(const BackwardTile& a) {
       axpy(a.p_add[t * s.A + n], a.d_o + static_cast<int64_t>(t) * a.do_pitch,
            a.d_add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
     }
+}
+
+// n <= 2 tiles of one shape (tile.h: Kernels::backward): P's scores and dP, then the rest.
+void backward_tiles(const BackwardTile* a, int n) {
+  const TileShape& s = a[0].s;
+  for (int k = 0; k < n; ++k)  // O is first read at the end (rowsum(dO * O)): ask for it now
+    for (int t = 0; t < s.T; ++t)
+      for (int e = 0; e < s.Dvp; e += 64 / static_cast<int>(sizeof(float)))
+        __builtin_prefetch(a[k].o + static_cast<int64_t>(t) * a[k].o_pitch + e);
+  Group grs[kTileQueries] = {};
+  const int ng = tile_groups(s, grs);
+  const int64_t plane = tile_plane(s);
+  Hints hints(a[0].prefetch);
+  ScoreSide side[2] = {};
+  for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].p};
+  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, &hints);
+  for (int k = 0; k < n; ++k) side[k] = {a[k].d_o, a[k].do_pitch, a[k].vt_rows, a[k].ds};
+  tile_scores(s, grs, ng, s.Dv, a[0].pitch, side, n, plane, &hints);  // dP
+  for (int k = 0; k < n; ++k) backward_finish(a[k], grs, ng, plane, &hints);
+  hints.finish();
 }
 
 }  // namespace FNA_CPU_ISA

@@ -76,10 +76,11 @@ struct BackwardTile {
   Prefetch prefetch;
   int pitch = 0;
   float scale = 0, scale_log2 = 0;
-  int q_pitch = 0, do_pitch = 0, dq_pitch = 0;  // as in ForwardTile
+  int q_pitch = 0, do_pitch = 0, o_pitch = 0, dq_pitch = 0;  // as in ForwardTile
   const float* q;               // [T][q_pitch]
   const float* d_o;             // [T][do_pitch]
-  const float* delta;           // [T] rowsum(dO * O)
+  const float* o;               // [T][o_pitch] the forward's output
+  float* delta;                 // scratch [T]: rowsum(dO * O)
   const float* lse2;            // [T] LSE in base 2 (lse * log2(e))
   const float* const* kt_rows;  // [R] -> [D][pitch]
   const float* const* k_rows;   // [R] -> [M][Dp]
@@ -104,8 +105,11 @@ inline int padded_window(int count, int vw) { return (count + vw - 1) / vw * vw;
 struct Kernels {
   const char* name;
   int vector_width;  // floats per vector
-  void (*forward)(const ForwardTile&);
-  void (*backward)(const BackwardTile&);
+  // n = 1 or 2 tiles of one TileShape (the same query columns and windows of two lines, say):
+  // the box rows both read (the same panel row pointers) are loaded once for both tiles' scores.
+  // The prefetch hints of tiles[0] serve the call.
+  void (*forward)(const ForwardTile* tiles, int n);
+  void (*backward)(const BackwardTile* tiles, int n);
   // Transposes n <= vector_width rows into the columns of a [dim][pitch] panel (see
   // kernels_impl.h): the K / V panels' conversion.
   void (*transpose)(const float* rows, int row_pitch, int n, int dim, float* out, int64_t pitch);

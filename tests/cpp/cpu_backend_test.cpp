@@ -157,6 +157,33 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
   }
 }
 
+// Two adjacent lines' same tile in one kernel call (bands of 2 lines, the forward's default)
+// gives the bits of one call per tile in line order (FNA_CPU_BAND=1): the shared key rows are
+// only loaded once, every score is still the same sum in the same order.
+TEST_P(CpuVsReference, PairedTilesMatchLineOrder) {
+  RandomLimits lim;
+  lim.max_axis[0] = 40;
+  lim.max_axis[1] = 20;
+  lim.max_axis[2] = 9;
+  for (int i = 0; i < 10 * intensity(); ++i) {
+    const Case c = random_case(13000 + i, rank(), 1, lim);
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
+    ProblemTensors t(c);
+    std::vector<double> out[2], lse[2];
+    for (int k = 0; k < 2; ++k) {
+      if (k == 0) setenv("FNA_CPU_BAND", "1", 1);
+      t.poison_outputs();
+      const fna::Status st = fna::forward(c.p, t.forward_args(), options_for(c, fna::Backend::cpu, 1 + i % 2));
+      unsetenv("FNA_CPU_BAND");
+      ASSERT_TRUE(st.ok()) << st.message;
+      out[k] = t.o.to_double();
+      if (c.with_lse) lse[k] = t.lse.to_double();
+    }
+    for (size_t e = 0; e < out[0].size(); ++e) ASSERT_EQ(out[0][e], out[1][e]) << "output " << e;
+    for (size_t e = 0; e < lse[0].size(); ++e) ASSERT_EQ(lse[0][e], lse[1][e]) << "lse " << e;
+  }
+}
+
 // Float32 heads-last tensors whose head dims are multiples of every vector width: the fused
 // kernels then read Q / dO and write O / dQ in the caller's rows (backend.cpp: direct_rows), on
 // problems long enough for per-worker rings, with the diagonal query groups of the kernels.
