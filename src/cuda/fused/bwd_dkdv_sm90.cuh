@@ -318,18 +318,26 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::fence_operands(dqa);
       wgmma::wait<0>();
       wgmma::fence_operands(dqa);
+      // The block's columns all exist (no padding): one address per row, constant offsets.
+      const bool whole = cblk * 64 + 64 <= p.dim;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
         const int64_t t = s_tok[buf * kQ + row];
         if (t < 0) continue;
-        float* dst = p.dq_accum + t * p.dq_row;
+        const int col0 = cblk * 64 + 2 * (lane & 3);
+        float* dst = p.dq_accum + t * p.dq_row + col0;
+        if (whole) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const int col = cblk * 64 + n * 8 + 2 * (lane & 3);
-          if (col >= p.dim) continue;
-          atomicAdd(reinterpret_cast<float2*>(dst + col),
-                    make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
+          for (int n = 0; n < 8; ++n)
+            atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
+                      make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
+        } else {
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            if (col0 + n * 8 < p.dim)
+              atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
+                        make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
         }
       }
     }
