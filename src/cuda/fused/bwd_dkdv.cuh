@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/fused/bwd_mma.cuh"
+#include "cuda/fused/bwd_ktile.cuh"
 #include "cuda/fused/bwd_params.cuh"
 #include "cuda/fused/bwd_qtiles.cuh"
 
@@ -190,60 +191,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int64_t n0 = 0;  // additional mode: first additional token
   if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
 
-  // ---- the key/value tile, once --------------------------------------------------------------
-  const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
-  const E* gV = static_cast<const E*>(additional ? p.add_v : p.v);
-  for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
-    const int row = idx / kChunks, c = idx % kChunks;
-    bool valid;
-    int64_t ok = 0, ov = 0;
-    if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
-      int i[kAxes], x[kAxes];
-      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
-      valid = to_global(p, G, i, x);
-      ok = tok_offset(p.sk, b, x, hkv);
-      ov = tok_offset(p.sv, b, x, hkv);
-    } else {
-      valid = n0 + row < p.num_add;
-      ok = b * p.sak.b + (n0 + row) * p.sak.n + hkv * p.sak.h;
-      ov = b * p.sav.b + (n0 + row) * p.sav.n + hkv * p.sav.h;
-    }
-    const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
-    load_chunk(sK + so, valid ? gK + ok : nullptr, c, p.dim, p.aligned, gK);
-    if (kDoDk) load_chunk(sV + so, valid ? gV + ov : nullptr, c, p.dim_v, p.aligned, gV);
-  }
-  cp_async_commit();
-
+  // ---- the key/value tile, once; the query tiles it visits (bwd_ktile.cuh) --------------------
+  load_kv_rows<E, kKV, kThreads, kChunks>(
+      p, G, additional, b, hkv, kv0, n0, reinterpret_cast<unsigned char*>(sK),
+      reinterpret_cast<unsigned char*>(sV), kDoDk,
+      [](int row, int c) { return uint32_t(Swizzled<kDh>::offset(row, c)) * 2; });
   // Inverse windows of this tile's keys: the mask of border tiles reads them.
   nbr::Range qr[kAxes];  // queries to visit per axis (neighborhood mode)
-  int nq[kAxes] = {1, 1, 1};
-  int64_t n_tiles;
-  if (!additional) {
-    if (tid < kKV) {
-      const uint32_t off = pack_offsets(p.tkv, tid);
-      int i[kAxes];
-      bool valid = true;
-      for (int a = 0; a < kAxes; ++a) {
-        i[a] = kv0[a] + unpack_offset(off, a);
-        valid = valid && i[a] < G.len[a];
-      }
-      for (int a = 0; a < kAxes; ++a) {
-        const nbr::Range r = valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
-        s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
-      }
-    }
-    n_tiles = 1;
-    for (int a = 0; a < kAxes; ++a) {
-      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
-      qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
-      nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
-      n_tiles *= nq[a];
-    }
-  } else {
-    n_tiles = (p.tokens + kQ - 1) / kQ;
-    nq[0] = int(n_tiles);
-  }
+  int nq[kAxes];
+  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();  // s_qoff is read by the first query-tile load
 
@@ -340,40 +296,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         }  // 16-bit
       }
 
-      // Border pairs only: a key row keeps the queries of its inverse window on every axis. The
-      // windows are taken relative to the tile origin once, so each element costs one unsigned
-      // compare per axis ((unsigned)(o - lo) < len tests lo <= o < lo + len).
-      if (masked) {
-        int lo[2][kAxes], len[2][kAxes];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = wrow + (lane >> 2) + half * 8;
-#pragma unroll
-          for (int a = 0; a < kAxes; ++a) {
-            const int2 r = s_kinv[row * kAxes + a];
-            lo[half][a] = r.x - q0[a];
-            len[half][a] = r.y - r.x;
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < kNB; ++n) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t off = s_qoff[qs + n * 8 + 2 * (lane & 3) + j];
-            int o[kAxes];
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a) o[a] = unpack_offset(off, a);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              bool in = true;
-#pragma unroll
-              for (int a = 0; a < kAxes; ++a)
-                in = in && unsigned(o[a] - lo[half][a]) < unsigned(len[half][a]);
-              if (!in) s[n][2 * half + j] = -INFINITY;
-            }
-          }
-        }
-      }
+      // Border pairs only (bwd_ktile.cuh).
+      if (masked) mask_key_rows<kNB>(s, s_kinv, s_qoff + qs, q0, wrow, lane);
 
       // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
 #pragma unroll
@@ -465,37 +389,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
-  E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
-  E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = wrow + (lane >> 2) + half * 8;
-    bool valid;
-    int64_t ok, ov;
-    if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
-      int i[kAxes], x[kAxes];
-      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
-      valid = to_global(p, G, i, x);
-      ok = tok_offset(p.sdk, b, x, hkv);
-      ov = tok_offset(p.sdv, b, x, hkv);
-    } else {
-      valid = n0 + row < p.num_add;
-      ok = b * p.sdak.b + (n0 + row) * p.sdak.n + hkv * p.sdak.h;
-      ov = b * p.sdav.b + (n0 + row) * p.sdav.n + hkv * p.sdav.h;
-    }
-    if (!valid) continue;
-#pragma unroll
-    for (int n = 0; n < kDB; ++n) {
-      const int col = n * 8 + 2 * (lane & 3);
-      if (kDoDk)
-        store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
-                   acc_dk[n][2 * half + 1] * p.scale, p.aligned);
-      if (kDoDv)
-        store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1],
-                   p.aligned);
-    }
-  }
+  store_dkdv<kDoDk, kDoDv, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
 }
 
 }  // namespace bwd

@@ -23,6 +23,7 @@
 
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
+#include "cuda/fused/bwd_ktile.cuh"
 #include "cuda/fused/bwd_params.cuh"
 #include "cuda/fused/bwd_qtiles.cuh"
 
@@ -86,62 +87,13 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int64_t n0 = 0;
   if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
 
-  // ---- the key/value tile, once ---------------------------------------------------------------
-  const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
-  const E* gV = static_cast<const E*>(additional ? p.add_v : p.v);
-  for (int idx = tid; idx < kKV * kChunks; idx += kThreads) {
-    const int row = idx / kChunks, c = idx % kChunks;
-    bool valid;
-    int64_t ok = 0, ov = 0;
-    if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
-      int i[kAxes], x[kAxes];
-      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
-      valid = to_global(p, G, i, x);
-      ok = tok_offset(p.sk, b, x, hkv);
-      ov = tok_offset(p.sv, b, x, hkv);
-    } else {
-      valid = n0 + row < p.num_add;
-      ok = b * p.sak.b + (n0 + row) * p.sak.n + hkv * p.sak.h;
-      ov = b * p.sav.b + (n0 + row) * p.sav.n + hkv * p.sav.h;
-    }
-    const uint32_t so = sw128<kKV>(row, c);
-    load_chunk(reinterpret_cast<E*>(smem + Tr::kOffK + so), valid ? gK + ok : nullptr, c, p.dim,
-               p.aligned, gK);
-    load_chunk(reinterpret_cast<E*>(smem + Tr::kOffV + so), valid ? gV + ov : nullptr, c,
-               p.dim_v, p.aligned, gV);
-  }
-  cp_async_commit();
-
+  // ---- the key/value tile, once; the query tiles it visits (bwd_ktile.cuh) --------------------
+  load_kv_rows<E, kKV, kThreads, kChunks>(p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK,
+                                          smem + Tr::kOffV, true,
+                                          [](int row, int c) { return sw128<kKV>(row, c); });
   nbr::Range qr[kAxes];
-  int nq[kAxes] = {1, 1, 1};
-  int64_t n_tiles;
-  if (!additional) {
-    if (tid < kKV) {
-      const uint32_t off = pack_offsets(p.tkv, tid);
-      int i[kAxes];
-      bool valid = true;
-      for (int a = 0; a < kAxes; ++a) {
-        i[a] = kv0[a] + unpack_offset(off, a);
-        valid = valid && i[a] < G.len[a];
-      }
-      for (int a = 0; a < kAxes; ++a) {
-        const nbr::Range r =
-            valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
-        s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
-      }
-    }
-    n_tiles = 1;
-    for (int a = 0; a < kAxes; ++a) {
-      const int e = min(kv0[a] + p.tkv[a], G.len[a]);
-      qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
-      nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
-      n_tiles *= nq[a];
-    }
-  } else {
-    n_tiles = (p.tokens + kQ - 1) / kQ;
-    nq[0] = int(n_tiles);
-  }
+  int nq[kAxes];
+  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
 
@@ -216,38 +168,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
 
-    // Border pairs only (bwd_dkdv.cuh): a key row keeps the queries of its inverse window.
-    if (masked) {
-      int lo[2][kAxes], len[2][kAxes];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = wrow + (lane >> 2) + half * 8;
-#pragma unroll
-        for (int a = 0; a < kAxes; ++a) {
-          const int2 r = s_kinv[row * kAxes + a];
-          lo[half][a] = r.x - q0[a];
-          len[half][a] = r.y - r.x;
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kNB; ++n) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t off = s_qoff[n * 8 + 2 * (lane & 3) + j];
-          int o[kAxes];
-#pragma unroll
-          for (int a = 0; a < kAxes; ++a) o[a] = unpack_offset(off, a);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            bool in = true;
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a)
-              in = in && unsigned(o[a] - lo[half][a]) < unsigned(len[half][a]);
-            if (!in) s[n][2 * half + j] = -INFINITY;
-          }
-        }
-      }
-    }
+    // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
+    if (masked) mask_key_rows<kNB>(s, s_kinv, s_qoff, q0, wrow, lane);
 
     // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
 #pragma unroll
@@ -356,34 +278,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
-  E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
-  E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = wrow + (lane >> 2) + half * 8;
-    bool valid;
-    int64_t ok, ov;
-    if (!additional) {
-      const uint32_t off = pack_offsets(p.tkv, row);
-      int i[kAxes], x[kAxes];
-      for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
-      valid = to_global(p, G, i, x);
-      ok = tok_offset(p.sdk, b, x, hkv);
-      ov = tok_offset(p.sdv, b, x, hkv);
-    } else {
-      valid = n0 + row < p.num_add;
-      ok = b * p.sdak.b + (n0 + row) * p.sdak.n + hkv * p.sdak.h;
-      ov = b * p.sdav.b + (n0 + row) * p.sdav.n + hkv * p.sdav.h;
-    }
-    if (!valid) continue;
-#pragma unroll
-    for (int n = 0; n < kDB; ++n) {
-      const int col = n * 8 + 2 * (lane & 3);
-      store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
-                 acc_dk[n][2 * half + 1] * p.scale, p.aligned);
-      store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1], p.aligned);
-    }
-  }
+  store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
 #endif
 }
 
