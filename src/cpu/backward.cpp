@@ -219,19 +219,26 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     const int64_t line = rest % plan.lines, b = rest / plan.lines;
     const int64_t id = panels.id(b, hk, line, g);
     const int lg = nbr::group_length(L, g);
+    std::vector<const float*> from;  // the accumulators of the workers that touched the panel
+    for (int w = 0; w < threads; ++w)
+      if (used[static_cast<size_t>(w)] && touched[static_cast<size_t>(w)][static_cast<size_t>(id)])
+        from.push_back(acc[static_cast<size_t>(w)].data());
     std::vector<float> sk(static_cast<size_t>(Dp)), sv(static_cast<size_t>(Dvp));
     for (int j = 0; j < lg; ++j) {
+      const int64_t token = line * p.shape[plan.la] + static_cast<int64_t>(j) * L.dilation + g;
+      const int64_t ok = id * panel_k + static_cast<int64_t>(j) * Dp;
+      const int64_t ov = dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
+      if (from.size() == 1) {  // (most panels: one worker's chunks hold all its query lines)
+        store_row(dk, dk.token_offset(b, token, hk), D, from[0] + ok);
+        store_row(dv, dv.token_offset(b, token, hk), Dv, from[0] + ov);
+        continue;
+      }
       std::fill(sk.begin(), sk.end(), 0.f);
       std::fill(sv.begin(), sv.end(), 0.f);
-      for (int w = 0; w < threads; ++w) {
-        if (!used[static_cast<size_t>(w)] || !touched[static_cast<size_t>(w)][static_cast<size_t>(id)]) continue;
-        const Floats& ac = acc[static_cast<size_t>(w)];
-        const float* srck = ac.data() + id * panel_k + static_cast<int64_t>(j) * Dp;
-        const float* srcv = ac.data() + dv_base + id * panel_v + static_cast<int64_t>(j) * Dvp;
-        for (int e = 0; e < D; ++e) sk[static_cast<size_t>(e)] += srck[e];
-        for (int e = 0; e < Dv; ++e) sv[static_cast<size_t>(e)] += srcv[e];
+      for (const float* ac : from) {
+        for (int e = 0; e < D; ++e) sk[static_cast<size_t>(e)] += ac[ok + e];
+        for (int e = 0; e < Dv; ++e) sv[static_cast<size_t>(e)] += ac[ov + e];
       }
-      const int64_t token = line * p.shape[plan.la] + static_cast<int64_t>(j) * L.dilation + g;
       store_row(dk, dk.token_offset(b, token, hk), D, sk.data());
       store_row(dv, dv.token_offset(b, token, hk), Dv, sv.data());
     }
