@@ -82,7 +82,8 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
-  const int64_t chunk = std::max<int64_t>(1, store.chunk(static_cast<int64_t>(plan.last_tiles.size())) / plan.per_item());
+  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
+  const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
   parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     bool paired = false;

@@ -55,8 +55,8 @@ static void backward_tile_setup(const Plan& plan, const Panels& panels, const Pa
   const TileGeom& tg = ts.tg;
   const TileShape& s = tg.s;
   const int D = s.D, Dp = s.Dp, Dv = s.Dv, Dvp = s.Dvp;
-  const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch, vt_floats = static_cast<int64_t>(Dv) * panels.pitch;
-  const int64_t panel_k = static_cast<int64_t>(panels.pitch) * Dp, panel_v = static_cast<int64_t>(panels.pitch) * Dvp;
+  const int64_t pitch = panels.pitch;
+  const int64_t kt_floats = D * pitch, vt_floats = Dv * pitch, panel_k = pitch * Dp, panel_v = pitch * Dvp;
   const int64_t dv_base = panels.count * panel_k;
   for (int r = 0; r < s.R; ++r) {
     const int64_t id = ts.panel_ids[static_cast<size_t>(r)];
@@ -145,7 +145,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const float scale = static_cast<float>(opt.scale);
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
   const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
-  const int64_t chunk = std::max<int64_t>(1, store.chunk(static_cast<int64_t>(plan.last_tiles.size())) / plan.per_item());
+  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
+  const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
   parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     Floats& ac = acc[static_cast<size_t>(worker)];
@@ -174,8 +175,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
           panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
         });
       for (int i = 0; i < m; ++i)
-        backward_tile_setup(plan, panels, store, kt, kr, vt, ac.data(), &mine, add_k, add_v, A, scale, sc.tile[j0 + i],
-                            &bt[i]);
+        backward_tile_setup(plan, panels, store, kt, kr, vt, ac.data(), &mine, add_k, add_v, A, scale,
+                            sc.tile[j0 + i], &bt[i]);
       if (j0 == 0) {
         bt[0].prefetch.rows = sc.hints.rows.data();
         bt[0].prefetch.n = static_cast<int>(sc.hints.rows.size());
