@@ -1,0 +1,87 @@
+// In-process A/B of the cpu backend on issue 2's problem (fp32, B=1, 128x128, H=4, D=64, 13x13):
+// calls alternate between two environment settings A and B ("NAME=VALUE,NAME=VALUE" or "-"), so
+// both see the same minute of this VM, whose speed drifts by up to 2x. Prints the medians and the
+// median B/A of adjacent calls. Mode 0: forward, 1: backward, 2: A = forward, B = backward (the
+// backward / forward ratio). Only settings the library reads per call can be compared (e.g.
+// FNA_CPU_BAND, FNA_CPU_PANELS, FNA_CPU_KERNELS). Build (CPU-only build dir build/bench-dev):
+//   g++ -O2 -std=c++17 -Iinclude -Isrc -Itools/bench tools/cpu_peak/ab.cpp tools/bench/buffers.cpp \
+//       build/bench-dev/libfna.a -pthread -o /tmp/fna_ab
+//   /tmp/fna_ab 30 0 FNA_CPU_BAND=1 -      # [calls per setting] [mode] [A] [B] [threads]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "buffers.h"
+
+namespace {
+
+void apply(const std::string& spec, bool on) {
+  if (spec == "-") return;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string kv = spec.substr(pos, end - pos);
+    const size_t eq = kv.find('=');
+    if (on)
+      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    else
+      unsetenv(kv.substr(0, eq).c_str());
+    pos = end + 1;
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+  const int mode = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::string a = argc > 3 ? argv[3] : "-", b = argc > 4 ? argv[4] : "-";
+  fna::Problem p;
+  p.rank = 2;
+  p.shape[0] = p.shape[1] = 128;
+  p.heads = p.heads_kv = 4;
+  p.dim = p.dim_v = 64;
+  p.kernel_size[0] = p.kernel_size[1] = 13;
+  p.dtype = fna::DType::f32;
+  fna_bench::Buffers buf(p, fna::Device::cpu, 1);
+  fna::Options opt;
+  opt.backend = fna::Backend::cpu;
+  opt.device = fna::Device::cpu;
+  opt.scale = 0.125;
+  opt.num_threads = argc > 5 ? std::atoi(argv[5]) : 0;
+  auto call = [&](bool backward) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const fna::Status st = backward ? fna::backward(p, buf.backward_args(), opt) : fna::forward(p, buf.forward_args(), opt);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message.c_str());
+      std::exit(1);
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  call(false);  // LSE / O for the backward, and warm-up
+  std::vector<double> ta, tb, ratio;
+  for (int i = 0; i < n + 2; ++i) {
+    apply(a, true);
+    const double x = call(mode == 1);
+    apply(a, false);
+    apply(b, true);
+    const double y = call(mode >= 1);
+    apply(b, false);
+    if (i < 2) continue;  // warm-up pairs
+    ta.push_back(x);
+    tb.push_back(y);
+    ratio.push_back(y / x);
+  }
+  std::sort(ratio.begin(), ratio.end());
+  std::printf("A[%s] %.2f ms  B[%s] %.2f ms (medians of %d)  B/A %.3f (quartiles %.3f, %.3f)\n", a.c_str(),
+              median(ta), b.c_str(), median(tb), n, ratio[n / 2], ratio[n / 4], ratio[3 * n / 4]);
+}
