@@ -14,8 +14,6 @@
 // to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
 #pragma once
 
-#include <cstdlib>
-
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_common.cuh"
 
@@ -50,11 +48,9 @@ struct Sm90Traits {
   // and softmax then overlap the others' MMAs. The launch bound makes the compiler fit the
   // registers to that.
   static constexpr int kBySmem = int((228 * 1024) / (kSmemBytes + 1024));
-  static constexpr int kByThreads = 65536 / (kThreads * (kD == 64 ? 96 : 128));
+  static constexpr int kByThreads = 65536 / (kThreads * 128);
   static constexpr int kMinBlocks0 = kBySmem < kByThreads ? kBySmem : kByThreads;
-  static constexpr int kMaxBlocks = kD == 64 ? 5 : 4;
-  static constexpr int kMinBlocks =
-      kMinBlocks0 > kMaxBlocks ? kMaxBlocks : (kMinBlocks0 < 1 ? 1 : kMinBlocks0);
+  static constexpr int kMinBlocks = kMinBlocks0 > 4 ? 4 : (kMinBlocks0 < 1 ? 1 : kMinBlocks0);
   static_assert(kQ % 64 == 0 && (kD == 64 || kD == 128) && (kN == 64 || kN == 128),
                 "sm90 tile sizes");
 };
@@ -147,8 +143,9 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::fence_operands(a);
 }
 
-template <class T, int kD, int kRank, class QT, class KT, int kMinB>
-__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads, kMinB)
+template <class T, int kD, int kRank, class QT, class KT>
+__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
+                                  Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
     fna_fwd_sm90_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
@@ -238,14 +235,7 @@ template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  // FNA_SM90_CTAS4=1: at most 4 CTAs per SM (the bound before head dim 64 got 5), for measurement.
-  static const bool four = [] {
-    const char* e = std::getenv("FNA_SM90_CTAS4");
-    return e != nullptr && e[0] == '1';
-  }();
-  constexpr int kB = Tr::kMinBlocks, kB4 = kB > 4 ? 4 : kB;
-  auto kernel = four ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, kB4>
-                     : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, kB>;
+  auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Tr::kSmemBytes));
   if (err != cudaSuccess) return err;
