@@ -319,7 +319,7 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, int D, int
     for (int k = 0; k < n; ++k)
       for (int i = 0; i < ng; ++i) {
         const int nq = grs[i].t1 - grs[i].t0;
-        float* dst = xi + i * 2 * kGroup * kDChunk + k * nq;
+        float* dst = xi + i * xs * kDChunk + k * nq;
         for (int g = 0; g < nq; ++g) {
           const float* x = side[k].xs + static_cast<int64_t>(grs[i].t0 + g) * side[k].xpitch + d0;
           for (int d = 0; d < dc; ++d) dst[d * xs + g] = x[d];
@@ -341,7 +341,7 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, int D, int
           if (run.b >= 0)
             for (int g = 0; g < nq; ++g) out[m++] = side[1].buf + gr.t0 * plane + g * qstride + run.b * gr.Wspan;
           const float* const* rows = run.a >= 0 ? side[0].rows + run.a : side[1].rows + run.b;
-          const float* x = xi + i * 2 * kGroup * kDChunk + (run.a >= 0 ? 0 : nq);
+          const float* x = xi + i * xs * kDChunk + (run.a >= 0 ? 0 : nq);
           group_scores(hints, 4, m, x, xs, d0, d1, rows, r0, r1, pitch, gr.cb, gr.Wspan, out);
         }
         r0 = r1;

@@ -15,11 +15,12 @@ constexpr int kGroupVecs = kVW >= 16 ? 4 : 2;
 constexpr int kAcc = kGroup * kGroupPairs;
 constexpr int max_np(int nq) { return kAcc / nq < kGroupPairs ? kAcc / nq : kGroupPairs; }
 
-// xi: the queries' values interleaved, xi[(d - d0) * xs + g] (one pointer for all the
+// xi: the queries' values interleaved, xi[(d - d0) * XS + g] (one pointer for all the
 // broadcasts: with one pointer per query the loop ran out of registers and reloaded its key
-// pointers from the stack / vector registers on every step, the latter through the FMA port).
-template <int NQ, int NP>
-static inline void group_dot(const float* xi, int xs, int d0, int d1, const float* const* base, int pitch,
+// pointers from the stack / vector registers on every step, the latter through the FMA port; a
+// run-time stride did the same at NP = 5, hence XS a template argument).
+template <int NQ, int NP, int XS>
+static inline void group_dot(const float* xi, int d0, int d1, const float* const* base, int pitch,
                              float* const* out, bool accumulate) {
   vf acc[NQ][NP];
   for (int g = 0; g < NQ; ++g)
@@ -31,7 +32,7 @@ static inline void group_dot(const float* xi, int xs, int d0, int d1, const floa
     const int64_t off = static_cast<int64_t>(d) * pitch;
     for (int i = 0; i < NP; ++i) kv[i] = ld(b0[i] + off);
     for (int g = 0; g < NQ; ++g) {
-      const vf b = splat_load(xi + d * xs + g);
+      const vf b = splat_load(xi + d * XS + g);
       for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
     }
   }
@@ -39,14 +40,44 @@ static inline void group_dot(const float* xi, int xs, int d0, int d1, const floa
     for (int i = 0; i < NP; ++i) st(out[g] + i * kVW, acc[g][i]);
 }
 
-// group_dot<NQ, np> for 1 <= np <= max_np(NQ).
-template <int NQ, int NP = 1>
-static void group_dot_np(int np, const float* xi, int xs, int d0, int d1, const float* const* base, int pitch,
+// group_dot<NQ, np, XS> for 1 <= np <= max_np(NQ).
+template <int NQ, int XS>
+static void group_dot_np(int np, const float* xi, int d0, int d1, const float* const* base, int pitch,
                          float* const* out, bool acc) {
-  if constexpr (NP < max_np(NQ)) {
-    if (np > NP) return group_dot_np<NQ, NP + 1>(np, xi, xs, d0, d1, base, pitch, out, acc);
+#define FNA_CPU_NP(NP)                                                              \
+  case NP:                                                                          \
+    if constexpr (NP <= max_np(NQ)) group_dot<NQ, NP, XS>(xi, d0, d1, base, pitch, out, acc); \
+    break;
+  switch (np) {
+    FNA_CPU_NP(1)
+    FNA_CPU_NP(2)
+    FNA_CPU_NP(3)
+    FNA_CPU_NP(4)
+    FNA_CPU_NP(5)
+    FNA_CPU_NP(6)
+    default: break;
   }
-  group_dot<NQ, NP>(xi, xs, d0, d1, base, pitch, out, acc);
+#undef FNA_CPU_NP
+}
+
+// group_dot_np for nq <= XS queries (1 .. kGroup, or 6 or 8 of two tiles: XS = 2 * kGroup).
+template <int XS>
+static void group_dot_nq(int nq, int np, const float* xi, int d0, int d1, const float* const* base, int pitch,
+                         float* const* out, bool acc) {
+  switch (nq) {
+    case 1: group_dot_np<1, XS>(np, xi, d0, d1, base, pitch, out, acc); break;
+    case 2: group_dot_np<2, XS>(np, xi, d0, d1, base, pitch, out, acc); break;
+    case 3: group_dot_np<3, XS>(np, xi, d0, d1, base, pitch, out, acc); break;
+    case 4: group_dot_np<4, XS>(np, xi, d0, d1, base, pitch, out, acc); break;
+    default:
+      if constexpr (XS > kGroup) {
+        if (nq == 6)
+          group_dot_np<6, XS>(np, xi, d0, d1, base, pitch, out, acc);
+        else
+          group_dot_np<8, XS>(np, xi, d0, d1, base, pitch, out, acc);
+      }
+      break;
+  }
 }
 
 // End of the batch starting at i0 when [0, n) is cut into the fewest batches of at most `most`,
@@ -58,7 +89,8 @@ static inline int batch_end(int i0, int n, int most) {
 }
 
 // out[g][r][0 .. Wspan) (+)= sum_{d0 <= d < d1} x[g][d] * rows[r][d][cb .. cb + Wspan) for the
-// rows [r0, r1), for nq queries given interleaved (xi, stride xs: see group_dot), accumulating
+// rows [r0, r1), for nq queries given interleaved (xi, stride xs = kGroup or 2 * kGroup: see
+// group_dot), accumulating
 // when d0 > 0 (callers split D into cache-sized chunks); out[g] points at query g's row 0. Issues
 // `hint_count` prefetch hints.
 static void group_scores(Hints* h, int hint_count, int nq, const float* xi, int xs, int d0, int d1,
@@ -76,14 +108,10 @@ static void group_scores(Hints* h, int hint_count, int nq, const float* xi, int 
     for (int g = 0; g < nq; ++g) dst[g] = out[g] + i0 * kVW;
     for (int k = 0; k < hint_count; ++k) h->one();
     const bool acc = d0 > 0;
-    switch (nq) {
-      case 1: group_dot_np<1>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-      case 2: group_dot_np<2>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-      case 3: group_dot_np<3>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-      case 4: group_dot_np<4>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-      case 6: group_dot_np<6>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-      default: group_dot_np<8>(n, xi, xs, d0, d1, base, pitch, dst, acc); break;
-    }
+    if (xs == kGroup)
+      group_dot_nq<kGroup>(nq, n, xi, d0, d1, base, pitch, dst, acc);
+    else
+      group_dot_nq<2 * kGroup>(nq, n, xi, d0, d1, base, pitch, dst, acc);
     i0 = i1;
   }
 }
