@@ -209,11 +209,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   cur.start(p, additional, hkv, qr);
   auto load_q_tile = [&](const QWalk& w, int buf) {
     load_q_rows<E, kQ, kThreads, kChunks>(
-        p, G, additional, b, w, s_qoff, reinterpret_cast<unsigned char*>(sQ + buf * kQ * kD),
+        p, G, additional, b, kv0, w, s_qoff, reinterpret_cast<unsigned char*>(sQ + buf * kQ * kD),
         reinterpret_cast<unsigned char*>(sdO + buf * kQ * kD), s_stat + buf * kQ,
-        s_tok + buf * kQ, [](int row, int c) { return uint32_t(Swizzled<kDh>::offset(row, c)) * 2; });
-    // Whether the tile needs no mask: once, by the last warp, for everyone after the barrier.
-    if (tid == kThreads - 1) s_full[buf] = qtile_full(p, G, additional, kv0, w.q0);
+        s_tok + buf * kQ, s_full + buf,
+        [](int row, int c) { return uint32_t(Swizzled<kDh>::offset(row, c)) * 2; });
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];

@@ -103,11 +103,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   cur.start(p, additional, hkv, qr);
   auto load_q_tile = [&](const QWalk& w, int buf) {
     load_q_rows<E, kQ, kThreads, kChunks>(
-        p, G, additional, b, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
-        smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ,
+        p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
+        smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
         [](int row, int c) { return sw128<kQ>(row, c); });
-    // Whether the tile needs no mask: once, by the last warp, for everyone after the barrier.
-    if (tid == kThreads - 1) s_full[buf] = qtile_full(p, G, additional, kv0, w.q0);
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];

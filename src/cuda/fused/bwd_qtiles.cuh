@@ -85,12 +85,14 @@ __device__ __forceinline__ bool qtile_full(const Params& p, const Group& G, bool
 
 // Q and dO rows of query tile `w` into shared memory (byte offset `sw(row, c)` of 16-byte chunk c
 // from sQ / sdO), the rows' statistics into `stat` by cp.async (waited with the tile), and each
-// row's flat index (b * tokens + token) * heads + h, or -1 for no query, into `tok`.
+// row's flat index (b * tokens + token) * heads + h, or -1 for no query, into `tok`, and
+// qtile_full into `full`.
 template <typename E, int kRows, int kThreads, int kChunks, class Sw>
 __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, bool additional,
-                                            int b, const QWalk& w, const uint32_t* s_qoff,
-                                            unsigned char* sQ, unsigned char* sdO, float2* stat,
-                                            int64_t* tok, Sw sw) {
+                                            int b, const int* kv0, const QWalk& w,
+                                            const uint32_t* s_qoff, unsigned char* sQ,
+                                            unsigned char* sdO, float2* stat, int64_t* tok,
+                                            int* full, Sw sw) {
   constexpr int kTPR0 = kThreads >= kRows ? kThreads / kRows : 1;
   constexpr int kTPR = kTPR0 > kChunks ? kChunks : kTPR0;  // threads per row
   constexpr int kRowsPerPass = kThreads / kTPR;
@@ -120,6 +122,9 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
     }
   }
   cp_async_commit();
+  // Whether the tile needs no mask against key tile kv0: once, by the last thread, for everyone
+  // after the barrier.
+  if (threadIdx.x == kThreads - 1) *full = qtile_full(p, G, additional, kv0, w.q0);
 }
 
 }  // namespace bwd
