@@ -230,11 +230,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     const int buf = int(it & 1);
     cp_async_wait_all();
     __syncthreads();
-    if (it + 1 < n_iter) {
-      QWalk nxt = cur;
-      nxt.next(p, additional, qr, nq);
-      load_q_tile(nxt, buf ^ 1);
-    }
+    if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);

@@ -127,11 +127,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (it + 1 < n_iter) {
-      QWalk nxt = cur;
-      nxt.next(p, additional, qr, nq);
-      load_q_tile(nxt, buf ^ 1);
-    }
+    if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;

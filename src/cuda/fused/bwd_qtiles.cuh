@@ -66,6 +66,14 @@ struct QWalk {
     if (a < 0) ++h;
     origin(p, additional, qr);
   }
+  // The tile after this one (this one unchanged).
+  __device__ __forceinline__ QWalk after(const Params& p, bool additional,
+                                         const nbr::Range (&qr)[kAxes],
+                                         const int (&nq)[kAxes]) const {
+    QWalk n = *this;
+    n.next(p, additional, qr, nq);
+    return n;
+  }
 };
 
 // A (key tile, query tile) pair needs no mask when both lie inside the group and the keys are in
