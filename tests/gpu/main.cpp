@@ -138,6 +138,29 @@ bool family_selected(const Args& a, Op op) {
 }
 
 // Hand-made cases for the special cases of SPEC.md section 1 and the shapes around them.
+// The configuration sweeps' random problems: past one 128-row tile on the first axis, several
+// tiles per axis in 2-D / 3-D.
+fna_test::RandomLimits sweep_limits(fna::DType dtype) {
+  fna_test::RandomLimits lim;
+  lim.max_axis[0] = 130;
+  lim.max_axis[1] = 20;
+  lim.max_axis[2] = 8;
+  lim.dtypes = {dtype};
+  return lim;
+}
+
+// Every (rank, dtype, dim, dim_v) a configuration sweep visits: ranks 1-3, the selected dtypes,
+// `dims` (or --dim), dim_v = dim (or --dim-v); --rank narrows the ranks.
+template <class F>
+void for_each_sweep_shape(const Args& a, const std::vector<int64_t>& dims, F f) {
+  for (int rank = 1; rank <= 3; ++rank) {
+    if (a.rank != 0 && rank != a.rank) continue;
+    for (fna::DType dtype : a.dtypes)
+      for (int64_t dim : a.dim > 0 ? std::vector<int64_t>{a.dim} : dims)
+        f(rank, dtype, dim, a.dim_v > 0 ? a.dim_v : dim);
+  }
+}
+
 std::vector<Case> fixed_cases(fna::DType dtype) {
   std::vector<Case> out;
   auto add = [&](int rank, std::vector<int64_t> shape, std::vector<int64_t> kernel,
@@ -383,46 +406,35 @@ int main(int argc, char** argv) {
     // configuration on another device must answer `unsupported`, which is counted as such.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
         args.only < 0 && args.config.empty()) {
-      fna_test::RandomLimits lim;
-      lim.max_axis[0] = 130;
-      lim.max_axis[1] = 20;
-      lim.max_axis[2] = 8;
       const std::string row = "cuda-fused forward configs";
       tally[row];  // the row is listed even when every case is skipped
       int n = 0;
-      for (int rank = 1; rank <= 3; ++rank) {
-        if (args.rank != 0 && rank != args.rank) continue;
-        for (fna::DType dtype : args.dtypes) {
-          lim.dtypes = {dtype};
-          const std::vector<int64_t> dims =
-              args.dim > 0 ? std::vector<int64_t>{args.dim} : std::vector<int64_t>{32, 56, 128, 200};
-          for (int64_t dim : dims) {
-            const int64_t dim_v = args.dim_v > 0 ? args.dim_v : dim;
-            const std::vector<std::string> names =
-                fna::fused_configs(rank, dtype, std::max(dim, dim_v));
-            for (size_t j = 0; j < names.size(); ++j) {
-              for (int rep = 0; rep < 3; ++rep, ++n) {
-                Case c = fna_test::random_case(args.seed * 1000003ull + 0xfc0f00 + 89 * n, rank,
-                                               1, lim);
-                c.p.dim = dim;
-                c.p.dim_v = dim_v;
-                rc.config = names[j];
-                rc.use_stream = false;
-                for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
-                  rc.allow_tf32 = pass == 1;
-                  const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);
-                  if (count(row, o)) {
-                    std::printf("FAIL [cuda-fused] config=%s%s %s\n%s\n", names[j].c_str(),
-                                rc.allow_tf32 ? " (allow_tf32)" : "", c.str().c_str(),
-                                o.detail.c_str());
-                    std::fflush(stdout);
-                  }
-                }
+      for_each_sweep_shape(args, {32, 56, 128, 200}, [&](int rank, fna::DType dtype, int64_t dim,
+                                                         int64_t dim_v) {
+        const fna_test::RandomLimits lim = sweep_limits(dtype);
+        const std::vector<std::string> names =
+            fna::fused_configs(rank, dtype, std::max(dim, dim_v));
+        for (size_t j = 0; j < names.size(); ++j) {
+          for (int rep = 0; rep < 3; ++rep, ++n) {
+            Case c =
+                fna_test::random_case(args.seed * 1000003ull + 0xfc0f00 + 89 * n, rank, 1, lim);
+            c.p.dim = dim;
+            c.p.dim_v = dim_v;
+            rc.config = names[j];
+            rc.use_stream = false;
+            for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
+              rc.allow_tf32 = pass == 1;
+              const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);
+              if (count(row, o)) {
+                std::printf("FAIL [cuda-fused] config=%s%s %s\n%s\n", names[j].c_str(),
+                            rc.allow_tf32 ? " (allow_tf32)" : "", c.str().c_str(),
+                            o.detail.c_str());
+                std::fflush(stdout);
               }
             }
           }
         }
-      }
+      });
       rc.config.clear();
       rc.allow_tf32 = false;
     }
@@ -430,47 +442,36 @@ int main(int argc, char** argv) {
     // 64, 128, 256; --rank / --dim / --dtype narrow it), float32 also with allow_tf32.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::backward) &&
         args.only < 0 && args.config.empty()) {
-      fna_test::RandomLimits lim;
-      lim.max_axis[0] = 130;  // past one 128-row tile; several tiles per axis in 2-D / 3-D
-      lim.max_axis[1] = 20;
-      lim.max_axis[2] = 8;
       const std::string row = "cuda-fused backward configs";
       tally[row];  // the row is listed even when every case is skipped
       int n = 0;
-      for (int rank = 1; rank <= 3; ++rank) {
-        if (args.rank != 0 && rank != args.rank) continue;
-        for (fna::DType dtype : args.dtypes) {
-          lim.dtypes = {dtype};
-          const std::vector<int64_t> dims =
-              args.dim > 0 ? std::vector<int64_t>{args.dim} : std::vector<int64_t>{48, 128, 176};
-          for (int64_t dim : dims) {
-            const int64_t dim_v = args.dim_v > 0 ? args.dim_v : dim;
-            const std::vector<std::string> names =
-                fna::fused_backward_configs(rank, dtype, std::max(dim, dim_v));
-            for (size_t j = 0; j < names.size(); ++j) {
-              Case c = fna_test::random_case(args.seed * 1000003ull + 0xbc0f00 + 97 * n, rank, 1,
-                                             lim);
-              c.p.dim = dim;
-              c.p.dim_v = dim_v;
-              rc.backward_config = names[j];
-              rc.deterministic = n % 2 == 1;
-              rc.use_stream = false;
-              for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
-                rc.allow_tf32 = pass == 1;
-                const Outcome o = fna_gpu_test::run_case(Op::backward, c, rc);
-                if (count(row, o)) {
-                  std::printf("FAIL [cuda-fused] backward_config=%s%s%s %s\n%s\n",
-                              names[j].c_str(), rc.allow_tf32 ? " (allow_tf32)" : "",
-                              rc.deterministic ? " (deterministic)" : "", c.str().c_str(),
-                              o.detail.c_str());
-                  std::fflush(stdout);
-                }
-              }
-              ++n;
+      for_each_sweep_shape(args, {48, 128, 176}, [&](int rank, fna::DType dtype, int64_t dim,
+                                                     int64_t dim_v) {
+        const fna_test::RandomLimits lim = sweep_limits(dtype);
+        const std::vector<std::string> names =
+            fna::fused_backward_configs(rank, dtype, std::max(dim, dim_v));
+        for (size_t j = 0; j < names.size(); ++j) {
+          Case c =
+              fna_test::random_case(args.seed * 1000003ull + 0xbc0f00 + 97 * n, rank, 1, lim);
+          c.p.dim = dim;
+          c.p.dim_v = dim_v;
+          rc.backward_config = names[j];
+          rc.deterministic = n % 2 == 1;
+          rc.use_stream = false;
+          for (int pass = 0; pass < (dtype == fna::DType::f32 ? 2 : 1); ++pass) {
+            rc.allow_tf32 = pass == 1;
+            const Outcome o = fna_gpu_test::run_case(Op::backward, c, rc);
+            if (count(row, o)) {
+              std::printf("FAIL [cuda-fused] backward_config=%s%s%s %s\n%s\n", names[j].c_str(),
+                          rc.allow_tf32 ? " (allow_tf32)" : "",
+                          rc.deterministic ? " (deterministic)" : "", c.str().c_str(),
+                          o.detail.c_str());
+              std::fflush(stdout);
             }
           }
+          ++n;
         }
-      }
+      });
       rc.backward_config.clear();
       rc.allow_tf32 = false;
       rc.deterministic = false;
