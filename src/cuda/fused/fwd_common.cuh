@@ -158,19 +158,19 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
   }
 }
 
-// Online softmax of one step's scores s (in place: s becomes P), the running max / sum update,
-// and the rescale of O when a row's reference max moved.
+// Online softmax of one step's scores s (in place: s becomes P) and the running max / sum update;
+// returns whether a row's reference max moved, i.e. O must be scaled by `alpha` (rescale_o)
+// before the step's P V is added. O itself is not touched, so it may be an MMA in flight.
 template <class Tr, bool kMasked>
-__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
+__device__ __forceinline__ bool softmax_scores(FwdState<Tr>& st,
                                                float (&s)[Tr::kMT][Tr::kStepN / 8][4],
-                                               float scale_log2) {
-  constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
+                                               float scale_log2, float (&alpha)[Tr::kMT][2]) {
+  constexpr int kN = Tr::kStepN, kMT = Tr::kMT;
   // Online softmax with lazy rescaling: a row's reference max m moves only when the tile's max
   // exceeds it by more than 8 (log2 units), so p stays <= 256 (exact in f32, and relative
   // precision is what 16-bit P keeps) and most steps skip rescaling O, which costs as many
   // instructions as the MMAs of a 32-key step.
   constexpr float kSlack = 8.f;
-  float alpha[kMT][2];
   bool rescale = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -201,18 +201,34 @@ __device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
       st.l[mt][r] = st.l[mt][r] * alpha[mt][r] + sum;
     }
   }
+  return rescale;
+}
+
+// O *= alpha per row, when any row of the warp needs it (softmax_scores' result).
+template <class Tr>
+__device__ __forceinline__ void rescale_o(FwdState<Tr>& st, bool rescale,
+                                          const float (&alpha)[Tr::kMT][2]) {
   if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
+      for (int j = 0; j < Tr::kD / 8; ++j) {
         st.o[mt][j][0] *= alpha[mt][0];
         st.o[mt][j][1] *= alpha[mt][0];
         st.o[mt][j][2] *= alpha[mt][1];
         st.o[mt][j][3] *= alpha[mt][1];
       }
   }
+}
 
+// softmax_scores, then the rescale of O.
+template <class Tr, bool kMasked>
+__device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
+                                               float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                               float scale_log2) {
+  float alpha[Tr::kMT][2];
+  const bool rescale = softmax_scores<Tr, kMasked>(st, s, scale_log2, alpha);
+  rescale_o(st, rescale, alpha);
 }
 
 // The CTA's place in the launch: batch, head, dilation group and query-tile origin (local

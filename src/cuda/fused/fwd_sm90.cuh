@@ -14,6 +14,9 @@
 // to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
 #pragma once
 
+#include <cstdlib>
+
+#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_common.cuh"
 
@@ -56,20 +59,21 @@ struct Sm90Traits {
 };
 
 // copy_rows (fwd_kernel.cuh) into the 128-byte-swizzled layout: row r's chunk c of region c / 8
-// (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16.
-template <class Tr, int kRows, bool kTwo, class RowSrc>
-__device__ __forceinline__ void copy_rows_sw(uint32_t dst_a, int dim_a, const void* fb_a,
+// (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16. `kThr` threads copy, `tid`
+// being this thread's number among them.
+template <class Tr, int kRows, bool kTwo, int kThr, class RowSrc>
+__device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a, const void* fb_a,
                                              uint32_t dst_b, int dim_b, const void* fb_b,
                                              RowSrc row_src) {
   using Elem = typename Tr::Elem;
-  constexpr int kTPR = Tr::kThreads >= kRows ? Tr::kThreads / kRows : 1;
-  constexpr int kRowsPerPass = Tr::kThreads / kTPR;
+  constexpr int kTPR = kThr >= kRows ? kThr / kRows : 1;
+  constexpr int kRowsPerPass = kThr / kTPR;
   constexpr int kPasses = kRows / kRowsPerPass;
   constexpr int kCPT = Tr::kChunks / kTPR;
   constexpr uint32_t kRegion = kRows * 128;
   static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
-  const int sub = threadIdx.x % kTPR;
-  const int r0 = threadIdx.x / kTPR;
+  const int sub = tid % kTPR;
+  const int r0 = tid / kTPR;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
@@ -92,20 +96,17 @@ __device__ __forceinline__ void copy_rows_sw(uint32_t dst_a, int dim_a, const vo
   }
 }
 
-// One key/value tile for one warpgroup: S = Q K^T, mask, online softmax, O += P V.
-template <class Tr, class T, class KT, bool kMasked>
-__device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
-                                          uint32_t sV, const KvTile& tile, const RowWindow* sWin,
-                                          int num_add, float scale_log2) {
+// S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one
+// wgmma group; the caller waits.
+template <class Tr, class T>
+__device__ __forceinline__ void issue_s(float (&s)[1][Tr::kN / 8][4], uint32_t sQw, uint32_t sK) {
   constexpr int kN = Tr::kN, kD = Tr::kD;
   using MmaS = wgmma::Mma<T, kN>;
-  using MmaO = wgmma::Mma<T, kD>;
-  float s[1][kN / 8][4];
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
   // Descriptors: the k-step's offset only changes the start address field (16-byte units).
   const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024);
   const uint64_t dk = wgmma::desc_sw128(sK, 16, 1024);
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
   wgmma::fence_operands(s[0]);
   wgmma::fence();
 #pragma unroll
@@ -114,30 +115,52 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
              dk + ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16, 1);
   wgmma::commit();
   wgmma::fence_operands(s[0]);
-  wgmma::wait<0>();
-  wgmma::fence_operands(s[0]);
+}
 
-  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
-  const uint64_t dv = wgmma::desc_sw128(sV, kN * 128, 1024);
-  uint32_t a[kN / 16][4];
-  softmax_update<Tr, kMasked>(st, s, scale_log2);
-
-  // P as the register A operand of every k-step, packed before the first MMA is issued (packing
-  // between MMAs would make the compiler serialize them).
+// P (the softmax'd scores) packed as the register A operand of every k-step of P V; done before
+// the first MMA is issued (packing between MMAs would make the compiler serialize them).
+template <class Tr, class T>
+__device__ __forceinline__ void pack_p(const float (&s)[1][Tr::kN / 8][4],
+                                       uint32_t (&a)[Tr::kN / 16][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) {
+  for (int kk = 0; kk < Tr::kN / 16; ++kk) {
     a[kk][0] = mma::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
     a[kk][1] = mma::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
     a[kk][2] = mma::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
     a[kk][3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
   }
+}
+
+// O += P V (V read transposed from the swizzled tile at sV), issued and committed as one group;
+// the caller waits (P's registers stay in use until then).
+template <class Tr, class T>
+__device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN / 16][4],
+                                         uint32_t sV) {
+  using MmaO = wgmma::Mma<T, Tr::kD>;
+  const uint64_t dv = wgmma::desc_sw128(sV, Tr::kN * 128, 1024);
   wgmma::fence_operands(st.o[0]);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
+  for (int kk = 0; kk < Tr::kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
   wgmma::commit();
   wgmma::fence_operands(st.o[0]);
   wgmma::fence_operands(a);
+}
+
+// One key/value tile for one warpgroup: S = Q K^T, mask, online softmax, O += P V.
+template <class Tr, class T, class KT, bool kMasked>
+__device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
+                                          uint32_t sV, const KvTile& tile, const RowWindow* sWin,
+                                          int num_add, float scale_log2) {
+  float s[1][Tr::kN / 8][4];
+  issue_s<Tr, T>(s, sQw, sK);
+  wgmma::wait<0>();
+  wgmma::fence_operands(s[0]);
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
+  softmax_update<Tr, kMasked>(st, s, scale_log2);
+  uint32_t a[Tr::kN / 16][4];
+  pack_p<Tr, T>(s, a);
+  issue_pv<Tr, T>(st, a, sV);
   wgmma::wait<0>();
   wgmma::fence_operands(st.o[0]);
   wgmma::fence_operands(a);
@@ -168,7 +191,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
   const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  copy_rows_sw<Tr, Tr::kQ, false>(sQ, p.dim, p.q, 0, 0, nullptr,
+  copy_rows_sw<Tr, Tr::kQ, false, Tr::kThreads>(threadIdx.x, sQ, p.dim, p.q, 0, 0, nullptr,
                                   [&](int row, const Elem*& a, const Elem*&) {
                                     return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
                                   });
@@ -187,13 +210,13 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.add_begin < 0) {
-      copy_rows_sw<Tr, Tr::kN, true>(
-          sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
+      copy_rows_sw<Tr, Tr::kN, true, Tr::kThreads>(
+          threadIdx.x, sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
             return kv_row_src<KT, kFirst>(p, gr, t, gK, gV, row, k, v);
           });
     } else {
-      copy_rows_sw<Tr, Tr::kN, true>(
-          sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
+      copy_rows_sw<Tr, Tr::kN, true, Tr::kThreads>(
+          threadIdx.x, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
             return add_row_src(p, ft.b, hkv, t, row, k, v);
           });
     }
@@ -226,21 +249,209 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 #endif
 }
 
+// The warp-specialized variant (128-query tiles): warpgroups 0 and 1 compute (64 query rows
+// each), warpgroup 2 loads. The loader copies Q, then each key/value tile into a ring of kStages
+// buffers by cp.async; it publishes a buffer, after its copies landed and a proxy fence, with an
+// arrive on the buffer's "full" mbarrier, and waits for the compute warpgroups' arrives on its
+// "empty" mbarrier before refilling it. With the loads and the per-tile barrier off the compute
+// warps and the registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute
+// warpgroup overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
+// O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
+// hands buffer j - 1 back.
+template <class Tr>
+struct Sm90WsTraits {
+  static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
+  static constexpr int kThreads = Tr::kThreads + 128;
+  static constexpr int kStages = Tr::kD == 64 ? 6 : 4;
+  static constexpr int kWinOffset = Tr::kQBytes + kStages * 2 * Tr::kTileBytes;
+  static constexpr size_t kSmemBytes = 1024 + size_t(kWinOffset) + size_t(Tr::kQ) * sizeof(RowWindow);
+  static_assert(kConsumers == 2, "the warp-specialized forward takes 128-query tiles");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <class T, int kD, int kRank, class QT, class KT>
+__global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
+    fna_fwd_sm90_ws_kernel(const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  using Ws = Sm90WsTraits<Tr>;
+  using Elem = typename Tr::Elem;
+  constexpr int kFirst = Tr::kFirstAxis;
+  constexpr int kStages = Ws::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_u32(smem_raw);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t sQ = raw + pad;
+  const uint32_t sKV = sQ + Tr::kQBytes;
+  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + pad + Ws::kWinOffset);
+  __shared__ __align__(8) uint64_t bars[2 * kStages + 1];  // full[s], empty[s], Q
+  const uint32_t bar0 = mma::smem_u32(bars);
+  auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
+  auto empty = [&](int stage) { return bar0 + 8u * uint32_t(kStages + stage); };
+  const uint32_t q_full = bar0 + 8u * uint32_t(2 * kStages);
+
+  FwdTile ft;
+  if (!fwd_tile<QT>(p, blockIdx.x, ft)) return;
+  const Geometry& geo = p.geo;
+  const Group& gr = ft.gr;
+  const int hkv = ft.h / p.heads_per_kv;
+
+  __shared__ KvSpan sSpan;
+  if (threadIdx.x == 0) {
+    sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
+    for (int i = 0; i < kStages; ++i) {
+      mbar::init(full(i), 128);                  // the loader's threads
+      mbar::init(empty(i), Tr::kThreads);        // the compute threads
+    }
+    mbar::init(q_full, 128);
+  }
+  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
+  __syncthreads();
+  const KvSpan& span = sSpan;
+  const int n_nbr = span.total();
+  const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+
+  if (threadIdx.x >= Tr::kThreads) {
+    // Loader warpgroup.
+    mbar::regs_dec<40>();
+    const int tid = threadIdx.x - Tr::kThreads;
+    const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+    const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+    const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+    copy_rows_sw<Tr, Tr::kQ, false, 128>(tid, sQ, p.dim, p.q, 0, 0, nullptr,
+                                         [&](int row, const Elem*& a, const Elem*&) {
+                                           return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
+                                         });
+    mma::cp_async_commit();
+    KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+    for (int it = 0; it < n_tiles; ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) mbar::wait(empty(stage), uint32_t((it / kStages) - 1) & 1u);
+      const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+      const uint32_t sV = sK + Tr::kTileBytes;
+      if (cur.add_begin < 0) {
+        copy_rows_sw<Tr, Tr::kN, true, 128>(
+            tid, sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
+              return kv_row_src<KT, kFirst>(p, gr, cur, gK, gV, row, k, v);
+            });
+      } else {
+        copy_rows_sw<Tr, Tr::kN, true, 128>(
+            tid, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v,
+            [&](int row, const Elem*& k, const Elem*& v) {
+              return add_row_src(p, ft.b, hkv, cur, row, k, v);
+            });
+      }
+      mma::cp_async_commit();
+      // The previous group (Q for the first tile) has landed: publish it.
+      mma::cp_async_wait<1>();
+      wgmma::fence_proxy_async();
+      mbar::arrive(it == 0 ? q_full : full((it - 1) % kStages));
+      cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+    }
+    mma::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    mbar::arrive(n_tiles == 0 ? q_full : full((n_tiles - 1) % kStages));
+    return;
+  }
+
+  // Compute warpgroups.
+  mbar::regs_inc<232>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
+  FwdState<Tr> st;
+  init_state(st);
+  mbar::wait(q_full, 0);
+  if (n_tiles > 0) {
+    float s[1][Tr::kN / 8][4];
+    uint32_t a[Tr::kN / 16][4];
+    // Tile 0: S, softmax, P.
+    KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+    mbar::wait(full(0), 0);
+    issue_s<Tr, T>(s, sQw, sKV);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s[0]);
+    if (cur.inside) {
+      softmax_update<Tr, false>(st, s, p.scale_log2);
+    } else {
+      apply_mask<Tr, KT>(s, cur, sWin, p.num_add, 0);
+      softmax_update<Tr, true>(st, s, p.scale_log2);
+    }
+    pack_p<Tr, T>(s, a);
+    for (int it = 1; it < n_tiles; ++it) {
+      cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it - 1);
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
+      const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+      const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
+      issue_s<Tr, T>(s, sQw, sK);
+      issue_pv<Tr, T>(st, a, sVprev);
+      wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+      wgmma::fence_operands(s[0]);
+      float alpha[1][2];
+      bool rescale;
+      if (cur.inside) {
+        rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
+      } else {
+        apply_mask<Tr, KT>(s, cur, sWin, p.num_add, 0);
+        rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
+      }
+      wgmma::wait<0>();
+      wgmma::fence_operands(st.o[0]);
+      wgmma::fence_operands(a);
+      mbar::arrive(empty(prev));
+      rescale_o(st, rescale, alpha);
+      pack_p<Tr, T>(s, a);
+    }
+    const int last = (n_tiles - 1) % kStages;
+    issue_pv<Tr, T>(st, a, sKV + (2 * last + 1) * Tr::kTileBytes);
+    wgmma::wait<0>();
+    wgmma::fence_operands(st.o[0]);
+    wgmma::fence_operands(a);
+  }
+  store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+#endif
+}
+
+// Whether launch_fwd_sm90 runs the warp-specialized kernel (128-query tiles): yes unless the
+// environment sets FNA_SM90_WS=0 (the plain kernel, for comparisons).
+inline bool use_fwd_sm90_ws() {
+  const char* env = std::getenv("FNA_SM90_WS");
+  return !(env != nullptr && env[0] == '0');
+}
+
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes() {
-  return Sm90Traits<T, kD, kRank, QT, KT>::kSmemBytes;
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  if constexpr (Tr::kQ == 128) {
+    const size_t ws = Sm90WsTraits<Tr>::kSmemBytes;
+    return use_fwd_sm90_ws() ? ws : Tr::kSmemBytes;
+  } else {
+    return Tr::kSmemBytes;
+  }
 }
 
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if constexpr (Tr::kQ == 128) {
+    if (use_fwd_sm90_ws()) {
+      using Ws = Sm90WsTraits<Tr>;
+      if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
+      auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(Ws::kSmemBytes));
+      if (err != cudaSuccess) return err;
+      kernel<<<static_cast<unsigned>(ctas), Ws::kThreads, Ws::kSmemBytes, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
   auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Tr::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,0 +1,51 @@
+// Shared-memory mbarriers (sm_80+) and warpgroup register reallocation (setmaxnreg, sm_90a) for
+// warp-specialized kernels: producer warps publish a buffer with an arrive on its "full" barrier,
+// consumer warps hand it back with an arrive on its "empty" barrier, and each side waits on the
+// other's barrier by phase parity.
+//
+// Phase parity: a barrier starts in phase 0. Waiting for parity P returns once the phase of that
+// parity has completed; right after init, waiting for parity 1 returns at once (the phase "before"
+// phase 0 counts as completed), which is how a producer's first pass over empty buffers proceeds.
+#pragma once
+
+#include <cstdint>
+
+namespace fna {
+namespace mbar {
+
+__device__ __forceinline__ void init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Arrive (release semantics at CTA scope): the thread's earlier shared-memory writes are visible
+// to threads that observe the phase completing.
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Blocks until the phase of parity `parity` has completed (acquire semantics at CTA scope).
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Warpgroup register reallocation (every warp of the warpgroup runs it): a producer gives
+// registers back, consumers take them.
+template <int kRegs>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+}  // namespace mbar
+}  // namespace fna
