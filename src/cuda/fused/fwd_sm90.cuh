@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // warps and the registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute
 // warpgroup overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
-// hands buffer j - 1 back.
+// hands buffer j - 1 back. With kPingPong the two compute warpgroups also take turns issuing
+// their MMAs (named barriers 1 and 2), so one's softmax runs while the other's MMAs do.
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
@@ -269,7 +270,7 @@ struct Sm90WsTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <class T, int kD, int kRank, class QT, class KT>
+template <class T, int kD, int kRank, class QT, class KT, bool kPingPong>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
     fna_fwd_sm90_ws_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -360,14 +361,32 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   FwdState<Tr> st;
   init_state(st);
+  const int wg = warp >> 2;
+  // Ping-pong: warpgroup wg issues after syncing on barrier 1 + wg and then lets the other one
+  // go (arrive on 2 - wg); warpgroup 0 goes first. Both pass the same n_tiles + 1 issue points;
+  // warpgroup 1's arrive after its last one is the first one's, moved to the start.
+  int turns = n_tiles + 1;
+  auto my_turn = [&]() {
+    if constexpr (kPingPong) mbar::named_sync(1 + wg, Tr::kThreads);
+  };
+  auto your_turn = [&]() {
+    if constexpr (kPingPong) {
+      if (wg == 0 || --turns > 0) mbar::named_arrive(2 - wg, Tr::kThreads);
+    }
+  };
   mbar::wait(q_full, 0);
   if (n_tiles > 0) {
+    if constexpr (kPingPong) {
+      if (wg == 1) mbar::named_arrive(1, Tr::kThreads);
+    }
     float s[1][Tr::kN / 8][4];
     uint32_t a[Tr::kN / 16][4];
     // Tile 0: S, softmax, P.
     KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
     mbar::wait(full(0), 0);
+    my_turn();
     issue_s<Tr, T>(s, sQw, sKV);
+    your_turn();
     wgmma::wait<0>();
     wgmma::fence_operands(s[0]);
     if (cur.inside) {
@@ -383,8 +402,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
       const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
+      my_turn();
       issue_s<Tr, T>(s, sQw, sK);
       issue_pv<Tr, T>(st, a, sVprev);
+      your_turn();
       wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
       wgmma::fence_operands(s[0]);
       float alpha[1][2];
@@ -403,7 +424,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       pack_p<Tr, T>(s, a);
     }
     const int last = (n_tiles - 1) % kStages;
+    my_turn();
     issue_pv<Tr, T>(st, a, sKV + (2 * last + 1) * Tr::kTileBytes);
+    your_turn();
     wgmma::wait<0>();
     wgmma::fence_operands(st.o[0]);
     wgmma::fence_operands(a);
@@ -412,12 +435,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 #endif
 }
 
-// Whether launch_fwd_sm90 runs the warp-specialized kernel (128-query tiles): yes unless the
-// environment sets FNA_SM90_WS=0 (the plain kernel, for comparisons).
-inline bool use_fwd_sm90_ws() {
+// Which kernel launch_fwd_sm90 runs for 128-query tiles: 0 plain, 1 warp-specialized, 2
+// warp-specialized with ping-pong; FNA_SM90_WS in the environment overrides the default (for
+// comparisons).
+inline int fwd_sm90_ws_mode() {
   const char* env = std::getenv("FNA_SM90_WS");
-  return !(env != nullptr && env[0] == '0');
+  if (env != nullptr && env[0] >= '0' && env[0] <= '2') return env[0] - '0';
+  return 2;
 }
+inline bool use_fwd_sm90_ws() { return fwd_sm90_ws_mode() != 0; }
 
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes() {
@@ -439,7 +465,8 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
     if (use_fwd_sm90_ws()) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-      auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
+      auto kernel = fwd_sm90_ws_mode() == 2 ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
+                                            : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(Ws::kSmemBytes));
       if (err != cudaSuccess) return err;
