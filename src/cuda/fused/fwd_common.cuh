@@ -88,17 +88,29 @@ __device__ __forceinline__ KvTile kv_tile_next(const KvSpan& s, int n_nbr, const
   return n;
 }
 
+// The thread's two rows per m-tile of the window table (lane / 4 and lane / 4 + 8 of each 16).
+template <class Tr>
+__device__ __forceinline__ void load_row_windows(const RowWindow* sWin,
+                                                 RowWindow (&rw)[Tr::kMT][2]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rw[mt][r] = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
+}
+
 // Border-tile mask. Per query row and axis, the window clipped to the tile becomes a bit set over
 // the tile's positions on that axis; a key is in when its bit is set on every axis. The thread's
 // columns are j * 8 + 2 * (lane % 4) + e, so when the fastest tile axis is a multiple of 8 every
 // coordinate but that axis's 2 * (lane % 4) is a compile-time constant: each element costs a few
-// constant-position bit tests, and only one row's bit sets are live at a time.
+// constant-position bit tests, and only one row's bit sets are live at a time. The row windows
+// come in registers (load_row_windows); apply_mask reads them from the CTA's table.
 template <class Tr, class KT>
-__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
-                                           const KvTile& tile, const RowWindow* sWin, int num_add,
-                                           int col0) {
+__device__ __forceinline__ void apply_mask_rw(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                              const KvTile& tile, const RowWindow (&rw)[Tr::kMT][2],
+                                              int num_add, int col0) {
   constexpr int kN = Tr::kStepN;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int t2 = 2 * (lane & 3);
   if (tile.add_begin >= 0) {
     // Additional keys: only the count bounds the last tile.
@@ -112,16 +124,20 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
           if (j * 8 + (i & 1) >= rem) s[mt][j][i] = -INFINITY;
     return;
   }
-  using Bits = typename std::conditional<(KT::kSize > 32), unsigned long long, unsigned>::type;
-  static_assert(KT::kExt[0] <= 64 && KT::kExt[1] <= 64 && KT::kExt[2] <= 64,
-                "one bit per key-tile position on each axis: extents up to 64");
+  // One bit per key-tile position on an axis: 32-bit sets unless an axis is longer (64-bit shifts
+  // cost two instructions each).
+  constexpr int kMaxExt = KT::kExt[0] > KT::kExt[1]
+                              ? (KT::kExt[0] > KT::kExt[2] ? KT::kExt[0] : KT::kExt[2])
+                              : (KT::kExt[1] > KT::kExt[2] ? KT::kExt[1] : KT::kExt[2]);
+  using Bits = typename std::conditional<(kMaxExt > 32), unsigned long long, unsigned>::type;
+  static_assert(kMaxExt <= 64, "one bit per key-tile position on each axis: extents up to 64");
   constexpr int kBits = sizeof(Bits) * 8;
   constexpr bool kFastAxis8 = KT::kExt[kAxes - 1] % 8 == 0;
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const RowWindow& w = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
+      const RowWindow& w = rw[mt][r];
       Bits bits[kAxes];
 #pragma unroll
       for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
@@ -129,33 +145,71 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
         int lo = w.begin[ax] - tile.origin[ax], hi = w.end[ax] - tile.origin[ax];
         lo = lo < 0 ? 0 : (lo > ext ? ext : lo);
         hi = hi < 0 ? 0 : (hi > ext ? ext : hi);
-        const Bits below_hi = hi >= kBits ? ~Bits(0) : ((Bits(1) << hi) - 1);
-        const Bits below_lo = lo >= kBits ? ~Bits(0) : ((Bits(1) << lo) - 1);
+        // (hi, lo <= ext: the full-word case exists only for an extent of the word's width)
+        const Bits below_hi = (ext >= kBits && hi >= kBits) ? ~Bits(0) : ((Bits(1) << hi) - 1);
+        const Bits below_lo = (ext >= kBits && lo >= kBits) ? ~Bits(0) : ((Bits(1) << lo) - 1);
         bits[ax] = below_hi & ~below_lo;
       }
-      if constexpr (kFastAxis8) bits[kAxes - 1] >>= t2;
+      if constexpr (KT::kExt[kAxes - 1] == 8 && KT::kSize / 8 <= 32) {
+        // Fast axis of 8: 8-column block j is one position of the other axes (row-major) and
+        // the thread's columns t2 + e of it are fast-axis positions. Word `rows` has bit j set
+        // when every other axis's position of block j is in the window, x[e] is all ones when
+        // fast-axis position t2 + e is: one three-input test and one select per element.
+        const unsigned fast = unsigned(bits[kAxes - 1] >> t2);
+        const unsigned x[2] = {(fast & 1u) ? ~0u : 0u, (fast & 2u) ? ~0u : 0u};
+        auto word = [&](int ax) { return ax >= Tr::kFirstAxis ? unsigned(bits[ax]) : 1u; };
+        constexpr int kE0 = KT::kExt[kAxes - 3], kE1 = KT::kExt[kAxes - 2];
+        unsigned rows = 0;
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+        for (int a0 = 0; a0 < kE0; ++a0)
+          rows |= ((word(kAxes - 3) >> a0) & 1u) ? word(kAxes - 2) << (a0 * kE1) : 0u;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          bool in = true;
-          if constexpr (kFastAxis8) {
+        for (int j = 0; j < kN / 8; ++j) {
+          const int blk = col0 / 8 + j;  // < KT::kSize / 8 = kE0 * kE1
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if ((rows & (1u << blk) & x[e]) == 0u) s[mt][j][2 * r + e] = -INFINITY;
+        }
+      } else if constexpr (kFastAxis8) {
+        bits[kAxes - 1] >>= t2;
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
             int c[kAxes];
             KT::coord(col0 + j * 8, c);  // compile-time after unrolling; t2 + e is on the fast axis
             c[kAxes - 1] += e;
+            bool in = true;
 #pragma unroll
             for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
-          } else {
+            if (!in) s[mt][j][2 * r + e] = -INFINITY;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
             int c[kAxes];
             KT::coord(col0 + j * 8 + t2 + e, c);
+            bool in = true;
 #pragma unroll
             for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) in = in && ((bits[ax] >> c[ax]) & 1);
+            if (!in) s[mt][j][2 * r + e] = -INFINITY;
           }
-          if (!in) s[mt][j][2 * r + e] = -INFINITY;
         }
       }
     }
   }
+}
+
+template <class Tr, class KT>
+__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                           const KvTile& tile, const RowWindow* sWin, int num_add,
+                                           int col0) {
+  RowWindow rw[Tr::kMT][2];
+  load_row_windows<Tr>(sWin, rw);
+  apply_mask_rw<Tr, KT>(s, tile, rw, num_add, col0);
 }
 
 // Online softmax of one step's scores s (in place: s becomes P) and the running max / sum update;

@@ -355,8 +355,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     return;
   }
 
-  // Compute warpgroups.
+  // Compute warpgroups (their own copy of the span: shared memory would be re-read after every
+  // barrier and MMA fence).
   mbar::regs_inc<232>();
+  const KvSpan span_r = sSpan;
+  RowWindow rw[1][2];
+  load_row_windows<Tr>(sWin, rw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   FwdState<Tr> st;
@@ -382,7 +386,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     float s[1][Tr::kN / 8][4];
     uint32_t a[Tr::kN / 16][4];
     // Tile 0: S, softmax, P.
-    KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+    KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
     mbar::wait(full(0), 0);
     my_turn();
     issue_s<Tr, T>(s, sQw, sKV);
@@ -392,12 +396,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     if (cur.inside) {
       softmax_update<Tr, false>(st, s, p.scale_log2);
     } else {
-      apply_mask<Tr, KT>(s, cur, sWin, p.num_add, 0);
+      apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
       softmax_update<Tr, true>(st, s, p.scale_log2);
     }
     pack_p<Tr, T>(s, a);
     for (int it = 1; it < n_tiles; ++it) {
-      cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it - 1);
+      cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
       const int stage = it % kStages, prev = (it - 1) % kStages;
       mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
@@ -413,7 +417,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       if (cur.inside) {
         rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
       } else {
-        apply_mask<Tr, KT>(s, cur, sWin, p.num_add, 0);
+        apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
         rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
       }
       wgmma::wait<0>();
