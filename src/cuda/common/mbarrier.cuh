@@ -36,15 +36,6 @@ __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads): `sync` blocks until `count` threads have
-// arrived or synced on `id`; `arrive` counts this thread without blocking.
-__device__ __forceinline__ void named_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // Warpgroup register reallocation (every warp of the warpgroup runs it): a producer gives
 // registers back, consumers take them.
 template <int kRegs>

@@ -97,17 +97,20 @@
 // 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
-  X(1, 128, 1, 1, 128, 1, 1, 64, DT)
+  X(1, 128, 1, 1, 128, 1, 1, 64, DT)      \
+  X(1, 128, 1, 1, 128, 1, 1, 128, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
   X(2, 64, 1, 8, 16, 1, 8, 16, DT)        \
   X(2, 64, 1, 8, 8, 1, 8, 8, DT)          \
-  X(2, 128, 1, 8, 16, 1, 8, 8, DT)
+  X(2, 128, 1, 8, 16, 1, 8, 8, DT)        \
+  X(2, 128, 1, 8, 16, 1, 8, 16, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
   X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
   X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)
+  X(3, 128, 2, 8, 8, 2, 4, 8, DT)         \
+  X(3, 128, 2, 8, 8, 2, 8, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

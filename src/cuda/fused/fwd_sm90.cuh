@@ -257,20 +257,24 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // warps and the registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute
 // warpgroup overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
-// hands buffer j - 1 back. With kPingPong the two compute warpgroups also take turns issuing
-// their MMAs (named barriers 1 and 2), so one's softmax runs while the other's MMAs do.
+// hands buffer j - 1 back. (Making the two compute warpgroups take turns issuing their MMAs,
+// FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
+// 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
+// all shared memory but the barriers holds tiles: with 128-key tiles at head dim 128, Q and three
+// K/V stages take 224 KiB.
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
   static constexpr int kThreads = Tr::kThreads + 128;
-  static constexpr int kStages = Tr::kD == 64 ? 6 : 4;
-  static constexpr int kWinOffset = Tr::kQBytes + kStages * 2 * Tr::kTileBytes;
-  static constexpr size_t kSmemBytes = 1024 + size_t(kWinOffset) + size_t(Tr::kQ) * sizeof(RowWindow);
+  static constexpr int kFit = (226 * 1024 - Tr::kQBytes) / (2 * Tr::kTileBytes);
+  static constexpr int kStages = kFit < 6 ? kFit : 6;
+  static constexpr size_t kSmemBytes = 1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  static_assert(kStages >= 3, "a stage ahead of the two the compute warpgroups hold");
   static_assert(kConsumers == 2, "the warp-specialized forward takes 128-query tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <class T, int kD, int kRank, class QT, class KT, bool kPingPong>
+template <class T, int kD, int kRank, class QT, class KT>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
     fna_fwd_sm90_ws_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -284,7 +288,6 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
-  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + pad + Ws::kWinOffset);
   __shared__ __align__(8) uint64_t bars[2 * kStages + 1];  // full[s], empty[s], Q
   const uint32_t bar0 = mma::smem_u32(bars);
   auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
@@ -306,7 +309,6 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     }
     mbar::init(q_full, 128);
   }
-  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -359,38 +361,27 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   // barrier and MMA fence).
   mbar::regs_inc<232>();
   const KvSpan span_r = sSpan;
-  RowWindow rw[1][2];
-  load_row_windows<Tr>(sWin, rw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int q[kAxes];
+    QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, q);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) q[ax] += ft.qo[ax];
+    rw[0][r] = RowWindow::of(geo, gr, q);
+  }
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   FwdState<Tr> st;
   init_state(st);
-  const int wg = warp >> 2;
-  // Ping-pong: warpgroup wg issues after syncing on barrier 1 + wg and then lets the other one
-  // go (arrive on 2 - wg); warpgroup 0 goes first. Both pass the same n_tiles + 1 issue points;
-  // warpgroup 1's arrive after its last one is the first one's, moved to the start.
-  int turns = n_tiles + 1;
-  auto my_turn = [&]() {
-    if constexpr (kPingPong) mbar::named_sync(1 + wg, Tr::kThreads);
-  };
-  auto your_turn = [&]() {
-    if constexpr (kPingPong) {
-      if (wg == 0 || --turns > 0) mbar::named_arrive(2 - wg, Tr::kThreads);
-    }
-  };
   mbar::wait(q_full, 0);
   if (n_tiles > 0) {
-    if constexpr (kPingPong) {
-      if (wg == 1) mbar::named_arrive(1, Tr::kThreads);
-    }
     float s[1][Tr::kN / 8][4];
     uint32_t a[Tr::kN / 16][4];
     // Tile 0: S, softmax, P.
     KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
     mbar::wait(full(0), 0);
-    my_turn();
     issue_s<Tr, T>(s, sQw, sKV);
-    your_turn();
     wgmma::wait<0>();
     wgmma::fence_operands(s[0]);
     if (cur.inside) {
@@ -406,11 +397,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
       const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
-      my_turn();
-      issue_s<Tr, T>(s, sQw, sK);
+        issue_s<Tr, T>(s, sQw, sK);
       issue_pv<Tr, T>(st, a, sVprev);
-      your_turn();
-      wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+        wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
       wgmma::fence_operands(s[0]);
       float alpha[1][2];
       bool rescale;
@@ -428,9 +417,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       pack_p<Tr, T>(s, a);
     }
     const int last = (n_tiles - 1) % kStages;
-    my_turn();
     issue_pv<Tr, T>(st, a, sKV + (2 * last + 1) * Tr::kTileBytes);
-    your_turn();
     wgmma::wait<0>();
     wgmma::fence_operands(st.o[0]);
     wgmma::fence_operands(a);
@@ -439,15 +426,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 #endif
 }
 
-// Which kernel launch_fwd_sm90 runs for 128-query tiles: 0 plain, 1 warp-specialized, 2
-// warp-specialized with ping-pong; FNA_SM90_WS in the environment overrides the default (for
-// comparisons).
-inline int fwd_sm90_ws_mode() {
+// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles: yes, unless the
+// environment sets FNA_SM90_WS=0 (the plain kernel, for comparisons).
+inline bool use_fwd_sm90_ws() {
   const char* env = std::getenv("FNA_SM90_WS");
-  if (env != nullptr && env[0] >= '0' && env[0] <= '2') return env[0] - '0';
-  return 2;
+  return !(env != nullptr && env[0] == '0');
 }
-inline bool use_fwd_sm90_ws() { return fwd_sm90_ws_mode() != 0; }
 
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes() {
@@ -469,8 +453,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
     if (use_fwd_sm90_ws()) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-      auto kernel = fwd_sm90_ws_mode() == 2 ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
-                                            : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
+      auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(Ws::kSmemBytes));
       if (err != cudaSuccess) return err;
