@@ -130,9 +130,43 @@ __device__ __forceinline__ void apply_mask_rw(float (&s)[Tr::kMT][Tr::kStepN / 8
                               ? (KT::kExt[0] > KT::kExt[2] ? KT::kExt[0] : KT::kExt[2])
                               : (KT::kExt[1] > KT::kExt[2] ? KT::kExt[1] : KT::kExt[2]);
   using Bits = typename std::conditional<(kMaxExt > 32), unsigned long long, unsigned>::type;
-  static_assert(kMaxExt <= 64, "one bit per key-tile position on each axis: extents up to 64");
   constexpr int kBits = sizeof(Bits) * 8;
   constexpr bool kFastAxis8 = KT::kExt[kAxes - 1] % 8 == 0;
+  if constexpr (kMaxExt > 64) {
+    // Longer axes (1-D tiles of 128 keys): per element, a range test per axis of its coordinate
+    // (compile-time but for the fast axis's t2 + e) against the row's window clipped to the tile.
+    static_assert(kFastAxis8, "tiles with an axis over 64 keys need a fast axis of 8k");
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const RowWindow& w = rw[mt][r];
+        int lo[kAxes];
+        unsigned len[kAxes];
+#pragma unroll
+        for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
+          lo[ax] = w.begin[ax] - tile.origin[ax] - (ax == kAxes - 1 ? t2 : 0);
+          const int hi = w.end[ax] - tile.origin[ax] - (ax == kAxes - 1 ? t2 : 0);
+          len[ax] = hi > lo[ax] ? unsigned(hi - lo[ax]) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            int c[kAxes];
+            KT::coord(col0 + j * 8, c);  // compile-time after unrolling
+            c[kAxes - 1] += e;
+            bool in = true;
+#pragma unroll
+            for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax)
+              in = in && unsigned(c[ax] - lo[ax]) < len[ax];
+            if (!in) s[mt][j][2 * r + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt) {
 #pragma unroll
