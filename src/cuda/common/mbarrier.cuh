@@ -23,6 +23,12 @@ __device__ __forceinline__ void arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// Arrives when all of this thread's earlier cp.async copies have landed (the barrier's count
+// must include this thread: .noinc does not add a pending arrival).
+__device__ __forceinline__ void arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Blocks until the phase of parity `parity` has completed (acquire semantics at CTA scope).
 __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

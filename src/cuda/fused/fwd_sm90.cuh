@@ -251,9 +251,10 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 
 // The warp-specialized variant (128-query tiles): warpgroups 0 and 1 compute (64 query rows
 // each), warpgroup 2 loads. The loader copies Q, then each key/value tile into a ring of kStages
-// buffers by cp.async; it publishes a buffer, after its copies landed and a proxy fence, with an
-// arrive on the buffer's "full" mbarrier, and waits for the compute warpgroups' arrives on its
-// "empty" mbarrier before refilling it. With the loads and the per-tile barrier off the compute
+// buffers by cp.async; each loader thread's cp.async.mbarrier.arrive counts on the buffer's "full"
+// mbarrier once its copies have landed (the compute threads fence the async proxy after waiting),
+// and the loader waits for the compute warpgroups' arrives on the buffer's "empty" mbarrier
+// before refilling it. With the loads and the per-tile barrier off the compute
 // warps and the registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute
 // warpgroup overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
                                          [&](int row, const Elem*& a, const Elem*&) {
                                            return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
                                          });
-    mma::cp_async_commit();
+    mbar::arrive_cp_async(q_full);
     KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
     for (int it = 0; it < n_tiles; ++it) {
       const int stage = it % kStages;
@@ -344,16 +345,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
               return add_row_src(p, ft.b, hkv, cur, row, k, v);
             });
       }
-      mma::cp_async_commit();
-      // The previous group (Q for the first tile) has landed: publish it.
-      mma::cp_async_wait<1>();
-      wgmma::fence_proxy_async();
-      mbar::arrive(it == 0 ? q_full : full((it - 1) % kStages));
+      mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
       cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
     }
+    mma::cp_async_commit();
     mma::cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    mbar::arrive(n_tiles == 0 ? q_full : full((n_tiles - 1) % kStages));
     return;
   }
 
@@ -374,13 +370,17 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   FwdState<Tr> st;
   init_state(st);
+  // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion and
+  // this thread's proxy fence.
   mbar::wait(q_full, 0);
+  wgmma::fence_proxy_async();
   if (n_tiles > 0) {
     float s[1][Tr::kN / 8][4];
     uint32_t a[Tr::kN / 16][4];
     // Tile 0: S, softmax, P.
     KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
     mbar::wait(full(0), 0);
+    wgmma::fence_proxy_async();
     issue_s<Tr, T>(s, sQw, sKV);
     wgmma::wait<0>();
     wgmma::fence_operands(s[0]);
@@ -395,6 +395,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
       const int stage = it % kStages, prev = (it - 1) % kStages;
       mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
+      wgmma::fence_proxy_async();
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
       const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
         issue_s<Tr, T>(s, sQw, sK);
