@@ -95,22 +95,22 @@
 // registers) ran 236 / 190 / 155, and 256-query tiles (four warpgroups) 292 / 210 / 179, so
 // neither is listed. At head dim 64 (2d-nat, 13x13 windows) the one-warpgroup 8x8 / 8x8 tile ran
 // 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile).
+// The warp-specialized kernel (fwd_sm90.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
+// head dim 128 (three K/V stages) ran 237 / 209 / 183 against 361 / 316 / 257 for the 64-key
+// tiles (commit eb06b1a), so those are not listed either.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
-  X(1, 128, 1, 1, 128, 1, 1, 64, DT)      \
-  X(1, 128, 1, 1, 128, 1, 1, 128, DT)
+  X(1, 128, 1, 1, 128, 1, 1, 64, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
   X(2, 64, 1, 8, 16, 1, 8, 16, DT)        \
   X(2, 64, 1, 8, 8, 1, 8, 8, DT)          \
-  X(2, 128, 1, 8, 16, 1, 8, 8, DT)        \
-  X(2, 128, 1, 8, 16, 1, 8, 16, DT)
+  X(2, 128, 1, 8, 16, 1, 8, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
   X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
   X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)         \
-  X(3, 128, 2, 8, 8, 2, 8, 8, DT)
+  X(3, 128, 2, 8, 8, 2, 4, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

@@ -427,11 +427,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 #endif
 }
 
-// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles: yes, unless the
-// environment sets FNA_SM90_WS=0 (the plain kernel, for comparisons).
-inline bool use_fwd_sm90_ws() {
+// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
+// for 2-D and 3-D tiles, where it measured 1.05x (2d-large) and 1.07x (3d-video) the plain
+// kernel's speed; not for 1-D tiles (0.965x on 1d-long: H100, bf16, commit eb06b1a,
+// tools/gpu/env_ab.py). FNA_SM90_WS=0 / 1 in the environment forces the plain / the
+// warp-specialized kernel (for comparisons).
+inline bool use_fwd_sm90_ws(int rank) {
   const char* env = std::getenv("FNA_SM90_WS");
-  return !(env != nullptr && env[0] == '0');
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return rank >= 2;
 }
 
 template <class T, int kD, int kRank, class QT, class KT>
@@ -439,7 +443,7 @@ size_t fwd_sm90_smem_bytes() {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   if constexpr (Tr::kQ == 128) {
     const size_t ws = Sm90WsTraits<Tr>::kSmemBytes;
-    return use_fwd_sm90_ws() ? ws : Tr::kSmemBytes;
+    return use_fwd_sm90_ws(kRank) ? ws : Tr::kSmemBytes;
   } else {
     return Tr::kSmemBytes;
   }
@@ -451,7 +455,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
   const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
   if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if constexpr (Tr::kQ == 128) {
-    if (use_fwd_sm90_ws()) {
+    if (use_fwd_sm90_ws(kRank)) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
       auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
