@@ -180,12 +180,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
                "r"(src_size));
 }
 
-// The same with the source size given: 16 copies, 0 zero-fills without reading.
-__device__ __forceinline__ void cp_async_16_n(uint32_t smem_addr, const void* gmem, int src_size) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
-               "r"(src_size));
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Wait until at most `kPending` of this thread's committed groups are still in flight.

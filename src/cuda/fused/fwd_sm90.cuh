@@ -74,31 +74,6 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
   static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
   const int sub = tid % kTPR;
   const int r0 = tid / kTPR;
-  if (dim_a == Tr::kD && (!kTwo || dim_b == Tr::kD)) {
-    // No padded columns (the usual case): one pointer choice and one size per row, and every
-    // chunk's global address an immediate offset from it (a row past the end reads nothing:
-    // size 0 from the tensor's base, whose first kD elements exist).
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = r0 + pass * kRowsPerPass;
-      const Elem* src_a = nullptr;
-      const Elem* src_b = nullptr;
-      const bool ok = row_src(row, src_a, src_b);
-      const int bytes = ok ? 16 : 0;
-      const Elem* ga = (ok ? src_a : static_cast<const Elem*>(fb_a)) + sub * Tr::kVec;
-      const Elem* gb = kTwo ? (ok ? src_b : static_cast<const Elem*>(fb_b)) + sub * Tr::kVec : ga;
-      const uint32_t rbase = uint32_t(row) * 128;
-      const int sw = row & 7;
-#pragma unroll
-      for (int i = 0; i < kCPT; ++i) {
-        const int ch = i * kTPR + sub;
-        const uint32_t off = (ch >> 3) * kRegion + rbase + uint32_t(((ch & 7) ^ sw) << 4);
-        mma::cp_async_16_n(dst_a + off, ga + i * kTPR * Tr::kVec, bytes);
-        if constexpr (kTwo) mma::cp_async_16_n(dst_b + off, gb + i * kTPR * Tr::kVec, bytes);
-      }
-    }
-    return;
-  }
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
