@@ -43,7 +43,15 @@ for s in "${steps[@]}"; do
     test)
       ./build/gpu/fna-gpu-test ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/gpu_test.log" | tail -40
       rc=${PIPESTATUS[0]}
-      summary+=("gpu-test: rc=$rc $(tail -1 "$OUT/gpu_test.log") ($(( $(date +%s) - t0 ))s)") ;;
+      summary+=("gpu-test: rc=$rc $(tail -1 "$OUT/gpu_test.log") ($(( $(date +%s) - t0 ))s)")
+      # The sm90 forward's other kernel for 128-query tiles (plain for 2-D / 3-D, warp-specialized
+      # for 1-D), which the default run does not reach: FNA_SM90_WS forces each one.
+      for ws in 0 1; do
+        FNA_SM90_WS=$ws ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
+          > "$OUT/gpu_test_ws$ws.log" 2>&1
+        rc=$?
+        summary+=("gpu-test fwd FNA_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_ws$ws.log")")
+      done ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
         > "$OUT/sanitize.log" 2>&1
