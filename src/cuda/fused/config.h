@@ -105,6 +105,7 @@
 #define FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
   X(2, 64, 1, 8, 16, 1, 8, 16, DT)        \
   X(2, 64, 1, 8, 8, 1, 8, 8, DT)          \
+  X(2, 64, 1, 16, 4, 1, 4, 16, DT)        \
   X(2, 128, 1, 8, 16, 1, 8, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
