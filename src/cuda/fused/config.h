@@ -94,7 +94,10 @@
 // (8x16 / 8x8), 3d-video 203 (2x8x8 / 2x4x8); 128-key tiles (one CTA per SM: S and O both take 64
 // registers) ran 236 / 190 / 155, and 256-query tiles (four warpgroups) 292 / 210 / 179, so
 // neither is listed. At head dim 64 (2d-nat, 13x13 windows) the one-warpgroup 8x8 / 8x8 tile ran
-// 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile).
+// 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile);
+// 16x4 queries / 4x16 keys (needed pairs 0.391, 6.8 key tiles per query tile, against 0.319 and
+// 8.3) then ran 42.2 and 55.5 against 40.6 and 50.3 for 8x8 / 8x8 in two passes of
+// tools/gpu/fwd_configs.py (commit f93e010), and the heuristic picks it there.
 // The warp-specialized kernel (fwd_sm90.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
 // head dim 128 (three K/V stages) ran 237 / 209 / 183 against 361 / 316 / 257 for the 64-key
 // tiles (commit eb06b1a), so those are not listed either.
