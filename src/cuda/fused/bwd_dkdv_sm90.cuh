@@ -30,9 +30,11 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD>
+template <typename T, int kD, int kBufs_ = 3>
 struct DkdvSm90Traits {
   using E = T;
+  // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1.
+  static constexpr int kBufs = kBufs_;
   using Tag = typename MmaTag<T>::type;
   static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
@@ -40,14 +42,15 @@ struct DkdvSm90Traits {
   static constexpr int kQBytes = kQ * kD * 2;
   static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
-  static constexpr int kOffO = kOffQ + 2 * kQBytes;  // Q and dO double buffered
-  static constexpr int kOffDs = kOffO + 2 * kQBytes;
-  static constexpr int kOffStat = kOffDs + kDsBytes;           // float2 [2][kQ]
-  static constexpr int kOffQoff = kOffStat + 2 * kQ * 8;       // uint32 [kQ]
-  static constexpr int kOffKinv = kOffQoff + kQ * 4;           // int2 [kKV][kAxes]
-  static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;  // int64 [2][kQ]
-  static constexpr int kOffFull = kOffTok + 2 * kQ * 8;        // int [2]: the tile needs no mask
-  static constexpr size_t kSmem = 1024 + size_t(kOffFull) + 2 * 4;
+  static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
+  static constexpr int kOffDs = kOffO + kBufs * kQBytes;
+  static constexpr int kOffStat = kOffDs + kDsBytes;              // float2 [kBufs][kQ]
+  static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
+  static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
+  static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
+  static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
+  static constexpr size_t kSmem = 1024 + size_t(kOffFull) + kBufs * 4;
+  static_assert(kBufs == 2 || kBufs == 3, "two or three query-tile buffers");
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
 };
 
@@ -58,10 +61,10 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD>
+template <typename T, int kD, int kBufs>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD>;
+  using Tr = DkdvSm90Traits<T, kD, kBufs>;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -121,13 +124,27 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   const uint32_t aDs = base + Tr::kOffDs;
   const int wrow = warp * 16;
 
-  if (n_iter > 0) load_q_tile(cur, 0);
+  // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
+  QWalk ahead = cur;
+  for (int i = 0; i < kBufs - 1; ++i)
+    if (i < n_iter) {
+      load_q_tile(ahead, i);
+      ahead.next(p, additional, qr, nq);
+    }
+  int buf = 0;
   for (int64_t it = 0; it < n_iter; ++it) {
-    const int buf = int(it & 1);
-    cp_async_wait_all();
+    // Tile it landed (the later tiles' groups may still be in flight).
+    if (kBufs == 3 && it + 1 < n_iter)
+      mma::cp_async_wait<1>();
+    else
+      cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
+    if (it + kBufs - 1 < n_iter) {
+      const int next_buf = buf == 0 ? kBufs - 1 : buf - 1;  // (it + kBufs - 1) % kBufs
+      load_q_tile(ahead, next_buf);
+      ahead.next(p, additional, qr, nq);
+    }
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
@@ -269,6 +286,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(ap);
     wgmma::fence_operands(ad);
     cur.next(p, additional, qr, nq);
+    buf = buf + 1 == kBufs ? 0 : buf + 1;
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
