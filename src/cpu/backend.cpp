@@ -84,14 +84,14 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
   const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
   const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
-  parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
+  auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     bool paired = false;
     const int n = item_geoms(plan, item, store.ring_lines(), D, Dv, A, sc, &paired);
     float* tmp = sized(sc.tmp, static_cast<int64_t>(Panels::kBlock) * std::max(Dp, Dvp));
     float* kt = store.base(0, worker);
     float* vr = store.base(1, worker);
-    plan_hints(plan, item, chunk, worker, store, panels, {{&q, D}, {&o, Dv}}, {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
+    plan_hints(plan, item, chunk_end, worker, store, panels, {{&q, D}, {&o, Dv}}, {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
     // Tiles [j0, j0 + m): both in one call when paired, else one after the other.
     for (int j0 = 0; j0 < n; j0 += paired ? 2 : 1) {
       const int m = paired ? 2 : 1;
@@ -165,7 +165,12 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
         }
       }
     }
-  }, chunk);
+  };
+  if (chunk > 1)  // (rings) a range of consecutive lines per worker, then stealing (parallel_ranges)
+    parallel_ranges(plan.items(), threads, run_item, chunk,
+                    store.least_chunk(nt) / plan.per_item(), plan.band * nt / plan.per_item());
+  else
+    parallel_for(plan.items(), threads, [&](int64_t item, int worker) { run_item(item, -1, worker); });
   return Status::Ok();
 }
 

@@ -147,7 +147,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
   const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
   const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
-  parallel_for(plan.items(), threads, [&](int64_t item, int worker) {
+  auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     Floats& ac = acc[static_cast<size_t>(worker)];
     std::vector<char>& mine = touched[static_cast<size_t>(worker)];
@@ -163,7 +163,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     float* kt = store.base(0, worker);
     float* kr = store.base(1, worker);
     float* vt = store.base(2, worker);
-    plan_hints(plan, item, chunk, worker, store, panels, {{&q, D}, {&d_o, Dv}, {&o, Dv}, {&dq, D}},
+    plan_hints(plan, item, chunk_end, worker, store, panels, {{&q, D}, {&d_o, Dv}, {&o, Dv}, {&dq, D}},
                {{&k, D}, {&v, Dv}}, D, Dv, A, sc);
     // Tiles [j0, j0 + m): both in one call when paired, else one after the other.
     for (int j0 = 0; j0 < n; j0 += paired ? 2 : 1) {
@@ -204,7 +204,14 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
         }
       }
     }
-  }, chunk, opt.deterministic);
+  };
+  if (chunk > 1)  // (rings) a range of consecutive lines per worker, then stealing (parallel_ranges)
+    parallel_ranges(plan.items(), threads, run_item, chunk,
+                    store.least_chunk(nt) / plan.per_item(), plan.band * nt / plan.per_item(),
+                    opt.deterministic);
+  else
+    parallel_for(plan.items(), threads, [&](int64_t item, int worker) { run_item(item, -1, worker); }, 1,
+                 opt.deterministic);
   // Sum the per-thread accumulators, in worker order, and store: grid keys panel by panel, then
   // additional keys. (Deterministic mode fixes which worker ran which task, so these sums repeat
   // bitwise.)

@@ -354,10 +354,12 @@ class PanelStore {
       span += (p.kernel_size[a] - 1) * p.dilation[a] * stride;
       stride *= p.shape[a];
     }
-    // About two chunks per worker: each chunk start redoes a box's worth of conversions, and a
-    // second round of chunks still evens out unequal workers (measured against 8 per worker).
+    // Chunks of deterministic mode, and the test for rings below: about two per worker (each
+    // chunk start redoes a box's worth of conversions). Otherwise workers start on one range of
+    // lines each and steal halves of the others' ranges down to least_lines_ (parallel_ranges).
     chunk_lines_ = std::max<int64_t>(1, p.batch * p.heads_kv * plan.lines / (2 * threads));
     if (chunk_lines_ > plan.band) chunk_lines_ -= chunk_lines_ % plan.band;  // whole bands
+    least_lines_ = std::min(chunk_lines_, (span + plan.band - 1) / plan.band * plan.band);
     const int64_t slots = (span + plan.band) * p.dilation[plan.la];  // a band's lines + the box
     int64_t ring = 0;
     for (int64_t f : floats_) ring += slots * f;
@@ -386,6 +388,9 @@ class PanelStore {
     return slots_ > 0 && tags_[static_cast<size_t>(worker)][static_cast<size_t>(id % slots_)] == id;
   }
   int64_t chunk(int64_t tasks_per_line) const { return slots_ > 0 ? chunk_lines_ * tasks_per_line : 1; }
+  // The smallest range worth its start (parallel_ranges' `least`): the box's lines, whose
+  // panels a range start converts again, in whole bands.
+  int64_t least_chunk(int64_t tasks_per_line) const { return slots_ > 0 ? least_lines_ * tasks_per_line : 1; }
   // Panel `index` (a slot, or the id when shared) of set i lies at base(i, worker) + index * floats.
   float* base(size_t i, int worker) {
     return bufs_[i * static_cast<size_t>(workers_) + static_cast<size_t>(slots_ > 0 ? worker : 0)].data();
@@ -411,7 +416,7 @@ class PanelStore {
  private:
   std::vector<int64_t> floats_;
   std::vector<Floats>& bufs_;
-  int64_t slots_ = 0, chunk_lines_ = 1;
+  int64_t slots_ = 0, chunk_lines_ = 1, least_lines_ = 1;
   int workers_ = 1, dilation_ = 1;
   std::vector<std::vector<int64_t>> tags_;
   std::unique_ptr<LazyPanels> lazy_;
@@ -532,21 +537,21 @@ inline int item_geoms(const Plan& plan, int64_t item, int64_t ring_lines, int D,
   return n;
 }
 
-// Fills sc.hints for work item `item` of a chunk of consecutive items (`chunk` > 1; one worker
-// runs them in order): the `rows` tensors' lines of the next item's query tokens (every head of
-// the KV group), and, with rings, this item's share of the source lines of the panels that the
-// next band's tasks will convert (those the worker's ring does not hold), of every tensor in
-// `panel_src`.
-inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk, int worker, const PanelStore& store,
+// Fills sc.hints for work item `item` of a range of consecutive items ending at `chunk_end`
+// (exclusive; one worker runs them in order; < 0: items are not chunked, no hints): the `rows`
+// tensors' lines of the next item's query tokens (every head of the KV group), and, with rings,
+// this item's share of the source lines of the panels that the next band's tasks will convert
+// (those the worker's ring does not hold), of every tensor in `panel_src`.
+inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk_end, int worker, const PanelStore& store,
                        const Panels& panels, const std::vector<std::pair<const Strided*, int>>& rows,
                        const std::vector<std::pair<const Strided*, int>>& panel_src, int D, int Dv, int A,
                        Scratch& sc) {
   sc.hints.clear();
-  if (chunk <= 1) return;
+  if (chunk_end < 0) return;
   const Problem& p = plan.p;
   const nbr::Axis& L = plan.ax[plan.la];
   const int per = plan.per_item();
-  if ((item + 1) % chunk != 0)
+  if (item + 1 < chunk_end)
     for (int k = 0; k < per && (item + 1) * per + k < plan.tasks(); ++k) {
       TileScratch& ts = sc.tile[k];
       const TileGeom& nx = ts.next;
@@ -569,7 +574,7 @@ inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk, int worker
     sc.ahead_first = first;
     sc.ahead.clear();
     const int64_t next = first + per_band, next_lines = std::min<int64_t>(plan.band, plan.tasks() / nt - next / nt);
-    if (next / (chunk * per) == task / (chunk * per) && next < plan.tasks()) {
+    if (next < chunk_end * per && next < plan.tasks()) {
       std::vector<int64_t> seen;  // panels already listed
       TileGeom gn;
       for (int64_t l = 0; l < next_lines; ++l) {
