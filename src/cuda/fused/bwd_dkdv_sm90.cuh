@@ -61,7 +61,7 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD, int kBufs>
+template <typename T, int kD, int kBufs, bool kLateDk>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kBufs>;
@@ -217,22 +217,31 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
 
     // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
+    // dV is issued before the barrier (it runs while the warpgroups meet there); with kLateDk, dK
+    // after dQ, so that it runs while this warpgroup's dQ atomics are issued.
+    auto issue_dk = [&]() {
+      wgmma::fence_operands(acc_dk);
+      wgmma::fence();
+      const uint64_t dq = wgmma::desc_sw128(aQ, kQ * 128, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dk, ad[kk], dq + (kk * 16 * 128) / 16, 1);
+      wgmma::commit();
+    };
     wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
     wgmma::fence();
     {
       const uint64_t dob = wgmma::desc_sw128(aO, kQ * 128, 1024);
-      const uint64_t dq = wgmma::desc_sw128(aQ, kQ * 128, 1024);
 #pragma unroll
       for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
-#pragma unroll
-      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dk, ad[kk], dq + (kk * 16 * 128) / 16, 1);
     }
     wgmma::commit();
+    if (!kLateDk) issue_dk();
 
     // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
     wgmma::fence_proxy_async();
     __syncthreads();
+    static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
+    if (kLateDk && wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
@@ -249,7 +258,12 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
       wgmma::commit();
       wgmma::fence_operands(dqa);
-      wgmma::wait<0>();
+      if constexpr (kLateDk) {
+        issue_dk();
+        wgmma::wait<1>();  // dV and dQ done; dK runs on
+      } else {
+        wgmma::wait<0>();
+      }
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
