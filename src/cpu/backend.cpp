@@ -56,6 +56,24 @@ const Kernels& best_kernels() {
 
 using namespace driver;
 
+// Whether the forward runs in strip order (Plan::strips): on 2-D grids whose heads-last rows hold
+// several KV heads, when the tiles' key columns add at most half again to a line's (strip panels
+// overlap by the window) and a ring of every head's strip panels (the box's lines and a band)
+// takes at most 1.5 MB (of the 2 MB L2 of the CI machine's cores). FNA_CPU_STRIPS=0|1 overrides.
+static bool strips_fit(const Problem& p, const Kernels& kern, int band) {
+  if (p.rank != 2 || p.heads_kv < 2) return false;
+  const Plan plan(p, kern.vector_width, band, true);
+  const Panels panels(plan, kern);
+  const nbr::Axis& L = plan.ax[plan.la];
+  int64_t cols = 0;
+  for (const Plan::LastTile& lt : plan.last_tiles)
+    cols += nbr::tile_union(L, nbr::group_length(L, lt.g), lt.i0, lt.i1).size();
+  const int64_t lines = 1 + (p.kernel_size[0] - 1) * p.dilation[0] + plan.band;
+  const int64_t floats = static_cast<int64_t>(panels.pitch) * (round_up(static_cast<int>(p.dim), plan.vw) +
+                                                                 round_up(static_cast<int>(p.dim_v), plan.vw));
+  return 2 * cols <= 3 * p.shape[1] && lines * p.heads_kv * floats * 4 <= (int64_t(3) << 19);
+}
+
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Kernels& kern = best_kernels();
   // Bands of 2 lines: work items of two adjacent lines' same tile, one kernel call for both
@@ -63,7 +81,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   // item (median of 40 paired calls); bands of 4, 8 or 16 were no faster. FNA_CPU_BAND=n
   // overrides (1: line order, one tile per item; odd: no pairs).
   const char* band_env = std::getenv("FNA_CPU_BAND");
-  const Plan plan(p, kern.vector_width, band_env ? std::atoi(band_env) : 2);
+  const int band = band_env ? std::atoi(band_env) : 2;
+  const char* strips_env = std::getenv("FNA_CPU_STRIPS");
+  const bool strips = strips_env ? std::atoi(strips_env) != 0 : strips_fit(p, kern, band);
+  const Plan plan(p, kern.vector_width, band, strips);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided lse = grid_view(a.lse, p, DType::f32, false);
@@ -82,8 +103,8 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
-  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
-  const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
+  const int64_t tpl = PanelStore::tasks_per_line(plan);
+  const int64_t chunk = std::max<int64_t>(1, store.chunk(tpl) / plan.per_item());  // in items
   auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     bool paired = false;
@@ -167,8 +188,8 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     }
   };
   if (chunk > 1)  // (rings) a range of consecutive lines per worker, then stealing (parallel_ranges)
-    parallel_ranges(plan.items(), threads, run_item, chunk,
-                    store.least_chunk(nt) / plan.per_item(), plan.band * nt / plan.per_item());
+    parallel_ranges(plan.items(), threads, run_item, chunk, store.least_chunk(tpl) / plan.per_item(),
+                    plan.band * tpl / plan.per_item());
   else
     parallel_for(plan.items(), threads, [&](int64_t item, int worker) { run_item(item, -1, worker); });
   return Status::Ok();

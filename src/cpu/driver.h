@@ -129,9 +129,17 @@ struct Plan {
   // (Kernels::forward). Otherwise one task.
   int per_item() const { return band % 2 == 0 ? 2 : 1; }
   int64_t items() const { return (tasks() + per_item() - 1) / per_item(); }
+  // Strip order (the forward's, see backend.cpp: strips_fit): tile-column-major, i.e.
+  // per batch, one tile column (a "strip") at a time down all lines, bands of `band` lines, and
+  // within a band the KV heads outermost: (b, tile, band, hk, line). A heads-last token row holds
+  // every head's vector (1 KB at H = 4, D = 64), so the band's tasks read and write whole rows
+  // within a few items (4 KB pages and hardware-prefetched streams used in full, instead of a
+  // quarter of every row once per head pass); the panels are then per strip (the tile's key
+  // columns only, Panels::strip), so that every head's panels of the box fit the L2 ring.
+  bool strips;
 
-  Plan(const Problem& p_, int vw_, int band_ = 1)
-      : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_), band(band_ > 1 ? band_ : 1) {
+  Plan(const Problem& p_, int vw_, int band_ = 1, bool strips_ = false)
+      : p(p_), la(p_.rank - 1), N(p_.tokens()), vw(vw_), band(band_ > 1 ? band_ : 1), strips(strips_) {
     for (int a = 0; a < p.rank; ++a)
       ax[a] = {static_cast<int>(p.shape[a]), static_cast<int>(p.kernel_size[a]),
                static_cast<int>(p.dilation[a]), static_cast<int>(p.stride[a]), p.is_causal[a]};
@@ -152,6 +160,7 @@ struct Plan {
 // One tile's geometry: which query tokens, which key tokens (rows x columns).
 struct TileGeom {
   int64_t b, hk;  // batch and KV head of the task
+  int64_t line, tile;  // line and last-axis tile (Plan::last_tiles) of the task
   TileShape s;
   int64_t q_token[kTileQueries];
   std::vector<int64_t> row_token;  // token index of each row's key with last coordinate 0
@@ -166,14 +175,24 @@ struct TileGeom {
     // rows, and the next line's tiles all but one of them, so the panels in use (about the window
     // height in lines, of one head) stay in L2 and each panel is converted (PanelStore) just
     // before its first tiles read it.
-    int64_t tile = task % nt, rest = task / nt;
-    if (pl.band > 1) {  // see Plan::band
+    tile = task % nt;
+    int64_t rest = task / nt;
+    if (pl.strips) {  // see Plan::strips: (b, tile, band, hk, line in band)
+      const int64_t L = pl.lines, H = p.heads_kv, per_b = nt * L * H;
+      b = task / per_b;
+      const int64_t in_b = task % per_b;
+      tile = in_b / (L * H);
+      const int64_t in_strip = in_b % (L * H), first = in_strip / (pl.band * H) * pl.band;
+      const int64_t len = std::min<int64_t>(pl.band, L - first), in = in_strip - first * H;
+      hk = in / len;
+      rest = (b * H + hk) * L + first + in % len;  // (b, hk, line) as below
+    } else if (pl.band > 1) {  // see Plan::band
       const int64_t first = task / (pl.band * nt) * pl.band;  // the band's first line
       const int64_t len = std::min<int64_t>(pl.band, pl.tasks() / nt - first), in = task - first * nt;
       tile = in / len;
       rest = first + in % len;
     }
-    const int64_t line = rest % pl.lines;
+    line = rest % pl.lines;
     rest /= pl.lines;
     hk = rest % p.heads_kv;
     b = rest / p.heads_kv;
@@ -235,14 +254,67 @@ struct Panels {
   const Kernels& kern;  // its transpose converts the transposed layout
   int64_t count = 0;
   int pitch = 0;  // columns of a transposed panel; also the rows of a row-major one
-  Panels(const Plan& plan, const Kernels& k) : pl(plan), kern(k) {
+  // Plan::strips: one panel per (b, tile, line, hk) holding the tile's key columns (its box's
+  // columns, [u0, u0 + M)) rather than the line's, zero from M to pitch.
+  bool strip = false;
+  Panels(const Plan& plan, const Kernels& k) : pl(plan), kern(k), strip(plan.strips) {
     const Problem& p = plan.p;
     const nbr::Axis& L = plan.ax[plan.la];
-    count = p.batch * p.heads_kv * plan.lines * L.dilation;
-    pitch = round_up(nbr::group_length(L, 0), plan.vw) + plan.vw;
+    if (!strip) {
+      count = p.batch * p.heads_kv * plan.lines * L.dilation;
+      pitch = round_up(nbr::group_length(L, 0), plan.vw) + plan.vw;
+      return;
+    }
+    count = p.batch * static_cast<int64_t>(plan.last_tiles.size()) * plan.lines * p.heads_kv;
+    // Columns the kernels read: the box's, and each query group's span padded to whole vectors
+    // (a group starting at query t reads from col_begin[t] on at most padded_window(count + 3)
+    // columns, kGroup = 4 queries: kernels_products.h).
+    int need = 0;
+    for (const Plan::LastTile& lt : plan.last_tiles) {
+      const int lg = nbr::group_length(L, lt.g);
+      const nbr::Range u = nbr::tile_union(L, lg, lt.i0, lt.i1);
+      need = std::max(need, u.size());
+      for (int i = lt.i0; i < lt.i1; ++i) {
+        const nbr::Range w = nbr::window(L, lg, i);
+        need = std::max(need, w.begin - u.begin + padded_window(w.size() + 3, plan.vw));
+      }
+    }
+    pitch = round_up(need, plan.vw);
   }
   int64_t id(int64_t b, int64_t hk, int64_t line, int g) const {
     return ((b * pl.p.heads_kv + hk) * pl.lines + line) * pl.ax[pl.la].dilation + g;
+  }
+  // The panel of key line `line` that tile tg reads.
+  int64_t id_of(const TileGeom& tg, int64_t line) const {
+    if (!strip) return id(tg.b, tg.hk, line, tg.g);
+    return ((tg.b * static_cast<int64_t>(pl.last_tiles.size()) + tg.tile) * pl.lines + line) * pl.p.heads_kv + tg.hk;
+  }
+  // Where panel `id`'s column 0 lies: its tensor's element offset (head hk), the step between
+  // columns, and how many columns it holds.
+  void source(const Strided& src, int64_t id, int64_t* first, int64_t* step, int* ncols) const {
+    const Problem& p = pl.p;
+    const nbr::Axis& L = pl.ax[pl.la];
+    *step = L.dilation * src.sl[src.rank - 1];
+    if (strip) {
+      const int64_t hk = id % p.heads_kv;
+      int64_t rest = id / p.heads_kv;
+      const int64_t line = rest % pl.lines;
+      rest /= pl.lines;
+      const int64_t nt = static_cast<int64_t>(pl.last_tiles.size()), tile = rest % nt, b = rest / nt;
+      const Plan::LastTile& lt = pl.last_tiles[static_cast<size_t>(tile)];
+      const nbr::Range u = nbr::tile_union(L, nbr::group_length(L, lt.g), lt.i0, lt.i1);
+      *first = src.token_offset(b, line * p.shape[pl.la] + static_cast<int64_t>(u.begin) * L.dilation + lt.g, hk);
+      *ncols = u.size();
+      return;
+    }
+    const int g = static_cast<int>(id % L.dilation);
+    int64_t rest = id / L.dilation;
+    const int64_t line = rest % pl.lines;
+    rest /= pl.lines;
+    const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
+    // Row j of the panel is the token line * L + j * dilation + g: one offset, then steps.
+    *first = src.token_offset(b, line * p.shape[pl.la] + g, hk);
+    *ncols = nbr::group_length(L, g);
   }
   static constexpr int kBlock = 16;  // columns transposed at once: whole cache lines per write
   static constexpr int kPrefetch = 8;  // tokens ahead (measured: 8 beats 16, 32 and none)
@@ -251,17 +323,9 @@ struct Panels {
   // length. tmp: kBlock * dim_pad floats. Allocates nothing (see LazyPanels).
   void convert(const Strided& src, int dim, int dim_pad, int64_t id, float* tr, float* rw,
                float* tmp) const {
-    const Problem& p = pl.p;
-    const nbr::Axis& L = pl.ax[pl.la];
-    const int g = static_cast<int>(id % L.dilation);
-    int64_t rest = id / L.dilation;
-    const int64_t line = rest % pl.lines;
-    rest /= pl.lines;
-    const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
-    const int lg = nbr::group_length(L, g);
-    // Row j of the panel is the token line * L + j * dilation + g: one offset, then steps.
-    const int64_t first = src.token_offset(b, line * p.shape[pl.la] + g, hk);
-    const int64_t step = L.dilation * src.sl[src.rank - 1];
+    int64_t first = 0, step = 0;
+    int lg = 0;  // columns
+    source(src, id, &first, &step, &lg);
     for (int j0 = 0; j0 < lg; j0 += kBlock) {
       const int nj = lg - j0 < kBlock ? lg - j0 : kBlock;
       for (int j = 0; j < nj; ++j) {
@@ -289,9 +353,10 @@ struct Panels {
   void rows_of(const TileGeom& tg, const int64_t* key_line, T* base, int64_t panel_floats,
                int64_t col_floats, std::vector<T*>* out, int64_t slots = 0) const {
     out->resize(static_cast<size_t>(tg.s.R));
+    const int64_t col = strip ? 0 : tg.u0 * col_floats;  // (a strip panel starts at column u0)
     for (int r = 0; r < tg.s.R; ++r) {
-      const int64_t i = id(tg.b, tg.hk, key_line[r], tg.g);
-      (*out)[static_cast<size_t>(r)] = base + (slots > 0 ? i % slots : i) * panel_floats + tg.u0 * col_floats;
+      const int64_t i = id_of(tg, key_line[r]);
+      (*out)[static_cast<size_t>(r)] = base + (slots > 0 ? i % slots : i) * panel_floats + col;
     }
   }
 };
@@ -357,10 +422,14 @@ class PanelStore {
     // Chunks of deterministic mode, and the test for rings below: about two per worker (each
     // chunk start redoes a box's worth of conversions). Otherwise workers start on one range of
     // lines each and steal halves of the others' ranges down to least_lines_ (parallel_ranges).
-    chunk_lines_ = std::max<int64_t>(1, p.batch * p.heads_kv * plan.lines / (2 * threads));
+    // (Plan::strips: lines of the strips, each of heads_kv tasks, whose panels are per head.)
+    const int64_t line_count = plan.strips ? p.batch * static_cast<int64_t>(plan.last_tiles.size()) * plan.lines
+                                           : p.batch * p.heads_kv * plan.lines;
+    chunk_lines_ = std::max<int64_t>(1, line_count / (2 * threads));
     if (chunk_lines_ > plan.band) chunk_lines_ -= chunk_lines_ % plan.band;  // whole bands
     least_lines_ = std::min(chunk_lines_, (span + plan.band - 1) / plan.band * plan.band);
-    const int64_t slots = (span + plan.band) * p.dilation[plan.la];  // a band's lines + the box
+    if (plan.strips) dilation_ = static_cast<int>(p.heads_kv);  // panels per line (ring_lines)
+    const int64_t slots = (span + plan.band) * dilation_;  // a band's lines + the box
     int64_t ring = 0;
     for (int64_t f : floats_) ring += slots * f;
     // Rings when under half of the conversions are redone at chunk starts, and they take
@@ -383,6 +452,10 @@ class PanelStore {
   int64_t slots() const { return slots_; }
   // Consecutive lines whose panels a ring holds at once (0: shared, all of them).
   int64_t ring_lines() const { return slots_ / dilation_; }
+  // Tasks per line of a chunk (chunk()): one per tile, or with Plan::strips one per KV head.
+  static int64_t tasks_per_line(const Plan& plan) {
+    return plan.strips ? plan.p.heads_kv : static_cast<int64_t>(plan.last_tiles.size());
+  }
   // Whether `worker`'s ring holds panel id now (rings only).
   bool holds(int worker, int64_t id) const {
     return slots_ > 0 && tags_[static_cast<size_t>(worker)][static_cast<size_t>(id % slots_)] == id;
@@ -417,7 +490,7 @@ class PanelStore {
   std::vector<int64_t> floats_;
   std::vector<Floats>& bufs_;
   int64_t slots_ = 0, chunk_lines_ = 1, least_lines_ = 1;
-  int workers_ = 1, dilation_ = 1;
+  int workers_ = 1, dilation_ = 1;  // (dilation_: panels per line, heads_kv with Plan::strips)
   std::vector<std::vector<int64_t>> tags_;
   std::unique_ptr<LazyPanels> lazy_;
 };
@@ -474,9 +547,9 @@ void ensure_box(PanelStore& store, int worker, const Panels& panels, const TileG
   key_lines(tg, panels.pl.p.shape[panels.pl.la], &ts.key_line);
   ts.panel_ids.resize(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r)
-    ts.panel_ids[static_cast<size_t>(r)] = panels.id(tg.b, tg.hk, ts.key_line[static_cast<size_t>(r)], tg.g);
+    ts.panel_ids[static_cast<size_t>(r)] = panels.id_of(tg, ts.key_line[static_cast<size_t>(r)]);
   const int64_t next = ts.key_line[static_cast<size_t>(R - 1)] + 1;
-  const int64_t ahead = next < panels.pl.lines ? panels.id(tg.b, tg.hk, next, tg.g) : -1;
+  const int64_t ahead = next < panels.pl.lines ? panels.id_of(tg, next) : -1;
   store.ensure(worker, ts.panel_ids.data(), R, ahead, convert);
 }
 
@@ -521,7 +594,19 @@ inline int item_geoms(const Plan& plan, int64_t item, int64_t ring_lines, int D,
     *paired = a.T == b.T && a.R == b.R && a.M == b.M;
     for (int t = 0; t < a.T && *paired; ++t)
       *paired = a.col_begin[t] == b.col_begin[t] && a.col_count[t] == b.col_count[t];
-    if (*paired && ring_lines > 0) {
+    if (*paired && plan.strips) {  // the same tile and head, lines < ring_lines apart
+      const TileGeom &ga = sc.tile[0].tg, &gb = sc.tile[1].tg;
+      *paired = ga.b == gb.b && ga.tile == gb.tile && ga.hk == gb.hk;
+      if (*paired && ring_lines > 0) {
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (int k = 0; k < 2; ++k)
+          for (int64_t tok : sc.tile[k].tg.row_token) {
+            lo = std::min(lo, tok / plan.p.shape[plan.la]);
+            hi = std::max(hi, tok / plan.p.shape[plan.la]);
+          }
+        *paired = hi - lo < ring_lines;
+      }
+    } else if (*paired && ring_lines > 0) {
       int64_t lo = INT64_MAX, hi = INT64_MIN;
       for (int k = 0; k < 2; ++k) {
         const TileGeom& tg = sc.tile[k].tg;
@@ -551,7 +636,10 @@ inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk_end, int wo
   const Problem& p = plan.p;
   const nbr::Axis& L = plan.ax[plan.la];
   const int per = plan.per_item();
-  if (item + 1 < chunk_end)
+  // (Plan::strips with rings: the next band's query rows, every head, are listed with its panels
+  // below instead: the band's items read and write the same token rows head after head.)
+  const bool band_rows = plan.strips && store.slots() > 0;
+  if (item + 1 < chunk_end && !band_rows)
     for (int k = 0; k < per && (item + 1) * per + k < plan.tasks(); ++k) {
       TileScratch& ts = sc.tile[k];
       const TileGeom& nx = ts.next;
@@ -568,13 +656,63 @@ inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk_end, int wo
   if (store.slots() == 0) return;
   // Bands (Plan::band) of band * nt tasks: the next band's lines convert their new panels when
   // their first tiles run (tile-column-major: the band's first tasks).
-  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size()), per_band = plan.band * nt;
+  const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
+  const int64_t per_line = PanelStore::tasks_per_line(plan), per_band = plan.band * per_line;
   const int64_t task = item * per, first = task - task % per_band;
   if (sc.ahead_first != first) {
     sc.ahead_first = first;
     sc.ahead.clear();
-    const int64_t next = first + per_band, next_lines = std::min<int64_t>(plan.band, plan.tasks() / nt - next / nt);
-    if (next < chunk_end * per && next < plan.tasks()) {
+    const int64_t next = first + per_band;
+    int64_t next_lines = std::min<int64_t>(plan.band, plan.tasks() / nt - next / nt);
+    if (plan.strips) {  // (the band's lines within its strip)
+      const int64_t in_strip = next % (plan.lines * per_line);
+      next_lines = std::min<int64_t>(plan.band, plan.lines - in_strip / per_band * plan.band);
+    }
+    if (plan.strips && next < chunk_end * per && next < plan.tasks()) {
+      // The rows the next band reads: its query rows (Q, O) and the source rows of every KV
+      // head's strip panels its boxes add (its first tasks are its lines' tasks of head 0), each
+      // token's heads as one run where they are contiguous (heads-last rows read whole).
+      auto whole = [](const Strided& x, int64_t heads, int n) {
+        return x.sh == n ? static_cast<int>((heads - 1) * x.sh + n) : 0;
+      };
+      std::vector<int64_t> seen;
+      TileGeom gn;
+      for (int64_t l = 0; l < next_lines; ++l) {
+        gn.build(plan, next + l, D, Dv, A);
+        for (const auto& r : rows) {
+          if (!r.first->present()) continue;
+          const int w = whole(*r.first, p.heads, r.second);
+          for (int64_t h = 0; h < (w ? 1 : p.heads); ++h)
+            sc.ahead.add(*r.first, r.first->token_offset(gn.b, gn.q_token[0], h),
+                         L.dilation * r.first->sl[r.first->rank - 1], gn.s.T, w ? w : r.second);
+        }
+        bool all = true;  // every source tensor's heads contiguous
+        for (const auto& r : panel_src) all = all && whole(*r.first, p.heads_kv, r.second) > 0;
+        auto add_rows = [&](int64_t id, bool every_head) {
+          for (const auto& r : panel_src) {
+            int64_t off = 0, step = 0;
+            int cols = 0;
+            panels.source(*r.first, id, &off, &step, &cols);
+            sc.ahead.add(*r.first, off, step, cols, every_head ? whole(*r.first, p.heads_kv, r.second) : r.second);
+          }
+        };
+        for (int64_t tok : gn.row_token) {
+          bool missing = false;  // some head's panel of this key line
+          for (int64_t h = 0; h < p.heads_kv; ++h) {
+            gn.hk = h;
+            const int64_t id = panels.id_of(gn, tok / p.shape[plan.la]);
+            if (store.holds(worker, id) || std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+            seen.push_back(id);
+            missing = true;
+            if (!all) add_rows(id, false);
+          }
+          if (all && missing) {  // one run per token: head 0's rows through the last head's
+            gn.hk = 0;
+            add_rows(panels.id_of(gn, tok / p.shape[plan.la]), true);
+          }
+        }
+      }
+    } else if (next < chunk_end * per && next < plan.tasks()) {
       std::vector<int64_t> seen;  // panels already listed
       TileGeom gn;
       for (int64_t l = 0; l < next_lines; ++l) {

@@ -184,6 +184,35 @@ TEST_P(CpuVsReference, PairedTilesMatchLineOrder) {
   }
 }
 
+// The forward in strip order (FNA_CPU_STRIPS=1: per tile column, every KV head of a band of
+// lines in turn, panels of the tile's key columns only; the default on 2-D grids of several KV
+// heads) gives the bits of line order (FNA_CPU_STRIPS=0): the same box rows and columns per
+// tile, the panels' other columns only ever masked. Random problems of every rank, 1 and 2
+// threads.
+TEST_P(CpuVsReference, StripOrderMatchesLineOrder) {
+  RandomLimits lim;
+  lim.max_axis[0] = 40;
+  lim.max_axis[1] = 40;
+  lim.max_axis[2] = 9;
+  for (int i = 0; i < 10 * intensity(); ++i) {
+    const Case c = random_case(14000 + i, rank(), 1, lim);
+    SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
+    ProblemTensors t(c);
+    std::vector<double> out[2], lse[2];
+    for (int k = 0; k < 2; ++k) {
+      setenv("FNA_CPU_STRIPS", k == 0 ? "0" : "1", 1);
+      t.poison_outputs();
+      const fna::Status st = fna::forward(c.p, t.forward_args(), options_for(c, fna::Backend::cpu, 1 + i % 2));
+      unsetenv("FNA_CPU_STRIPS");
+      ASSERT_TRUE(st.ok()) << st.message;
+      out[k] = t.o.to_double();
+      if (c.with_lse) lse[k] = t.lse.to_double();
+    }
+    for (size_t e = 0; e < out[0].size(); ++e) ASSERT_EQ(out[0][e], out[1][e]) << "output " << e;
+    for (size_t e = 0; e < lse[0].size(); ++e) ASSERT_EQ(lse[0][e], lse[1][e]) << "lse " << e;
+  }
+}
+
 // Float32 heads-last tensors whose head dims are multiples of every vector width: the fused
 // kernels then read Q / dO and write O / dQ in the caller's rows (backend.cpp: direct_rows), on
 // problems long enough for per-worker rings, with the diagonal query groups of the kernels.
@@ -222,7 +251,11 @@ TEST_P(CpuVsReference, InPlaceRows) {
     p.num_additional = sh.A;
     p.dtype = fna::DType::f32;
     c.seed = static_cast<uint64_t>(sh.L0 * 1000 + sh.L1);
-    for (int threads : {1, 2}) run_fused(c, threads);
+    for (const char* strips : {"0", "1"}) {  // (FNA_CPU_STRIPS: see StripOrderMatchesLineOrder)
+      setenv("FNA_CPU_STRIPS", strips, 1);
+      for (int threads : {1, 2}) run_fused(c, threads);
+      unsetenv("FNA_CPU_STRIPS");
+    }
   }
 }
 
