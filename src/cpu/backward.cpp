@@ -2,6 +2,9 @@
 // the kernel-set choice, driver.h what both share).
 #include "cpu/driver.h"
 
+#include <atomic>
+#include <thread>
+
 namespace fna {
 namespace cpu {
 
@@ -45,34 +48,115 @@ static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o
   return dqd != nullptr;
 }
 
+// dK / dV accumulated in per-worker rings (the K / V panel rings' slots: panel id in slot
+// id % slots) instead of per-worker copies of every panel: a slot is zeroed when a panel enters
+// it and its sums go to the caller's dK / dV when it leaves (or at the end), the first worker's
+// stored, later ones added under a per-panel lock. The full copies cost a zeroing pass and a
+// summing pass over every touched panel (each ~38 MB per worker at issue 2's problem, through
+// memory). float32 problems, not in deterministic mode (whose sums keep worker order).
+class AccRing {
+ public:
+  AccRing(const Plan& plan, const Panels& panels, const Strided& dk, const Strided& dv, int64_t panel_k,
+          int64_t panel_v)
+      : plan_(plan), panels_(panels), dk_(dk), dv_(dv), panel_k_(panel_k), panel_v_(panel_v),
+        state_(static_cast<size_t>(panels.count)) {}
+  // Adds the sums of panel id (dK rows k, dV rows v: Dp / Dvp floats apart) to the outputs.
+  void flush(int64_t id, const float* k, const float* v) {
+    std::atomic<unsigned char>& st = state_[static_cast<size_t>(id)];
+    bool first = false;
+    for (;;) {  // 0: nothing stored yet, 1: a worker is at it, 2: stored
+      unsigned char x = st.load(std::memory_order_acquire);
+      if (x != 1 && st.compare_exchange_weak(x, 1, std::memory_order_acquire)) {
+        first = x == 0;
+        break;
+      }
+      std::this_thread::yield();
+    }
+    rows(id, [&](int j, int64_t ok, int64_t ov) {
+      put(dk_, ok, static_cast<int>(plan_.p.dim), k + j * (panel_k_ / panels_.pitch), first);
+      put(dv_, ov, static_cast<int>(plan_.p.dim_v), v + j * (panel_v_ / panels_.pitch), first);
+    });
+    st.store(2, std::memory_order_release);
+  }
+  // Zeros for the panels no worker flushed (keys no query attends). After every flush.
+  void zero_rest() {
+    std::vector<float> zeros(static_cast<size_t>(std::max(plan_.p.dim, plan_.p.dim_v)), 0.f);
+    for (int64_t id = 0; id < panels_.count; ++id)
+      if (state_[static_cast<size_t>(id)].load() == 0)
+        rows(id, [&](int, int64_t ok, int64_t ov) {
+          store_row(dk_, ok, static_cast<int>(plan_.p.dim), zeros.data());
+          store_row(dv_, ov, static_cast<int>(plan_.p.dim_v), zeros.data());
+        });
+  }
+
+ private:
+  template <typename F>
+  void rows(int64_t id, F&& f) const {  // f(column, dK offset, dV offset) for the panel's columns
+    const Problem& p = plan_.p;
+    const nbr::Axis& L = plan_.ax[plan_.la];
+    const int g = static_cast<int>(id % L.dilation);
+    int64_t rest = id / L.dilation;
+    const int64_t line = rest % plan_.lines;
+    rest /= plan_.lines;
+    const int64_t hk = rest % p.heads_kv, b = rest / p.heads_kv;
+    const int lg = nbr::group_length(L, g);
+    for (int j = 0; j < lg; ++j) {
+      const int64_t token = line * p.shape[plan_.la] + static_cast<int64_t>(j) * L.dilation + g;
+      f(j, dk_.token_offset(b, token, hk), dv_.token_offset(b, token, hk));
+    }
+  }
+  static void put(const Strided& x, int64_t off, int n, const float* src, bool first) {
+    if (first) {
+      store_row(x, off, n, src);
+      return;
+    }
+    float* dst = static_cast<float*>(x.data) + off;  // (float32 only)
+    for (int e = 0; e < n; ++e) dst[e * x.se] += src[e];
+  }
+  const Plan& plan_;
+  const Panels& panels_;
+  const Strided &dk_, &dv_;
+  int64_t panel_k_, panel_v_;
+  std::vector<std::atomic<unsigned char>> state_;
+};
+
 // Tile ts.tg's kernel arguments but the per-head rows (backward_rows): its panel rows (the dK / dV
 // accumulator panels of `acc`, zeroed on the worker's first touch: `mine`), additional keys and
 // scratch buffers.
+// With a ring (AccRing: `ring`, the worker's slot tags `tags`), acc holds slots * panel floats of
+// dK, then of dV: a panel entering a slot flushes the slot's previous one and is zeroed.
 static void backward_tile_setup(const Plan& plan, const Panels& panels, const PanelStore& store, const float* kt,
                                 const float* kr, const float* vt, float* acc, std::vector<char>* mine,
-                                const Strided& add_k, const Strided& add_v, int A, float scale, TileScratch& ts,
-                                BackwardTile* b) {
+                                AccRing* ring, std::vector<int64_t>* tags, const Strided& add_k,
+                                const Strided& add_v, int A, float scale, TileScratch& ts, BackwardTile* b) {
   const TileGeom& tg = ts.tg;
   const TileShape& s = tg.s;
   const int D = s.D, Dp = s.Dp, Dv = s.Dv, Dvp = s.Dvp;
   const int64_t pitch = panels.pitch;
   const int64_t kt_floats = D * pitch, vt_floats = Dv * pitch, panel_k = pitch * Dp, panel_v = pitch * Dvp;
-  const int64_t dv_base = panels.count * panel_k;
+  const int64_t slots = store.slots();
+  const int64_t dv_base = (ring ? slots : panels.count) * panel_k;
   for (int r = 0; r < s.R; ++r) {
     const int64_t id = ts.panel_ids[static_cast<size_t>(r)];
-    if (!(*mine)[static_cast<size_t>(id)]) {
-      std::fill(acc + id * panel_k, acc + (id + 1) * panel_k, 0.f);
-      std::fill(acc + dv_base + id * panel_v, acc + dv_base + (id + 1) * panel_v, 0.f);
+    const int64_t at = ring ? id % slots : id;
+    if (ring) {
+      int64_t& tag = (*tags)[static_cast<size_t>(at)];
+      if (tag == id) continue;
+      if (tag >= 0) ring->flush(tag, acc + at * panel_k, acc + dv_base + at * panel_v);
+      tag = id;
+    } else {
+      if ((*mine)[static_cast<size_t>(id)]) continue;
       (*mine)[static_cast<size_t>(id)] = 1;
     }
+    std::fill(acc + at * panel_k, acc + (at + 1) * panel_k, 0.f);
+    std::fill(acc + dv_base + at * panel_v, acc + dv_base + (at + 1) * panel_v, 0.f);
   }
   const int64_t* kl = ts.key_line.data();
-  const int64_t slots = store.slots();
   panels.rows_of(tg, kl, kt, kt_floats, 1, &ts.r1, slots);
   panels.rows_of(tg, kl, kr, panel_k, Dp, &ts.r2, slots);
   panels.rows_of(tg, kl, vt, vt_floats, 1, &ts.r3, slots);
-  panels.rows_of(tg, kl, acc, panel_k, Dp, &ts.r4);
-  panels.rows_of(tg, kl, acc + dv_base, panel_v, Dvp, &ts.r5);
+  panels.rows_of(tg, kl, acc, panel_k, Dp, &ts.r4, ring ? slots : 0);
+  panels.rows_of(tg, kl, acc + dv_base, panel_v, Dvp, &ts.r5, ring ? slots : 0);
   b->s = s;
   b->pitch = panels.pitch;
   b->scale = scale;
@@ -143,8 +227,18 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   std::vector<std::vector<char>> touched(static_cast<size_t>(threads));
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale = static_cast<float>(opt.scale);
+  const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
+  // dK / dV in rings (AccRing) when the panels are in rings. FNA_CPU_ACC=full: per-worker copies
+  // of every panel (as in deterministic mode; tests run both).
+  const char* acc_env = std::getenv("FNA_CPU_ACC");
+  const bool rings = store.slots() > 0 && !opt.deterministic && p.dtype == DType::f32 &&
+                     !(acc_env && std::string(acc_env) == "full");
+  std::unique_ptr<AccRing> ring(rings ? new AccRing(plan, panels, dk, dv, panel_k, panel_v) : nullptr);
+  std::vector<std::vector<int64_t>> tags(static_cast<size_t>(threads));
+  const int64_t held = rings ? store.slots() : panels.count;  // accumulator panels per worker
   // Layout of one thread's accumulator: dK panels, dV panels, then additional [B][A][Hkv][Dp + Dvp].
-  const int64_t dv_base = panels.count * panel_k, add_base = panels.count * (panel_k + panel_v);
+  const int64_t dv_base = held * panel_k, add_base = held * (panel_k + panel_v);
+  const int64_t worker_floats = add_base + add_floats * (Dp + Dvp);
   const int64_t nt = static_cast<int64_t>(plan.last_tiles.size());
   const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
   auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
@@ -152,9 +246,12 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     Floats& ac = acc[static_cast<size_t>(worker)];
     std::vector<char>& mine = touched[static_cast<size_t>(worker)];
     if (!used[static_cast<size_t>(worker)]) {
-      if (static_cast<int64_t>(ac.size()) < acc_floats) ac.resize(static_cast<size_t>(acc_floats));
-      std::fill(ac.data() + add_base, ac.data() + acc_floats, 0.f);
-      mine.assign(static_cast<size_t>(panels.count), 0);
+      if (static_cast<int64_t>(ac.size()) < worker_floats) ac.resize(static_cast<size_t>(worker_floats));
+      std::fill(ac.data() + add_base, ac.data() + worker_floats, 0.f);
+      if (rings)
+        tags[static_cast<size_t>(worker)].assign(static_cast<size_t>(held), -1);
+      else
+        mine.assign(static_cast<size_t>(panels.count), 0);
       used[static_cast<size_t>(worker)] = 1;
     }
     bool paired = false;
@@ -175,8 +272,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
           panels.convert(v, Dv, Dvp, id, vt + at * vt_floats, nullptr, tmp);
         });
       for (int i = 0; i < m; ++i)
-        backward_tile_setup(plan, panels, store, kt, kr, vt, ac.data(), &mine, add_k, add_v, A, scale,
-                            sc.tile[j0 + i], &bt[i]);
+        backward_tile_setup(plan, panels, store, kt, kr, vt, ac.data(), &mine, ring.get(),
+                            &tags[static_cast<size_t>(worker)], add_k, add_v, A, scale, sc.tile[j0 + i], &bt[i]);
       if (j0 == 0) {
         bt[0].prefetch.rows = sc.hints.rows.data();
         bt[0].prefetch.n = static_cast<int>(sc.hints.rows.size());
@@ -214,11 +311,20 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
                  opt.deterministic);
   // Sum the per-thread accumulators, in worker order, and store: grid keys panel by panel, then
   // additional keys. (Deterministic mode fixes which worker ran which task, so these sums repeat
-  // bitwise.)
-  const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
+  // bitwise.) With rings: what the rings still hold, then zeros for the panels nobody touched.
   const Strided dak = add_view(a.d_add_k, p), dav = add_view(a.d_add_v, p);
   const nbr::Axis& L = plan.ax[plan.la];
   const int store_threads = resolve_threads(opt.num_threads, panels.count);
+  if (rings) {
+    parallel_for(threads, store_threads, [&](int64_t w, int) {
+      if (!used[static_cast<size_t>(w)]) return;
+      const float* ac = acc[static_cast<size_t>(w)].data();
+      const std::vector<int64_t>& tag = tags[static_cast<size_t>(w)];
+      for (int64_t at = 0; at < held; ++at)
+        if (tag[static_cast<size_t>(at)] >= 0) ring->flush(tag[static_cast<size_t>(at)], ac + at * panel_k, ac + dv_base + at * panel_v);
+    });
+    ring->zero_rest();
+  } else
   parallel_for(panels.count, store_threads, [&](int64_t it, int) {
     const int64_t hk = it % p.heads_kv;  // heads fastest: they share cache lines of dK / dV
     int64_t rest = it / p.heads_kv;

@@ -251,11 +251,16 @@ TEST_P(CpuVsReference, InPlaceRows) {
     p.num_additional = sh.A;
     p.dtype = fna::DType::f32;
     c.seed = static_cast<uint64_t>(sh.L0 * 1000 + sh.L1);
-    for (const char* strips : {"0", "1"}) {  // (FNA_CPU_STRIPS: see StripOrderMatchesLineOrder)
-      setenv("FNA_CPU_STRIPS", strips, 1);
-      for (int threads : {1, 2}) run_fused(c, threads);
-      unsetenv("FNA_CPU_STRIPS");
-    }
+    // FNA_CPU_STRIPS: see StripOrderMatchesLineOrder; FNA_CPU_ACC: the backward's dK / dV in
+    // per-worker rings flushed to the outputs (float32 default) or in full per-worker copies.
+    for (const char* strips : {"0", "1"})
+      for (const char* acc : {"rings", "full"}) {
+        setenv("FNA_CPU_STRIPS", strips, 1);
+        setenv("FNA_CPU_ACC", acc, 1);
+        for (int threads : {1, 2}) run_fused(c, threads);
+        unsetenv("FNA_CPU_STRIPS");
+        unsetenv("FNA_CPU_ACC");
+      }
   }
 }
 
