@@ -12,6 +12,8 @@
 // Tiles arrive by cp.async (gathered rows: a multi-dimensional tile is not one box of global
 // memory), double buffered, one barrier per tile; fence.proxy.async hands the generic-proxy writes
 // to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
+// For 2-D and 3-D 128-query tiles a warp-specialized variant (fna_fwd_sm90_ws_kernel, below)
+// moves the copies to a loader warpgroup and overlaps each compute warpgroup's MMAs and softmax.
 #pragma once
 
 #include <cstdlib>
@@ -254,15 +256,15 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // buffers by cp.async; each loader thread's cp.async.mbarrier.arrive counts on the buffer's "full"
 // mbarrier once its copies have landed (the compute threads fence the async proxy after waiting),
 // and the loader waits for the compute warpgroups' arrives on the buffer's "empty" mbarrier
-// before refilling it. With the loads and the per-tile barrier off the compute
-// warps and the registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute
-// warpgroup overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
+// before refilling it. With the loads and the per-tile barrier off the compute warps and the
+// registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute warpgroup
+// overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
 // hands buffer j - 1 back. (Making the two compute warpgroups take turns issuing their MMAs,
 // FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
 // 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
-// all shared memory but the barriers holds tiles: with 128-key tiles at head dim 128, Q and three
-// K/V stages take 224 KiB.
+// all shared memory but the barriers holds tiles: at head dim 128 with 64-key tiles, Q and six
+// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws).
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
