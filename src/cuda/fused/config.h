@@ -87,8 +87,7 @@
 // Hopper (sm_90a, wgmma) configurations, 16-bit only: X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2,
 // dtype). Query tiles of 64 rows per warpgroup (64 or 128 rows: one or two warpgroups), key tiles
 // of 64 or 128 keys (the border mask keeps one bit per position on axes up to 64 keys and range
-// tests beyond); the head
-// dim padded to 64 or 128. Name: fna_fwd_sm90_<dtype>_d<head_dim>_q<q>_kv<kv>_w<warps>.
+// tests beyond); the head dim padded to 64 or 128. Name: fna_fwd_sm90_<dtype>_d<head_dim>_q<q>_kv<kv>_w<warps>.
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
 // where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/gpu/fwd_configs.py,
 // TFLOP/s): at head dim 128, 128 queries x 64 keys (two CTAs per SM) ran 1d-long 318, 2d-large 243
