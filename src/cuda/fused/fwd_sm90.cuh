@@ -98,6 +98,43 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
   }
 }
 
+// The CTA's query tile into sQ (swizzled), by kThr threads (`tid` this one's number among them).
+template <class Tr, class QT, int kThr>
+__device__ __forceinline__ void copy_q_tile(int tid, const FwdParams& p, const FwdTile& ft,
+                                            uint32_t sQ) {
+  using Elem = typename Tr::Elem;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+  copy_rows_sw<Tr, Tr::kQ, false, kThr>(tid, sQ, p.dim, p.q, 0, 0, nullptr,
+                                        [&](int row, const typename Tr::Elem*& a,
+                                            const typename Tr::Elem*&) {
+                                          return q_row_src<QT, Tr::kFirstAxis>(p, ft.gr, ft.qo,
+                                                                               gQ, row, a);
+                                        });
+}
+
+// Key/value tile `t` (neighborhood or additional keys) into sK / sV, by kThr threads; gK / gV are
+// the (batch, kv head) bases of K and V.
+template <class Tr, class KT, int kThr>
+__device__ __forceinline__ void copy_kv_tile(int tid, const FwdParams& p, const FwdTile& ft,
+                                             int hkv, const KvTile& t,
+                                             const typename Tr::Elem* gK,
+                                             const typename Tr::Elem* gV, uint32_t sK,
+                                             uint32_t sV) {
+  using Elem = typename Tr::Elem;
+  if (t.add_begin < 0) {
+    copy_rows_sw<Tr, Tr::kN, true, kThr>(tid, sK, p.dim, p.k, sV, p.dim_v, p.v,
+                                         [&](int row, const Elem*& k, const Elem*& v) {
+                                           return kv_row_src<KT, Tr::kFirstAxis>(p, ft.gr, t, gK,
+                                                                                 gV, row, k, v);
+                                         });
+  } else {
+    copy_rows_sw<Tr, Tr::kN, true, kThr>(tid, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v,
+                                         [&](int row, const Elem*& k, const Elem*& v) {
+                                           return add_row_src(p, ft.b, hkv, t, row, k, v);
+                                         });
+  }
+}
+
 // S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one
 // wgmma group; the caller waits.
 template <class Tr, class T>
@@ -175,7 +212,6 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Elem = typename Tr::Elem;
-  constexpr int kFirst = Tr::kFirstAxis;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
@@ -189,14 +225,10 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   const Geometry& geo = p.geo;
   const Group& gr = ft.gr;
   const int hkv = ft.h / p.heads_per_kv;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
   const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
   const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  copy_rows_sw<Tr, Tr::kQ, false, Tr::kThreads>(threadIdx.x, sQ, p.dim, p.q, 0, 0, nullptr,
-                                  [&](int row, const Elem*& a, const Elem*&) {
-                                    return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
-                                  });
+  copy_q_tile<Tr, QT, Tr::kThreads>(threadIdx.x, p, ft, sQ);
   mma::cp_async_commit();
 
   __shared__ KvSpan sSpan;
@@ -210,18 +242,8 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
   auto load_kv = [&](const KvTile& t, int buf) {
     const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
-    const uint32_t sV = sK + Tr::kTileBytes;
-    if (t.add_begin < 0) {
-      copy_rows_sw<Tr, Tr::kN, true, Tr::kThreads>(
-          threadIdx.x, sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
-            return kv_row_src<KT, kFirst>(p, gr, t, gK, gV, row, k, v);
-          });
-    } else {
-      copy_rows_sw<Tr, Tr::kN, true, Tr::kThreads>(
-          threadIdx.x, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v, [&](int row, const Elem*& k, const Elem*& v) {
-            return add_row_src(p, ft.b, hkv, t, row, k, v);
-          });
-    }
+    copy_kv_tile<Tr, KT, Tr::kThreads>(threadIdx.x, p, ft, hkv, t, gK, gV, sK,
+                                       sK + Tr::kTileBytes);
   };
   load_kv(cur, 0);
   mma::cp_async_commit();
@@ -284,7 +306,6 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Ws = Sm90WsTraits<Tr>;
   using Elem = typename Tr::Elem;
-  constexpr int kFirst = Tr::kFirstAxis;
   constexpr int kStages = Ws::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);
@@ -321,32 +342,16 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // Loader warpgroup.
     mbar::regs_dec<40>();
     const int tid = threadIdx.x - Tr::kThreads;
-    const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
     const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
     const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
-    copy_rows_sw<Tr, Tr::kQ, false, 128>(tid, sQ, p.dim, p.q, 0, 0, nullptr,
-                                         [&](int row, const Elem*& a, const Elem*&) {
-                                           return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
-                                         });
+    copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
     mbar::arrive_cp_async(q_full);
     KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
     for (int it = 0; it < n_tiles; ++it) {
       const int stage = it % kStages;
       if (it >= kStages) mbar::wait(empty(stage), uint32_t((it / kStages) - 1) & 1u);
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
-      const uint32_t sV = sK + Tr::kTileBytes;
-      if (cur.add_begin < 0) {
-        copy_rows_sw<Tr, Tr::kN, true, 128>(
-            tid, sK, p.dim, p.k, sV, p.dim_v, p.v, [&](int row, const Elem*& k, const Elem*& v) {
-              return kv_row_src<KT, kFirst>(p, gr, cur, gK, gV, row, k, v);
-            });
-      } else {
-        copy_rows_sw<Tr, Tr::kN, true, 128>(
-            tid, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v,
-            [&](int row, const Elem*& k, const Elem*& v) {
-              return add_row_src(p, ft.b, hkv, cur, row, k, v);
-            });
-      }
+      copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
       mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
       cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
     }
