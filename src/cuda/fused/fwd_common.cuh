@@ -399,17 +399,23 @@ __device__ __forceinline__ bool add_row_src(const FwdParams& p, int b, int hkv, 
   return n < p.num_add;
 }
 
+// The window of query row `row` of the tile at `qo`.
+template <class QT>
+__device__ __forceinline__ RowWindow row_window(const Geometry& geo, const Group& gr,
+                                                const int (&qo)[kAxes], int row) {
+  int q[kAxes];
+  QT::coord(row, q);
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
+  return RowWindow::of(geo, gr, q);
+}
+
 // Every query row's window, once per CTA (made visible by the main loop's first barrier).
 template <class Tr, class QT>
 __device__ __forceinline__ void init_windows(const Geometry& geo, const Group& gr,
                                              const int (&qo)[kAxes], RowWindow* sWin) {
-  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads) {
-    int q[kAxes];
-    QT::coord(row, q);
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) q[ax] += qo[ax];
-    sWin[row] = RowWindow::of(geo, gr, q);
-  }
+  for (int row = threadIdx.x; row < Tr::kQ; row += Tr::kThreads)
+    sWin[row] = row_window<QT>(geo, gr, qo, row);
 }
 
 template <class Tr>

@@ -367,13 +367,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    int q[kAxes];
-    QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, q);
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax) q[ax] += ft.qo[ax];
-    rw[0][r] = RowWindow::of(geo, gr, q);
-  }
+  for (int r = 0; r < 2; ++r)
+    rw[0][r] = row_window<QT>(geo, gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   FwdState<Tr> st;
   init_state(st);
