@@ -30,11 +30,13 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD, int kBufs_ = 3>
+template <typename T, int kD>
 struct DkdvSm90Traits {
   using E = T;
-  // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1.
-  static constexpr int kBufs = kBufs_;
+  // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
+  // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
+  // the noise of the runs: docs/benchmarks.md).
+  static constexpr int kBufs = 3;
   using Tag = typename MmaTag<T>::type;
   static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
@@ -50,7 +52,6 @@ struct DkdvSm90Traits {
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
   static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
   static constexpr size_t kSmem = 1024 + size_t(kOffFull) + kBufs * 4;
-  static_assert(kBufs == 2 || kBufs == 3, "two or three query-tile buffers");
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
 };
 
@@ -61,10 +62,11 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD, int kBufs, bool kLateDk>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD, kBufs>;
+  using Tr = DkdvSm90Traits<T, kD>;
+  constexpr int kBufs = Tr::kBufs;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int buf = 0;
   for (int64_t it = 0; it < n_iter; ++it) {
     // Tile it landed (the later tiles' groups may still be in flight).
-    if (kBufs == 3 && it + 1 < n_iter)
-      mma::cp_async_wait<1>();
+    if (it + 1 < n_iter)
+      mma::cp_async_wait<kBufs - 2>();
     else
       cp_async_wait_all();
     wgmma::fence_proxy_async();
@@ -217,8 +219,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
 
     // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
-    // dV is issued before the barrier (it runs while the warpgroups meet there); with kLateDk, dK
-    // after dQ, so that it runs while this warpgroup's dQ atomics are issued.
+    // dV is issued before the barrier (it runs while the warpgroups meet there), dK after dQ, so
+    // that it runs while this warpgroup's dQ atomics are issued (measured 0-1.9% faster
+    // forward+backward than issuing both before the barrier, within noise: docs/benchmarks.md).
     auto issue_dk = [&]() {
       wgmma::fence_operands(acc_dk);
       wgmma::fence();
@@ -235,13 +238,12 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
     }
     wgmma::commit();
-    if (!kLateDk) issue_dk();
 
     // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
     wgmma::fence_proxy_async();
     __syncthreads();
     static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
-    if (kLateDk && wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
+    if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
@@ -258,12 +260,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
       wgmma::commit();
       wgmma::fence_operands(dqa);
-      if constexpr (kLateDk) {
-        issue_dk();
-        wgmma::wait<1>();  // dV and dQ done; dK runs on
-      } else {
-        wgmma::wait<0>();
-      }
+      issue_dk();
+      wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
