@@ -293,7 +293,8 @@ struct Sm90WsTraits {
   static constexpr int kThreads = Tr::kThreads + 128;
   static constexpr int kFit = (226 * 1024 - Tr::kQBytes) / (2 * Tr::kTileBytes);
   static constexpr int kStages = kFit < 6 ? kFit : 6;
-  static constexpr size_t kSmemBytes = 1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  static constexpr size_t kSmemBytes =
+      1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
   static_assert(kStages >= 3, "a stage ahead of the two the compute warpgroups hold");
   static_assert(kConsumers == 2, "the warp-specialized forward takes 128-query tiles");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -328,8 +329,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   if (threadIdx.x == 0) {
     sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
     for (int i = 0; i < kStages; ++i) {
-      mbar::init(full(i), 128);                  // the loader's threads
-      mbar::init(empty(i), Tr::kThreads);        // the compute threads
+      mbar::init(full(i), 128);            // the loader's threads
+      mbar::init(empty(i), Tr::kThreads);  // the compute threads
     }
     mbar::init(q_full, 128);
   }
@@ -400,9 +401,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       wgmma::fence_proxy_async();
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
       const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
-        issue_s<Tr, T>(s, sQw, sK);
+      issue_s<Tr, T>(s, sQw, sK);
       issue_pv<Tr, T>(st, a, sVprev);
-        wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+      wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
       wgmma::fence_operands(s[0]);
       float alpha[1][2];
       bool rescale;
