@@ -96,7 +96,8 @@ __device__ __forceinline__ void load_row_windows(const RowWindow* sWin,
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) rw[mt][r] = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
+    for (int r = 0; r < 2; ++r)
+      rw[mt][r] = sWin[warp * Tr::kWarpRows + mt * 16 + (lane >> 2) + 8 * r];
 }
 
 // Border-tile mask. Per query row and axis, the window clipped to the tile becomes a bit set over
