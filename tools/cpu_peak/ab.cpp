@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "buffers.h"
+#include "issue2_problem.h"
 
 namespace {
 
@@ -45,13 +46,7 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
   const int mode = argc > 2 ? std::atoi(argv[2]) : 0;
   const std::string a = argc > 3 ? argv[3] : "-", b = argc > 4 ? argv[4] : "-";
-  fna::Problem p;
-  p.rank = 2;
-  p.shape[0] = p.shape[1] = 128;
-  p.heads = p.heads_kv = 4;
-  p.dim = p.dim_v = 64;
-  p.kernel_size[0] = p.kernel_size[1] = 13;
-  p.dtype = fna::DType::f32;
+  const fna::Problem p = issue2_problem();
   fna_bench::Buffers buf(p, fna::Device::cpu, 1);
   fna::Options opt;
   opt.backend = fna::Backend::cpu;

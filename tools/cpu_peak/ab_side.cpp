@@ -6,17 +6,12 @@
 #include <vector>
 
 #include "fna/fna.h"
+#include "issue2_problem.h"
 
 // Issue 2's problem (fp32, B = 1, 128x128, H = 4, D = 64, 13x13), heads-last dense tensors at the
 // given pointers. mode 0: forward, 1: backward. Returns milliseconds.
 extern "C" double SIDE_FN(float* const* t, int mode) {
-  fna::Problem p;
-  p.rank = 2;
-  p.shape[0] = p.shape[1] = 128;
-  p.heads = p.heads_kv = 4;
-  p.dim = p.dim_v = 64;
-  p.kernel_size[0] = p.kernel_size[1] = 13;
-  p.dtype = fna::DType::f32;
+  const fna::Problem p = issue2_problem();
   const std::vector<int64_t> ext{1, 128, 128, 4, 64}, lext{1, 128, 128, 4};
   fna::Options opt;
   opt.backend = fna::Backend::cpu;
