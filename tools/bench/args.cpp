@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "default_problem.h"
+
 namespace fna_bench {
 
 const char* usage() {
@@ -79,14 +81,7 @@ bool parse_axes(const std::string& s, int rank, long long out[3], std::string* e
 
 bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool* help) {
   fna::Problem& p = cfg->problem;
-  // Defaults: the CPU target problem.
-  p.rank = 2;
-  p.batch = 1;
-  p.shape[0] = p.shape[1] = 128;
-  p.heads = p.heads_kv = 4;
-  p.dim = p.dim_v = 64;
-  p.kernel_size[0] = p.kernel_size[1] = 13;
-  p.dtype = fna::DType::f32;
+  p = default_problem();
   std::string shape, kernel = "13", dilation = "1", stride = "1", causal = "0";
   bool heads_kv_set = false, dim_v_set = false;
   *help = false;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "buffers.h"
-#include "issue2_problem.h"
+#include "default_problem.h"
 
 namespace {
 
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
   const int mode = argc > 2 ? std::atoi(argv[2]) : 0;
   const std::string a = argc > 3 ? argv[3] : "-", b = argc > 4 ? argv[4] : "-";
-  const fna::Problem p = issue2_problem();
+  const fna::Problem p = default_problem();
   fna_bench::Buffers buf(p, fna::Device::cpu, 1);
   fna::Options opt;
   opt.backend = fna::Backend::cpu;

@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "fna/fna.h"
-#include "issue2_problem.h"
+#include "../bench/default_problem.h"
 
 // Issue 2's problem (fp32, B = 1, 128x128, H = 4, D = 64, 13x13), heads-last dense tensors at the
 // given pointers. mode 0: forward, 1: backward. Returns milliseconds.
 extern "C" double SIDE_FN(float* const* t, int mode) {
-  const fna::Problem p = issue2_problem();
+  const fna::Problem p = default_problem();
   const std::vector<int64_t> ext{1, 128, 128, 4, 64}, lext{1, 128, 128, 4};
   fna::Options opt;
   opt.backend = fna::Backend::cpu;
