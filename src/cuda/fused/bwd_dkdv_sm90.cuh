@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_ktile.cuh"
@@ -30,30 +31,61 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD>
+// Variants (kVar bits), selected at launch (FNA_BWD_VAR, bwd_sm90_inst.cu.in):
+//   bit 0 (bulk dQ): each warp stages its dQ rows in shared memory and adds them into dq_accum by
+//         one bulk reduction per row (cp.reduce.async.bulk .add.f32, the TMA unit), instead of
+//         sixteen vector atomics per thread;
+//   bit 1 (pipelined): query tiles are published on per-buffer mbarriers (every thread's copies
+//         and stores, then its arrive) instead of cp.async groups and a CTA barrier at the top of
+//         each step; the next tile is loaded after the step's one remaining barrier (dS^T complete
+//         before dQ), dS^T alternates between two buffers, and two query-tile buffers fit.
+template <typename T, int kD, int kVar = 0>
 struct DkdvSm90Traits {
   using E = T;
+  static constexpr bool kBulk = (kVar & 1) != 0, kPipe = (kVar & 2) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
-  static constexpr int kBufs = 3;
+  static constexpr int kBufs = kPipe ? 2 : 3;
+  static constexpr int kDsBufs = kPipe ? 2 : 1;
   using Tag = typename MmaTag<T>::type;
   static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
   static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
+  // Staged dQ (bulk mode): per 64-column block, kQ rows of 64 floats padded to 288 bytes (rows
+  // 8 banks apart: a warp's float2 stores take the minimum two wavefronts).
+  static constexpr int kDqStride = 288;
+  static constexpr int kDqBytes = kBulk ? (kD / 64) * kQ * kDqStride : 0;
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
   static constexpr int kOffDs = kOffO + kBufs * kQBytes;
-  static constexpr int kOffStat = kOffDs + kDsBytes;              // float2 [kBufs][kQ]
+  static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
+  static constexpr int kOffStat = kOffDq + kDqBytes;              // float2 [kBufs][kQ]
   static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
   static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
-  static constexpr size_t kSmem = 1024 + size_t(kOffFull) + kBufs * 4;
+  static constexpr int kOffBar = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [kBufs] mbarriers
+  static constexpr size_t kSmem = 1024 + size_t(kOffBar) + kBufs * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+  static_assert(kSmem <= 227 * 1024, "shared memory");
 };
+
+// Bulk reduction (TMA): dst[0 .. bytes / 4) += the floats at shared address src.
+__device__ __forceinline__ void bulk_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk operations have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk operations are complete.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Byte offset of row `row`, 16-byte chunk `c` in a tile of kRows rows stored as 64-column regions
 // of 128-byte rows with the 128-byte swizzle (wgmma.cuh).
@@ -62,11 +94,12 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD>
+template <typename T, int kD, int kVar>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD>;
+  using Tr = DkdvSm90Traits<T, kD, kVar>;
   constexpr int kBufs = Tr::kBufs;
+  constexpr bool kBulk = Tr::kBulk, kPipe = Tr::kPipe;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -85,6 +118,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const uint32_t bar0 = base + Tr::kOffBar;  // pipelined: "tile landed" mbarrier per buffer
 
   // ---- which tile this CTA owns (as bwd_dkdv.cuh) ----------------------------------------------
   int b, hkv, kv0[kAxes] = {0, 0, 0};
@@ -100,6 +134,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int nq[kAxes];
   const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
+  if (kPipe && tid == 0)
+    for (int i = 0; i < kBufs; ++i) mbar::init(bar0 + 8u * i, kThreads);
   __syncthreads();
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
@@ -111,6 +147,11 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
         smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
         [](int row, int c) { return sw128<kQ>(row, c); });
+    if constexpr (kPipe) {
+      // Published when this thread's copies land and (release) its stores are visible.
+      mbar::arrive_cp_async_inc(bar0 + 8u * buf);
+      mbar::arrive(bar0 + 8u * buf);
+    }
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -123,7 +164,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
   const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
   const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
-  const uint32_t aDs = base + Tr::kOffDs;
   const int wrow = warp * 16;
 
   // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
@@ -134,19 +174,31 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       ahead.next(p, additional, qr, nq);
     }
   int buf = 0;
-  for (int64_t it = 0; it < n_iter; ++it) {
-    // Tile it landed (the later tiles' groups may still be in flight).
-    if (it + 1 < n_iter)
-      mma::cp_async_wait<kBufs - 2>();
-    else
-      cp_async_wait_all();
-    wgmma::fence_proxy_async();
-    __syncthreads();
+  uint32_t phase = 0;  // pipelined: parity of buffer buf's current fill
+  // Loads tile it + kBufs - 1 into the buffer of tile it - 1 (free: see the callers).
+  auto prefetch = [&](int64_t it) {
     if (it + kBufs - 1 < n_iter) {
       const int next_buf = buf == 0 ? kBufs - 1 : buf - 1;  // (it + kBufs - 1) % kBufs
       load_q_tile(ahead, next_buf);
       ahead.next(p, additional, qr, nq);
     }
+  };
+  for (int64_t it = 0; it < n_iter; ++it) {
+    if constexpr (kPipe) {
+      mbar::wait(bar0 + 8u * buf, phase);
+      wgmma::fence_proxy_async();
+    } else {
+      // Tile it landed (the later tiles' groups may still be in flight).
+      if (it + 1 < n_iter)
+        mma::cp_async_wait<kBufs - 2>();
+      else
+        cp_async_wait_all();
+      wgmma::fence_proxy_async();
+      __syncthreads();
+      prefetch(it);
+    }
+    const int dsb = kPipe ? int(it & 1) : 0;
+    const uint32_t aDs = base + Tr::kOffDs + dsb * Tr::kDsBytes;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
@@ -210,7 +262,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
       ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
       const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
-      unsigned char* ds = smem + Tr::kOffDs;
+      unsigned char* ds = smem + Tr::kOffDs + dsb * Tr::kDsBytes;
       const int cb = (c & 7) * 2;
       *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
       *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
@@ -243,7 +295,11 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_proxy_async();
     __syncthreads();
     static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
-    if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
+    // Pipelined: every warpgroup finished step it - 1, so its buffer takes tile it + kBufs - 1.
+    if (wg >= kD / 64) {  // no dQ block for this warpgroup
+      issue_dk();
+      if constexpr (kPipe) prefetch(it);
+    }
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
@@ -261,8 +317,37 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::commit();
       wgmma::fence_operands(dqa);
       issue_dk();
+      if constexpr (kPipe) prefetch(it);
       wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
+      if constexpr (kBulk) {
+        // Each warp stages its 16 rows, then lanes 0-15 add one row each by a bulk reduction.
+        unsigned char* stg = smem + Tr::kOffDq + cblk * kQ * Tr::kDqStride;
+        if (lane < 16) bulk_wait_read();  // the previous step's reductions read their rows
+        __syncwarp();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            *reinterpret_cast<float2*>(stg + row * Tr::kDqStride + (n * 8 + 2 * (lane & 3)) * 4) =
+                make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
+        }
+        wgmma::fence_proxy_async();  // the stores, before the async proxy reads them
+        __syncwarp();
+        if (lane < 16) {
+          const int row = (warp & 3) * 16 + lane;
+          const int64_t t = s_tok[buf * kQ + row];
+          // Columns up to dq_row (D rounded up to 8; K's padding columns are zero, so the
+          // padding of a row gets zeros added).
+          const int cols = p.dq_row - cblk * 64 < 64 ? p.dq_row - cblk * 64 : 64;
+          if (t >= 0)
+            bulk_add_f32(p.dq_accum + t * p.dq_row + cblk * 64,
+                         base + Tr::kOffDq + cblk * kQ * Tr::kDqStride + row * Tr::kDqStride,
+                         uint32_t(cols) * 4u);
+          bulk_commit();
+        }
+      } else {
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
 #pragma unroll
@@ -285,6 +370,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
                         make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
         }
       }
+      }
     }
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
     // and dS^T are overwritten after the next barrier.
@@ -299,7 +385,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(ad);
     cur.next(p, additional, qr, nq);
     buf = buf + 1 == kBufs ? 0 : buf + 1;
+    phase ^= buf == 0 ? 1u : 0u;
   }
+  if (kBulk && lane < 16) bulk_wait();
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
