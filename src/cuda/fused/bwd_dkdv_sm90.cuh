@@ -339,9 +339,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
           const int row = (warp & 3) * 16 + lane;
           const int64_t t = s_tok[buf * kQ + row];
           // Columns up to dq_row (D rounded up to 8; K's padding columns are zero, so the
-          // padding of a row gets zeros added).
+          // padding of a row gets zeros added); none when D <= 64 pads to 128 for D_v.
           const int cols = p.dq_row - cblk * 64 < 64 ? p.dq_row - cblk * 64 : 64;
-          if (t >= 0)
+          if (t >= 0 && cols > 0)
             bulk_add_f32(p.dq_accum + t * p.dq_row + cblk * 64,
                          base + Tr::kOffDq + cblk * kQ * Tr::kDqStride + row * Tr::kDqStride,
                          uint32_t(cols) * 4u);
