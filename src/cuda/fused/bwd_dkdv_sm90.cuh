@@ -31,18 +31,18 @@
 namespace fna {
 namespace bwd {
 
-// Variants (kVar bits), selected at launch (FNA_BWD_VAR, bwd_sm90_inst.cu.in):
-//   bit 0 (bulk dQ): each warp stages its dQ rows in shared memory and adds them into dq_accum by
-//         one bulk reduction per row (cp.reduce.async.bulk .add.f32, the TMA unit), instead of
-//         sixteen vector atomics per thread;
-//   bit 1 (pipelined): query tiles are published on per-buffer mbarriers (every thread's copies
+// Variants (kVar bits), selected at launch (FNA_BWD_VAR, bwd_sm90.h), for comparisons:
+//   bit 0 (pipelined): query tiles are published on per-buffer mbarriers (every thread's copies
 //         and stores, then its arrive) instead of cp.async groups and a CTA barrier at the top of
 //         each step; the next tile is loaded after the step's one remaining barrier (dS^T complete
-//         before dQ), dS^T alternates between two buffers, and two query-tile buffers fit.
+//         before dQ), while dQ and dK run; dS^T alternates between two buffers, and two
+//         query-tile buffers fit;
+//   bit 1 (lean): whole rows take an unrolled copy loop (load_q_rows' kFast), and the dQ rows'
+//         indices are read from shared memory before the wait for dQ instead of after it.
 template <typename T, int kD, int kVar = 0>
 struct DkdvSm90Traits {
   using E = T;
-  static constexpr bool kBulk = (kVar & 1) != 0, kPipe = (kVar & 2) != 0;
+  static constexpr bool kPipe = (kVar & 1) != 0, kLean = (kVar & 2) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
@@ -54,15 +54,10 @@ struct DkdvSm90Traits {
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
   static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
-  // Staged dQ (bulk mode): per 64-column block, kQ rows of 64 floats padded to 288 bytes (rows
-  // 8 banks apart: a warp's float2 stores take the minimum two wavefronts).
-  static constexpr int kDqStride = 288;
-  static constexpr int kDqBytes = kBulk ? (kD / 64) * kQ * kDqStride : 0;
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
   static constexpr int kOffDs = kOffO + kBufs * kQBytes;
-  static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;
-  static constexpr int kOffStat = kOffDq + kDqBytes;              // float2 [kBufs][kQ]
+  static constexpr int kOffStat = kOffDs + kDsBufs * kDsBytes;              // float2 [kBufs][kQ]
   static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
@@ -72,20 +67,6 @@ struct DkdvSm90Traits {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
-
-// Bulk reduction (TMA): dst[0 .. bytes / 4) += the floats at shared address src.
-__device__ __forceinline__ void bulk_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's bulk operations have read their shared memory (it may be overwritten).
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// This thread's bulk operations are complete.
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Byte offset of row `row`, 16-byte chunk `c` in a tile of kRows rows stored as 64-column regions
 // of 128-byte rows with the 128-byte swizzle (wgmma.cuh).
@@ -99,7 +80,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kVar>;
   constexpr int kBufs = Tr::kBufs;
-  constexpr bool kBulk = Tr::kBulk, kPipe = Tr::kPipe;
+  constexpr bool kPipe = Tr::kPipe, kLean = Tr::kLean;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -143,10 +124,11 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   QWalk cur;
   cur.start(p, additional, hkv, qr);
   auto load_q_tile = [&](const QWalk& w, int buf) {
-    load_q_rows<E, kQ, kThreads, kChunks>(
+    auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
+    load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), kLean>(
         p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
         smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
-        [](int row, int c) { return sw128<kQ>(row, c); });
+        sw);
     if constexpr (kPipe) {
       // Published when this thread's copies land and (release) its stores are visible.
       mbar::arrive_cp_async_inc(bar0 + 8u * buf);
@@ -318,42 +300,17 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::fence_operands(dqa);
       issue_dk();
       if constexpr (kPipe) prefetch(it);
+      // This thread's two query rows (row0, row0 + 8) and their flat indices.
+      const int row0 = (warp & 3) * 16 + (lane >> 2);
+      int64_t tok[2] = {0, 0};
+      if constexpr (kLean) tok[0] = s_tok[buf * kQ + row0], tok[1] = s_tok[buf * kQ + row0 + 8];
       wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
-      if constexpr (kBulk) {
-        // Each warp stages its 16 rows, then lanes 0-15 add one row each by a bulk reduction.
-        unsigned char* stg = smem + Tr::kOffDq + cblk * kQ * Tr::kDqStride;
-        if (lane < 16) bulk_wait_read();  // the previous step's reductions read their rows
-        __syncwarp();
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-            *reinterpret_cast<float2*>(stg + row * Tr::kDqStride + (n * 8 + 2 * (lane & 3)) * 4) =
-                make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
-        }
-        wgmma::fence_proxy_async();  // the stores, before the async proxy reads them
-        __syncwarp();
-        if (lane < 16) {
-          const int row = (warp & 3) * 16 + lane;
-          const int64_t t = s_tok[buf * kQ + row];
-          // Columns up to dq_row (D rounded up to 8; K's padding columns are zero, so the
-          // padding of a row gets zeros added); none when D <= 64 pads to 128 for D_v.
-          const int cols = p.dq_row - cblk * 64 < 64 ? p.dq_row - cblk * 64 : 64;
-          if (t >= 0 && cols > 0)
-            bulk_add_f32(p.dq_accum + t * p.dq_row + cblk * 64,
-                         base + Tr::kOffDq + cblk * kQ * Tr::kDqStride + row * Tr::kDqStride,
-                         uint32_t(cols) * 4u);
-          bulk_commit();
-        }
-      } else {
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = (warp & 3) * 16 + (lane >> 2) + half * 8;  // query row of the tile
-        const int64_t t = s_tok[buf * kQ + row];
+        const int64_t t = kLean ? tok[half] : s_tok[buf * kQ + row0 + half * 8];
         if (t < 0) continue;
         const int col0 = cblk * 64 + 2 * (lane & 3);
         float* dst = p.dq_accum + t * p.dq_row + col0;
@@ -369,7 +326,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
               atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
                         make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
         }
-      }
       }
     }
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
@@ -387,7 +343,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     buf = buf + 1 == kBufs ? 0 : buf + 1;
     phase ^= buf == 0 ? 1u : 0u;
   }
-  if (kBulk && lane < 16) bulk_wait();
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);

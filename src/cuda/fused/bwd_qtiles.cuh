@@ -77,25 +77,34 @@ struct QWalk {
 };
 
 // A (key tile, query tile) pair needs no mask when both lie inside the group and the keys are in
-// every window of the query tile.
+// every window of the query tile: on every axis (qtile_full_axis), or in additional mode.
+__device__ __forceinline__ bool qtile_full_axis(const nbr::Axis& axis, int len, int q0, int tq,
+                                                int kv0, int tkv) {
+  const int q1 = q0 + tq, k1 = kv0 + tkv;
+  if (q1 > len || k1 > len) return false;
+  const nbr::Range in = nbr::tile_intersection(axis, len, q0, q1);
+  return in.begin <= kv0 && k1 <= in.end;
+}
+// Element `a` of a register array without indexing it at run time (which would put it in local
+// memory).
+__device__ __forceinline__ int pick_axis(const int* v, int a) {
+  return a == 0 ? v[0] : (a == 1 ? v[1] : v[2]);
+}
 __device__ __forceinline__ bool qtile_full(const Params& p, const Group& G, bool additional,
                                            const int* kv0, const int* q0) {
   if (additional) return true;
-  bool full = true;
-  for (int a = 0; a < kAxes; ++a) {
-    const int q1 = q0[a] + p.tq[a], k1 = kv0[a] + p.tkv[a];
-    if (q1 > G.len[a] || k1 > G.len[a]) return false;
-    const nbr::Range in = nbr::tile_intersection(p.geo.axis[a], G.len[a], q0[a], q1);
-    full = full && in.begin <= kv0[a] && k1 <= in.end;
-  }
-  return full;
+  for (int a = 0; a < kAxes; ++a)
+    if (!qtile_full_axis(p.geo.axis[a], G.len[a], q0[a], p.tq[a], kv0[a], p.tkv[a])) return false;
+  return true;
 }
 
 // Q and dO rows of query tile `w` into shared memory (byte offset `sw(row, c)` of 16-byte chunk c
 // from sQ / sdO), the rows' statistics into `stat` by cp.async (waited with the tile), and each
 // row's flat index (b * tokens + token) * heads + h, or -1 for no query, into `tok`, and
 // qtile_full into `full`.
-template <typename E, int kRows, int kThreads, int kChunks, class Sw>
+// kFast: rows that are whole (16-byte aligned, D and D_v equal to the padded head dim) take an
+// unrolled copy loop without per-chunk tests.
+template <typename E, int kRows, int kThreads, int kChunks, class Sw, bool kFast = false>
 __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, bool additional,
                                             int b, const int* kv0, const QWalk& w,
                                             const uint32_t* s_qoff, unsigned char* sQ,
@@ -107,16 +116,30 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
   const E* gQ = static_cast<const E*>(p.q);
   const E* gdO = static_cast<const E*>(p.d_o);
   const int sub = threadIdx.x % kTPR;
+  const bool whole = kFast && p.aligned && p.dim == kChunks * (16 / int(sizeof(E))) &&
+                     p.dim_v == p.dim;
   for (int row = threadIdx.x / kTPR; row < kRows; row += kRowsPerPass) {
     int x[kAxes];
     const bool valid = query_row_coords(p, G, additional, w.q0, kRows, s_qoff, row, x);
     const int64_t t = (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + w.h;
     const E* q = valid ? gQ + tok_offset(p.sq, b, x, w.h) : nullptr;
     const E* o = valid ? gdO + tok_offset(p.sdo, b, x, w.h) : nullptr;
-    for (int c = sub; c < kChunks; c += kTPR) {
-      const uint32_t so = sw(row, c);
-      load_chunk(reinterpret_cast<E*>(sQ + so), q, c, p.dim, p.aligned, gQ);
-      load_chunk(reinterpret_cast<E*>(sdO + so), o, c, p.dim_v, p.aligned, gdO);
+    constexpr int kPer = 16 / int(sizeof(E));
+    if (kFast && whole) {
+      static_assert(kChunks % kTPR == 0, "whole passes");
+#pragma unroll
+      for (int i = 0; i < kChunks / kTPR; ++i) {
+        const int c = sub + i * kTPR;
+        const uint32_t so = sw(row, c);
+        cp_async16(reinterpret_cast<E*>(sQ + so), valid ? q + c * kPer : gQ, valid);
+        cp_async16(reinterpret_cast<E*>(sdO + so), valid ? o + c * kPer : gdO, valid);
+      }
+    } else {
+      for (int c = sub; c < kChunks; c += kTPR) {
+        const uint32_t so = sw(row, c);
+        load_chunk(reinterpret_cast<E*>(sQ + so), q, c, p.dim, p.aligned, gQ);
+        load_chunk(reinterpret_cast<E*>(sdO + so), o, c, p.dim_v, p.aligned, gdO);
+      }
     }
     if (sub == 0) {
       // The statistics travel with the tile (cp.async, waited at the next barrier) instead of
@@ -130,9 +153,21 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
     }
   }
   cp_async_commit();
-  // Whether the tile needs no mask against key tile kv0: once, by the last thread, for everyone
-  // after the barrier.
-  if (threadIdx.x == kThreads - 1) *full = qtile_full(p, G, additional, kv0, w.q0);
+  // Whether the tile needs no mask against key tile kv0, for everyone after the barrier: by the
+  // last thread, or (kFast) by one lane of the last warp per axis.
+  if (kFast) {
+    if (threadIdx.x >= kThreads - 32) {
+      const int a = int(threadIdx.x) - (kThreads - 32);
+      static_assert(kAxes == 3, "pick_axis");
+      const bool ok = additional || a >= kAxes ||
+                      qtile_full_axis(p.geo.axis[a], pick_axis(G.len, a), pick_axis(w.q0, a),
+                                      p.tq[a], pick_axis(kv0, a), p.tkv[a]);
+      const unsigned all = __ballot_sync(0xffffffffu, ok);
+      if (a == 0) *full = all == 0xffffffffu;
+    }
+  } else if (threadIdx.x == kThreads - 1) {
+    *full = qtile_full(p, G, additional, kv0, w.q0);
+  }
 }
 
 }  // namespace bwd
