@@ -21,7 +21,6 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_ktile.cuh"
@@ -31,23 +30,17 @@
 namespace fna {
 namespace bwd {
 
-// Variants (kVar bits), selected at launch (FNA_BWD_VAR, bwd_sm90.h), for comparisons:
-//   bit 0 (pipelined): query tiles are published on per-buffer mbarriers (every thread's copies
-//         and stores, then its arrive) instead of cp.async groups and a CTA barrier at the top of
-//         each step; the next tile is loaded after the step's one remaining barrier (dS^T complete
-//         before dQ), while dQ and dK run; dS^T alternates between two buffers, and two
-//         query-tile buffers fit;
-//   bit 1 (lean): whole rows take an unrolled copy loop (load_q_rows' kFast), and the dQ rows'
-//         indices are read from shared memory before the wait for dQ instead of after it.
+// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 loads the next query tile
+// while S^T and dP^T run (else right after the step's first barrier, before they are issued);
+// bit 1 takes the border mask from bit sets (mask_key_rows_bits) instead of per-element compares.
 template <typename T, int kD, int kVar = 0>
 struct DkdvSm90Traits {
   using E = T;
-  static constexpr bool kPipe = (kVar & 1) != 0, kLean = (kVar & 2) != 0;
+  static constexpr bool kLate = (kVar & 1) != 0, kBits = (kVar & 2) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
-  static constexpr int kBufs = kPipe ? 2 : 3;
-  static constexpr int kDsBufs = kPipe ? 2 : 1;
+  static constexpr int kBufs = 3;
   using Tag = typename MmaTag<T>::type;
   static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
@@ -57,13 +50,13 @@ struct DkdvSm90Traits {
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
   static constexpr int kOffDs = kOffO + kBufs * kQBytes;
-  static constexpr int kOffStat = kOffDs + kDsBufs * kDsBytes;              // float2 [kBufs][kQ]
+  static constexpr int kOffStat = kOffDs + kDsBytes;              // float2 [kBufs][kQ]
   static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
   static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
-  static constexpr int kOffBar = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [kBufs] mbarriers
-  static constexpr size_t kSmem = 1024 + size_t(kOffBar) + kBufs * 8;
+  static constexpr int kOffCm = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [3][65]
+  static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
@@ -80,7 +73,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kVar>;
   constexpr int kBufs = Tr::kBufs;
-  constexpr bool kPipe = Tr::kPipe, kLean = Tr::kLean;
+  constexpr bool kLate = Tr::kLate, kBits = Tr::kBits;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -99,7 +92,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-  const uint32_t bar0 = base + Tr::kOffBar;  // pipelined: "tile landed" mbarrier per buffer
 
   // ---- which tile this CTA owns (as bwd_dkdv.cuh) ----------------------------------------------
   int b, hkv, kv0[kAxes] = {0, 0, 0};
@@ -115,9 +107,12 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   int nq[kAxes];
   const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
-  if (kPipe && tid == 0)
-    for (int i = 0; i < kBufs; ++i) mbar::init(bar0 + 8u * i, kThreads);
   __syncthreads();
+  uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
+  if constexpr (kBits) {
+    build_col_masks(p, s_qoff, s_cm);
+    __syncthreads();
+  }
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
@@ -125,15 +120,10 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   cur.start(p, additional, hkv, qr);
   auto load_q_tile = [&](const QWalk& w, int buf) {
     auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
-    load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), kLean>(
+    load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), true>(
         p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
         smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
         sw);
-    if constexpr (kPipe) {
-      // Published when this thread's copies land and (release) its stores are visible.
-      mbar::arrive_cp_async_inc(bar0 + 8u * buf);
-      mbar::arrive(bar0 + 8u * buf);
-    }
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -156,8 +146,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       ahead.next(p, additional, qr, nq);
     }
   int buf = 0;
-  uint32_t phase = 0;  // pipelined: parity of buffer buf's current fill
-  // Loads tile it + kBufs - 1 into the buffer of tile it - 1 (free: see the callers).
+  // Loads tile it + kBufs - 1 into the buffer of tile it - 1 (free: step it - 1 is complete in
+  // every warpgroup once the step's first barrier is passed).
   auto prefetch = [&](int64_t it) {
     if (it + kBufs - 1 < n_iter) {
       const int next_buf = buf == 0 ? kBufs - 1 : buf - 1;  // (it + kBufs - 1) % kBufs
@@ -166,21 +156,15 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
   };
   for (int64_t it = 0; it < n_iter; ++it) {
-    if constexpr (kPipe) {
-      mbar::wait(bar0 + 8u * buf, phase);
-      wgmma::fence_proxy_async();
-    } else {
-      // Tile it landed (the later tiles' groups may still be in flight).
-      if (it + 1 < n_iter)
-        mma::cp_async_wait<kBufs - 2>();
-      else
-        cp_async_wait_all();
-      wgmma::fence_proxy_async();
-      __syncthreads();
-      prefetch(it);
-    }
-    const int dsb = kPipe ? int(it & 1) : 0;
-    const uint32_t aDs = base + Tr::kOffDs + dsb * Tr::kDsBytes;
+    // Tile it landed (the later tiles' groups may still be in flight).
+    if (it + 1 < n_iter)
+      mma::cp_async_wait<kBufs - 2>();
+    else
+      cp_async_wait_all();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if constexpr (!kLate) prefetch(it);
+    const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
@@ -211,12 +195,18 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::commit();
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
+    if constexpr (kLate) prefetch(it);
     wgmma::wait<0>();
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
 
     // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
-    if (masked) mask_key_rows<kNB>(s, s_kinv, s_qoff, q0, wrow, lane);
+    if (masked) {
+      if constexpr (kBits)
+        mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
+      else
+        mask_key_rows<kNB>(s, s_kinv, s_qoff, q0, wrow, lane);
+    }
 
     // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
 #pragma unroll
@@ -244,7 +234,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
       ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
       const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
-      unsigned char* ds = smem + Tr::kOffDs + dsb * Tr::kDsBytes;
+      unsigned char* ds = smem + Tr::kOffDs;
       const int cb = (c & 7) * 2;
       *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
       *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
@@ -277,11 +267,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_proxy_async();
     __syncthreads();
     static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
-    // Pipelined: every warpgroup finished step it - 1, so its buffer takes tile it + kBufs - 1.
-    if (wg >= kD / 64) {  // no dQ block for this warpgroup
-      issue_dk();
-      if constexpr (kPipe) prefetch(it);
-    }
+    if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
@@ -299,18 +285,16 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       wgmma::commit();
       wgmma::fence_operands(dqa);
       issue_dk();
-      if constexpr (kPipe) prefetch(it);
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
       const int row0 = (warp & 3) * 16 + (lane >> 2);
-      int64_t tok[2] = {0, 0};
-      if constexpr (kLean) tok[0] = s_tok[buf * kQ + row0], tok[1] = s_tok[buf * kQ + row0 + 8];
+      const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
       wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int64_t t = kLean ? tok[half] : s_tok[buf * kQ + row0 + half * 8];
+        const int64_t t = tok[half];
         if (t < 0) continue;
         const int col0 = cblk * 64 + 2 * (lane & 3);
         float* dst = p.dq_accum + t * p.dq_row + col0;
@@ -341,7 +325,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::fence_operands(ad);
     cur.next(p, additional, qr, nq);
     buf = buf + 1 == kBufs ? 0 : buf + 1;
-    phase ^= buf == 0 ? 1u : 0u;
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

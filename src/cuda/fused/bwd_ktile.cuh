@@ -132,6 +132,51 @@ __device__ __forceinline__ void mask_key_rows(float (&s)[kNB][4], const int2* s_
   }
 }
 
+// The border mask of a 64-query tile as bit sets (the Hopper kernel, bwd_dkdv_sm90.cuh): for
+// each axis a and bound v in [0, p.tq[a]], cm[a * 65 + v] holds the tile's queries (bit = row of
+// the tile) whose offset on axis a is below v, so the queries of a key row's window [lo, hi) on
+// that axis are cm[hi] & ~cm[lo]. Built once per CTA from the packed offsets (qoff, 64 rows).
+constexpr int kColMaskStride = 65;
+__device__ __forceinline__ void build_col_masks(const Params& p, const uint32_t* qoff,
+                                                uint64_t* cm) {
+  for (int i = threadIdx.x; i < kAxes * kColMaskStride; i += blockDim.x) {
+    const int a = i / kColMaskStride, v = i % kColMaskStride;
+    if (v > p.tq[a]) continue;
+    uint64_t m = 0;
+    for (int q = 0; q < 64; ++q)
+      if (unpack_offset(qoff[q], a) < v) m |= uint64_t(1) << q;
+    cm[i] = m;
+  }
+}
+
+// mask_key_rows for 64-query tiles by the bit sets of build_col_masks: per key row, one AND-NOT
+// of two table entries per axis, then one bit test and select per element.
+template <int kNB>
+__device__ __forceinline__ void mask_key_rows_bits(float (&s)[kNB][4], const int2* s_kinv,
+                                                   const uint64_t* cm, const Params& p,
+                                                   const int* q0, int wrow, int lane) {
+  static_assert(kNB == 8, "64-query tiles");
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+    uint64_t m = ~uint64_t(0);
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a) {
+      const int2 r = s_kinv[row * kAxes + a];
+      const int t = p.tq[a];
+      const int lo = min(max(r.x - q0[a], 0), t), hi = min(max(r.y - q0[a], 0), t);
+      m &= cm[a * kColMaskStride + hi] & ~cm[a * kColMaskStride + lo];
+    }
+    m >>= 2 * (lane & 3);  // bit n * 8 + j: this thread's column n * 8 + 2 * (lane % 4) + j
+    const uint32_t w[2] = {uint32_t(m), uint32_t(m >> 32)};
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (!(w[n >> 2] & (1u << ((n & 3) * 8 + j)))) s[n][2 * half + j] = -INFINITY;
+  }
+}
+
 // dK (times the softmax scale) and dV of this thread's two key rows (wrow + lane / 4 and 8 rows
 // below), from accumulators in the mma.sync C layout (n8 blocks of the head dim).
 template <bool kDk, bool kDv, int kDB, typename E>
