@@ -30,13 +30,12 @@
 namespace fna {
 namespace bwd {
 
-// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 loads the next query tile
-// while S^T and dP^T run (else right after the step's first barrier, before they are issued);
-// bit 1 takes the border mask from bit sets (mask_key_rows_bits) instead of per-element compares.
+// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 places query rows from
+// per-CTA row offsets (build_row_offsets) plus one base per tile instead of per-row coordinates.
 template <typename T, int kD, int kVar = 0>
 struct DkdvSm90Traits {
   using E = T;
-  static constexpr bool kLate = (kVar & 1) != 0, kBits = (kVar & 2) != 0;
+  static constexpr bool kRowOff = (kVar & 1) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
@@ -56,7 +55,8 @@ struct DkdvSm90Traits {
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
   static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
   static constexpr int kOffCm = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [3][65]
-  static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
+  static constexpr int kOffRo = kOffCm + kAxes * kColMaskStride * 8;  // int64 [3][kQ]
+  static constexpr size_t kSmem = 1024 + size_t(kOffRo) + 3 * kQ * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kVar>;
   constexpr int kBufs = Tr::kBufs;
-  constexpr bool kLate = Tr::kLate, kBits = Tr::kBits;
+  constexpr bool kRowOff = Tr::kRowOff;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -109,10 +109,10 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  if constexpr (kBits) {
-    build_col_masks(p, s_qoff, s_cm);
-    __syncthreads();
-  }
+  int64_t* s_ro = reinterpret_cast<int64_t*>(smem + Tr::kOffRo);
+  build_col_masks(p, s_qoff, s_cm);
+  if (kRowOff && !additional) build_row_offsets<kQ>(p, s_qoff, s_ro);
+  __syncthreads();
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), true>(
         p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
         smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
-        sw);
+        sw, kRowOff && !additional ? s_ro : nullptr);
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if constexpr (!kLate) prefetch(it);
+    prefetch(it);
     const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
@@ -195,18 +195,12 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     wgmma::commit();
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
-    if constexpr (kLate) prefetch(it);
     wgmma::wait<0>();
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
 
     // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
-    if (masked) {
-      if constexpr (kBits)
-        mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
-      else
-        mask_key_rows<kNB>(s, s_kinv, s_qoff, q0, wrow, lane);
-    }
+    if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
 
     // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
 #pragma unroll
