@@ -30,12 +30,12 @@
 namespace fna {
 namespace bwd {
 
-// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 places query rows from
-// per-CTA row offsets (build_row_offsets) plus one base per tile instead of per-row coordinates.
+// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 starts S^T, dP^T and dQ with
+// scale-d = 0 in their first k-step instead of zeroing the accumulators.
 template <typename T, int kD, int kVar = 0>
 struct DkdvSm90Traits {
   using E = T;
-  static constexpr bool kRowOff = (kVar & 1) != 0;
+  static constexpr bool kNoZero = (kVar & 1) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
@@ -55,8 +55,7 @@ struct DkdvSm90Traits {
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
   static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
   static constexpr int kOffCm = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [3][65]
-  static constexpr int kOffRo = kOffCm + kAxes * kColMaskStride * 8;  // int64 [3][kQ]
-  static constexpr size_t kSmem = 1024 + size_t(kOffRo) + 3 * kQ * 8;
+  static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
@@ -73,7 +72,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kVar>;
   constexpr int kBufs = Tr::kBufs;
-  constexpr bool kRowOff = Tr::kRowOff;
+  constexpr bool kNoZero = Tr::kNoZero;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -109,9 +108,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  int64_t* s_ro = reinterpret_cast<int64_t*>(smem + Tr::kOffRo);
   build_col_masks(p, s_qoff, s_cm);
-  if (kRowOff && !additional) build_row_offsets<kQ>(p, s_qoff, s_ro);
   __syncthreads();
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
@@ -123,7 +120,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), true>(
         p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
         smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
-        sw, kRowOff && !additional ? s_ro : nullptr);
+        sw);
   };
 
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -173,10 +170,13 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 
     // S^T = K Q^T and dP^T = V dO^T over the head dim.
     float s[kNB][4], dp[kNB][4];
+    if constexpr (!kNoZero) {
 #pragma unroll
-    for (int n = 0; n < kNB; ++n)
+      for (int n = 0; n < kNB; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+    }
+    const int acc0 = kNoZero ? 0 : 1;  // scale-d of the first k-step
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
     wgmma::fence();
@@ -186,11 +186,11 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, kk == 0 ? acc0 : 1);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, kk == 0 ? acc0 : 1);
     }
     wgmma::commit();
     wgmma::fence_operands(s);
@@ -265,17 +265,19 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
+      if constexpr (!kNoZero) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
+          for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
+      }
       wgmma::fence_operands(dqa);
       wgmma::fence();
       const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
       const uint64_t dkb = wgmma::desc_sw128(base + Tr::kOffK + cblk * kKV * 128, kKV * 128, 1024);
 #pragma unroll
       for (int kk = 0; kk < kKV / 16; ++kk)
-        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
+        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, kk == 0 ? acc0 : 1);
       wgmma::commit();
       wgmma::fence_operands(dqa);
       issue_dk();

@@ -98,28 +98,6 @@ __device__ __forceinline__ bool qtile_full(const Params& p, const Group& G, bool
   return true;
 }
 
-// Per-row parts of the query rows' places, for load_q_rows' `ro` (neighborhood mode): row r's
-// offset on every axis times the dilation, times Q's strides (ro[r]), dO's strides (ro[kRows +
-// r]) and the flat token strides (ro[2 kRows + r]); a tile adds its origin's part.
-template <int kRows>
-__device__ __forceinline__ void build_row_offsets(const Params& p, const uint32_t* qoff,
-                                                  int64_t* ro) {
-  for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
-    const int64_t ltok[kAxes] = {int64_t(p.geo.axis[1].length) * p.geo.axis[2].length,
-                                 p.geo.axis[2].length, 1};
-    int64_t q = 0, o = 0, t = 0;
-    for (int a = 0; a < kAxes; ++a) {
-      const int64_t d = int64_t(unpack_offset(qoff[r], a)) * p.geo.axis[a].dilation;
-      q += d * p.sq.x[a];
-      o += d * p.sdo.x[a];
-      t += d * ltok[a];
-    }
-    ro[r] = q;
-    ro[kRows + r] = o;
-    ro[2 * kRows + r] = t;
-  }
-}
-
 // Q and dO rows of query tile `w` into shared memory (byte offset `sw(row, c)` of 16-byte chunk c
 // from sQ / sdO), the rows' statistics into `stat` by cp.async (waited with the tile), and each
 // row's flat index (b * tokens + token) * heads + h, or -1 for no query, into `tok`, and
@@ -131,7 +109,7 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
                                             int b, const int* kv0, const QWalk& w,
                                             const uint32_t* s_qoff, unsigned char* sQ,
                                             unsigned char* sdO, float2* stat, int64_t* tok,
-                                            int* full, Sw sw, const int64_t* ro = nullptr) {
+                                            int* full, Sw sw) {
   constexpr int kTPR0 = kThreads >= kRows ? kThreads / kRows : 1;
   constexpr int kTPR = kTPR0 > kChunks ? kChunks : kTPR0;  // threads per row
   constexpr int kRowsPerPass = kThreads / kTPR;
@@ -140,36 +118,12 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
   const int sub = threadIdx.x % kTPR;
   const bool whole = kFast && p.aligned && p.dim == kChunks * (16 / int(sizeof(E))) &&
                      p.dim_v == p.dim;
-  // With `ro`: the tile origin's part of the rows' places, once.
-  int64_t base_q = 0, base_o = 0, base_t = 0;
-  if (ro != nullptr) {
-    int x0[kAxes];
-#pragma unroll
-    for (int a = 0; a < kAxes; ++a) x0[a] = w.q0[a] * p.geo.axis[a].dilation + G.g[a];
-    base_q = tok_offset(p.sq, b, x0, w.h);
-    base_o = tok_offset(p.sdo, b, x0, w.h);
-    base_t = int64_t(b) * p.tokens + token_index(p, x0);
-  }
   for (int row = threadIdx.x / kTPR; row < kRows; row += kRowsPerPass) {
-    bool valid;
-    int64_t t;
-    const E* q;
-    const E* o;
-    if (ro != nullptr) {
-      const uint32_t off = s_qoff[row];
-      valid = true;
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a) valid = valid && w.q0[a] + unpack_offset(off, a) < G.len[a];
-      t = (base_t + ro[2 * kRows + row]) * p.heads + w.h;
-      q = valid ? gQ + base_q + ro[row] : nullptr;
-      o = valid ? gdO + base_o + ro[kRows + row] : nullptr;
-    } else {
-      int x[kAxes];
-      valid = query_row_coords(p, G, additional, w.q0, kRows, s_qoff, row, x);
-      t = (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + w.h;
-      q = valid ? gQ + tok_offset(p.sq, b, x, w.h) : nullptr;
-      o = valid ? gdO + tok_offset(p.sdo, b, x, w.h) : nullptr;
-    }
+    int x[kAxes];
+    const bool valid = query_row_coords(p, G, additional, w.q0, kRows, s_qoff, row, x);
+    const int64_t t = (int64_t(b) * p.tokens + token_index(p, x)) * p.heads + w.h;
+    const E* q = valid ? gQ + tok_offset(p.sq, b, x, w.h) : nullptr;
+    const E* o = valid ? gdO + tok_offset(p.sdo, b, x, w.h) : nullptr;
     constexpr int kPer = 16 / int(sizeof(E));
     if (kFast && whole) {
       static_assert(kChunks % kTPR == 0, "whole passes");
