@@ -51,13 +51,6 @@ for s in "${steps[@]}"; do
           > "$OUT/gpu_test_ws$ws.log" 2>&1
         rc=$?
         summary+=("gpu-test fwd FNA_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_ws$ws.log")")
-      done
-      # The sm90 dK / dV kernel's non-default variants (bwd_sm90.h, FNA_BWD_VAR; default 3).
-      for v in ${BWD_VARS:-0 1 2}; do
-        FNA_BWD_VAR=$v ./build/gpu/fna-gpu-test --backend cuda-fused --filter bwd \
-          > "$OUT/gpu_test_bwdvar$v.log" 2>&1
-        rc=$?
-        summary+=("gpu-test bwd FNA_BWD_VAR=$v: rc=$rc $(tail -1 "$OUT/gpu_test_bwdvar$v.log")")
       done ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \

@@ -29,12 +29,6 @@ __device__ __forceinline__ void arrive_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Arrives when all of this thread's earlier cp.async copies have landed, without counting as
-// one of the barrier's arrivals (the pending count is raised first): pair it with arrive().
-__device__ __forceinline__ void arrive_cp_async_inc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Blocks until the phase of parity `parity` has completed (acquire semantics at CTA scope).
 __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

@@ -17,6 +17,17 @@
 // S^T and dP^T take the 255 registers). Measured on an H100 (2026-11-22): half tiles (one
 // warpgroup, 64 keys, two CTAs per SM) ran forward+backward 15-17% slower, and dQ per warpgroup
 // over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
+//
+// The step is latency-bound (Nsight Compute, 2d-large: two warps per scheduler, 0.4 eligible, the
+// tensor pipe ~33% busy), so instructions on its path count: the border mask is one bit test per
+// element from per-CTA bit sets (mask_key_rows_bits), whole query rows take load_q_rows' unrolled
+// copy loop, and the dQ rows' indices are read before the wait for dQ. Together 1.06-1.12x
+// forward+backward on 2d-large and 1.04-1.07x on 3d-video (same-process A/B, H100,
+// docs/benchmarks.md). Measured and dropped there: dQ staged in shared memory and added by bulk
+// reductions (cp.reduce.async.bulk, no faster than the atomics), query tiles published on
+// mbarriers without the step's first barrier (1-2% alone, slower with the lean loads), the next
+// tile's load issued during S^T / dP^T (spills, 2-4% slower), per-CTA row offsets for the loads
+// and accumulators started by scale-d = 0 (both within 1%).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,12 +41,9 @@
 namespace fna {
 namespace bwd {
 
-// Variant (kVar, FNA_BWD_VAR in bwd_sm90.h, for comparisons): bit 0 starts S^T, dP^T and dQ with
-// scale-d = 0 in their first k-step instead of zeroing the accumulators.
-template <typename T, int kD, int kVar = 0>
+template <typename T, int kD>
 struct DkdvSm90Traits {
   using E = T;
-  static constexpr bool kNoZero = (kVar & 1) != 0;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
@@ -67,12 +75,11 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-template <typename T, int kD, int kVar>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD, kVar>;
+  using Tr = DkdvSm90Traits<T, kD>;
   constexpr int kBufs = Tr::kBufs;
-  constexpr bool kNoZero = Tr::kNoZero;
   using E = T;
   using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -170,13 +177,10 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 
     // S^T = K Q^T and dP^T = V dO^T over the head dim.
     float s[kNB][4], dp[kNB][4];
-    if constexpr (!kNoZero) {
 #pragma unroll
-      for (int n = 0; n < kNB; ++n)
+    for (int n = 0; n < kNB; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
-    }
-    const int acc0 = kNoZero ? 0 : 1;  // scale-d of the first k-step
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
     wgmma::fence();
@@ -186,11 +190,11 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, kk == 0 ? acc0 : 1);
+                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, kk == 0 ? acc0 : 1);
+                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
     }
     wgmma::commit();
     wgmma::fence_operands(s);
@@ -265,19 +269,17 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
-      if constexpr (!kNoZero) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
-      }
+        for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
       wgmma::fence_operands(dqa);
       wgmma::fence();
       const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
       const uint64_t dkb = wgmma::desc_sw128(base + Tr::kOffK + cblk * kKV * 128, kKV * 128, 1024);
 #pragma unroll
       for (int kk = 0; kk < kKV / 16; ++kk)
-        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, kk == 0 ? acc0 : 1);
+        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
       wgmma::commit();
       wgmma::fence_operands(dqa);
       issue_dk();

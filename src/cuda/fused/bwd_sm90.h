@@ -30,13 +30,5 @@ inline bool use_bwd_sm90() {
   return major == 9 && minor == 0;
 }
 
-// The dK / dV kernel's variant (bwd_dkdv_sm90.cuh, DkdvSm90Traits): bit 0 accumulators started by
-// scale-d = 0; FNA_BWD_VAR=0 / 1 overrides the default 1 (comparisons).
-inline int bwd_sm90_variant() {
-  const char* env = std::getenv("FNA_BWD_VAR");
-  if (env != nullptr && env[0] >= '0' && env[0] <= '1' && env[1] == 0) return env[0] - '0';
-  return 1;
-}
-
 }  // namespace bwd
 }  // namespace fna
