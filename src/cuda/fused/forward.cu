@@ -3,7 +3,6 @@
 // files CMake generates from fwd_inst.cu.in.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -357,10 +356,6 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     fp.q_tiles_total *= fp.q_tiles[ax];
   }
   fp.scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);
-  {
-    const char* env = std::getenv("FNA_FWD_SZERO");
-    fp.s_zero = env != nullptr && env[0] == '1' ? 1 : 0;
-  }
 
   DeviceGuard guard;
   if (!(st = guard.set(opt.device_index)).ok()) return st;

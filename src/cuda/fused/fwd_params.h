@@ -30,7 +30,6 @@ struct FwdParams {
   int q_tiles[kAxes];  // query tiles per axis over the largest group
   int q_tiles_total;
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
-  int s_zero;          // sm90: zero S before its first k-step (else scale-d = 0); FNA_FWD_SZERO
 };
 
 // One configuration's launcher (kMT: 16-row m-tiles per warp). Returns cudaErrorInvalidConfiguration (without launching) when

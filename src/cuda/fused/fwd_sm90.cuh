@@ -138,23 +138,20 @@ __device__ __forceinline__ void copy_kv_tile(int tid, const FwdParams& p, const 
 // S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one
 // wgmma group; the caller waits.
 template <class Tr, class T>
-__device__ __forceinline__ void issue_s(float (&s)[1][Tr::kN / 8][4], uint32_t sQw, uint32_t sK,
-                                        int zero) {
+__device__ __forceinline__ void issue_s(float (&s)[1][Tr::kN / 8][4], uint32_t sQw, uint32_t sK) {
   constexpr int kN = Tr::kN, kD = Tr::kD;
   using MmaS = wgmma::Mma<T, kN>;
   // Descriptors: the k-step's offset only changes the start address field (16-byte units).
   const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024);
   const uint64_t dk = wgmma::desc_sw128(sK, 16, 1024);
-  if (zero) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-  }
+  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
   wgmma::fence_operands(s[0]);
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
     MmaS::ss(s[0], dq + ((kk >> 2) * (Tr::kQ * 128) + (kk & 3) * 32) / 16,
-             dk + ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16, kk == 0 ? zero : 1);
+             dk + ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16, 1);
   wgmma::commit();
   wgmma::fence_operands(s[0]);
 }
@@ -193,9 +190,9 @@ __device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN 
 template <class Tr, class T, class KT, bool kMasked>
 __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
                                           uint32_t sV, const KvTile& tile, const RowWindow* sWin,
-                                          int num_add, float scale_log2, int zero) {
+                                          int num_add, float scale_log2) {
   float s[1][Tr::kN / 8][4];
-  issue_s<Tr, T>(s, sQw, sK, zero);
+  issue_s<Tr, T>(s, sQw, sK);
   wgmma::wait<0>();
   wgmma::fence_operands(s[0]);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
@@ -267,9 +264,9 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.inside)
-      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2, 1);
+      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
     else
-      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2, 1);
+      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
@@ -387,7 +384,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
     mbar::wait(full(0), 0);
     wgmma::fence_proxy_async();
-    issue_s<Tr, T>(s, sQw, sKV, p.s_zero);
+    issue_s<Tr, T>(s, sQw, sKV);
     wgmma::wait<0>();
     wgmma::fence_operands(s[0]);
     if (cur.inside) {
@@ -404,7 +401,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       wgmma::fence_proxy_async();
       const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
       const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
-      issue_s<Tr, T>(s, sQw, sK, p.s_zero);
+      issue_s<Tr, T>(s, sQw, sK);
       issue_pv<Tr, T>(st, a, sVprev);
       wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
       wgmma::fence_operands(s[0]);
