@@ -75,9 +75,7 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
-// kPf (FNA_BWD_VAR, for comparisons): where the next query tile's loads are issued: 0 after the
-// step's first barrier, 1 after dV is issued (before the barrier for dQ), 2 after the dQ atomics.
-template <typename T, int kD, int kPf>
+template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD>;
@@ -169,7 +167,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       cp_async_wait_all();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if constexpr (kPf == 0) prefetch(it);
+    prefetch(it);
     const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
@@ -262,7 +260,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
       for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
     }
     wgmma::commit();
-    if constexpr (kPf == 1) prefetch(it);
 
     // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
     wgmma::fence_proxy_async();
@@ -313,7 +310,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         }
       }
     }
-    if constexpr (kPf == 2) prefetch(it);
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
     // and dS^T are overwritten after the next barrier.
     wgmma::fence_operands(acc_dv);

@@ -30,12 +30,5 @@ inline bool use_bwd_sm90() {
   return major == 9 && minor == 0;
 }
 
-// The dK / dV kernel's load placement (dkdv_sm90_kernel's kPf): FNA_BWD_VAR=0..2, default 0.
-inline int bwd_sm90_variant() {
-  const char* env = std::getenv("FNA_BWD_VAR");
-  if (env != nullptr && env[0] >= '0' && env[0] <= '2' && env[1] == 0) return env[0] - '0';
-  return 0;
-}
-
 }  // namespace bwd
 }  // namespace fna
