@@ -1,7 +1,8 @@
 """Times the cuda-fused forward of every listed tile configuration on the standard problems (and
 the heuristic's pick), bf16 unless --dtype: the tuning table behind config.h.
 
-    python3 tools/gpu/fwd_configs.py [--problems 1d-long,2d-large] [--dtype bf16] [--reps 10]
+    python3 tools/gpu/fwd_configs.py [--problems 1d-long,2d-large] [--variants base,causal0]
+        [--dtype bf16] [--reps 10]
 
 Prints per problem: config, ms, effective TFLOP/s (SPEC.md section 3), needed-pair fraction, and
 the max abs difference from the heuristic's output (every config computes the same function).
@@ -37,35 +38,41 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--variants", default="base", help="gpu_bench variants: base, dil2, causal0")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     print(f"device: {torch.cuda.get_device_name()}", flush=True)
     for name in args.problems.split(","):
-        case = make_case(name, "base")
-        B, H, shape, D, kernel = PROBLEMS[name]
-        rank = len(shape)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=dt, generator=g)
-                   for _ in range(3))
-        fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
-        flops = 4.0 * B * H * attended_pairs(case) * D
-        ref = fn(q, k, v, kernel, backend="cuda-fused")
-        plan = fna.fused_plan(list(q.shape), kernel, dtype=dt)
-        rows = [("(heuristic) " + plan["config"], None)]
-        rows += [(c, c) for c in fna.fused_configs(rank, dt, D)]
-        for label, cfg in rows:
-            try:
-                out = fn(q, k, v, kernel, backend="cuda-fused", config=cfg)
-                diff = (out.float() - ref.float()).abs().max().item()
-                ms = timed(lambda: fn(q, k, v, kernel, backend="cuda-fused", config=cfg), args.reps)
-                need = fna.fused_plan(list(q.shape), kernel, dtype=dt, config=cfg)["needed_fraction"]
-                print(f"{name:9s} {label:55s} {ms:9.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s "
-                      f"needed {need:.3f} maxdiff {diff:.1e}", flush=True)
-            except Exception as e:  # a config that does not fit this device
-                print(f"{name:9s} {label:55s} error: {str(e)[:120]}", flush=True)
-        del q, k, v, ref
-        torch.cuda.empty_cache()
+        for variant in args.variants.split(","):
+            case = make_case(name, variant)
+            B, H, shape, D, kernel = PROBLEMS[name]
+            rank = len(shape)
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=dt, generator=g)
+                       for _ in range(3))
+            fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+            kw = dict(dilation=case["dilation"], is_causal=case["causal"])
+            flops = 4.0 * B * H * attended_pairs(case) * D
+            ref = fn(q, k, v, kernel, backend="cuda-fused", **kw)
+            plan = fna.fused_plan(list(q.shape), kernel, dtype=dt, **kw)
+            rows = [("(heuristic) " + plan["config"], None)]
+            rows += [(c, c) for c in fna.fused_configs(rank, dt, D)]
+            for label, cfg in rows:
+                try:
+                    out = fn(q, k, v, kernel, backend="cuda-fused", config=cfg, **kw)
+                    diff = (out.float() - ref.float()).abs().max().item()
+                    ms = timed(lambda: fn(q, k, v, kernel, backend="cuda-fused", config=cfg, **kw),
+                               args.reps)
+                    need = fna.fused_plan(list(q.shape), kernel, dtype=dt, config=cfg,
+                                          **kw)["needed_fraction"]
+                    print(f"{name:9s} {variant:8s} {label:55s} {ms:9.3f} ms "
+                          f"{flops / ms / 1e9:7.1f} TFLOP/s needed {need:.3f} maxdiff {diff:.1e}",
+                          flush=True)
+                except Exception as e:  # a config that does not fit this device
+                    print(f"{name:9s} {variant:8s} {label:55s} error: {str(e)[:120]}", flush=True)
+            del q, k, v, ref
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
