@@ -198,6 +198,12 @@ def run_case(case, args, backends):
                                       dtype=dt, allow_tf32=bool(tf32))
                 r["tiling"] = (f"tiles: needed pairs {plan['needed_fraction']:.3f}, unmasked "
                                f"{plan['unmasked_fraction']:.3f} ({plan['config']})")
+                if plan["backward_kv_tile"] and not args.no_bwd:
+                    shape_of = lambda t: "x".join(str(e) for e in t)  # noqa: E731
+                    r["tiling"] += (f"; backward needed pairs "
+                                    f"{plan['backward_needed_fraction']:.3f} (kv "
+                                    f"{shape_of(plan['backward_kv_tile'])}, q "
+                                    f"{shape_of(plan['backward_q_tile'])})")
             except Exception as exc:  # noqa: BLE001 - the timing stands without it
                 r["tiling"] = f"fused_plan failed: {exc}"
         results.append(r)

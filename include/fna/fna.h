@@ -171,6 +171,13 @@ struct FusedPlan {
   double visited_tiles = 0;        // (query tile, key/value tile) pairs visited, all heads
   double unmasked_fraction = 0;    // of those, tiles wholly inside every query's window (no mask)
   double needed_fraction = 0;      // needed score pairs / score pairs computed (tiling efficiency)
+  // The backward's dK / dV kernel (the default mode; Options::backward_config or the heuristic):
+  // its key tile and the query tiles it visits, over the problem's axes (empty when the fused
+  // backward does not take the problem), the (key tile, query tile) pairs it visits (all heads)
+  // and its needed score pairs / score pairs computed.
+  std::vector<int> backward_kv_tile, backward_q_tile;
+  double backward_visited_tiles = 0;
+  double backward_needed_fraction = 0;
 };
 // Needs a CUDA device (the heuristic reads its shared-memory size); `unsupported` where the fused
 // forward would answer so; not_compiled without the fused backend.

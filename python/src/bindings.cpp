@@ -533,6 +533,13 @@ NB_MODULE(_C, m) {
     d["visited_tiles"] = plan.visited_tiles;
     d["unmasked_fraction"] = plan.unmasked_fraction;
     d["needed_fraction"] = plan.needed_fraction;
+    nb::list bkv, bq;
+    for (int e : plan.backward_kv_tile) bkv.append(e);
+    for (int e : plan.backward_q_tile) bq.append(e);
+    d["backward_kv_tile"] = bkv;
+    d["backward_q_tile"] = bq;
+    d["backward_visited_tiles"] = plan.backward_visited_tiles;
+    d["backward_needed_fraction"] = plan.backward_needed_fraction;
     return d;
   }, nb::arg("query_shape"), nb::arg("dtype"), nb::kw_only(), nb::arg("kernel_size"),
      nb::arg("stride"), nb::arg("dilation"), nb::arg("is_causal"), nb::arg("heads_kv") = 0,

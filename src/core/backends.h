@@ -26,6 +26,8 @@ Status cuda_fused_backward(const Problem& p, const BackwardArgs& a, const Option
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim);
 std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int64_t dim);
 Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan);
+// The backward_* fields of FusedPlan (called by cuda_fused_plan; CUDA builds only).
+Status cuda_fused_backward_plan(const Problem& p, const Options& opt, FusedPlan* plan);
 
 // CUDA runtime helpers (defined in src/cuda/common/runtime.cu; stubs without CUDA).
 bool cuda_device_available();

@@ -336,6 +336,26 @@ def test_fused_plan_tiling(case):
     computed = visited * math.prod(qt) * math.prod(kt)
     assert plan["needed_fraction"] == pytest.approx(needed / computed)
     assert 0 < plan["needed_fraction"] <= 1
+    # The backward's dK / dV kernel: each key tile visits the query tiles (laid from the start of
+    # the group) covering the queries whose windows hold any of its keys.
+    bkv, bq = plan["backward_kv_tile"], plan["backward_q_tile"]
+    assert len(bkv) == len(bq) == rank
+    assert math.prod(bkv) == 128 and math.prod(bq) == 64  # 16-bit, head dim <= 128
+    bvisited = 1
+    for ax in range(rank):
+        L, K, d, c = spatial[ax], ks[ax], dil[ax], causal[ax]
+        v = 0
+        for g in range(d):
+            wins = [axis_window(x, L, K, d, 1, c)[1:] for x in range(L) if x % d == g]
+            for j0 in range(0, len(wins), bkv[ax]):
+                j1 = min(j0 + bkv[ax], len(wins))
+                qs = [i for i, (s0, e0) in enumerate(wins) if s0 < j1 and e0 > j0]
+                if qs:
+                    v += -(-(max(qs) - min(qs) + 1) // bq[ax])
+        bvisited *= v
+    assert plan["backward_visited_tiles"] == bvisited * B * H
+    assert plan["backward_needed_fraction"] == pytest.approx(needed / (bvisited * 128 * 64))
+    assert 0 < plan["backward_needed_fraction"] <= 1
     # An explicit configuration is reported back; a wrong one is an error.
     other = fna.fused_configs(rank, "bfloat16", D)[-1]
     assert fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, config=other)["config"] == other

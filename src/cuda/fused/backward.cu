@@ -446,5 +446,39 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   return run<__nv_bfloat16>(pr, a, opt, p, dpad, cfg);
 }
 
+Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan* plan) {
+  using namespace bwd;
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 256)
+    return {Code::unsupported, "backend=cuda-fused backward: head dim " + std::to_string(dmax) +
+                                   " > 256"};
+  const BwdConfig* cfg = nullptr;
+  std::vector<BwdConfig> cfgs;
+  if (!opt.backward_config.empty()) {
+    cfgs = bwd_configs(pr.rank, pr.dtype, dmax);
+    for (const BwdConfig& c : cfgs)
+      if (c.name() == opt.backward_config) cfg = &c;
+    if (cfg == nullptr)
+      return {Code::invalid_argument, "backward_config='" + opt.backward_config +
+                                          "' is not a cuda-fused backward configuration"};
+  }
+  // The tiles exactly as run() picks them for the dK / dV kernel.
+  Params p{};
+  p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
+                                pr.is_causal);
+  const TileRows tr = tile_rows(padded_dim(dmax), pr.dtype == DType::f32);
+  int64_t n_tiles = 0;
+  set_tiles(&p, tr.dkdv_queries, tr.dkdv_keys, true, cfg ? cfg->q : nullptr,
+            cfg ? cfg->kv : nullptr, &n_tiles);
+  double visited = 1;
+  for (int a = 0; a < kAxes; ++a) visited *= axis_pairs(p.geo.axis[a], p.tkv[a], p.tq[a], true);
+  plan->backward_kv_tile.assign(p.tkv + kAxes - pr.rank, p.tkv + kAxes);
+  plan->backward_q_tile.assign(p.tq + kAxes - pr.rank, p.tq + kAxes);
+  plan->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
+  const double computed = visited * double(tr.dkdv_keys) * double(tr.dkdv_queries);
+  plan->backward_needed_fraction = computed > 0 ? fused::needed_pairs(p.geo) / computed : 0.0;
+  return Status::Ok();
+}
+
 }  // namespace detail
 }  // namespace fna

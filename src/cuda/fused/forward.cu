@@ -263,22 +263,18 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
   if (!st.ok()) return st;
   const fused::Geometry geo = geometry_of(p);
   const fused::TilingStats ts = fused::tiling_stats(geo, cfg->q, cfg->kv);
-  // Needed pairs per (batch, head): the window is a product over axes, so the count is the
-  // product of per-axis sums of window lengths.
-  double needed = 1;
-  for (const nbr::Axis& a : geo.axis) {
-    double sum = 0;
-    for (int g = 0; g < a.dilation; ++g) {
-      const int len = nbr::group_length(a, g);
-      for (int i = 0; i < len; ++i) sum += nbr::window(a, len, i).size();
-    }
-    needed *= sum;
-  }
+  const double needed = fused::needed_pairs(geo);
   plan->config = cfg->name();
   plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);
   plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
   const double computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
   plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
+  // The backward's dK / dV tiles; a problem the fused backward does not take leaves them empty.
+  if (!cuda_fused_backward_plan(p, opt, plan).ok()) {
+    plan->backward_kv_tile.clear();
+    plan->backward_q_tile.clear();
+    plan->backward_visited_tiles = plan->backward_needed_fraction = 0;
+  }
   return Status::Ok();
 }
 

@@ -203,6 +203,21 @@ inline TilingStats tiling_stats(const Geometry& geo, const int (&q_ext)[kAxes],
   }
   return {visited, unmasked};
 }
+// Needed (query, key) pairs per (batch, head): the window is a product over axes, so the count is
+// the product of per-axis sums of window lengths over every dilation group.
+inline double needed_pairs(const Geometry& geo) {
+  double needed = 1;
+  for (const nbr::Axis& a : geo.axis) {
+    double sum = 0;
+    for (int g = 0; g < a.dilation; ++g) {
+      const int len = nbr::group_length(a, g);
+      for (int i = 0; i < len; ++i) sum += nbr::window(a, len, i).size();
+    }
+    needed *= sum;
+  }
+  return needed;
+}
+
 template <class QT, class KT>
 inline TilingStats tiling_stats(const Geometry& geo) {
   return tiling_stats(geo, QT::kExt, KT::kExt);
