@@ -294,6 +294,22 @@ std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
   return out;
 }
 
+// Options::backward_config's entry of the table (null when none is given: the heuristic); the
+// table is kept in *table, which *cfg points into.
+Status backward_config_of(const Problem& pr, const Options& opt, int64_t dmax,
+                          std::vector<BwdConfig>* table, const BwdConfig** cfg) {
+  *cfg = nullptr;
+  if (opt.backward_config.empty()) return Status::Ok();
+  *table = bwd_configs(pr.rank, pr.dtype, dmax);
+  for (const BwdConfig& c : *table)
+    if (c.name() == opt.backward_config) *cfg = &c;
+  if (*cfg == nullptr)  // validate_options lists the valid names; this is a second guard
+    return {Code::invalid_argument, "backward_config='" + opt.backward_config +
+                                        "' is not a cuda-fused backward configuration for " +
+                                        "this problem (see fna::fused_backward_configs)"};
+  return Status::Ok();
+}
+
 // T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements). cfg:
 // Options::backward_config's entry, or null (the heuristic).
 template <typename T>
@@ -387,15 +403,8 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   // Options::backward_config names one of the table below (validate_options checked the name).
   const BwdConfig* cfg = nullptr;
   std::vector<BwdConfig> cfgs;
-  if (!opt.backward_config.empty()) {
-    cfgs = bwd_configs(pr.rank, pr.dtype, dmax);
-    for (const BwdConfig& c : cfgs)
-      if (c.name() == opt.backward_config) cfg = &c;
-    if (cfg == nullptr)  // validate_options lists the valid names; this is a second guard
-      return {Code::invalid_argument, "backward_config='" + opt.backward_config +
-                                          "' is not a cuda-fused backward configuration for " +
-                                          "this problem (see fna::fused_backward_configs)"};
-  }
+  Status cst = backward_config_of(pr, opt, dmax, &cfgs, &cfg);
+  if (!cst.ok()) return cst;
 
   for (int ax = 0; ax < pr.rank; ++ax)
     if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
@@ -454,14 +463,8 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan
                                    " > 256"};
   const BwdConfig* cfg = nullptr;
   std::vector<BwdConfig> cfgs;
-  if (!opt.backward_config.empty()) {
-    cfgs = bwd_configs(pr.rank, pr.dtype, dmax);
-    for (const BwdConfig& c : cfgs)
-      if (c.name() == opt.backward_config) cfg = &c;
-    if (cfg == nullptr)
-      return {Code::invalid_argument, "backward_config='" + opt.backward_config +
-                                          "' is not a cuda-fused backward configuration"};
-  }
+  Status cst = backward_config_of(pr, opt, dmax, &cfgs, &cfg);
+  if (!cst.ok()) return cst;
   // The tiles exactly as run() picks them for the dK / dV kernel.
   Params p{};
   p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
