@@ -1,0 +1,244 @@
+// The fused kernels' tiling arithmetic (src/cuda/fused/tiling.cuh, host-callable) against brute
+// force over the SPEC neighbor relation (the support library's spec_is_neighbor, which shares
+// nothing with core/), on random small geometries (seeded) and several query / key tile shapes:
+//   - kv_span: every neighbor of every query of a query tile lies in the span's key tiles, every
+//     key tile of the span holds at least one neighbor pair, and a key tile flagged "inside" (no
+//     mask) holds only neighbor pairs;
+//   - tiling_stats: the visited and unmasked key tiles those spans add up to;
+//   - needed_pairs: the needed (query, key) pairs;
+//   - query_tiles_for (the backward): per axis, the query tiles of a key tile's inverse
+//     neighborhood, exactly (no query tile missing, none without a neighbor on that axis).
+// The GPU kernels use these through the device suite; this runs them in CI, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/fused/tiling.cuh"
+#include "support/problem.h"
+
+namespace {
+
+using fna::fused::Geometry;
+using fna::fused::Group;
+using fna::fused::KvSpan;
+using fna::fused::Tile;
+using fna::fused::kAxes;
+
+// A random geometry of rank 1-3 (lifted), small enough for brute force: axis lengths up to 300
+// (rank 1), 24 (rank 2) or 9 (rank 3); any valid kernel, dilation, stride and causal flag.
+Geometry random_geometry(std::mt19937_64& rng, int* rank_out) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int rank = pick(1, 3);
+  const int max_len = rank == 1 ? 300 : (rank == 2 ? 24 : 9);
+  int64_t len[3], ker[3], dil[3], str[3];
+  bool cau[3];
+  for (int a = 0; a < rank; ++a) {
+    len[a] = pick(1, max_len);
+    dil[a] = pick(1, 3) == 1 ? pick(1, static_cast<int>(len[a])) : 1;
+    ker[a] = pick(1, static_cast<int>(len[a] / dil[a]));
+    str[a] = pick(1, static_cast<int>(ker[a]));
+    cau[a] = pick(0, 2) == 0;
+  }
+  *rank_out = rank;
+  return Geometry::lift(rank, len, ker, dil, str, cau);
+}
+
+std::string describe(const Geometry& geo) {
+  std::ostringstream os;
+  for (int a = 0; a < kAxes; ++a) {
+    const auto& x = geo.axis[a];
+    os << "[L=" << x.length << " K=" << x.kernel << " d=" << x.dilation << " s=" << x.stride
+       << " c=" << x.causal << "]";
+  }
+  return os.str();
+}
+
+// Per axis of one dilation group: nb[a][i * len + j] = local key j is a neighbor of local query i
+// on axis a (SPEC, on global coordinates).
+struct GroupTables {
+  std::vector<char> nb[kAxes];
+  GroupTables(const Geometry& geo, const Group& gr) {
+    for (int a = 0; a < kAxes; ++a) {
+      const auto& x = geo.axis[a];
+      const int n = gr.len[a];
+      nb[a].assign(size_t(n) * n, 0);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          nb[a][size_t(i) * n + j] = fna_test::spec_is_neighbor(
+              x.length, x.kernel, x.dilation, x.stride, x.causal, gr.global(geo, a, i),
+              gr.global(geo, a, j));
+    }
+  }
+  bool on_axis(const Group& gr, int a, int i, int j) const {
+    return nb[a][size_t(i) * gr.len[a] + j] != 0;
+  }
+  bool pair(const Group& gr, const int (&q)[kAxes], const int (&k)[kAxes]) const {
+    for (int a = 0; a < kAxes; ++a)
+      if (!on_axis(gr, a, q[a], k[a])) return false;
+    return true;
+  }
+};
+
+// Calls fn(coords) for every point of the box [lo, hi) (last axis fastest).
+template <typename Fn>
+void for_box(const int (&lo)[kAxes], const int (&hi)[kAxes], Fn&& fn) {
+  for (int x0 = lo[0]; x0 < hi[0]; ++x0)
+    for (int x1 = lo[1]; x1 < hi[1]; ++x1)
+      for (int x2 = lo[2]; x2 < hi[2]; ++x2) {
+        const int c[kAxes] = {x0, x1, x2};
+        fn(c);
+      }
+}
+
+// Checks every query tile of every group of `geo` for tile shapes QT / KT; returns the number of
+// key tiles checked.
+template <class QT, class KT>
+int64_t check_forward(const Geometry& geo) {
+  const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
+                           std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
+                           " kv=" + std::to_string(KT::ext(0)) + "x" + std::to_string(KT::ext(1)) +
+                           "x" + std::to_string(KT::ext(2));
+  double visited = 0, unmasked = 0;
+  int64_t checked = 0;
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    const GroupTables t(geo, gr);
+    const int zero[kAxes] = {0, 0, 0};
+    int ntiles[kAxes];
+    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
+    for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
+      if (::testing::Test::HasFatalFailure()) return;
+      int q0[kAxes], q1[kAxes];
+      for (int a = 0; a < kAxes; ++a) {
+        q0[a] = ti[a] * QT::ext(a);
+        q1[a] = std::min(q0[a] + QT::ext(a), gr.len[a]);
+      }
+      const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+      // Every neighbor of every query lies in the span's box.
+      int box0[kAxes], box1[kAxes];
+      for (int a = 0; a < kAxes; ++a) {
+        box0[a] = sp.origin[a];
+        box1[a] = sp.origin[a] + sp.count[a] * KT::ext(a);
+      }
+      for_box(q0, q1, [&](const int (&q)[kAxes]) {
+        for_box(zero, gr.len, [&](const int (&k)[kAxes]) {
+          if (!t.pair(gr, q, k)) return;
+          for (int a = 0; a < kAxes; ++a)
+            ASSERT_TRUE(k[a] >= box0[a] && k[a] < box1[a])
+                << what << " group " << flat << ": key outside the span on axis " << a;
+        });
+      });
+      // Every key tile of the span holds a neighbor pair; an "inside" tile only neighbor pairs.
+      for (int n = 0; n < sp.total(); ++n) {
+        int k0[kAxes], k1[kAxes];
+        const bool inside = fna::fused::kv_tile_at<KT>(sp, n, k0);
+        for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
+        bool any = false, all = true;
+        for_box(q0, q1, [&](const int (&q)[kAxes]) {
+          for_box(k0, k1, [&](const int (&k)[kAxes]) {
+            const bool p = t.pair(gr, q, k);
+            any = any || p;
+            all = all && p;
+          });
+        });
+        if (inside) {
+          for (int a = 0; a < kAxes; ++a)
+            ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs axis " << a;
+          ASSERT_TRUE(all) << what << " group " << flat << ": an inside key tile needs a mask";
+        }
+        ASSERT_TRUE(any) << what << " group " << flat << ": key tile " << n << " has no pair";
+        visited += 1;
+        unmasked += inside ? 1 : 0;
+        ++checked;
+      }
+    });
+    if (::testing::Test::HasFatalFailure()) return checked;
+  }
+  const fna::fused::TilingStats st = fna::fused::tiling_stats(geo, QT::kExt, KT::kExt);
+  EXPECT_EQ(st.visited, visited) << what;
+  EXPECT_EQ(st.unmasked, unmasked) << what;
+  return checked;
+}
+
+// The backward's query tiles of every key tile (origins at multiples of KT), per axis.
+template <class QT, class KT>
+void check_backward(const Geometry& geo) {
+  const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
+                           std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
+                           " kv=" + std::to_string(KT::ext(0)) + "x" + std::to_string(KT::ext(1)) +
+                           "x" + std::to_string(KT::ext(2));
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    const GroupTables t(geo, gr);
+    for (int a = 0; a < kAxes; ++a) {
+      for (int j0 = 0; j0 < gr.len[a]; j0 += KT::ext(a)) {
+        const int j1 = std::min(j0 + KT::ext(a), gr.len[a]);
+        int k_origin[kAxes] = {0, 0, 0}, first[kAxes], count[kAxes];
+        k_origin[a] = j0;
+        fna::fused::query_tiles_for<QT, KT>(geo, gr, k_origin, first, count);
+        // Query tiles on axis a with a query that has a key of [j0, j1) on this axis.
+        std::vector<char> needed(size_t(fna::fused::tiles_over(gr.len[a], QT::ext(a))), 0);
+        for (int i = 0; i < gr.len[a]; ++i)
+          for (int j = j0; j < j1; ++j)
+            if (t.on_axis(gr, a, i, j)) needed[size_t(i / QT::ext(a))] = 1;
+        for (size_t qt = 0; qt < needed.size(); ++qt) {
+          const bool listed = int(qt) >= first[a] && int(qt) < first[a] + count[a];
+          ASSERT_EQ(listed, needed[qt] != 0)
+              << what << " group " << flat << " axis " << a << " keys [" << j0 << ", " << j1
+              << "): query tile " << qt << (listed ? " listed without a neighbor" : " missing");
+        }
+      }
+    }
+  }
+}
+
+template <class QT, class KT>
+int64_t check_shapes(const Geometry& geo) {
+  const int64_t n = check_forward<QT, KT>(geo);
+  if (!::testing::Test::HasFatalFailure()) check_backward<QT, KT>(geo);
+  return n;
+}
+
+TEST(FusedTiling, SpansStatsAndInverseTilesMatchBruteForce) {
+  std::mt19937_64 rng(20261122);
+  int64_t key_tiles = 0;
+  for (int c = 0; c < 60; ++c) {
+    int rank = 0;
+    const Geometry geo = random_geometry(rng, &rank);
+    SCOPED_TRACE("case " + std::to_string(c) + " rank " + std::to_string(rank));
+    // Shapes of the configuration tables (config.h, the backward's) and small odd ones.
+    key_tiles += check_shapes<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo);
+    key_tiles += check_shapes<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo);
+    key_tiles += check_shapes<Tile<1, 16, 4>, Tile<1, 4, 16>>(geo);
+    key_tiles += check_shapes<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo);
+    key_tiles += check_shapes<Tile<4, 4, 4>, Tile<2, 8, 8>>(geo);
+    key_tiles += check_shapes<Tile<1, 2, 4>, Tile<2, 1, 2>>(geo);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(key_tiles, 1000);  // the sweep reached real spans
+}
+
+TEST(FusedTiling, NeededPairsMatchSpec) {
+  std::mt19937_64 rng(7);
+  for (int c = 0; c < 200; ++c) {
+    int rank = 0;
+    const Geometry geo = random_geometry(rng, &rank);
+    double want = 1;
+    for (int a = 0; a < kAxes; ++a) {
+      const auto& x = geo.axis[a];
+      double sum = 0;
+      for (int64_t q = 0; q < x.length; ++q) {
+        const auto w = fna_test::spec_window(x.length, x.kernel, x.dilation, x.stride, x.causal, q);
+        sum += double(w.end - w.start);
+      }
+      want *= sum;
+    }
+    ASSERT_EQ(fna::fused::needed_pairs(geo), want) << describe(geo);
+  }
+}
+
+}  // namespace
