@@ -120,26 +120,6 @@ int log2_exact(int v) {
   return e;
 }
 
-// Tile pairs visited along one axis, summed over its dilation groups. Pairs factor over axes (tiles
-// are boxes and the per-axis ranges independent), so the whole problem visits the product.
-//   own_kv: key tiles of extent `own` at multiples of it, each visiting the query tiles of extent
-//           `other` that cover its inverse neighborhood (the dK/dV kernel);
-//   else:   query tiles of extent `own`, each visiting the key tiles of extent `other` covering
-//           the union of its windows (the dQ kernel).
-double axis_pairs(const nbr::Axis& a, int own, int other, bool own_kv) {
-  double n = 0;
-  for (int g = 0; g < a.dilation; ++g) {
-    const int len = nbr::group_length(a, g);
-    for (int i0 = 0; i0 < len; i0 += own) {
-      const int i1 = std::min(i0 + own, len);
-      const nbr::Range r = own_kv ? nbr::inverse_tile_union(a, len, i0, i1)
-                                  : nbr::tile_union(a, len, i0, i1);
-      n += (r.size() + other - 1) / other;
-    }
-  }
-  return n;
-}
-
 // Tile shapes (powers of two, `own_rows` and `other_rows` in all) that minimize the tile pairs
 // visited. Ties go to the shape that overhangs the axes least, then to the later axes (contiguous
 // in memory; lifted axes lead, so they never win a tie).
@@ -158,7 +138,7 @@ void pick_tiles_uncached(const Params& p, int own_rows, int other_rows, bool own
         // all lengths are 1.
         pairs[a][i][j] = p.geo.axis[a].length == 1 && (i > 0 || j > 0) && a < kAxes - 1
                              ? -1
-                             : axis_pairs(p.geo.axis[a], 1 << i, 1 << j, own_kv);
+                             : fused::axis_tile_pairs(p.geo.axis[a], 1 << i, 1 << j, own_kv);
   double best = -1;
   long best_over = 0, best_pref = 0;
   for (int i0 = 0; i0 <= eo; ++i0)
@@ -474,7 +454,8 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan
   set_tiles(&p, tr.dkdv_queries, tr.dkdv_keys, true, cfg ? cfg->q : nullptr,
             cfg ? cfg->kv : nullptr, &n_tiles);
   double visited = 1;
-  for (int a = 0; a < kAxes; ++a) visited *= axis_pairs(p.geo.axis[a], p.tkv[a], p.tq[a], true);
+  for (int a = 0; a < kAxes; ++a)
+    visited *= fused::axis_tile_pairs(p.geo.axis[a], p.tkv[a], p.tq[a], true);
   plan->backward_kv_tile.assign(p.tkv + kAxes - pr.rank, p.tkv + kAxes);
   plan->backward_q_tile.assign(p.tq + kAxes - pr.rank, p.tq + kAxes);
   plan->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);

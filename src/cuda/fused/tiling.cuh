@@ -154,20 +154,25 @@ struct RowWindow {
   }
 };
 
-// For the backward pass: the query tiles (aligned to multiples of QT's extents, as the forward
-// grid places them) that need any key of the key tile starting at `k_origin`, per axis:
-// [first[ax], first[ax] + count[ax]).
-template <class QT, class KT>
-FNA_HD void query_tiles_for(const Geometry& geo, const Group& gr, const int (&k_origin)[kAxes],
-                            int (&first)[kAxes], int (&count)[kAxes]) {
-  for (int ax = 0; ax < kAxes; ++ax) {
-    const int j0 = k_origin[ax];
-    const int j1 = j0 + KT::ext(ax) < gr.len[ax] ? j0 + KT::ext(ax) : gr.len[ax];
-    const nbr::Range inv = nbr::inverse_tile_union(geo.axis[ax], gr.len[ax], j0, j1);
-    first[ax] = inv.begin / QT::ext(ax);
-    const int last = inv.size() > 0 ? (inv.end - 1) / QT::ext(ax) : first[ax] - 1;
-    count[ax] = last - first[ax] + 1;
+// Tile pairs visited along one axis, summed over its dilation groups (host). Pairs factor over
+// axes (tiles are boxes and the per-axis ranges independent), so a problem visits the product.
+//   own_kv: key tiles of extent `own` at multiples of it, each visiting the query tiles of extent
+//           `other` laid from the start of its inverse neighborhood (the dK/dV kernel's walk,
+//           bwd_ktile.cuh key_tile_queries);
+//   else:   query tiles of extent `own`, each visiting the key tiles of extent `other` laid from
+//           the start of the union of its windows (kv_span; the dQ kernel).
+inline double axis_tile_pairs(const nbr::Axis& a, int own, int other, bool own_kv) {
+  double n = 0;
+  for (int g = 0; g < a.dilation; ++g) {
+    const int len = nbr::group_length(a, g);
+    for (int i0 = 0; i0 < len; i0 += own) {
+      const int i1 = i0 + own < len ? i0 + own : len;
+      const nbr::Range r = own_kv ? nbr::inverse_tile_union(a, len, i0, i1)
+                                  : nbr::tile_union(a, len, i0, i1);
+      n += tiles_over(r.size(), other);
+    }
   }
+  return n;
 }
 
 // Host-side tiling statistics over the whole problem (all groups and query tiles): key tiles
