@@ -12,7 +12,8 @@
 // given pointers. mode 0: forward, 1: backward. Returns milliseconds.
 extern "C" double SIDE_FN(float* const* t, int mode) {
   const fna::Problem p = default_problem();
-  const std::vector<int64_t> ext{1, 128, 128, 4, 64}, lext{1, 128, 128, 4};
+  const std::vector<int64_t> ext{p.batch, p.shape[0], p.shape[1], p.heads, p.dim},
+      lext{p.batch, p.shape[0], p.shape[1], p.heads};
   fna::Options opt;
   opt.backend = fna::Backend::cpu;
   opt.device = fna::Device::cpu;
