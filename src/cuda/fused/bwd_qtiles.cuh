@@ -125,7 +125,7 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
     const E* q = valid ? gQ + tok_offset(p.sq, b, x, w.h) : nullptr;
     const E* o = valid ? gdO + tok_offset(p.sdo, b, x, w.h) : nullptr;
     constexpr int kPer = 16 / int(sizeof(E));
-    if (kFast && whole) {
+    if (whole) {
       static_assert(kChunks % kTPR == 0, "whole passes");
 #pragma unroll
       for (int i = 0; i < kChunks / kTPR; ++i) {
