@@ -1,0 +1,54 @@
+"""Every CUDA kernel one cuda-fused call of a standard problem launches, with its device time
+(torch.profiler), so that time outside the attention kernel shows up:
+
+    python3 tools/gpu/kernel_times.py 2d-nat [--bwd] [--reps 10]
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import fna  # noqa: E402
+from gpu_bench import PROBLEMS  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("problem", choices=sorted(PROBLEMS))
+ap.add_argument("--bwd", action="store_true")
+ap.add_argument("--reps", type=int, default=10)
+args = ap.parse_args()
+B, H, shape, D, kernel = PROBLEMS[args.problem]
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
+           .requires_grad_(args.bwd) for _ in range(3))
+fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
+
+
+def call():
+    out = fn(q, k, v, kernel, backend="cuda-fused")
+    if args.bwd:
+        out.sum().backward()
+
+
+for _ in range(3):
+    call()
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for _ in range(args.reps):
+        call()
+    torch.cuda.synchronize()
+rows = []
+for e in prof.key_averages():
+    t = getattr(e, "device_time_total", None)
+    if t is None:
+        t = e.cuda_time_total
+    if t > 0:
+        rows.append((t / args.reps, e.count / args.reps, e.key))
+rows.sort(reverse=True)
+total = sum(r[0] for r in rows)
+print(f"{args.problem} ({'forward+backward' if args.bwd else 'forward'}), per call, "
+      f"config {fna.fused_plan(list(q.shape), kernel, dtype=torch.bfloat16)['config']}")
+for t, n, name in rows:
+    print(f"{t / 1000:9.3f} ms  {n:5.1f}x  {100 * t / total:5.1f}%  {name[:110]}")
+print(f"{total / 1000:9.3f} ms  total device time")
