@@ -356,8 +356,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
 
   // The key-tile span lives in shared memory: it is read once per tile, and kept in registers it
   // would pin a dozen of them next to O for the whole loop.
+  // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
   __shared__ KvSpan sSpan;
-  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
+  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
+  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
+  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -401,8 +404,6 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   load_kv(cur, 0);
   mma::cp_async_commit();
 
-  RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
-  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
 
   // One barrier per tile: once every warp has passed it, tile `it` has landed for all and every
   // warp has finished tile it - 1, so its buffer can take tile it + 1 while `it` is computed.

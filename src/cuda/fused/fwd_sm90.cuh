@@ -231,8 +231,10 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   copy_q_tile<Tr, QT, Tr::kThreads>(threadIdx.x, p, ft, sQ);
   mma::cp_async_commit();
 
+  // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
   __shared__ KvSpan sSpan;
-  if (threadIdx.x == 0) sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
+  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
+  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -247,7 +249,6 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   };
   load_kv(cur, 0);
   mma::cp_async_commit();
-  init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
 
   FwdState<Tr> st;
   init_state(st);

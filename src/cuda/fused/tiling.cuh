@@ -93,20 +93,25 @@ struct KvSpan {
 };
 
 // `q_origin` is the query tile's first local coordinate per axis; queries beyond the group length
-// are ignored (a tile may overhang the end of an axis).
+// are ignored (a tile may overhang the end of an axis). kv_span_axis fills one axis's entries
+// (the forward kernels compute the axes on different warps, side by side).
+template <class QT, class KT>
+FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes], int ax,
+                         KvSpan& s) {
+  const int i0 = q_origin[ax];
+  const int i1 = i0 + QT::ext(ax) < gr.len[ax] ? i0 + QT::ext(ax) : gr.len[ax];
+  const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
+  const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
+  s.origin[ax] = u.begin;
+  s.count[ax] = tiles_over(u.size(), KT::ext(ax));
+  s.inner_begin[ax] = x.begin;
+  s.inner_end[ax] = x.end;
+}
+
 template <class QT, class KT>
 FNA_HD KvSpan kv_span(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes]) {
   KvSpan s;
-  for (int ax = 0; ax < kAxes; ++ax) {
-    const int i0 = q_origin[ax];
-    const int i1 = i0 + QT::ext(ax) < gr.len[ax] ? i0 + QT::ext(ax) : gr.len[ax];
-    const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
-    const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
-    s.origin[ax] = u.begin;
-    s.count[ax] = tiles_over(u.size(), KT::ext(ax));
-    s.inner_begin[ax] = x.begin;
-    s.inner_end[ax] = x.end;
-  }
+  for (int ax = 0; ax < kAxes; ++ax) kv_span_axis<QT, KT>(geo, gr, q_origin, ax, s);
   return s;
 }
 
