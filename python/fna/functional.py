@@ -5,14 +5,19 @@ Layout is heads-last: ``query [B, *spatial, H, D]``, ``key [B, *spatial, H_kv, D
 Any strides are accepted (a heads-first tensor passed as a ``permute`` view works).
 
 torch tensors go through ``torch.ops.fna.*`` custom ops (autograd, ``torch.compile``), on the
-tensors' device and current stream. NumPy arrays run on the CPU backends; for their gradients use
-:func:`na_backward`, :func:`na_qk_backward` and :func:`na_av_backward`.
+tensors' device and current stream; in eager mode the fused forward calls the same
+implementation without the op's dispatcher (``_torch_ops.na_forward_call``). NumPy arrays run on
+the CPU backends; for their gradients use :func:`na_backward`, :func:`na_qk_backward` and
+:func:`na_av_backward`.
 """
 
 import numpy as np
 
 from . import _args, _C
 from ._compat import torch
+
+if torch is not None:
+    from . import _torch_ops
 
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
@@ -125,8 +130,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        out, lse = torch.ops.fna.na_forward(query, key, value, additional_keys,
-                                            additional_values, *sp, scale, backend, *opts)
+        out, lse = _torch_ops.na_forward_call(query, key, value, additional_keys,
+                                              additional_values, *sp, scale, backend, *opts)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy

@@ -339,6 +339,46 @@ def test_broadcast_gradient():
         check_close(np64(ga.grad), np64(gb.grad), what="expanded vs dense gradient")
 
 
+def test_eager_fast_path_matches_custom_op():
+    """Eager calls skip the custom op's dispatcher (fna._torch_ops.na_forward_call); outputs, LSE
+    and gradients (deterministic backward) must be bitwise those of torch.ops.fna.na_forward with
+    its registered autograd, with and without autograd recording; the backward is
+    once-differentiable like the op's."""
+    from fna import _torch_ops
+    for case in range(4):
+        rng = np.random.default_rng(seed_of("eager-fast-path", case))
+        p = random_problem(rng, 1 + case % 3)
+        a, b = to_torch(p, requires_grad=True), to_torch(p, requires_grad=True)
+        rank = a["q"].dim() - 3
+        out_a, lse_a = NA[rank](a["q"], a["k"], a["v"], a["ks"], stride=a["st"],
+                                dilation=a["dil"], is_causal=a["causal"],
+                                additional_keys=a["add_k"], additional_values=a["add_v"],
+                                backend="cpu", return_lse=True, deterministic=True)
+        assert type(out_a.grad_fn).__name__.startswith("_NaEager")
+        sp = (list(p["ks"]), list(p["st"]), list(p["dil"]), list(p["causal"]))
+        scale = p["q"].shape[-1] ** -0.5
+        out_b, lse_b = torch.ops.fna.na_forward(b["q"], b["k"], b["v"], b["add_k"], b["add_v"],
+                                                *sp, scale, "cpu", "", True, False, "")
+        assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)
+        assert not lse_a.requires_grad
+        d_out = torch.from_numpy(rng.standard_normal(out_a.shape).astype(np.float32))
+        out_a.backward(d_out)
+        out_b.backward(d_out)
+        for name in ("q", "k", "v", "add_k", "add_v"):
+            if a[name] is not None:
+                assert torch.equal(a[name].grad, b[name].grad), name
+        with torch.no_grad():
+            out_c = run_na(a, "cpu")
+        assert out_c.grad_fn is None and torch.equal(out_c, out_a.detach())
+    # Double backward: an error, as with the custom op (whose backward has no autograd).
+    x = torch.from_numpy(np.random.default_rng(seed_of("eager-2nd")).standard_normal(
+        (1, 7, 1, 4)).astype(np.float32)).requires_grad_()
+    (g,) = torch.autograd.grad(fna.na1d(x, x, x, 3).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+    assert _torch_ops.na_forward_call is not None
+
+
 def opcheck_all(device, backend):
     """torch.library.opcheck on each custom op: schema, autograd registration, fake (meta)
     implementation against the real one, and AOT dispatch with dynamic shapes."""
