@@ -59,31 +59,61 @@ struct BwdConfig {
   std::string name() const;
 };
 
-// One warp per (batch, token, head): stats = {LSE * log2(e), sum_d dO * O}. kTf32 (plain TF32):
-// dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum) stays consistent (a query
-// alone in its window gets dS = 0, not the rounding error of dP).
+// stats = {LSE * log2(e), sum_d dO * O} per (batch, token, head) row, 2^log_tpr threads per row,
+// each reading 16 bytes of dO and of O per step. `dense`: O, dO and LSE laid out densely, so a
+// row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
+// bytes). kTf32 (plain TF32): dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum)
+// stays consistent (a query alone in its window gets dS = 0, not the rounding error of dP).
 template <typename T, bool kTf32 = false>
 __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const float* lse,
-                             TokStrides sl, float2* stats) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
-  if (row >= rows) return;
-  const int h = int(row % p.heads);
-  const int64_t tok = (row / p.heads) % p.tokens;
-  const int b = int(row / (int64_t(p.heads) * p.tokens));
-  int x[kAxes];
-  token_coords(p, tok, x);
-  const T* gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, b, x, h);
-  const T* gO = o + tok_offset(so, b, x, h);
-  float acc = 0.f;
-  for (int d = lane; d < p.dim_v; d += 32) {
-    float x = float(gdO[d]);
-    if constexpr (kTf32) x = __uint_as_float(mma::to_tf32(x));
-    acc += x * float(gO[d]);
+                             TokStrides sl, float2* stats, int log_tpr, bool dense, bool vec) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  const int tpr = 1 << log_tpr;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
+  const int lane = threadIdx.x & 31, sub = lane & (tpr - 1);
+  if (row >= int64_t(p.batch) * p.tokens * p.heads) return;  // whole rows: the shuffles' groups
+  const T* gdO;
+  const T* gO;
+  int64_t lse_off;
+  if (dense) {
+    gdO = static_cast<const T*>(p.d_o) + row * p.dim_v;
+    gO = o + row * p.dim_v;
+    lse_off = row;
+  } else {
+    const int h = int(row % p.heads);
+    const int64_t tok = (row / p.heads) % p.tokens;
+    const int b = int(row / (int64_t(p.heads) * p.tokens));
+    int x[kAxes];
+    token_coords(p, tok, x);
+    gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, b, x, h);
+    gO = o + tok_offset(so, b, x, h);
+    lse_off = tok_offset(sl, b, x, h);
   }
-  for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  if (lane == 0) stats[row] = make_float2(lse[tok_offset(sl, b, x, h)] * kLog2e, acc);
+  float acc = 0.f;
+  for (int c = kPer * sub; c < p.dim_v; c += kPer * tpr) {
+    T a[kPer], b[kPer];
+    if (vec) {
+      *reinterpret_cast<uint4*>(a) = *reinterpret_cast<const uint4*>(gdO + c);
+      *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(gO + c);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const bool in = c + e < p.dim_v;
+        a[e] = in ? gdO[c + e] : T(0.f);
+        b[e] = in ? gO[c + e] : T(0.f);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      float x = float(a[e]);
+      if constexpr (kTf32) x = __uint_as_float(mma::to_tf32(x));
+      acc += x * float(b[e]);
+    }
+  }
+  // The row's threads are 2^log_tpr aligned lanes of one warp, all present.
+  const unsigned group = (tpr == 32 ? 0xffffffffu : ((1u << tpr) - 1u)) << (lane & ~(tpr - 1));
+  for (int m = tpr / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(group, acc, m);
+  if (sub == 0) stats[row] = make_float2(lse[lse_off] * kLog2e, acc);
 }
 
 // Strides of a [B, L.., H, D] TensorRef lifted to 3 axes. Returns false when the head dim is not
@@ -349,11 +379,17 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   p_dkdv.dq_row = p.dq_row;
   p_dq.stats = p_dkdv.stats = p.stats;
 
+  constexpr int kPer = 16 / int(sizeof(E));
+  const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
+  const bool dense = dense_rows(p, so, p.dim_v) && dense_rows(p, p.sdo, p.dim_v) &&
+                     dense_rows(p, sl, 1);
+  const bool vec = dense && p.dim_v % kPer == 0 && reinterpret_cast<uintptr_t>(a.o.data) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.d_o) % 16 == 0;
   const int threads = 256;
-  const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);
+  const unsigned blocks = unsigned(((rows << log_tpr) + threads - 1) / threads);
   stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(
       p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl,
-      ws.as<float2>());
+      ws.as<float2>(), log_tpr, dense, vec);
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
   if (dpad == 256)

@@ -86,22 +86,75 @@ Status set_smem(Kernel kernel, size_t bytes, const char* name) {
   return Status::Ok();
 }
 
-// dQ = scale * dq_accum, into the strided dQ tensor; one thread per element.
+// dQ = scale * dq_accum, into the strided dQ tensor. Each thread converts 4 consecutive elements
+// of one row per step (one 16-byte load of the accumulator), 2^log_tpr threads per row. A row's
+// place in dQ takes no division when dQ is laid out densely ([B, N.., H, D] contiguous: `dense`);
+// `vec` (dense, D % 4 == 0, aligned) stores the 4 elements at once.
 template <typename T>
-__global__ void dq_convert_kernel(const Params p) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t total = int64_t(p.batch) * p.tokens * p.heads * p.dim;
-  if (idx >= total) return;
-  const int d = int(idx % p.dim);
-  const int64_t row = idx / p.dim;  // (b * N + tok) * H + h
-  const int h = int(row % p.heads);
-  const int64_t tok = (row / p.heads) % p.tokens;
-  const int b = int(row / (int64_t(p.heads) * p.tokens));
-  int x[kAxes];
-  token_coords(p, tok, x);
+__global__ void dq_convert_kernel(const Params p, int log_tpr, bool dense, bool vec) {
   using E = typename Elem<T>::type;
-  static_cast<E*>(p.dq)[tok_offset(p.sdq, b, x, h) + d] =
-      E(p.dq_accum[row * p.dq_row + d] * p.scale);
+  const int tpr = 1 << log_tpr;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
+  const int sub = int(threadIdx.x) & (tpr - 1);
+  if (row >= int64_t(p.batch) * p.tokens * p.heads) return;
+  int64_t base = row * p.dim;  // (b * N + tok) * H + h rows of D
+  if (!dense) {
+    const int h = int(row % p.heads);
+    const int64_t tok = (row / p.heads) % p.tokens;
+    const int b = int(row / (int64_t(p.heads) * p.tokens));
+    int x[kAxes];
+    token_coords(p, tok, x);
+    base = tok_offset(p.sdq, b, x, h);
+  }
+  E* out = static_cast<E*>(p.dq) + base;
+  const float* acc = p.dq_accum + row * p.dq_row;  // dq_row % 8 == 0: 16-byte aligned
+  for (int c = 4 * sub; c < p.dim; c += 4 * tpr) {
+    const float4 a = *reinterpret_cast<const float4*>(acc + c);
+    alignas(4 * sizeof(E)) E v[4] = {E(a.x * p.scale), E(a.y * p.scale), E(a.z * p.scale),
+                                     E(a.w * p.scale)};
+    if (vec) {
+      if constexpr (sizeof(E) == 2)
+        *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(v);
+      else
+        *reinterpret_cast<uint4*>(out + c) = *reinterpret_cast<const uint4*>(v);
+    } else {
+      for (int e = 0; e < 4 && c + e < p.dim; ++e) out[c + e] = v[e];
+    }
+  }
+}
+
+// Whether a tensor with strides `s` and rows of `row_len` elements is laid out densely, so that
+// row (b * N + token) * H + h starts at element row * row_len (axes of length 1 and a batch of
+// one ignore their strides).
+inline bool dense_rows(const Params& p, const TokStrides& s, int64_t row_len) {
+  int64_t expect = row_len;
+  bool ok = s.h == expect || p.heads == 1;
+  expect *= p.heads;
+  for (int a = kAxes - 1; a >= 0; --a) {
+    ok = ok && (s.x[a] == expect || p.geo.axis[a].length == 1);
+    expect *= p.geo.axis[a].length;
+  }
+  return ok && (s.b == expect || p.batch == 1);
+}
+
+// Threads per row for rows of `chunks` pieces: the next power of two, at most a warp. Returns its
+// log2.
+inline int log_threads_per_row(int chunks) {
+  int l = 0;
+  while ((1 << l) < chunks && l < 5) ++l;
+  return l;
+}
+
+template <typename T>
+void launch_dq_convert(const Params& p, cudaStream_t stream) {
+  using E = typename Elem<T>::type;
+  const int log_tpr = log_threads_per_row((p.dim + 3) / 4);
+  const bool dense = dense_rows(p, p.sdq, p.dim);
+  const bool vec = dense && p.dim % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.dq) % (4 * sizeof(E)) == 0;
+  const int64_t threads = (int64_t(p.batch) * p.tokens * p.heads) << log_tpr;
+  dq_convert_kernel<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, log_tpr, dense,
+                                                                             vec);
 }
 
 inline Status launch_error(const char* what) {
@@ -154,8 +207,7 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv,
     if (atomic) {
       st = DkAtomic::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass, atomic dq)");
       if (!st.ok()) return st;
-      const int64_t n = int64_t(p_dkdv.batch) * p_dkdv.tokens * p_dkdv.heads * p_dkdv.dim;
-      dq_convert_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(p_dkdv);
+      launch_dq_convert<T>(p_dkdv, stream);
       return launch_error("dq convert");
     }
     st = Dk::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass)");
@@ -185,8 +237,7 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv,
       st = launch_error("dkdv (additional, atomic dq)");
       if (!st.ok()) return st;
     }
-    const int64_t n = int64_t(p_dkdv.batch) * p_dkdv.tokens * p_dkdv.heads * p_dkdv.dim;
-    dq_convert_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(p_dkdv);
+    launch_dq_convert<T>(p_dkdv, stream);
     return launch_error("dq convert");
   }
   using DkdvT = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, false>;
