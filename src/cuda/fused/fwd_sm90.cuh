@@ -280,14 +280,16 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // mbarrier once its copies have landed (the compute threads fence the async proxy after waiting),
 // and the loader waits for the compute warpgroups' arrives on the buffer's "empty" mbarrier
 // before refilling it. With the loads and the per-tile barrier off the compute warps and the
-// registers moved to them (setmaxnreg: 232 each, 40 for the loader), each compute warpgroup
+// registers moved to them (setmaxnreg: 224 each, 56 for the loader), each compute warpgroup
 // overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
 // hands buffer j - 1 back. (Making the two compute warpgroups take turns issuing their MMAs,
 // FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
 // 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
 // all shared memory but the barriers holds tiles: at head dim 128 with 64-key tiles, Q and six
-// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws).
+// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws),
+// persistent: one CTA per SM walks query tiles, so the next tile's Q and first key tiles load
+// while the current one finishes (its softmax tail, last P V and output store).
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
@@ -303,7 +305,7 @@ struct Sm90WsTraits {
 
 template <class T, int kD, int kRank, class QT, class KT>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
-    fna_fwd_sm90_ws_kernel(const FwdParams p) {
+    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Ws = Sm90WsTraits<Tr>;
@@ -314,121 +316,151 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
-  __shared__ __align__(8) uint64_t bars[2 * kStages + 1];  // full[s], empty[s], Q
+  __shared__ __align__(8) uint64_t bars[2 * kStages + 2];  // full[s], empty[s], Q full, Q empty
   const uint32_t bar0 = mma::smem_u32(bars);
   auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
   auto empty = [&](int stage) { return bar0 + 8u * uint32_t(kStages + stage); };
   const uint32_t q_full = bar0 + 8u * uint32_t(2 * kStages);
+  const uint32_t q_empty = q_full + 8u;
 
-  FwdTile ft;
-  if (!fwd_tile<QT>(p, blockIdx.x, ft)) return;
-  const Geometry& geo = p.geo;
-  const Group& gr = ft.gr;
-  const int hkv = ft.h / p.heads_per_kv;
-
-  __shared__ KvSpan sSpan;
   if (threadIdx.x == 0) {
-    sSpan = kv_span<QT, KT>(geo, gr, ft.qo);
     for (int i = 0; i < kStages; ++i) {
       mbar::init(full(i), 128);            // the loader's threads
       mbar::init(empty(i), Tr::kThreads);  // the compute threads
     }
     mbar::init(q_full, 128);
+    mbar::init(q_empty, Tr::kThreads);
   }
   __syncthreads();
-  const KvSpan& span = sSpan;
-  const int n_nbr = span.total();
-  const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+  const Geometry& geo = p.geo;
+  // Persistent: the CTA takes query tiles blockIdx.x, + gridDim.x, ... (gridDim.x = num_ctas
+  // gives one tile per CTA). Both roles walk the same tiles and count key tiles `g` over all of
+  // them, so the stage ring and its phases carry on from one query tile to the next: the loader
+  // fetches the next tile's Q (once the compute warps' last S of the current tile is done) and
+  // key tiles while the compute warps finish the current one.
 
   if (threadIdx.x >= Tr::kThreads) {
     // Loader warpgroup.
-    mbar::regs_dec<40>();
+    mbar::regs_dec<56>();
     const int tid = threadIdx.x - Tr::kThreads;
-    const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
-    const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
-    copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
-    mbar::arrive_cp_async(q_full);
-    KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
-    for (int it = 0; it < n_tiles; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) mbar::wait(empty(stage), uint32_t((it / kStages) - 1) & 1u);
-      const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
-      copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
-      mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
-      cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+    int g = 0, j = 0;  // key tiles and query tiles so far
+    for (int blk = blockIdx.x; blk < num_ctas; blk += gridDim.x) {
+      FwdTile ft;
+      if (!fwd_tile<QT>(p, blk, ft)) continue;
+      const int hkv = ft.h / p.heads_per_kv;
+      const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+      const int n_nbr = span.total();
+      const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+      const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+      const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+      if (j > 0) mbar::wait(q_empty, uint32_t(j - 1) & 1u);
+      copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
+      mbar::arrive_cp_async(q_full);
+      KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+      for (int it = 0; it < n_tiles; ++it, ++g) {
+        const int stage = g % kStages;
+        if (g >= kStages) mbar::wait(empty(stage), uint32_t((g / kStages) - 1) & 1u);
+        const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+        copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
+        mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
+        cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+      }
+      ++j;
     }
     mma::cp_async_commit();
     mma::cp_async_wait<0>();
     return;
   }
 
-  // Compute warpgroups (their own copy of the span: shared memory would be re-read after every
-  // barrier and MMA fence).
-  mbar::regs_inc<232>();
-  const KvSpan span_r = sSpan;
+  // Compute warpgroups.
+  mbar::regs_inc<224>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    rw[0][r] = row_window<QT>(geo, gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
-  FwdState<Tr> st;
-  init_state(st);
-  // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion and
-  // this thread's proxy fence.
-  mbar::wait(q_full, 0);
-  wgmma::fence_proxy_async();
-  if (n_tiles > 0) {
-    float s[1][Tr::kN / 8][4];
-    uint32_t a[Tr::kN / 16][4];
-    // Tile 0: S, softmax, P.
-    KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
-    mbar::wait(full(0), 0);
+  int g = 0, j = 0;
+  for (int blk = blockIdx.x; blk < num_ctas; blk += gridDim.x) {
+    FwdTile ft;
+    if (!fwd_tile<QT>(p, blk, ft)) continue;
+    const KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+    const int n_nbr = span_r.total();
+    const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+    RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      rw[0][r] = row_window<QT>(geo, ft.gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
+    FwdState<Tr> st;
+    init_state(st);
+    // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
+    // and this thread's proxy fence.
+    mbar::wait(q_full, uint32_t(j) & 1u);
     wgmma::fence_proxy_async();
-    issue_s<Tr, T>(s, sQw, sKV);
-    wgmma::wait<0>();
-    wgmma::fence_operands(s[0]);
-    if (cur.inside) {
-      softmax_update<Tr, false>(st, s, p.scale_log2);
-    } else {
-      apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-      softmax_update<Tr, true>(st, s, p.scale_log2);
-    }
-    pack_p<Tr, T>(s, a);
-    for (int it = 1; it < n_tiles; ++it) {
-      cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
-      const int stage = it % kStages, prev = (it - 1) % kStages;
-      mbar::wait(full(stage), uint32_t(it / kStages) & 1u);
+    if (n_tiles > 0) {
+      float s[1][Tr::kN / 8][4];
+      uint32_t a[Tr::kN / 16][4];
+      // Tile 0: S, softmax, P.
+      KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
+      int stage = g % kStages;
+      mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
       wgmma::fence_proxy_async();
-      const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
-      const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
-      issue_s<Tr, T>(s, sQw, sK);
-      issue_pv<Tr, T>(st, a, sVprev);
-      wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+      issue_s<Tr, T>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
+      wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
-      float alpha[1][2];
-      bool rescale;
       if (cur.inside) {
-        rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
+        softmax_update<Tr, false>(st, s, p.scale_log2);
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-        rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
+        softmax_update<Tr, true>(st, s, p.scale_log2);
       }
+      pack_p<Tr, T>(s, a);
+      for (int it = 1; it < n_tiles; ++it) {
+        cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
+        const int prev = stage;
+        ++g;
+        stage = g % kStages;
+        mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
+        wgmma::fence_proxy_async();
+        const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+        const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
+        issue_s<Tr, T>(s, sQw, sK);
+        issue_pv<Tr, T>(st, a, sVprev);
+        wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+        wgmma::fence_operands(s[0]);
+        float alpha[1][2];
+        bool rescale;
+        if (cur.inside) {
+          rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
+        } else {
+          apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
+          rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
+        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(st.o[0]);
+        wgmma::fence_operands(a);
+        mbar::arrive(empty(prev));
+        rescale_o(st, rescale, alpha);
+        pack_p<Tr, T>(s, a);
+      }
+      // Every S of this query tile is done: Q's buffer may take the next tile's.
+      mbar::arrive(q_empty);
+      issue_pv<Tr, T>(st, a, sKV + (2 * stage + 1) * Tr::kTileBytes);
       wgmma::wait<0>();
       wgmma::fence_operands(st.o[0]);
       wgmma::fence_operands(a);
-      mbar::arrive(empty(prev));
-      rescale_o(st, rescale, alpha);
-      pack_p<Tr, T>(s, a);
+      mbar::arrive(empty(stage));
+      ++g;
+    } else {
+      mbar::arrive(q_empty);
     }
-    const int last = (n_tiles - 1) % kStages;
-    issue_pv<Tr, T>(st, a, sKV + (2 * last + 1) * Tr::kTileBytes);
-    wgmma::wait<0>();
-    wgmma::fence_operands(st.o[0]);
-    wgmma::fence_operands(a);
+    store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+    ++j;
   }
-  store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
 #endif
+}
+
+// Whether the warp-specialized forward runs persistent (one CTA per SM walking query tiles, the
+// default) or one CTA per query tile (FNA_SM90_PERSIST=0, for comparisons).
+inline bool use_fwd_sm90_persistent() {
+  const char* env = std::getenv("FNA_SM90_PERSIST");
+  return !(env != nullptr && env[0] == '0');
 }
 
 // Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
@@ -466,7 +498,18 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(Ws::kSmemBytes));
       if (err != cudaSuccess) return err;
-      kernel<<<static_cast<unsigned>(ctas), Ws::kThreads, Ws::kSmemBytes, stream>>>(p);
+      int64_t grid = ctas;
+      if (use_fwd_sm90_persistent()) {
+        int dev = 0, sms = 0;
+        err = cudaGetDevice(&dev);
+        if (err == cudaSuccess)
+          err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (err != cudaSuccess) return err;
+        grid = ctas < sms ? ctas : sms;  // one CTA per SM (its shared memory)
+      }
+      if (grid == 0) return cudaSuccess;
+      kernel<<<static_cast<unsigned>(grid), Ws::kThreads, Ws::kSmemBytes, stream>>>(
+          p, static_cast<int>(ctas));
       return cudaGetLastError();
     }
   }
