@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "cuda/common/mbarrier.cuh"
+#include "cuda/common/runtime.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_common.cuh"
 
@@ -305,7 +306,7 @@ struct Sm90WsTraits {
 
 template <class T, int kD, int kRank, class QT, class KT>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
-    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas) {
+    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Ws = Sm90WsTraits<Tr>;
@@ -316,12 +317,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
-  __shared__ __align__(8) uint64_t bars[2 * kStages + 2];  // full[s], empty[s], Q full, Q empty
+  // full[s], empty[s], Q full, Q empty, tile id published [2]
+  __shared__ __align__(8) uint64_t bars[2 * kStages + 4];
+  __shared__ int s_tile[2];
   const uint32_t bar0 = mma::smem_u32(bars);
   auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
   auto empty = [&](int stage) { return bar0 + 8u * uint32_t(kStages + stage); };
   const uint32_t q_full = bar0 + 8u * uint32_t(2 * kStages);
   const uint32_t q_empty = q_full + 8u;
+  auto tile_full = [&](int slot) { return q_full + 16u + 8u * uint32_t(slot); };
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
@@ -330,32 +334,47 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     }
     mbar::init(q_full, 128);
     mbar::init(q_empty, Tr::kThreads);
+    mbar::init(tile_full(0), 1);
+    mbar::init(tile_full(1), 1);
   }
   __syncthreads();
   const Geometry& geo = p.geo;
-  // Persistent: the CTA takes query tiles blockIdx.x, + gridDim.x, ... (gridDim.x = num_ctas
-  // gives one tile per CTA). Both roles walk the same tiles and count key tiles `g` over all of
-  // them, so the stage ring and its phases carry on from one query tile to the next: the loader
-  // fetches the next tile's Q (once the compute warps' last S of the current tile is done) and
-  // key tiles while the compute warps finish the current one.
+  // Persistent: the loader takes query tiles from `tile_counter` (one atomic add each, so tiles go
+  // out in order to whichever CTA is free: the running ones stay neighbors sharing K/V in L2, and
+  // uneven tiles balance) and publishes each number in s_tile[j % 2] on tile_full(j % 2); without
+  // a counter the CTA takes tile blockIdx.x alone. Both roles count key tiles `g` over all query
+  // tiles, so the stage ring and its phases carry on from one query tile to the next: the loader
+  // fetches the next tile's Q (once the compute warps' last S of the current tile is done: Q
+  // empty) and key tiles while the compute warps finish the current one. Slot j % 2 is rewritten
+  // only after Q empty of tile j - 1, by which time the compute warps have read tile j - 2's
+  // number. Every tile number, valid or not, passes Q full and Q empty once.
 
   if (threadIdx.x >= Tr::kThreads) {
     // Loader warpgroup.
     mbar::regs_dec<56>();
     const int tid = threadIdx.x - Tr::kThreads;
-    int g = 0, j = 0;  // key tiles and query tiles so far
-    for (int blk = blockIdx.x; blk < num_ctas; blk += gridDim.x) {
+    int g = 0;  // key tiles so far
+    for (int j = 0;; ++j) {
+      if (j > 0) mbar::wait(q_empty, uint32_t(j - 1) & 1u);
+      if (tid == 0) {
+        s_tile[j & 1] = tile_counter != nullptr ? atomicAdd(tile_counter, 1)
+                                                : (j == 0 ? int(blockIdx.x) : num_ctas);
+        mbar::arrive(tile_full(j & 1));
+      }
+      asm volatile("bar.sync 1, 128;" ::: "memory");  // the loader's warps: s_tile written
+      const int blk = s_tile[j & 1];
+      if (blk >= num_ctas) break;
       FwdTile ft;
-      if (!fwd_tile<QT>(p, blk, ft)) continue;
+      const bool valid = fwd_tile<QT>(p, blk, ft);
+      if (valid) copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
+      mbar::arrive_cp_async(q_full);
+      if (!valid) continue;
       const int hkv = ft.h / p.heads_per_kv;
       const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo);
       const int n_nbr = span.total();
       const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
       const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
       const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
-      if (j > 0) mbar::wait(q_empty, uint32_t(j - 1) & 1u);
-      copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
-      mbar::arrive_cp_async(q_full);
       KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
       for (int it = 0; it < n_tiles; ++it, ++g) {
         const int stage = g % kStages;
@@ -365,7 +384,6 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
         cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
       }
-      ++j;
     }
     mma::cp_async_commit();
     mma::cp_async_wait<0>();
@@ -376,10 +394,17 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   mbar::regs_inc<224>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
-  int g = 0, j = 0;
-  for (int blk = blockIdx.x; blk < num_ctas; blk += gridDim.x) {
+  int g = 0;
+  for (int j = 0;; ++j) {
+    mbar::wait(tile_full(j & 1), uint32_t(j >> 1) & 1u);
+    const int blk = s_tile[j & 1];
+    if (blk >= num_ctas) break;
     FwdTile ft;
-    if (!fwd_tile<QT>(p, blk, ft)) continue;
+    if (!fwd_tile<QT>(p, blk, ft)) {
+      mbar::wait(q_full, uint32_t(j) & 1u);
+      mbar::arrive(q_empty);
+      continue;
+    }
     const KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
     const int n_nbr = span_r.total();
     const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
@@ -451,7 +476,6 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::arrive(q_empty);
     }
     store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
-    ++j;
   }
 #endif
 }
@@ -498,7 +522,10 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(Ws::kSmemBytes));
       if (err != cudaSuccess) return err;
+      if (ctas == 0) return cudaSuccess;
       int64_t grid = ctas;
+      detail::Workspace ws(stream);  // the tile counter, freed in stream order
+      int* counter = nullptr;
       if (use_fwd_sm90_persistent()) {
         int dev = 0, sms = 0;
         err = cudaGetDevice(&dev);
@@ -506,10 +533,13 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
           err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         if (err != cudaSuccess) return err;
         grid = ctas < sms ? ctas : sms;  // one CTA per SM (its shared memory)
+        if (!ws.allocate(sizeof(int), "forward tile counter").ok()) return cudaErrorMemoryAllocation;
+        counter = ws.as<int>();
+        err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+        if (err != cudaSuccess) return err;
       }
-      if (grid == 0) return cudaSuccess;
       kernel<<<static_cast<unsigned>(grid), Ws::kThreads, Ws::kSmemBytes, stream>>>(
-          p, static_cast<int>(ctas));
+          p, static_cast<int>(ctas), counter);
       return cudaGetLastError();
     }
   }
