@@ -288,9 +288,9 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
 // 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
 // all shared memory but the barriers holds tiles: at head dim 128 with 64-key tiles, Q and six
-// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws),
-// persistent: one CTA per SM walks query tiles, so the next tile's Q and first key tiles load
-// while the current one finishes (its softmax tail, last P V and output store).
+// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws), one
+// CTA per query tile, or persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles,
+// so the next tile's Q and first key tiles load while the current one finishes.
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
@@ -480,11 +480,13 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 #endif
 }
 
-// Whether the warp-specialized forward runs persistent (one CTA per SM walking query tiles, the
-// default) or one CTA per query tile (FNA_SM90_PERSIST=0, for comparisons).
+// Whether the warp-specialized forward runs persistent (FNA_SM90_PERSIST=1: one CTA per SM taking
+// query tiles from a counter) instead of one CTA per query tile (the default). Persistent measured
+// 1.005x / 0.949x on 2d-large base / causal0 and 0.903x / 1.020x on 3d-video (same process, H100,
+// bf16, tools/gpu/env_ab.py, commit 9da2d54); why 3d-video's base problem loses 10% is not profiled.
 inline bool use_fwd_sm90_persistent() {
   const char* env = std::getenv("FNA_SM90_PERSIST");
-  return !(env != nullptr && env[0] == '0');
+  return env != nullptr && env[0] == '1';
 }
 
 // Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
