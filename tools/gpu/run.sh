@@ -51,7 +51,12 @@ for s in "${steps[@]}"; do
           > "$OUT/gpu_test_ws$ws.log" 2>&1
         rc=$?
         summary+=("gpu-test fwd FNA_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_ws$ws.log")")
-      done ;;
+      done
+      # Its persistent mode (off by default, FNA_SM90_PERSIST=1), on every rank.
+      FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
+        > "$OUT/gpu_test_persist.log" 2>&1
+      rc=$?
+      summary+=("gpu-test fwd FNA_SM90_WS=1 FNA_SM90_PERSIST=1: rc=$rc $(tail -1 "$OUT/gpu_test_persist.log")") ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
         > "$OUT/sanitize.log" 2>&1
