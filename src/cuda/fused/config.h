@@ -114,7 +114,8 @@
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
   X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
   X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)
+  X(3, 128, 2, 8, 8, 2, 4, 8, DT)          \
+  X(3, 128, 3, 8, 8, 2, 4, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

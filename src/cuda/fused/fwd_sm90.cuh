@@ -61,6 +61,14 @@ struct Sm90Traits {
                 "sm90 tile sizes");
 };
 
+// Threads per row for kThr threads copying kRows rows: as many as there are threads per row, and
+// more when the rows do not split evenly into passes (192 rows by 128 threads: 2 per row, 3 passes).
+constexpr int copy_threads_per_row(int rows, int threads) {
+  int tpr = threads >= rows ? threads / rows : 1;
+  while (tpr < threads && rows % (threads / tpr) != 0) tpr *= 2;
+  return tpr;
+}
+
 // copy_rows (fwd_kernel.cuh) into the 128-byte-swizzled layout: row r's chunk c of region c / 8
 // (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16. `kThr` threads copy, `tid`
 // being this thread's number among them.
@@ -69,7 +77,7 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
                                              uint32_t dst_b, int dim_b, const void* fb_b,
                                              RowSrc row_src) {
   using Elem = typename Tr::Elem;
-  constexpr int kTPR = kThr >= kRows ? kThr / kRows : 1;
+  constexpr int kTPR = copy_threads_per_row(kRows, kThr);
   constexpr int kRowsPerPass = kThr / kTPR;
   constexpr int kPasses = kRows / kRowsPerPass;
   constexpr int kCPT = Tr::kChunks / kTPR;
@@ -299,8 +307,14 @@ struct Sm90WsTraits {
   static constexpr int kStages = kFit < 6 ? kFit : 6;
   static constexpr size_t kSmemBytes =
       1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  // Registers after setmaxnreg: the CTA's 64K split between the loader and the compute
+  // warpgroups (multiples of 8).
+  static constexpr int kLoaderRegs = kConsumers == 2 ? 56 : 32;
+  static constexpr int kComputeRegs = kConsumers == 2 ? 224 : 160;
   static_assert(kStages >= 3, "a stage ahead of the two the compute warpgroups hold");
-  static_assert(kConsumers == 2, "the warp-specialized forward takes 128-query tiles");
+  static_assert(kConsumers == 2 || kConsumers == 3,
+                "the warp-specialized forward takes 128- or 192-query tiles");
+  static_assert(128 * kLoaderRegs + kConsumers * 128 * kComputeRegs <= 65536, "registers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -351,7 +365,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 
   if (threadIdx.x >= Tr::kThreads) {
     // Loader warpgroup.
-    mbar::regs_dec<56>();
+    mbar::regs_dec<Ws::kLoaderRegs>();
     const int tid = threadIdx.x - Tr::kThreads;
     int g = 0;  // key tiles so far
     for (int j = 0;; ++j) {
@@ -391,7 +405,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   }
 
   // Compute warpgroups.
-  mbar::regs_inc<224>();
+  mbar::regs_inc<Ws::kComputeRegs>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   int g = 0;
@@ -503,7 +517,9 @@ inline bool use_fwd_sm90_ws(int rank) {
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes() {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  if constexpr (Tr::kQ == 128) {
+  if constexpr (Tr::kQ == 192) {
+    return Sm90WsTraits<Tr>::kSmemBytes;  // warp-specialized only
+  } else if constexpr (Tr::kQ == 128) {
     const size_t ws = Sm90WsTraits<Tr>::kSmemBytes;
     return use_fwd_sm90_ws(kRank) ? ws : Tr::kSmemBytes;
   } else {
@@ -512,12 +528,16 @@ size_t fwd_sm90_smem_bytes() {
 }
 
 template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90_plain(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+
+template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
   if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  if constexpr (Tr::kQ == 128) {
-    if (use_fwd_sm90_ws(kRank)) {
+  // 192-query tiles (three compute warpgroups) run warp-specialized only.
+  if constexpr (Tr::kQ == 128 || Tr::kQ == 192) {
+    if (Tr::kQ == 192 || use_fwd_sm90_ws(kRank)) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
       auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
@@ -545,6 +565,16 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
       return cudaGetLastError();
     }
   }
+  if constexpr (Tr::kQ == 192)
+    return cudaErrorInvalidConfiguration;  // not reached
+  else
+    return launch_fwd_sm90_plain<T, kD, kRank, QT, KT>(p, max_smem_optin, stream);
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90_plain(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
   auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
