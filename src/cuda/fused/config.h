@@ -100,7 +100,10 @@
 // tools/gpu/fwd_configs.py (commit f93e010), and the heuristic picks it there.
 // The warp-specialized kernel (fwd_sm90.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
 // head dim 128 (three K/V stages) ran 237 / 209 / 183 against 361 / 316 / 257 for the 64-key
-// tiles (commit eb06b1a), so those are not listed either.
+// tiles (commit eb06b1a), so those are not listed either. 192-query tiles (three compute
+// warpgroups, warp-specialized only) at rank 3: 3x8x8 / 2x4x8 reads 2/3 of 2x8x8's K / V per query
+// for 18-frame windows (both unions take ten 2-frame key tiles) and ran 3d-video in 50.25 ms against
+// 55.91 (causal0 39.48 against 42.68; H100, tools/gpu/config_ab.py, commit 8833ffb).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
   X(1, 128, 1, 1, 128, 1, 1, 64, DT)
