@@ -103,7 +103,10 @@
 // tiles (commit eb06b1a), so those are not listed either. 192-query tiles (three compute
 // warpgroups, warp-specialized only) at rank 3: 3x8x8 / 2x4x8 reads 2/3 of 2x8x8's K / V per query
 // for 18-frame windows (both unions take ten 2-frame key tiles) and ran 3d-video in 50.25 ms against
-// 55.91 (causal0 39.48 against 42.68; H100, tools/gpu/config_ab.py, commit 8833ffb).
+// 55.91 (causal0 39.48 against 42.68; H100, tools/gpu/config_ab.py, commit 8833ffb). At rank 2
+// (2d-large, 63x63 windows) a 192-query 8x24 / 8x8 tile computes 10% more pairs per query than
+// 8x16 / 8x8 and ran 6.822 / 6.264 / 6.628 ms against 6.628 / 6.142 / 6.180 (base / causal0 /
+// dil2, same tool, commit 1c97a77), so it is not listed.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
   X(1, 128, 1, 1, 128, 1, 1, 64, DT)
