@@ -19,6 +19,9 @@ import fna  # noqa: E402
 from fna import _C  # noqa: E402
 from gpu_bench import PROBLEMS  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fwd_configs import timed  # noqa: E402
+
 
 def per_call_us(fn, calls):
     for _ in range(20):
@@ -69,17 +72,7 @@ def main():
                for _ in range(3))
     fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
     call = lambda: fn(q, k, v, kernel, backend="cuda-fused")  # noqa: E731
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    synced = []
-    for _ in range(30):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        synced.append(a.elapsed_time(b))
+    synced = timed(call, 30, warmup=5)  # the benchmark's way: each call synchronized
     n = 30
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
@@ -87,8 +80,7 @@ def main():
         call()
     b.record()
     b.synchronize()
-    synced.sort()
-    print(f"{args.problem} forward: {synced[len(synced) // 2]:.3f} ms per call synchronized "
+    print(f"{args.problem} forward: {synced:.3f} ms per call synchronized "
           f"(median of 30), {a.elapsed_time(b) / n:.3f} ms per call back to back ({n} calls)")
 
 
