@@ -177,6 +177,7 @@ TEST(FusedTiling, SpansAndStatsMatchBruteForce) {
     key_tiles += check_forward<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo);
     key_tiles += check_forward<Tile<1, 16, 4>, Tile<1, 4, 16>>(geo);
     key_tiles += check_forward<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo);
+    key_tiles += check_forward<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo);  // 192 queries
     key_tiles += check_forward<Tile<4, 4, 4>, Tile<2, 8, 8>>(geo);
     key_tiles += check_forward<Tile<1, 2, 4>, Tile<2, 1, 2>>(geo);
     if (HasFatalFailure()) return;
