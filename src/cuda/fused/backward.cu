@@ -80,14 +80,10 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
     gO = o + row * p.dim_v;
     lse_off = row;
   } else {
-    const int h = int(row % p.heads);
-    const int64_t tok = (row / p.heads) % p.tokens;
-    const int b = int(row / (int64_t(p.heads) * p.tokens));
-    int x[kAxes];
-    token_coords(p, tok, x);
-    gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, b, x, h);
-    gO = o + tok_offset(so, b, x, h);
-    lse_off = tok_offset(sl, b, x, h);
+    const RowPlace r = row_place(p, row);
+    gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, r.b, r.x, r.h);
+    gO = o + tok_offset(so, r.b, r.x, r.h);
+    lse_off = tok_offset(sl, r.b, r.x, r.h);
   }
   float acc = 0.f;
   for (int c = kPer * sub; c < p.dim_v; c += kPer * tpr) {

@@ -99,12 +99,8 @@ __global__ void dq_convert_kernel(const Params p, int log_tpr, bool dense, bool 
   if (row >= int64_t(p.batch) * p.tokens * p.heads) return;
   int64_t base = row * p.dim;  // (b * N + tok) * H + h rows of D
   if (!dense) {
-    const int h = int(row % p.heads);
-    const int64_t tok = (row / p.heads) % p.tokens;
-    const int b = int(row / (int64_t(p.heads) * p.tokens));
-    int x[kAxes];
-    token_coords(p, tok, x);
-    base = tok_offset(p.sdq, b, x, h);
+    const RowPlace r = row_place(p, row);
+    base = tok_offset(p.sdq, r.b, r.x, r.h);
   }
   E* out = static_cast<E*>(p.dq) + base;
   const float* acc = p.dq_accum + row * p.dq_row;  // dq_row % 8 == 0: 16-byte aligned

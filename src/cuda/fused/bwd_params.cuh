@@ -92,6 +92,20 @@ __device__ __forceinline__ int64_t tok_offset(const TokStrides& s, int b, const 
   return b * s.b + x[0] * s.x[0] + x[1] * s.x[1] + x[2] * s.x[2] + h * s.h;
 }
 
+// Row (b * N + token) * H + h of a [B, N.., H, ...] tensor -> its batch, coordinates and head, for
+// tok_offset (the statistics and dQ-conversion passes, with any strides).
+struct RowPlace {
+  int b, h;
+  int x[kAxes];
+};
+__device__ __forceinline__ RowPlace row_place(const Params& p, int64_t row) {
+  RowPlace r;
+  r.h = int(row % p.heads);
+  r.b = int(row / (int64_t(p.heads) * p.tokens));
+  token_coords(p, (row / p.heads) % p.tokens, r.x);
+  return r;
+}
+
 // Elements [kPer c, kPer c + kPer) (kPer = 16 bytes of elements: 8 16-bit, 4 float) of a row of
 // `cols` elements at `row` (null: no row) into 16 bytes of shared memory at `dst`; columns past
 // `cols` become zeros (head-dim padding).
