@@ -33,6 +33,12 @@ def _is_bool(v):
 
 def per_axis(name, value, rank, boolean=False):
     """An int (bool for is_causal) applies to every axis; a tuple/list gives one per axis."""
+    # The common spellings (plain ints / bools) without the numbers.Integral checks below.
+    plain = bool if boolean else int
+    if type(value) is plain:
+        return [value] * rank
+    if type(value) in (tuple, list) and len(value) == rank and all(type(v) is plain for v in value):
+        return list(value)
     if isinstance(value, (tuple, list)):
         items = tuple(value)
         if len(items) != rank:

@@ -12,7 +12,6 @@ Ops (namespace ``fna``):
   na_av(attn, v, add_v?, ...) -> out               na_av_backward(...) -> [d_attn, dv(, d_add_v)]
 """
 
-import contextlib
 import math
 from typing import List, Optional, Tuple
 
@@ -22,21 +21,35 @@ from torch import Tensor
 from . import _C
 
 
+# The tensors go to the extension as DLPack capsules from torch's C export: Tensor.__dlpack__
+# wraps it in Python-level checks (gradient, conjugate bit, layout, the current CUDA device) that
+# cost more than the export itself, and none of them applies here: the arrays are detached, the
+# extension takes real dtypes only and reads the device from each capsule (setting it around the
+# call). The raw current stream comes the same way, without a torch.cuda.Stream object.
+_to_dlpack = getattr(torch._C, "_to_dlpack", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _export(t):
+    t = t.detach()  # the op's inputs are never differentiated here
+    return _to_dlpack(t) if _to_dlpack is not None else t
+
+
+def _stream_of(device):
+    if device.type != "cuda":
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "")):
     kernel_size, stride, dilation, is_causal = sp
-    # DLPack refuses tensors that require grad; the op's inputs are never differentiated here.
-    arrays = [None if a is None else a.detach() for a in arrays]
-    if device.type == "cuda":
-        # torch's DLPack export requires the tensor's device to be the current one.
-        ctx = torch.cuda.device(device)
-    else:
-        ctx = contextlib.nullcontext()
-    with ctx:
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        config, deterministic, allow_tf32, backward_config = opts
-        fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation,
-           is_causal=is_causal, backend=backend, scale=scale, stream=stream, config=config,
-           deterministic=deterministic, allow_tf32=allow_tf32, backward_config=backward_config)
+    arrays = [None if a is None else _export(a) for a in arrays]
+    config, deterministic, allow_tf32, backward_config = opts
+    fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation, is_causal=is_causal,
+       backend=backend, scale=scale, stream=_stream_of(device), config=config,
+       deterministic=deterministic, allow_tf32=allow_tf32, backward_config=backward_config)
 
 
 def _sp(kernel_size, stride, dilation, is_causal):
