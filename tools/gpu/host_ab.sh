@@ -8,6 +8,7 @@ base=${BASE:-HEAD}
 rounds=${1:-2}
 shift || true
 rm -rf /tmp/fna-head-py && mkdir -p /tmp/fna-head-py && cp -r python/fna /tmp/fna-head-py/
+git rev-parse -q --verify "$base^{commit}" >/dev/null || { echo "no commit $base here"; exit 1; }
 for f in $(git ls-tree -r --name-only "$base" python/fna); do
   git show "$base:$f" > "/tmp/fna-head-py/fna/${f#python/fna/}" || exit 1
 done
