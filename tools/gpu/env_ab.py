@@ -8,6 +8,8 @@ setting's output from the first's.
 
 Prints one line per (problem, variant, setting): median ms over the rounds' medians, effective
 TFLOP/s (SPEC.md section 3), the ratio to the first setting, and the output difference.
+The library must read the variable at every call (a value cached in a `static` on the first call
+would time the first setting under every name).
 """
 import argparse
 import os
@@ -53,6 +55,9 @@ def main():
             do = torch.randn_like(q)
 
             def fwd_bwd():
+                # Fresh gradients each call (as bench/gpu_bench.py), so no accumulation kernels
+                # run after the backward.
+                qg.grad = kg.grad = vg.grad = None
                 out = fn(qg, kg, vg, kernel, **kw)
                 out.backward(do)
                 return out
