@@ -44,6 +44,25 @@ def test_per_axis_types():
     fna.na2d(q, k, v, np.int64(3), is_causal=np.bool_(False), backend="reference")
 
 
+def test_per_axis_spellings_agree():
+    # Plain ints / bools take a shortcut; every spelling gives a fresh list of plain Python values.
+    from fna import _args
+    for rank in (1, 2, 3):
+        spellings = [3, np.int64(3), [3] * rank, tuple([3] * rank), [np.int64(3)] * rank,
+                     tuple(range(3, 3 + rank)), [3] * (rank - 1) + [np.int32(7)]]
+        for v in spellings:
+            got = _args.per_axis("kernel_size", v, rank)
+            want = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * rank
+            assert got == want and all(type(x) is int for x in got), (v, got)
+            assert got is not v
+        for v in [True, np.bool_(True), [False] * rank, tuple([True] * rank)]:
+            got = _args.per_axis("is_causal", v, rank, boolean=True)
+            want = [bool(x) for x in v] if isinstance(v, (list, tuple)) else [bool(v)] * rank
+            assert got == want and all(type(x) is bool for x in got), (v, got)
+        with pytest.raises(TypeError, match="entries must be int"):
+            _args.per_axis("kernel_size", [3] * (rank - 1) + [True], rank)
+
+
 @pytest.mark.parametrize("fn,shape", [(fna.na1d, (1, 8, 8, 2, 4)), (fna.na2d, (1, 8, 2, 4)),
                                       (fna.na3d, (1, 8, 8, 2, 4))])
 def test_wrong_rank(fn, shape):
