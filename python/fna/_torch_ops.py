@@ -26,20 +26,18 @@ from . import _C
 # cost more than the export itself, and none of them applies here: the arrays are detached, the
 # extension takes real dtypes only and reads the device from each capsule (setting it around the
 # call). The raw current stream comes the same way, without a torch.cuda.Stream object.
-_to_dlpack = getattr(torch._C, "_to_dlpack", None)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent without CUDA
 
 
 def _export(t):
-    t = t.detach()  # the op's inputs are never differentiated here
-    return _to_dlpack(t) if _to_dlpack is not None else t
+    return torch._C._to_dlpack(t.detach())  # the op's inputs are never differentiated here
 
 
 def _stream_of(device):
     if device.type != "cuda":
         return 0
     if _raw_stream is not None:
-        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+        return _raw_stream(device.index)  # a CUDA tensor's device always has its index
     return torch.cuda.current_stream(device).cuda_stream
 
 
