@@ -30,5 +30,13 @@ inline bool use_bwd_sm90() {
   return major == 9 && minor == 0;
 }
 
+// Whether the warp-specialized dK / dV kernel runs (dkdv_sm90_ws_kernel): FNA_BWD_SM90_WS=0 / 1 in
+// the environment picks the other / it, read at every call (for same-process comparisons).
+inline bool use_bwd_sm90_ws() {
+  const char* env = std::getenv("FNA_BWD_SM90_WS");
+  if (env != nullptr && env[0] == '0') return false;
+  return true;
+}
+
 }  // namespace bwd
 }  // namespace fna
