@@ -52,11 +52,14 @@ for s in "${steps[@]}"; do
         rc=$?
         summary+=("gpu-test fwd FNA_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_ws$ws.log")")
       done
-      # The sm90 backward's plain dK / dV kernel (the warp-specialized one is the default).
-      FNA_BWD_SM90_WS=0 ./build/gpu/fna-gpu-test --backend cuda-fused --filter bwd \
-        > "$OUT/gpu_test_bwd_ws0.log" 2>&1
-      rc=$?
-      summary+=("gpu-test bwd FNA_BWD_SM90_WS=0: rc=$rc $(tail -1 "$OUT/gpu_test_bwd_ws0.log")")
+      # The sm90 backward's dK / dV kernels where the default does not run them: the plain one at
+      # head dim 128, the warp-specialized one at 64 (FNA_BWD_SM90_WS forces one everywhere).
+      for ws in 0 1; do
+        FNA_BWD_SM90_WS=$ws ./build/gpu/fna-gpu-test --backend cuda-fused --filter bwd \
+          > "$OUT/gpu_test_bwd_ws$ws.log" 2>&1
+        rc=$?
+        summary+=("gpu-test bwd FNA_BWD_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_bwd_ws$ws.log")")
+      done
       # Its persistent mode (off by default, FNA_SM90_PERSIST=1), on every rank.
       FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
         > "$OUT/gpu_test_persist.log" 2>&1

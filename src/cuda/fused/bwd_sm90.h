@@ -30,12 +30,15 @@ inline bool use_bwd_sm90() {
   return major == 9 && minor == 0;
 }
 
-// Whether the warp-specialized dK / dV kernel runs (dkdv_sm90_ws_kernel): FNA_BWD_SM90_WS=0 / 1 in
-// the environment picks the other / it, read at every call (for same-process comparisons).
-inline bool use_bwd_sm90_ws() {
+// Whether the warp-specialized dK / dV kernel runs (dkdv_sm90_ws_kernel): by default at padded
+// head dim 128 (measured faster there, slower at 64: docs/benchmarks.md); FNA_BWD_SM90_WS=0 / 1
+// in the environment forces the plain kernel / it at every head dim, read at every call (for
+// same-process comparisons).
+inline bool use_bwd_sm90_ws(int padded_dim) {
   const char* env = std::getenv("FNA_BWD_SM90_WS");
   if (env != nullptr && env[0] == '0') return false;
-  return true;
+  if (env != nullptr && env[0] == '1') return true;
+  return padded_dim == 128;
 }
 
 }  // namespace bwd
