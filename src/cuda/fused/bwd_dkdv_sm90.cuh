@@ -28,6 +28,10 @@
 // mbarriers without the step's first barrier (1-2% alone, slower with the lean loads), the next
 // tile's load issued during S^T / dP^T (spills, 2-4% slower), per-CTA row offsets for the loads
 // and accumulators started by scale-d = 0 (both within 1%).
+//
+// dkdv_sm90_ws_kernel (end of this file) is the same step in a warp-specialized CTA: a
+// data-movement warpgroup does the copies and the dQ reductions. The default at padded head dim
+// 128 (launch: use_bwd_sm90_ws).
 #pragma once
 
 #include <cuda_runtime.h>
