@@ -345,11 +345,17 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 // their dQ block in shared memory (rows padded by 8 floats: conflict-free float2 stores) with the
 // rows' flat indices, arrive on "dq full", and warps 2 / 3 add every row by one bulk reduction
 // (cp.reduce.async.bulk .add.f32, the TMA unit) and hand the staging area back on "dq empty"
-// once the reductions have read it. The compute warpgroups thus issue no copies and no global
-// atomics, and meet once per step (a named barrier: every dS^T row is in shared memory before
-// dQ = dS K reads them; dS^T is double buffered, so the next step's writes need no second one).
-template <typename T, int kD>
+// once the reductions have read it (two staging areas, used in turn). The compute warpgroups
+// thus issue no copies and no global atomics; they meet twice per step at a named barrier: before
+// dS^T is rewritten (the other warpgroup's dQ of the last step has read it) and before
+// dQ = dS K reads every dS^T row.
+template <typename T, int kD, int kStg_ = 2>
 struct DkdvSm90WsTraits {
+  // dQ staging buffers and dS^T buffers: shared memory holds two of one. Two staging buffers
+  // (the reducers have a whole step to read one) with one dS^T buffer (and a second barrier per
+  // step) measured 1.016-1.018x forward+backward against the reverse (H100, docs/benchmarks.md).
+  static constexpr int kStg = kStg_;
+  static constexpr int kDsBufs = kStg == 2 ? 1 : 2;
   using Base = DkdvSm90Traits<T, kD>;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384, kKV = 128, kQ = 64;
@@ -360,15 +366,15 @@ struct DkdvSm90WsTraits {
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffO + kStages * kQBytes;        // dS^T, two buffers
-  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;             // staged dQ [kQ][kD + 8] floats
-  static constexpr int kOffStat = kOffDq + kQ * kDqStride;         // float2 [kStages][kQ]
+  static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;             // staged dQ [kQ][kD + 8] floats
+  static constexpr int kOffStat = kOffDq + kStg * kQ * kDqStride;         // float2 [kStages][kQ]
   static constexpr int kOffQoff = kOffStat + kStages * kQ * 8;     // uint32 [kQ]
   static constexpr int kOffKinv = kOffQoff + kQ * 4;               // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;       // int64 [kStages][kQ]
   static constexpr int kOffDqTok = kOffTok + kStages * kQ * 8;     // int64 [kQ]: staged rows
-  static constexpr int kOffFull = kOffDqTok + kQ * 8;              // int [kStages]: no mask needed
+  static constexpr int kOffFull = kOffDqTok + kStg * kQ * 8;              // int [kStages]: no mask needed
   static constexpr int kOffBar = (kOffFull + kStages * 4 + 7) / 8 * 8;  // uint64 mbarriers
-  static constexpr int kBars = 2 * kStages + 3;  // full[s], empty[s], kv full, dq full, dq empty
+  static constexpr int kBars = 2 * kStages + 1 + 2 * kStg;  // full[s], empty[s], kv full, dq full, dq empty
   static constexpr int kOffCm = kOffBar + kBars * 8;               // uint64 [3][65]
   static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
   static_assert(kLoaderThreads == 64, "two loader warps");
@@ -399,10 +405,11 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
-template <typename T, int kD>
+template <typename T, int kD, int kStgT = 2>
 __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90WsTraits<T, kD>;
+  using Tr = DkdvSm90WsTraits<T, kD, kStgT>;
+  constexpr int kStg = Tr::kStg;
   constexpr int kStages = Tr::kStages;
   using E = T;
   using Tag = typename DkdvSm90Traits<T, kD>::Tag;
@@ -426,7 +433,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   auto full = [&](int st) { return bar0 + 8u * uint32_t(st); };
   auto empty = [&](int st) { return bar0 + 8u * uint32_t(kStages + st); };
   const uint32_t kv_full = bar0 + 8u * uint32_t(2 * kStages);
-  const uint32_t dq_full = kv_full + 8u, dq_empty = kv_full + 16u;
+  auto dq_full = [&](int sb) { return kv_full + 8u + 8u * uint32_t(sb); };
+  auto dq_empty = [&](int sb) { return kv_full + 8u + 8u * uint32_t(kStg + sb); };
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -442,8 +450,10 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       mbar::init(empty(i), 256);                     // the compute threads
     }
     mbar::init(kv_full, 2 * Tr::kLoaderThreads);
-    mbar::init(dq_full, 256);
-    mbar::init(dq_empty, 2);  // lane 0 of warps 2 and 3
+    for (int i = 0; i < kStg; ++i) {
+      mbar::init(dq_full(i), 256);
+      mbar::init(dq_empty(i), 2);  // lane 0 of warps 2 and 3
+    }
   }
   nbr::Range qr[kAxes];
   int nq[kAxes];
@@ -484,15 +494,17 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       // columns of K are zero, so the staged ones past D are zero).
       const uint32_t bytes = uint32_t(p.dq_row) * 4u;
       for (int64_t it = 0; it < n_iter; ++it) {
-        mbar::wait(dq_full, uint32_t(it) & 1u);
+        const int sb = kStg == 2 ? int(it & 1) : 0;
+        mbar::wait(dq_full(sb), uint32_t(it / kStg) & 1u);
         const int row = lane + 32 * (warp - 2);
-        const int64_t t = s_dqtok[row];
+        const int64_t t = s_dqtok[sb * kQ + row];
         if (t >= 0)
-          bulk_add_f32(p.dq_accum + t * p.dq_row, base + Tr::kOffDq + row * Tr::kDqStride, bytes);
+          bulk_add_f32(p.dq_accum + t * p.dq_row,
+                       base + Tr::kOffDq + (sb * kQ + row) * Tr::kDqStride, bytes);
         bulk_commit();
         bulk_wait_read();
         __syncwarp();
-        if (lane == 0) mbar::arrive(dq_empty);
+        if (lane == 0) mbar::arrive(dq_empty(sb));
       }
       bulk_wait();
     }
@@ -528,7 +540,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     const uint32_t aQ = base + Tr::kOffQ + st * Tr::kQBytes;
     const uint32_t aO = base + Tr::kOffO + st * Tr::kQBytes;
     const float2* stat = s_stat + st * kQ;
-    const int dsb = int(it & 1);
+    const int dsb = Tr::kDsBufs == 2 ? int(it & 1) : 0;
+    const int sb = kStg == 2 ? int(it & 1) : 0;
     const uint32_t aDs = base + Tr::kOffDs + dsb * Tr::kDsBytes;
     unsigned char* ds = smem + Tr::kOffDs + dsb * Tr::kDsBytes;
 
@@ -559,6 +572,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
 
+    // One dS^T buffer: both warpgroups' dQ of the last step have read it before it is rewritten.
+    if (Tr::kDsBufs == 1) consumer_sync();
     if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
 
 #pragma unroll
@@ -633,8 +648,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
       // The staging area is free once warp 0's bulk reductions of the previous step read it.
-      mbar::wait(dq_empty, (uint32_t(it) & 1u) ^ 1u);
-      float* stg = reinterpret_cast<float*>(smem + Tr::kOffDq) + c * 64 + 2 * (lane & 3);
+      mbar::wait(dq_empty(sb), (uint32_t(it / kStg) & 1u) ^ 1u);
+      float* stg = reinterpret_cast<float*>(smem + Tr::kOffDq + sb * kQ * Tr::kDqStride) + c * 64 +
+                   2 * (lane & 3);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float* row = stg + (row0 + 8 * half) * (Tr::kDqStride / 4);
@@ -644,14 +660,14 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
               make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
       }
       if (c == 0 && (lane & 3) == 0) {
-        s_dqtok[row0] = tok0;
-        s_dqtok[row0 + 8] = tok1;
+        s_dqtok[sb * kQ + row0] = tok0;
+        s_dqtok[sb * kQ + row0 + 8] = tok1;
       }
       wgmma::fence_proxy_async();  // the staged rows, for the bulk reductions' async proxy
     } else {
       issue_dk();
     }
-    mbar::arrive(dq_full);
+    mbar::arrive(dq_full(sb));
     // dV / dK complete before the stage is handed back (Q and dO are their B operands).
     wgmma::fence_operands(acc_dv);
     wgmma::fence_operands(acc_dk);
