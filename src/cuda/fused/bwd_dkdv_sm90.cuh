@@ -29,14 +29,13 @@
 // tile's load issued during S^T / dP^T (spills, 2-4% slower), per-CTA row offsets for the loads
 // and accumulators started by scale-d = 0 (both within 1%).
 //
-// dkdv_sm90_ws_kernel (end of this file) is the same step in a warp-specialized CTA: a
-// data-movement warpgroup does the copies and the dQ reductions. The default at padded head dim
-// 128 (launch: use_bwd_sm90_ws).
+// dkdv_sm90_ws_kernel (bwd_dkdv_sm90_ws.cuh) is the same step (Sm90Step) in a warp-specialized
+// CTA: a data-movement warpgroup does the copies and the dQ reductions. The default at padded head
+// dim 128 (launch: use_bwd_sm90_ws).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_ktile.cuh"
@@ -80,13 +79,119 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
+// One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
+// (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
+// aQ / aO, all 128-byte swizzled.
+template <typename T, int kD>
+struct Sm90Step {
+  using Tag = typename MmaTag<T>::type;
+  using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
+  using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
+  static constexpr int kKV = 128, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
+
+  // S^T = K Q^T and dP^T = V dO^T over the head dim, waited for.
+  __device__ __forceinline__ static void sdp(float (&s)[kNB][4], float (&dp)[kNB][4], uint32_t aK,
+                                             uint32_t aV, uint32_t aQ, uint32_t aO) {
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::fence();
+    const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
+    const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+               dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+               dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+    wgmma::commit();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+  }
+
+  // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum), in place (queries are columns), then
+  // both as register A operands (16 queries per k-step) and dS^T also into shared memory at `ds`
+  // for dQ, in the swizzled [key][query] layout (this thread's key rows wrow + lane / 4, + 8).
+  __device__ __forceinline__ static void softmax_pack(float (&s)[kNB][4], float (&dp)[kNB][4],
+                                                      const float2* stat, float scale_log2,
+                                                      uint32_t (&ap)[kNB / 2][4],
+                                                      uint32_t (&ad)[kNB / 2][4],
+                                                      unsigned char* ds, int wrow, int lane) {
+#pragma unroll
+    for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
+        const float pe = mma::fast_exp2(s[n][e] * scale_log2 - st.x);
+        s[n][e] = pe;
+        dp[n][e] = pe * (dp[n][e] - st.y);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
+      const int cb = (c & 7) * 2;
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
+    }
+  }
+
+  // acc += A^T B with A^T from registers (P^T or dS^T) and B = the [query][d] tile at aB read
+  // transposed (dO for dV, Q for dK), 16 queries per k-step; committed, not waited for.
+  __device__ __forceinline__ static void issue_acc(float (&acc)[kDB][4],
+                                                   const uint32_t (&a)[kNB / 2][4], uint32_t aB) {
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+    const uint64_t db = wgmma::desc_sw128(aB, kQ * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc, a[kk], db + (kk * 16 * 128) / 16, 1);
+    wgmma::commit();
+  }
+
+  // dQ block = dS K over the CTA's 128 keys for 64 head-dim columns: A = dS^T at aDs and B = the
+  // column block of K at aKblk, both read transposed; committed, not waited for.
+  __device__ __forceinline__ static void issue_dq(float (&dqa)[8][4], uint32_t aDs,
+                                                  uint32_t aKblk) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
+    wgmma::fence_operands(dqa);
+    wgmma::fence();
+    const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
+    const uint64_t dkb = wgmma::desc_sw128(aKblk, kKV * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kKV / 16; ++kk)
+      MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
+    wgmma::commit();
+    wgmma::fence_operands(dqa);
+  }
+};
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD>;
   constexpr int kBufs = Tr::kBufs;
   using E = T;
-  using Tag = typename Tr::Tag;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
   constexpr int kNB = kQ / 8;  // n8 blocks of queries
   constexpr int kDB = kD / 8;  // n8 blocks of the head dim
@@ -141,8 +246,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
 
-  using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
-  using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
+  using Step = Sm90Step<T, kD>;
   const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
   const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
   const int wrow = warp * 16;
@@ -182,89 +286,21 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 
     // S^T = K Q^T and dP^T = V dO^T over the head dim.
     float s[kNB][4], dp[kNB][4];
-#pragma unroll
-    for (int n = 0; n < kNB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-    wgmma::fence();
-    {
-      const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
-      const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
-    }
-    wgmma::commit();
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-    wgmma::wait<0>();
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
+    Step::sdp(s, dp, aK, aV, aQ, aO);
 
     // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
     if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
 
-    // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
-#pragma unroll
-    for (int n = 0; n < kNB; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
-        const float pe = mma::fast_exp2(s[n][e] * p.scale_log2 - st.x);
-        s[n][e] = pe;
-        dp[n][e] = pe * (dp[n][e] - st.y);
-      }
-    }
-
-    // P^T and dS^T as register A operands (16 queries per k-step); dS^T also to shared memory
-    // for dQ, in the swizzled [key][query] layout.
+    // P^T, dS^T; dS^T also to shared memory for dQ.
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-#pragma unroll
-    for (int kk = 0; kk < kNB / 2; ++kk) {
-      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
-      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
-      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
-      unsigned char* ds = smem + Tr::kOffDs;
-      const int cb = (c & 7) * 2;
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
-    }
+    Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
 
     // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
     // dV is issued before the barrier (it runs while the warpgroups meet there), dK after dQ, so
     // that it runs while this warpgroup's dQ atomics are issued (measured 0-1.9% faster
     // forward+backward than issuing both before the barrier, within noise: docs/benchmarks.md).
-    auto issue_dk = [&]() {
-      wgmma::fence_operands(acc_dk);
-      wgmma::fence();
-      const uint64_t dq = wgmma::desc_sw128(aQ, kQ * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dk, ad[kk], dq + (kk * 16 * 128) / 16, 1);
-      wgmma::commit();
-    };
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence();
-    {
-      const uint64_t dob = wgmma::desc_sw128(aO, kQ * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
-    }
-    wgmma::commit();
+    auto issue_dk = [&]() { Step::issue_acc(acc_dk, ad, aQ); };
+    Step::issue_acc(acc_dv, ap, aO);
 
     // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
     wgmma::fence_proxy_async();
@@ -274,19 +310,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
 #pragma unroll 1
     for (int cblk = wg; cblk < kD / 64; cblk += 2) {
       float dqa[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
-      wgmma::fence_operands(dqa);
-      wgmma::fence();
-      const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
-      const uint64_t dkb = wgmma::desc_sw128(base + Tr::kOffK + cblk * kKV * 128, kKV * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kKV / 16; ++kk)
-        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
-      wgmma::commit();
-      wgmma::fence_operands(dqa);
+      Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
       issue_dk();
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
       const int row0 = (warp & 3) * 16 + (lane >> 2);
@@ -331,357 +355,6 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
-  store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
-#endif
-}
-
-// ---- warp-specialized variant ------------------------------------------------------------------
-// Three warpgroups: warpgroup 0 moves data, warpgroups 1 and 2 compute exactly as the kernel above
-// (warpgroup 1 + c owns keys 64c .. 64c + 63). In warpgroup 0, warps 0-1 copy K / V once and then
-// the query tiles (Q, dO, statistics, row indices) into a ring of two stages, published on the
-// stage's "full" mbarrier (each copying thread's cp.async arrive, plus a plain arrive that
-// releases its other shared-memory writes) and refilled after the compute threads' arrives on
-// "empty"; warps 2 and 3 add each step's dQ into the float32 dQ buffer: the compute warpgroups stage
-// their dQ block in shared memory (rows padded by 8 floats: conflict-free float2 stores) with the
-// rows' flat indices, arrive on "dq full", and warps 2 / 3 add every row by one bulk reduction
-// (cp.reduce.async.bulk .add.f32, the TMA unit) and hand the staging area back on "dq empty"
-// once the reductions have read it (two staging areas, used in turn). The compute warpgroups
-// thus issue no copies and no global atomics; they meet twice per step at a named barrier: before
-// dS^T is rewritten (the other warpgroup's dQ of the last step has read it) and before
-// dQ = dS K reads every dS^T row.
-template <typename T, int kD, int kStg_ = 2>
-struct DkdvSm90WsTraits {
-  // dQ staging buffers and dS^T buffers: shared memory holds two of one. Two staging buffers
-  // (the reducers have a whole step to read one) with one dS^T buffer (and a second barrier per
-  // step) measured 1.016-1.018x forward+backward against the reverse (H100, docs/benchmarks.md).
-  static constexpr int kStg = kStg_;
-  static constexpr int kDsBufs = kStg == 2 ? 1 : 2;
-  using Base = DkdvSm90Traits<T, kD>;
-  static constexpr int kStages = 2;
-  static constexpr int kThreads = 384, kKV = 128, kQ = 64;
-  static constexpr int kLoaderThreads = 64;
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-  static constexpr int kKVBytes = Base::kKVBytes, kQBytes = Base::kQBytes, kDsBytes = Base::kDsBytes;
-  static constexpr int kDqStride = (kD + 8) * 4;  // bytes per staged dQ row
-  static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
-  static constexpr int kOffO = kOffQ + kStages * kQBytes;
-  static constexpr int kOffDs = kOffO + kStages * kQBytes;        // dS^T, two buffers
-  static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;             // staged dQ [kQ][kD + 8] floats
-  static constexpr int kOffStat = kOffDq + kStg * kQ * kDqStride;         // float2 [kStages][kQ]
-  static constexpr int kOffQoff = kOffStat + kStages * kQ * 8;     // uint32 [kQ]
-  static constexpr int kOffKinv = kOffQoff + kQ * 4;               // int2 [kKV][kAxes]
-  static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;       // int64 [kStages][kQ]
-  static constexpr int kOffDqTok = kOffTok + kStages * kQ * 8;     // int64 [kQ]: staged rows
-  static constexpr int kOffFull = kOffDqTok + kStg * kQ * 8;              // int [kStages]: no mask needed
-  static constexpr int kOffBar = (kOffFull + kStages * 4 + 7) / 8 * 8;  // uint64 mbarriers
-  static constexpr int kBars = 2 * kStages + 1 + 2 * kStg;  // full[s], empty[s], kv full, dq full, dq empty
-  static constexpr int kOffCm = kOffBar + kBars * 8;               // uint64 [3][65]
-  static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
-  static_assert(kLoaderThreads == 64, "two loader warps");
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "registers");
-  static_assert(kSmem <= 227 * 1024, "shared memory");
-};
-
-// Bulk reduction (TMA unit): dst[0 .. bytes / 4) += the floats at shared address src.
-__device__ __forceinline__ void bulk_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-      "r"(src), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// This thread's bulk operations have read their shared memory (it may be overwritten).
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// This thread's bulk operations are complete.
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// The compute warpgroups' barrier (named barrier 1, their 256 threads).
-__device__ __forceinline__ void consumer_sync() {
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-}
-
-template <typename T, int kD, int kStgT = 2>
-__global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90WsTraits<T, kD, kStgT>;
-  constexpr int kStg = Tr::kStg;
-  constexpr int kStages = Tr::kStages;
-  using E = T;
-  using Tag = typename DkdvSm90Traits<T, kD>::Tag;
-  constexpr int kKV = Tr::kKV, kQ = Tr::kQ;
-  constexpr int kChunks = kD / 8;
-  constexpr int kNB = kQ / 8;
-  constexpr int kDB = kD / 8;
-
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  unsigned char* smem = smem_raw + pad;
-  const uint32_t base = raw + pad;
-  float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
-  uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
-  int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
-  int64_t* s_tok = reinterpret_cast<int64_t*>(smem + Tr::kOffTok);
-  int64_t* s_dqtok = reinterpret_cast<int64_t*>(smem + Tr::kOffDqTok);
-  int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
-  const uint32_t bar0 = base + Tr::kOffBar;
-  auto full = [&](int st) { return bar0 + 8u * uint32_t(st); };
-  auto empty = [&](int st) { return bar0 + 8u * uint32_t(kStages + st); };
-  const uint32_t kv_full = bar0 + 8u * uint32_t(2 * kStages);
-  auto dq_full = [&](int sb) { return kv_full + 8u + 8u * uint32_t(sb); };
-  auto dq_empty = [&](int sb) { return kv_full + 8u + 8u * uint32_t(kStg + sb); };
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-
-  int b, hkv, kv0[kAxes] = {0, 0, 0};
-  Group G;
-  int64_t n0 = 0;
-  if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
-
-  // ---- prologue, every thread: the query tiles, the key rows' inverse windows, the mask sets --
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar::init(full(i), 2 * Tr::kLoaderThreads);  // cp.async arrive + plain arrive per thread
-      mbar::init(empty(i), 256);                     // the compute threads
-    }
-    mbar::init(kv_full, 2 * Tr::kLoaderThreads);
-    for (int i = 0; i < kStg; ++i) {
-      mbar::init(dq_full(i), 256);
-      mbar::init(dq_empty(i), 2);  // lane 0 of warps 2 and 3
-    }
-  }
-  nbr::Range qr[kAxes];
-  int nq[kAxes];
-  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
-  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
-  __syncthreads();
-  uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  build_col_masks(p, s_qoff, s_cm);
-  __syncthreads();
-  const int64_t n_iter = n_tiles * p.heads_per_kv;
-
-  if (wg == 0) {
-    // ---- data movement ---------------------------------------------------------------------
-    mbar::regs_dec<Tr::kProducerRegs>();
-    if (warp < 2) {
-      load_kv_rows<E, kKV, Tr::kLoaderThreads, kChunks>(
-          p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK, smem + Tr::kOffV, true,
-          [](int row, int c) { return sw128<kKV>(row, c); });
-      mbar::arrive_cp_async(kv_full);
-      mbar::arrive(kv_full);
-      QWalk w;
-      w.start(p, additional, hkv, qr);
-      for (int64_t it = 0; it < n_iter; ++it) {
-        const int st = int(it % kStages);
-        if (it >= kStages) mbar::wait(empty(st), uint32_t((it / kStages) - 1) & 1u);
-        auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
-        load_q_rows<E, kQ, Tr::kLoaderThreads, kChunks, decltype(sw), true>(
-            p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + st * Tr::kQBytes,
-            smem + Tr::kOffO + st * Tr::kQBytes, s_stat + st * kQ, s_tok + st * kQ, s_full + st,
-            sw);
-        mbar::arrive_cp_async(full(st));
-        mbar::arrive(full(st));
-        w.next(p, additional, qr, nq);
-      }
-    } else {
-      // dQ, warps 2 and 3 (32 rows each: one reducer warp measured 1.01-1.04x slower): each
-      // staged row added into dq_accum by one bulk reduction (dq_row <= kD columns; the padding
-      // columns of K are zero, so the staged ones past D are zero).
-      const uint32_t bytes = uint32_t(p.dq_row) * 4u;
-      for (int64_t it = 0; it < n_iter; ++it) {
-        const int sb = kStg == 2 ? int(it & 1) : 0;
-        mbar::wait(dq_full(sb), uint32_t(it / kStg) & 1u);
-        const int row = lane + 32 * (warp - 2);
-        const int64_t t = s_dqtok[sb * kQ + row];
-        if (t >= 0)
-          bulk_add_f32(p.dq_accum + t * p.dq_row,
-                       base + Tr::kOffDq + (sb * kQ + row) * Tr::kDqStride, bytes);
-        bulk_commit();
-        bulk_wait_read();
-        __syncwarp();
-        if (lane == 0) mbar::arrive(dq_empty(sb));
-      }
-      bulk_wait();
-    }
-    return;
-  }
-
-  // ---- compute warpgroups ---------------------------------------------------------------------
-  mbar::regs_inc<Tr::kConsumerRegs>();
-  const int c = wg - 1;           // keys 64c .. 64c + 63
-  const int cwarp = warp - 4;     // 0 .. 7
-  const int wrow = cwarp * 16;
-
-  float acc_dk[kDB][4], acc_dv[kDB][4];
-#pragma unroll
-  for (int n = 0; n < kDB; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
-
-  using MmaS = wgmma::Mma<Tag, 64>;
-  using MmaD = wgmma::Mma<Tag, kD>;
-  const uint32_t aK = base + Tr::kOffK + c * 64 * 128;
-  const uint32_t aV = base + Tr::kOffV + c * 64 * 128;
-  QWalk cur;
-  cur.start(p, additional, hkv, qr);
-  mbar::wait(kv_full, 0);
-
-  for (int64_t it = 0; it < n_iter; ++it) {
-    const int st = int(it % kStages);
-    mbar::wait(full(st), uint32_t(it / kStages) & 1u);
-    wgmma::fence_proxy_async();
-    const bool masked = !s_full[st];
-    const int* q0 = cur.q0;
-    const uint32_t aQ = base + Tr::kOffQ + st * Tr::kQBytes;
-    const uint32_t aO = base + Tr::kOffO + st * Tr::kQBytes;
-    const float2* stat = s_stat + st * kQ;
-    const int dsb = Tr::kDsBufs == 2 ? int(it & 1) : 0;
-    const int sb = kStg == 2 ? int(it & 1) : 0;
-    const uint32_t aDs = base + Tr::kOffDs + dsb * Tr::kDsBytes;
-    unsigned char* ds = smem + Tr::kOffDs + dsb * Tr::kDsBytes;
-
-    float s[kNB][4], dp[kNB][4];
-#pragma unroll
-    for (int n = 0; n < kNB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-    wgmma::fence();
-    {
-      const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
-      const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
-                 dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
-    }
-    wgmma::commit();
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-    wgmma::wait<0>();
-    wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-
-    // One dS^T buffer: both warpgroups' dQ of the last step have read it before it is rewritten.
-    if (Tr::kDsBufs == 1) consumer_sync();
-    if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
-
-#pragma unroll
-    for (int n = 0; n < kNB; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 sv = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
-        const float pe = mma::fast_exp2(s[n][e] * p.scale_log2 - sv.x);
-        s[n][e] = pe;
-        dp[n][e] = pe * (dp[n][e] - sv.y);
-      }
-    }
-
-    uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-#pragma unroll
-    for (int kk = 0; kk < kNB / 2; ++kk) {
-      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
-      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
-      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      const int r = wrow + (lane >> 2), cc = kk * 16 + 2 * (lane & 3);
-      const int cb = (cc & 7) * 2;
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, cc >> 3) + cb) = ad[kk][0];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, cc >> 3) + cb) = ad[kk][1];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (cc >> 3) + 1) + cb) = ad[kk][2];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (cc >> 3) + 1) + cb) = ad[kk][3];
-    }
-
-    auto issue_dk = [&]() {
-      wgmma::fence_operands(acc_dk);
-      wgmma::fence();
-      const uint64_t dq = wgmma::desc_sw128(aQ, kQ * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dk, ad[kk], dq + (kk * 16 * 128) / 16, 1);
-      wgmma::commit();
-    };
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence();
-    {
-      const uint64_t dob = wgmma::desc_sw128(aO, kQ * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc_dv, ap[kk], dob + (kk * 16 * 128) / 16, 1);
-    }
-    wgmma::commit();
-
-    // Every dS^T row in shared memory (both compute warpgroups), then dQ = dS K.
-    wgmma::fence_proxy_async();
-    consumer_sync();
-    // The rows' flat indices travel with the staged dQ.
-    const int row0 = (cwarp & 3) * 16 + (lane >> 2);
-    if (c < kD / 64) {
-      float dqa[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
-      wgmma::fence_operands(dqa);
-      wgmma::fence();
-      const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
-      const uint64_t dkb = wgmma::desc_sw128(base + Tr::kOffK + c * kKV * 128, kKV * 128, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kKV / 16; ++kk)
-        MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
-      wgmma::commit();
-      wgmma::fence_operands(dqa);
-      issue_dk();
-      const int64_t tok0 = s_tok[st * kQ + row0], tok1 = s_tok[st * kQ + row0 + 8];
-      wgmma::wait<1>();  // dV and dQ done; dK runs on
-      wgmma::fence_operands(dqa);
-      // The staging area is free once warp 0's bulk reductions of the previous step read it.
-      mbar::wait(dq_empty(sb), (uint32_t(it / kStg) & 1u) ^ 1u);
-      float* stg = reinterpret_cast<float*>(smem + Tr::kOffDq + sb * kQ * Tr::kDqStride) + c * 64 +
-                   2 * (lane & 3);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* row = stg + (row0 + 8 * half) * (Tr::kDqStride / 4);
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<float2*>(row + n * 8) =
-              make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
-      }
-      if (c == 0 && (lane & 3) == 0) {
-        s_dqtok[sb * kQ + row0] = tok0;
-        s_dqtok[sb * kQ + row0 + 8] = tok1;
-      }
-      wgmma::fence_proxy_async();  // the staged rows, for the bulk reductions' async proxy
-    } else {
-      issue_dk();
-    }
-    mbar::arrive(dq_full(sb));
-    // dV / dK complete before the stage is handed back (Q and dO are their B operands).
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    mbar::arrive(empty(st));
-    cur.next(p, additional, qr, nq);
-  }
-
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
 #endif
 }
