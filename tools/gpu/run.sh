@@ -60,7 +60,8 @@ for s in "${steps[@]}"; do
         rc=$?
         summary+=("gpu-test bwd FNA_BWD_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_bwd_ws$ws.log")")
       done
-      # Its persistent mode (off by default, FNA_SM90_PERSIST=1), on every rank.
+      # The warp-specialized forward's persistent mode (off by default, FNA_SM90_PERSIST=1), on
+      # every rank.
       FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
         > "$OUT/gpu_test_persist.log" 2>&1
       rc=$?
