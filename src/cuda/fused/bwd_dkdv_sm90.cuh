@@ -79,6 +79,15 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
 }
 
+// The dynamic shared memory from its first 1024-byte boundary (the swizzle pattern repeats every
+// 1024 bytes; the kernels' sizes include 1024 bytes of slack): pointer and shared address.
+__device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint32_t& base) {
+  const uint32_t raw = smem_u32(raw_ptr);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  base = raw + pad;
+  return raw_ptr + pad;
+}
+
 // One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
 // (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
 // aQ / aO, all 128-byte swizzled.
@@ -88,6 +97,29 @@ struct Sm90Step {
   using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
   using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
   static constexpr int kKV = 128, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
+
+  __device__ __forceinline__ static void zero_acc(float (&acc_dk)[kDB][4], float (&acc_dv)[kDB][4]) {
+#pragma unroll
+    for (int n = 0; n < kDB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
+  }
+
+  // The end of a step: dV and dK (and every other product) complete, with their register
+  // operands (P^T, dS^T) fenced around the wait.
+  __device__ __forceinline__ static void wait_all(float (&acc_dv)[kDB][4], float (&acc_dk)[kDB][4],
+                                                  uint32_t (&ap)[kNB / 2][4],
+                                                  uint32_t (&ad)[kNB / 2][4]) {
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+  }
 
   // S^T = K Q^T and dP^T = V dO^T over the head dim, waited for.
   __device__ __forceinline__ static void sdp(float (&s)[kNB][4], float (&dp)[kNB][4], uint32_t aK,
@@ -197,10 +229,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
   constexpr int kDB = kD / 8;  // n8 blocks of the head dim
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  unsigned char* smem = smem_raw + pad;
-  const uint32_t base = raw + pad;
+  uint32_t base;
+  unsigned char* smem = smem_1024(smem_raw, base);
   float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
   int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
@@ -240,13 +270,9 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         sw);
   };
 
-  float acc_dk[kDB][4], acc_dv[kDB][4];
-#pragma unroll
-  for (int n = 0; n < kDB; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
-
   using Step = Sm90Step<T, kD>;
+  float acc_dk[kDB][4], acc_dv[kDB][4];
+  Step::zero_acc(acc_dk, acc_dv);
   const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
   const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
   const int wrow = warp * 16;
@@ -341,15 +367,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     }
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
     // and dS^T are overwritten after the next barrier.
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
+    Step::wait_all(acc_dv, acc_dk, ap, ad);
     cur.next(p, additional, qr, nq);
     buf = buf + 1 == kBufs ? 0 : buf + 1;
   }

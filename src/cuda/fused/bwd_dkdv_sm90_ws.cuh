@@ -92,10 +92,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   constexpr int kDB = kD / 8;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  unsigned char* smem = smem_raw + pad;
-  const uint32_t base = raw + pad;
+  uint32_t base;
+  unsigned char* smem = smem_1024(smem_raw, base);
   float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
   uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
   int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
@@ -190,13 +188,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   const int cwarp = warp - 4;     // 0 .. 7
   const int wrow = cwarp * 16;
 
-  float acc_dk[kDB][4], acc_dv[kDB][4];
-#pragma unroll
-  for (int n = 0; n < kDB; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
-
   using Step = Sm90Step<T, kD>;
+  float acc_dk[kDB][4], acc_dv[kDB][4];
+  Step::zero_acc(acc_dk, acc_dv);
   const uint32_t aK = base + Tr::kOffK + c * 64 * 128;
   const uint32_t aV = base + Tr::kOffV + c * 64 * 128;
   QWalk cur;
@@ -262,15 +256,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     }
     mbar::arrive(dq_full(sb));
     // dV / dK complete before the stage is handed back (Q and dO are their B operands).
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
+    Step::wait_all(acc_dv, acc_dk, ap, ad);
     mbar::arrive(empty(st));
     cur.next(p, additional, qr, nq);
   }
