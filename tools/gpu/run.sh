@@ -36,6 +36,16 @@ if [ $rc -ne 0 ]; then
 fi
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 
+# One cuda-fused part of the GPU suite (`fwd` / `bwd`) under environment settings NAME=VALUE...,
+# logged to $OUT/LOG.log:  suite FILTER LOG NAME=VALUE...
+suite() {
+  local filter=$1 log=$2
+  shift 2
+  env "$@" ./build/gpu/fna-gpu-test --backend cuda-fused --filter "$filter" > "$OUT/$log.log" 2>&1
+  local rc=$?
+  summary+=("gpu-test $filter $*: rc=$rc $(tail -1 "$OUT/$log.log")")
+}
+
 for s in "${steps[@]}"; do
   t0=$(date +%s)
   case "$s" in
@@ -46,26 +56,13 @@ for s in "${steps[@]}"; do
       summary+=("gpu-test: rc=$rc $(tail -1 "$OUT/gpu_test.log") ($(( $(date +%s) - t0 ))s)")
       # The sm90 forward's other kernel for 128-query tiles (plain for 2-D / 3-D, warp-specialized
       # for 1-D), which the default run does not reach: FNA_SM90_WS forces each one.
-      for ws in 0 1; do
-        FNA_SM90_WS=$ws ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
-          > "$OUT/gpu_test_ws$ws.log" 2>&1
-        rc=$?
-        summary+=("gpu-test fwd FNA_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_ws$ws.log")")
-      done
+      for ws in 0 1; do suite fwd "gpu_test_ws$ws" "FNA_SM90_WS=$ws"; done
       # The sm90 backward's dK / dV kernels where the default does not run them: the plain one at
       # head dim 128, the warp-specialized one at 64 (FNA_BWD_SM90_WS forces one everywhere).
-      for ws in 0 1; do
-        FNA_BWD_SM90_WS=$ws ./build/gpu/fna-gpu-test --backend cuda-fused --filter bwd \
-          > "$OUT/gpu_test_bwd_ws$ws.log" 2>&1
-        rc=$?
-        summary+=("gpu-test bwd FNA_BWD_SM90_WS=$ws: rc=$rc $(tail -1 "$OUT/gpu_test_bwd_ws$ws.log")")
-      done
+      for ws in 0 1; do suite bwd "gpu_test_bwd_ws$ws" "FNA_BWD_SM90_WS=$ws"; done
       # The warp-specialized forward's persistent mode (off by default, FNA_SM90_PERSIST=1), on
       # every rank.
-      FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ./build/gpu/fna-gpu-test --backend cuda-fused --filter fwd \
-        > "$OUT/gpu_test_persist.log" 2>&1
-      rc=$?
-      summary+=("gpu-test fwd FNA_SM90_WS=1 FNA_SM90_PERSIST=1: rc=$rc $(tail -1 "$OUT/gpu_test_persist.log")") ;;
+      suite fwd gpu_test_persist FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
         > "$OUT/sanitize.log" 2>&1
