@@ -60,6 +60,9 @@ for s in "${steps[@]}"; do
       # The sm90 backward's dK / dV kernels where the default does not run them: the plain one at
       # head dim 128, the warp-specialized one at 64 (FNA_BWD_SM90_WS forces one everywhere).
       for ws in 0 1; do suite bwd "gpu_test_bwd_ws$ws" "FNA_BWD_SM90_WS=$ws"; done
+      # The plain sm90 forward's two row copies (spread at head dim 64, per thread at 128 by
+      # default): FNA_FWD_SM90_SPREAD forces each one everywhere.
+      for sp in 0 1; do suite fwd "gpu_test_spread$sp" "FNA_FWD_SM90_SPREAD=$sp"; done
       # The warp-specialized forward's persistent mode (off by default, FNA_SM90_PERSIST=1), on
       # every rank.
       suite fwd gpu_test_persist FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ;;

@@ -71,8 +71,11 @@ constexpr int copy_threads_per_row(int rows, int threads) {
 
 // copy_rows (fwd_kernel.cuh) into the 128-byte-swizzled layout: row r's chunk c of region c / 8
 // (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16. `kThr` threads copy, `tid`
-// being this thread's number among them.
-template <class Tr, int kRows, bool kTwo, int kThr, class RowSrc>
+// being this thread's number among them. Each row's source is computed by its kTPR threads;
+// they copy its chunks kTPR apart, or with kSpread (use_fwd_sm90_spread) each warp instruction
+// copies whole rows, a row's chunks on consecutive lanes with the row's address shuffled from
+// its first thread (every lane of the warp must take part).
+template <class Tr, int kRows, bool kTwo, int kThr, class RowSrc, bool kSpread = false>
 __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a, const void* fb_a,
                                              uint32_t dst_b, int dim_b, const void* fb_b,
                                              RowSrc row_src) {
@@ -85,6 +88,38 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
   static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
   const int sub = tid % kTPR;
   const int r0 = tid / kTPR;
+  if constexpr (kSpread) {
+    static_assert(32 % Tr::kChunks == 0 && kThr % 32 == 0 && 32 % kTPR == 0, "spread copies");
+    const int lane = tid & 31, ch = lane % Tr::kChunks;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = r0 + pass * kRowsPerPass;
+      const Elem* src_a = nullptr;
+      const Elem* src_b = nullptr;
+      const bool ok = row_src(row, src_a, src_b);
+      const int wrow0 = (tid & ~31) / kTPR + pass * kRowsPerPass;
+#pragma unroll
+      for (int i = 0; i < kCPT; ++i) {
+        const int lr = i * (32 / Tr::kChunks) + lane / Tr::kChunks;
+        const int sl = lr * kTPR;
+        const Elem* a = reinterpret_cast<const Elem*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_a), sl));
+        const bool okk = __shfl_sync(0xffffffffu, int(ok), sl) != 0;
+        const int r = wrow0 + lr;
+        const uint32_t off =
+            (ch >> 3) * kRegion + uint32_t(r) * 128 + uint32_t(((ch & 7) ^ (r & 7)) << 4);
+        const bool v = okk && ch * Tr::kVec < dim_a;
+        mma::cp_async_16(dst_a + off, v ? a + ch * Tr::kVec : fb_a, v);
+        if constexpr (kTwo) {
+          const Elem* bb = reinterpret_cast<const Elem*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_b), sl));
+          const bool vb = okk && ch * Tr::kVec < dim_b;
+          mma::cp_async_16(dst_b + off, vb ? bb + ch * Tr::kVec : fb_b, vb);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
@@ -108,22 +143,21 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
 }
 
 // The CTA's query tile into sQ (swizzled), by kThr threads (`tid` this one's number among them).
-template <class Tr, class QT, int kThr>
+template <class Tr, class QT, int kThr, bool kSpread = false>
 __device__ __forceinline__ void copy_q_tile(int tid, const FwdParams& p, const FwdTile& ft,
                                             uint32_t sQ) {
   using Elem = typename Tr::Elem;
   const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
-  copy_rows_sw<Tr, Tr::kQ, false, kThr>(tid, sQ, p.dim, p.q, 0, 0, nullptr,
-                                        [&](int row, const typename Tr::Elem*& a,
-                                            const typename Tr::Elem*&) {
-                                          return q_row_src<QT, Tr::kFirstAxis>(p, ft.gr, ft.qo,
-                                                                               gQ, row, a);
-                                        });
+  auto src = [&](int row, const typename Tr::Elem*& a, const typename Tr::Elem*&) {
+    return q_row_src<QT, Tr::kFirstAxis>(p, ft.gr, ft.qo, gQ, row, a);
+  };
+  copy_rows_sw<Tr, Tr::kQ, false, kThr, decltype(src), kSpread>(tid, sQ, p.dim, p.q, 0, 0,
+                                                                nullptr, src);
 }
 
 // Key/value tile `t` (neighborhood or additional keys) into sK / sV, by kThr threads; gK / gV are
 // the (batch, kv head) bases of K and V.
-template <class Tr, class KT, int kThr>
+template <class Tr, class KT, int kThr, bool kSpread = false>
 __device__ __forceinline__ void copy_kv_tile(int tid, const FwdParams& p, const FwdTile& ft,
                                              int hkv, const KvTile& t,
                                              const typename Tr::Elem* gK,
@@ -131,11 +165,11 @@ __device__ __forceinline__ void copy_kv_tile(int tid, const FwdParams& p, const 
                                              uint32_t sV) {
   using Elem = typename Tr::Elem;
   if (t.add_begin < 0) {
-    copy_rows_sw<Tr, Tr::kN, true, kThr>(tid, sK, p.dim, p.k, sV, p.dim_v, p.v,
-                                         [&](int row, const Elem*& k, const Elem*& v) {
-                                           return kv_row_src<KT, Tr::kFirstAxis>(p, ft.gr, t, gK,
-                                                                                 gV, row, k, v);
-                                         });
+    auto src = [&](int row, const Elem*& k, const Elem*& v) {
+      return kv_row_src<KT, Tr::kFirstAxis>(p, ft.gr, t, gK, gV, row, k, v);
+    };
+    copy_rows_sw<Tr, Tr::kN, true, kThr, decltype(src), kSpread>(tid, sK, p.dim, p.k, sV,
+                                                                 p.dim_v, p.v, src);
   } else {
     copy_rows_sw<Tr, Tr::kN, true, kThr>(tid, sK, p.dim, p.add_k, sV, p.dim_v, p.add_v,
                                          [&](int row, const Elem*& k, const Elem*& v) {
@@ -214,7 +248,7 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::fence_operands(a);
 }
 
-template <class T, int kD, int kRank, class QT, class KT>
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
                                   Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
     fna_fwd_sm90_kernel(const FwdParams p) {
@@ -237,7 +271,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
   const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  copy_q_tile<Tr, QT, Tr::kThreads>(threadIdx.x, p, ft, sQ);
+  copy_q_tile<Tr, QT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, sQ);
   mma::cp_async_commit();
 
   // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
@@ -253,8 +287,8 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
   auto load_kv = [&](const KvTile& t, int buf) {
     const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
-    copy_kv_tile<Tr, KT, Tr::kThreads>(threadIdx.x, p, ft, hkv, t, gK, gV, sK,
-                                       sK + Tr::kTileBytes);
+    copy_kv_tile<Tr, KT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, hkv, t, gK, gV, sK,
+                                                sK + Tr::kTileBytes);
   };
   load_kv(cur, 0);
   mma::cp_async_commit();
@@ -503,6 +537,19 @@ inline bool use_fwd_sm90_persistent() {
   return env != nullptr && env[0] == '1';
 }
 
+// Whether the plain sm90 forward kernel copies its key / value and query rows spread
+// (copy_rows_sw's kSpread: whole rows per warp instruction, so the L2 sees one request per
+// 128-byte line instead of one per 32 bytes): at head dim 64, where it measured 1.051x on 2d-nat
+// (Nsight Compute: L2 tag lookups 68% -> 26% of peak, read requests 59.2e6 -> 14.4e6), and not
+// at 128 (1d-long 1.003x; H100, bf16, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_SM90_SPREAD=0 / 1
+// forces either copy. The warp-specialized kernel keeps the per-thread copy: spread, its loader
+// warpgroup spilled and ran 0.896x (2d-large) and 0.974x (3d-video).
+inline bool use_fwd_sm90_spread(int dim) {
+  const char* env = std::getenv("FNA_FWD_SM90_SPREAD");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return dim == 64;
+}
+
 // Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
 // for 2-D and 3-D tiles, where it measured 1.05x (2d-large) and 1.07x (3d-video) the plain
 // kernel's speed; not for 1-D tiles (0.965x on 1d-long: H100, bf16, commit eb06b1a,
@@ -576,7 +623,8 @@ cudaError_t launch_fwd_sm90_plain(const FwdParams& p, int max_smem_optin, cudaSt
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
   if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  auto kernel = fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
+  auto kernel = use_fwd_sm90_spread(kD) ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true>
+                                        : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Tr::kSmemBytes));
   if (err != cudaSuccess) return err;
