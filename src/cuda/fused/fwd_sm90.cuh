@@ -86,57 +86,44 @@ __device__ __forceinline__ void copy_rows_sw(int tid, uint32_t dst_a, int dim_a,
   constexpr int kCPT = Tr::kChunks / kTPR;
   constexpr uint32_t kRegion = kRows * 128;
   static_assert(kRows % kRowsPerPass == 0 && Tr::kChunks % kTPR == 0, "copy partition");
+  static_assert(!kSpread || (32 % Tr::kChunks == 0 && kThr % 32 == 0 && 32 % kTPR == 0),
+                "spread copies");
   const int sub = tid % kTPR;
   const int r0 = tid / kTPR;
-  if constexpr (kSpread) {
-    static_assert(32 % Tr::kChunks == 0 && kThr % 32 == 0 && 32 % kTPR == 0, "spread copies");
-    const int lane = tid & 31, ch = lane % Tr::kChunks;
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = r0 + pass * kRowsPerPass;
-      const Elem* src_a = nullptr;
-      const Elem* src_b = nullptr;
-      const bool ok = row_src(row, src_a, src_b);
-      const int wrow0 = (tid & ~31) / kTPR + pass * kRowsPerPass;
-#pragma unroll
-      for (int i = 0; i < kCPT; ++i) {
-        const int lr = i * (32 / Tr::kChunks) + lane / Tr::kChunks;
-        const int sl = lr * kTPR;
-        const Elem* a = reinterpret_cast<const Elem*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_a), sl));
-        const bool okk = __shfl_sync(0xffffffffu, int(ok), sl) != 0;
-        const int r = wrow0 + lr;
-        const uint32_t off =
-            (ch >> 3) * kRegion + uint32_t(r) * 128 + uint32_t(((ch & 7) ^ (r & 7)) << 4);
-        const bool v = okk && ch * Tr::kVec < dim_a;
-        mma::cp_async_16(dst_a + off, v ? a + ch * Tr::kVec : fb_a, v);
-        if constexpr (kTwo) {
-          const Elem* bb = reinterpret_cast<const Elem*>(
-              __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_b), sl));
-          const bool vb = okk && ch * Tr::kVec < dim_b;
-          mma::cp_async_16(dst_b + off, vb ? bb + ch * Tr::kVec : fb_b, vb);
-        }
-      }
-    }
-    return;
-  }
+  const int lane = tid & 31;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = r0 + pass * kRowsPerPass;
     const Elem* src_a = nullptr;
     const Elem* src_b = nullptr;
     const bool ok = row_src(row, src_a, src_b);
-    const uint32_t rbase = uint32_t(row) * 128;
-    const int sw = row & 7;
 #pragma unroll
     for (int i = 0; i < kCPT; ++i) {
-      const int ch = i * kTPR + sub;
-      const uint32_t off = (ch >> 3) * kRegion + rbase + uint32_t(((ch & 7) ^ sw) << 4);
-      const bool v = ok && ch * Tr::kVec < dim_a;
-      mma::cp_async_16(dst_a + off, v ? src_a + ch * Tr::kVec : fb_a, v);
+      // The chunk this thread copies: of its own row, kTPR apart, or (kSpread) chunk lane % kChunks
+      // of the warp's row lr, whose source comes from that row's first thread.
+      int r = row, ch = i * kTPR + sub;
+      const Elem* a = src_a;
+      const Elem* b = src_b;
+      bool in = ok;
+      if constexpr (kSpread) {
+        const int lr = i * (32 / Tr::kChunks) + lane / Tr::kChunks;
+        const int from = lr * kTPR;
+        r = (tid & ~31) / kTPR + pass * kRowsPerPass + lr;
+        ch = lane % Tr::kChunks;
+        a = reinterpret_cast<const Elem*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_a), from));
+        if constexpr (kTwo)
+          b = reinterpret_cast<const Elem*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src_b), from));
+        in = __shfl_sync(0xffffffffu, int(ok), from) != 0;
+      }
+      const uint32_t off =
+          (ch >> 3) * kRegion + uint32_t(r) * 128 + uint32_t(((ch & 7) ^ (r & 7)) << 4);
+      const bool v = in && ch * Tr::kVec < dim_a;
+      mma::cp_async_16(dst_a + off, v ? a + ch * Tr::kVec : fb_a, v);
       if constexpr (kTwo) {
-        const bool vb = ok && ch * Tr::kVec < dim_b;
-        mma::cp_async_16(dst_b + off, vb ? src_b + ch * Tr::kVec : fb_b, vb);
+        const bool vb = in && ch * Tr::kVec < dim_b;
+        mma::cp_async_16(dst_b + off, vb ? b + ch * Tr::kVec : fb_b, vb);
       }
     }
   }
