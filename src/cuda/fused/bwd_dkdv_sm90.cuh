@@ -88,6 +88,24 @@ __device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint
   return raw_ptr + pad;
 }
 
+// Every thread of either dK / dV kernel: the query tiles of the CTA's key tile (qr, nq, and the
+// key rows' inverse windows in s_kinv), the query tile shape's row offsets (s_qoff) and the
+// column-mask sets (s_cm), all in shared memory after the two CTA barriers. Returns the steps:
+// query tiles x query heads per kv head.
+template <int kKV, int kQ>
+__device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group& G,
+                                                    bool additional, const int* kv0, int2* s_kinv,
+                                                    uint32_t* s_qoff, uint64_t* s_cm,
+                                                    nbr::Range (&qr)[kAxes], int (&nq)[kAxes]) {
+  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
+  const int tid = threadIdx.x;
+  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
+  __syncthreads();
+  build_col_masks(p, s_qoff, s_cm);
+  __syncthreads();
+  return n_tiles * p.heads_per_kv;
+}
+
 // One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
 // (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
 // aQ / aO, all 128-byte swizzled.
@@ -251,14 +269,10 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
                                           [](int row, int c) { return sw128<kKV>(row, c); });
   nbr::Range qr[kAxes];
   int nq[kAxes];
-  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
-  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
-  __syncthreads();
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  build_col_masks(p, s_qoff, s_cm);
-  __syncthreads();
+  const int64_t n_iter =
+      sm90_query_setup<kKV, kQ>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
 
-  const int64_t n_iter = n_tiles * p.heads_per_kv;
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
   QWalk cur;
   cur.start(p, additional, hkv, qr);

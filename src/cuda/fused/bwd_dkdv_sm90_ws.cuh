@@ -128,13 +128,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   }
   nbr::Range qr[kAxes];
   int nq[kAxes];
-  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
-  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
-  __syncthreads();
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  build_col_masks(p, s_qoff, s_cm);
-  __syncthreads();
-  const int64_t n_iter = n_tiles * p.heads_per_kv;
+  const int64_t n_iter =
+      sm90_query_setup<kKV, kQ>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
 
   if (wg == 0) {
     // ---- data movement ---------------------------------------------------------------------
