@@ -438,6 +438,51 @@ int main(int argc, char** argv) {
       rc.config.clear();
       rc.allow_tf32 = false;
     }
+    // The box forward (rank 2, 16-bit, head dims up to 64, small windows, no additional keys),
+    // forced by name on random problems within those limits: axes up to 40 (several CTA tiles
+    // and warp boxes per axis, ends that cut boxes), kernels up to 13 with any dilation, stride
+    // and causal flag, GQA, strided layouts, D != D_v. A case outside the kernel's limits (a
+    // stride that spreads a box's windows) answers `unsupported`, counted as such.
+    if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
+        args.only < 0 && args.config.empty() && (args.rank == 0 || args.rank == 2)) {
+      const std::string row = "cuda-fused box forward";
+      tally[row];
+      int n = 0;
+      for (fna::DType dtype : args.dtypes) {
+        if (dtype == fna::DType::f32) continue;
+        std::vector<std::string> boxes;
+        for (const std::string& name : fna::fused_configs(2, dtype, 64))
+          if (name.rfind("fna_fwd_box_", 0) == 0) boxes.push_back(name);
+        if (boxes.empty()) continue;
+        fna_test::RandomLimits lim;
+        lim.max_axis[1] = 40;
+        lim.max_dim = 64;
+        lim.allow_additional = false;
+        lim.dtypes = {dtype};
+        for (int i = 0; i < 40 * static_cast<int>(boxes.size()); ++i, ++n) {
+          Case c = fna_test::random_case(args.seed * 1000003ull + 0xb0c500 + 61 * n, 2, 1, lim);
+          for (int a = 0; a < 2; ++a) {
+            c.p.kernel_size[a] = std::min<int64_t>(c.p.kernel_size[a], 1 + (n * 7 + a * 5) % 13);
+            c.p.stride[a] = std::min(c.p.stride[a], c.p.kernel_size[a]);
+          }
+          // Head dims: multiples of 8 (the 16-byte copies' rule), 8 to 64.
+          auto round8 = [](int64_t d) { return std::min<int64_t>(64, std::max<int64_t>(8, (d + 7) / 8 * 8)); };
+          c.p.dim = round8(c.p.dim);
+          c.p.dim_v = round8(c.p.dim_v);
+          if (args.dim > 0) c.p.dim = c.p.dim_v = round8(args.dim);
+          const std::string& box = boxes[i % boxes.size()];
+          rc.config = box;
+          rc.use_stream = n % 2 == 1;
+          const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);
+          if (count(row, o)) {
+            std::printf("FAIL [cuda-fused] config=%s %s\n%s\n", box.c_str(), c.str().c_str(),
+                        o.detail.c_str());
+            std::fflush(stdout);
+          }
+        }
+      }
+      rc.config.clear();
+    }
     // Every listed backward configuration, on a random case of its rank and head dim (padded
     // 64, 128, 256; --rank / --dim / --dtype narrow it), float32 also with allow_tf32.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::backward) &&

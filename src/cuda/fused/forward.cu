@@ -2,6 +2,7 @@
 // the launch. The kernels are in fwd_kernel.cuh, instantiated from the same table (config.h) by
 // files CMake generates from fwd_inst.cu.in.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -11,6 +12,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/runtime.cuh"
 #include "cuda/fused/config.h"
+#include "cuda/fused/fwd_box.h"
 #include "cuda/fused/fwd_params.h"
 
 namespace fna {
@@ -47,6 +49,8 @@ constexpr bool plain_tf32() {
   return std::is_same<T, mma::TF32>::value;
 }
 
+constexpr int kArchBox = 1;
+
 struct FwdEntry {
   int rank;
   DType dtype;
@@ -55,7 +59,9 @@ struct FwdEntry {
   int q[kAxes];
   int kv[kAxes];
   int warps;
-  int arch;   // 80: mma.sync kernels (fwd_kernel.cuh, sm_80+); 90: wgmma kernels (fwd_sm90.cuh, 9.0 only)
+  // 80: mma.sync kernels (fwd_kernel.cuh, sm_80+); 90: wgmma kernels (fwd_sm90.cuh, 9.0 only);
+  // kArchBox: the box forward (fwd_box.cuh, mma.sync, sm_80+; `kv` holds the warp box).
+  int arch;
   cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
   size_t (*smem)();
 
@@ -69,6 +75,9 @@ struct FwdEntry {
       return s;
     };
     const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
+    if (arch == kArchBox)
+      return std::string("fna_fwd_box_") + dt + "_d" + std::to_string(dim) + "_q" + shape(q) +
+             "_b" + shape(kv) + "_w" + std::to_string(warps);
     return std::string(arch == 90 ? "fna_fwd_sm90_" : "fna_fwd_sm80_") + dt + "_d" +
            std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv) + "_w" + std::to_string(warps);
   }
@@ -98,8 +107,21 @@ struct FwdEntry {
            &fused::launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,     \
            &fused::fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 
+#define FNA_FWD_BOX_ENTRY(D, Q1, Q2, DT)                                             \
+  FwdEntry{2,                                                                       \
+           DTypeOf<mma::DT>::value,                                                 \
+           false,                                                                   \
+           D,                                                                       \
+           {1, Q1, Q2},                                                             \
+           {1, fused::kBoxExt, fused::kBoxExt},                                     \
+           (Q1) * (Q2) / 16,                                                        \
+           kArchBox,                                                                \
+           &fused::launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                     \
+           &fused::fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
+
 const std::vector<FwdEntry>& table() {
   static const std::vector<FwdEntry> t{
+      FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, BF16) FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, F16)
 #if defined(FNA_WITH_SM90)
       FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
 #endif
@@ -109,6 +131,7 @@ const std::vector<FwdEntry>& table() {
 }
 #undef FNA_FWD_ENTRY
 #undef FNA_FWD_SM90_ENTRY
+#undef FNA_FWD_BOX_ENTRY
 
 Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
 
@@ -149,6 +172,43 @@ double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
   const double per_tile_rows = e.arch == 90 ? 64.0 : 32.0;
   return ((s.visited + 0.25 * masked) * double(e.q_size()) + per_tile_rows * s.visited) *
          double(e.kv_size());
+}
+
+// Pairs a configuration multiplies per (batch, head): visited key tiles x tile sizes, or the box
+// forward's own count (fwd_box.h).
+double computed_pairs(const FwdEntry& e, const fused::Geometry& geo) {
+  if (e.arch == kArchBox) return fused::box_plan(geo, e.q, e.dim).computed;
+  return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
+}
+
+// Whether the box forward takes this problem on this device; `why` says why not.
+bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo, int smem_optin,
+                 std::string* why) {
+  if (p.num_additional > 0) {
+    *why = "num_additional=" + std::to_string(p.num_additional) +
+           " (the box forward takes no additional keys)";
+    return false;
+  }
+  const fused::BoxPlan bp = fused::box_plan(geo, e.q, e.dim);
+  if (!bp.ok) {
+    *why = bp.why;
+    return false;
+  }
+  if (bp.smem > static_cast<size_t>(smem_optin)) {
+    *why = "its halo needs " + std::to_string(bp.smem) + " bytes of shared memory, the device has " +
+           std::to_string(smem_optin);
+    return false;
+  }
+  return true;
+}
+
+// The box forward replaces the tiled choice when it computes at most this fraction of its pairs
+// (FNA_BOX_PAIRS_RATIO overrides; 0 turns the box forward off, a large value takes it wherever it
+// applies).
+double box_pairs_ratio() {
+  const char* env = std::getenv("FNA_BOX_PAIRS_RATIO");
+  if (env != nullptr && *env != '\0') return std::atof(env);
+  return 0.75;
 }
 
 // The vectorized path copies 16-byte row chunks: unit stride on the head dim, 16-byte aligned
@@ -215,6 +275,14 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
               "config='" + opt.config + "' is not a cuda-fused forward configuration for rank=" +
                   std::to_string(p.rank) + ", dtype=" + dtype_name(p.dtype) +
                   ", dim=" + std::to_string(need) + "; valid: " + join_names(cands)};
+    if (cfg->arch == kArchBox) {
+      int smem_optin = 0;
+      FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                          opt.device_index));
+      std::string why;
+      if (!box_applies(*cfg, p, geo, smem_optin, &why))
+        return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
+    }
     if (cfg->arch == 90 && !hopper)
       return unsupported("config='" + opt.config + "' is a Hopper (wgmma) configuration: it needs "
                          "compute capability 9.0, device " + std::to_string(opt.device_index) +
@@ -233,12 +301,25 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
       any90 = any90 || (e->arch == 90 && hopper && e->smem() <= static_cast<size_t>(smem_optin));
     double best = 0;
     for (const FwdEntry* e : cands) {
-      if (e->smem() > static_cast<size_t>(smem_optin)) continue;
+      if (e->arch == kArchBox || e->smem() > static_cast<size_t>(smem_optin)) continue;
       if ((e->arch == 90) != any90) continue;
       const double c = cost_of(*e, geo);
       if (cfg == nullptr || c < best) {
         cfg = e;
         best = c;
+      }
+    }
+    // The box forward where it multiplies sufficiently fewer pairs than the tiled choice.
+    const double ratio = box_pairs_ratio();
+    const double tiled = cfg != nullptr ? computed_pairs(*cfg, geo) : 0;
+    for (const FwdEntry* e : cands) {
+      if (e->arch != kArchBox || ratio <= 0) continue;
+      std::string why;
+      if (!box_applies(*e, p, geo, smem_optin, &why)) continue;
+      const double pairs = computed_pairs(*e, geo);
+      if (cfg == nullptr || pairs <= ratio * tiled) {
+        cfg = e;
+        break;
       }
     }
     if (cfg == nullptr)
@@ -262,12 +343,21 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
   Status st = select_config(p, opt, &cfg);
   if (!st.ok()) return st;
   const fused::Geometry geo = geometry_of(p);
-  const fused::TilingStats ts = fused::tiling_stats(geo, cfg->q, cfg->kv);
   const double needed = fused::needed_pairs(geo);
   plan->config = cfg->name();
-  plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);
-  plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
-  const double computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
+  double computed = 0;
+  if (cfg->arch == kArchBox) {
+    // Visited "tiles" are the warps' 64-key chunks, all masked.
+    const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
+    plan->visited_tiles = bp.chunks * double(p.batch) * double(p.heads);
+    plan->unmasked_fraction = 0.0;
+    computed = bp.computed;
+  } else {
+    const fused::TilingStats ts = fused::tiling_stats(geo, cfg->q, cfg->kv);
+    plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);
+    plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
+    computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
+  }
   plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
   // The backward's dK / dV tiles; a problem the fused backward does not take leaves them empty.
   if (!cuda_fused_backward_plan(p, opt, plan).ok()) {

@@ -48,5 +48,13 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes();
 
+// The box forward of fwd_box.cuh (rank 2, 16-bit, mma.sync): the launcher returns
+// cudaErrorInvalidConfiguration when the problem is outside its limits (fwd_box.h) or its shared
+// memory exceeds `max_smem_optin`; the size below is the part that does not depend on the problem.
+template <class T, int kD, class QT>
+cudaError_t launch_fwd_box(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+template <class T, int kD, class QT>
+size_t fwd_box_smem_bytes();
+
 }  // namespace fused
 }  // namespace fna

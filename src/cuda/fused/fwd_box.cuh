@@ -1,0 +1,323 @@
+// The box forward: rank-2 neighborhood attention with small windows on mma.sync (sm_80+), where
+// the tiled kernels (fwd_kernel.cuh, fwd_sm90.cuh) spend most of their work on masked pairs.
+//
+// A 64-query tile's keys are the union of 64 windows: for 13x13 windows a 16x4 tile visits
+// 28x16 = 448 keys per query, of which 169 are neighbors. Here the CTA still owns a query tile
+// (QT, e.g. 8x8) and copies the union of its windows, the halo, into shared memory once; but
+// each warp owns a 4x4 box of queries (one m16 tile) and multiplies it only against the union
+// of the box's own windows (16x16 = 256 keys for 13x13 windows, 0.57x the pairs). The warps'
+// key sets differ, so K and V fragments are gathered by ldmatrix with a per-lane row address:
+// the 8 keys of an n8 block are 8 consecutive positions of one halo row, which lie in 8
+// consecutive (swizzled) shared-memory rows. A box's keys are walked as 64-key chunks of 4 union
+// rows x 16 columns; each chunk is S = Q K^T (registers), the mask from two bit sets per query
+// row (rows of the union x columns), the online softmax of fwd_common.cuh and O += P V.
+// After the one barrier that publishes the halo the warps run independently.
+//
+// Shared memory: the halo's K and V, each row 128 bytes
+// (head dim 64, zero-filled past D / D_v) with its 16-byte chunks XOR-swizzled by the row's low
+// three bits, so that ldmatrix's eight rows hit eight distinct bank groups.
+// Host-side limits and statistics: fwd_box.h. 16-bit only, no additional keys.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/fwd_box.h"
+#include "cuda/fused/fwd_common.cuh"
+#include "cuda/fused/fwd_params.h"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, class QT>
+struct BoxTraits {
+  using Elem = typename T::type;
+  // The names softmax_scores / FwdState read.
+  static constexpr bool kF32 = false;
+  static constexpr int kD = kD_;
+  static constexpr int kMT = 1;
+  static constexpr int kStepN = 64;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kQ = QT::kSize;
+  static constexpr int kWarps = kQ / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBoxes2 = QT::kExt[2] / kBoxExt;  // boxes along the fast axis
+  static constexpr int kChunks = kD / 8;                  // 16-byte chunks per row
+  static constexpr int kRowBytes = kD * 2;
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  // Up to three 4-warp CTAs per SM (small halos); larger CTAs take the registers they need.
+  static constexpr int kMinBlocks = kThreads <= 128 ? 3 : 1;
+  static_assert(QT::kExt[0] == 1 && QT::kExt[1] % kBoxExt == 0 && QT::kExt[2] % kBoxExt == 0 &&
+                    QT::kExt[1] <= 32 && kD == 64,
+                "box forward tiles");
+};
+
+// Byte offset of chunk `c` of shared-memory row `r`.
+__device__ __forceinline__ uint32_t box_sw(int r, int c) {
+  return uint32_t(r) * 128u + uint32_t(((c ^ r) & 7) << 4);
+}
+
+// Bits [lo, hi) of a 32-bit word (0 <= lo, hi <= 32).
+__device__ __forceinline__ unsigned box_bits(int lo, int hi) {
+  const unsigned below_hi = hi >= 32 ? ~0u : ((1u << (hi > 0 ? hi : 0)) - 1u);
+  const unsigned below_lo = lo >= 32 ? ~0u : ((1u << (lo > 0 ? lo : 0)) - 1u);
+  return below_hi & ~below_lo;
+}
+
+// mbarriers on sm_80+ (fwd_box runs on Ampere too, so no try_wait): init, an arrive that fires
+// when this thread's cp.async copies so far have landed, and a wait on phase 0.
+__device__ __forceinline__ void box_bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void box_bar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void box_bar_wait(uint32_t bar) {
+  uint32_t done = 0;
+  do {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // try_wait suspends the thread for a while instead of spinning on the issue slots.
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], 0;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+#else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], 0;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+#endif
+  } while (!done);
+}
+
+template <class T, int kD, class QT>
+__global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, kD, QT>::kMinBlocks)
+    fna_fwd_box_kernel(const FwdParams p, int halo_cap) {
+  using Tr = BoxTraits<T, kD, QT>;
+  using Elem = typename Tr::Elem;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t sK = mma::smem_u32(smem_raw);
+  const uint32_t sV = sK + uint32_t(halo_cap) * Tr::kRowBytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  FwdTile ft;
+  if (!fwd_tile<QT>(p, blockIdx.x, ft)) return;
+  const Geometry& geo = p.geo;
+  const Group& gr = ft.gr;
+  const int hkv = ft.h / p.heads_per_kv;
+  const int len1 = gr.len[1], len2 = gr.len[2];
+
+  // The CTA's halo: the union of its queries' windows on each axis.
+  const nbr::Range h1 = nbr::tile_union(geo.axis[1], len1, ft.qo[1],
+                                        min(ft.qo[1] + QT::kExt[1], len1));
+  const nbr::Range h2 = nbr::tile_union(geo.axis[2], len2, ft.qo[2],
+                                        min(ft.qo[2] + QT::kExt[2], len2));
+  const int hn1 = h1.size(), hn2 = h2.size();
+
+  // Copies: 8 threads per row, one 16-byte chunk each.
+  const int sub = threadIdx.x % Tr::kChunks;
+  const int r0 = threadIdx.x / Tr::kChunks;
+  // The halo's K / V rows, row-major over (axis 1, axis 2), in bands of kBoxChunkRows halo rows:
+  // every thread issues its copies band by band and arrives on the band's mbarrier once its
+  // copies so far have landed, so a warp starts on its first chunk while later bands still fly.
+  // A row's halo coordinates come from a float reciprocal (exact here: the halo holds under 2^16
+  // rows and the +0.5 keeps the quotient off integers) with one correction step either way.
+  __shared__ __align__(8) uint64_t bars[kBoxMaxBands];
+  const int n_bands = (hn1 + kBoxChunkRows - 1) / kBoxChunkRows;
+  const uint32_t bar0 = mma::smem_u32(bars);
+  if (threadIdx.x < n_bands) box_bar_init(bar0 + 8 * threadIdx.x, Tr::kThreads);
+  __syncthreads();
+  {
+    const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+    const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+    const float inv = 1.f / float(hn2);
+    const bool kin = sub * 8 < p.dim, vin = sub * 8 < p.dim_v;
+    for (int band = 0; band < n_bands; ++band) {
+      const int end = min((band + 1) * kBoxChunkRows, hn1) * hn2;
+      for (int r = band * kBoxChunkRows * hn2 + r0; r < end; r += Tr::kRowsPerPass) {
+        int y = int((float(r) + 0.5f) * inv);
+        int x = r - y * hn2;
+        if (x < 0) {
+          --y;
+          x += hn2;
+        } else if (x >= hn2) {
+          ++y;
+          x -= hn2;
+        }
+        int c[kAxes] = {0, h1.begin + y, h2.begin + x};
+        const uint32_t off = box_sw(r, sub);
+        mma::cp_async_16(sK + off,
+                         kin ? gK + token_offset<1>(geo, gr, c, p.k_stride) + sub * 8 : p.k, kin);
+        mma::cp_async_16(sV + off,
+                         vin ? gV + token_offset<1>(geo, gr, c, p.v_stride) + sub * 8 : p.v, vin);
+      }
+      box_bar_arrive_cp_async(bar0 + 8 * band);
+    }
+  }
+
+  // This warp's box, the union of its windows, and the thread's two query rows' windows as bit
+  // sets over that union (rows: one bit per union row; columns: the four columns t2, t2 + 1,
+  // t2 + 8, t2 + 9 this thread holds in each 16-column row of a chunk).
+  const int qb1 = ft.qo[1] + (warp / Tr::kBoxes2) * kBoxExt;
+  const int qb2 = ft.qo[2] + (warp % Tr::kBoxes2) * kBoxExt;
+  const bool active = qb1 < len1 && qb2 < len2;
+  nbr::Range u1{0, 0}, u2{0, 0};
+  if (active) {
+    u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
+    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBoxExt, len2));
+  }
+  const int t2 = 2 * (lane & 3);
+  unsigned rowbits[2], pat[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = (lane >> 2) + 8 * r;
+    const int q1 = qb1 + (i >> 2), q2 = qb2 + (i & 3);
+    rowbits[r] = 0;
+    pat[r] = 0;
+    if (active && q1 < len1 && q2 < len2) {
+      const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+      const nbr::Range w2 = nbr::window(geo.axis[2], len2, q2);
+      rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
+      const unsigned cb = box_bits(w2.begin - u2.begin, w2.end - u2.begin) >> t2;
+      pat[r] = (cb & 3u) | ((cb >> 6) & 0xcu);
+    }
+  }
+  const int r_off = u1.begin - h1.begin, c_off = u2.begin - h2.begin;
+  const int n_chunks = (u1.size() + kBoxChunkRows - 1) / kBoxChunkRows;
+  // The halo column of the key this lane addresses in K's (non-transposed) and V's (transposed)
+  // ldmatrix, clamped into the halo (columns past the union are masked).
+  const int kcol = min(c_off + (lane & 7) + ((lane >> 4) << 3), hn2 - 1);
+  const int vcol = min(c_off + (lane & 7) + (((lane >> 3) & 1) << 3), hn2 - 1);
+  const int ksel = (lane >> 3) & 1, vsel = lane >> 4;
+
+  // Q straight into the A fragments (rows g and g + 8 of the box, columns 2t, 2t + 1 and
+  // 2t + 8, 2t + 9 of each 16-column step), zeros past the axes' ends and past D; the loads fly
+  // with the halo's copies.
+  uint32_t qf[kD / 16][4];
+  {
+    const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = (lane >> 2) + 8 * r;
+      int c[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
+      const bool ok = active && c[1] < len1 && c[2] < len2;
+      const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int col = kk * 16 + hh * 8 + t2;
+          qf[kk][r + 2 * hh] =
+              ok && col < p.dim ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
+        }
+    }
+  }
+
+  if (!active) return;
+
+  FwdState<Tr> st;
+  init_state(st);
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    // The chunk's last halo row has landed (a band's phase completes only after every earlier
+    // band's copies too: each thread's arrive waits for all its copies so far).
+    const int last = min(r_off + kBoxChunkRows * ch + kBoxChunkRows - 1, hn1 - 1);
+    box_bar_wait(bar0 + 8 * (last / kBoxChunkRows));
+    float s[1][8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+    // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a) {
+      const int hr = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2 + kcol;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t b[4];
+        mma::ldsm_x4(b, sK + box_sw(hr, 2 * kk + ksel));
+        mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
+        mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
+      }
+    }
+    // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
+      unsigned m = 0;
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
+    }
+    softmax_update<Tr, true>(st, s, p.scale_log2);
+    // O += P V: k-step a is union row 4 ch + a (16 keys).
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a) {
+      uint32_t pa[4];
+      pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+      pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+      pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+      pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+      const int hr = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2 + vcol;
+#pragma unroll
+      for (int jd = 0; jd < kD / 16; ++jd) {
+        uint32_t b[4];
+        mma::ldsm_x4_trans(b, sV + box_sw(hr, 2 * jd + vsel));
+        mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
+        mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+  // Epilogue: row sums across the quad, normalize, store O and LSE.
+  Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = st.l[0][r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int i = (lane >> 2) + 8 * r;
+    int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
+    if (q[1] >= len1 || q[2] >= len2) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    Elem* row = gO + token_offset<1>(geo, gr, q, p.o_stride);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = j * 8 + t2;
+      if (col >= p.dim_v) continue;
+      *reinterpret_cast<uint32_t*>(row + col) =
+          mma::pack2<T>(st.o[0][j][2 * r] * inv, st.o[0][j][2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && (lane & 3) == 0) {
+      float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
+                   token_offset<1>(geo, gr, q, p.lse_stride);
+      *lse = (st.m[0][r] + log2f(l)) * 0.69314718055994531f;
+    }
+  }
+}
+
+template <class T, int kD, class QT>
+cudaError_t launch_fwd_box(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+  using Tr = BoxTraits<T, kD, QT>;
+  const BoxPlan bp = box_plan(p.geo, QT::kExt, kD);
+  if (!bp.ok || bp.smem > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
+  const int halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
+  auto kernel = fna_fwd_box_kernel<T, kD, QT>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bp.smem));
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, bp.smem, stream>>>(p, halo_cap);
+  return cudaGetLastError();
+}
+
+}  // namespace fused
+}  // namespace fna
