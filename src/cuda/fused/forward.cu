@@ -309,19 +309,27 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
         best = c;
       }
     }
-    // The box forward where it multiplies sufficiently fewer pairs than the tiled choice.
+    // The box forward where it multiplies sufficiently fewer pairs than the tiled choice. Its
+    // entries share the warp box, so they multiply the same pairs; the one copying the fewest
+    // halo rows (the largest CTA tile whose halo fits the device) is taken.
     const double ratio = box_pairs_ratio();
     const double tiled = cfg != nullptr ? computed_pairs(*cfg, geo) : 0;
+    const FwdEntry* box = nullptr;
+    double box_loaded = 0;
     for (const FwdEntry* e : cands) {
-      if (e->arch != kArchBox || ratio <= 0) continue;
+      // Only 16-warp CTA tiles: the smaller ones (listed for Options::config and the autotuner)
+      // copy 1.4-2x the halo rows per query and ran 2d-nat slower than the tiled kernel.
+      if (e->arch != kArchBox || ratio <= 0 || e->warps < 16) continue;
       std::string why;
       if (!box_applies(*e, p, geo, smem_optin, &why)) continue;
-      const double pairs = computed_pairs(*e, geo);
-      if (cfg == nullptr || pairs <= ratio * tiled) {
-        cfg = e;
-        break;
+      const fused::BoxPlan bp = fused::box_plan(geo, e->q, e->dim);
+      if (cfg != nullptr && bp.computed > ratio * tiled) continue;
+      if (box == nullptr || bp.loaded < box_loaded) {
+        box = e;
+        box_loaded = bp.loaded;
       }
     }
+    if (box != nullptr) cfg = box;
     if (cfg == nullptr)
       return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
                          std::to_string(smem_optin) + " bytes of shared memory per block");

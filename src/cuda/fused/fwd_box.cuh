@@ -124,39 +124,44 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   // The halo's K / V rows, row-major over (axis 1, axis 2), in bands of kBoxChunkRows halo rows:
   // every thread issues its copies band by band and arrives on the band's mbarrier once its
   // copies so far have landed, so a warp starts on its first chunk while later bands still fly.
-  // A row's halo coordinates come from a float reciprocal (exact here: the halo holds under 2^16
-  // rows and the +0.5 keeps the quotient off integers) with one correction step either way.
+  // Eight threads copy a row (one 16-byte chunk each); the CTA's kSlots row slots take
+  // kSlots / hn2 whole halo rows per pass when a halo row fits them (a slot keeps its column,
+  // so the global offsets only step along axis 1), else one halo row in column strides.
   __shared__ __align__(8) uint64_t bars[kBoxMaxBands];
   const int n_bands = (hn1 + kBoxChunkRows - 1) / kBoxChunkRows;
   const uint32_t bar0 = mma::smem_u32(bars);
   if (threadIdx.x < n_bands) box_bar_init(bar0 + 8 * threadIdx.x, Tr::kThreads);
   __syncthreads();
   {
+    constexpr int kSlots = Tr::kRowsPerPass;
     const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
     const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
-    const float inv = 1.f / float(hn2);
     const bool kin = sub * 8 < p.dim, vin = sub * 8 < p.dim_v;
-    for (int band = 0; band < n_bands; ++band) {
-      const int end = min((band + 1) * kBoxChunkRows, hn1) * hn2;
-      for (int r = band * kBoxChunkRows * hn2 + r0; r < end; r += Tr::kRowsPerPass) {
-        int y = int((float(r) + 0.5f) * inv);
-        int x = r - y * hn2;
-        if (x < 0) {
-          --y;
-          x += hn2;
-        } else if (x >= hn2) {
-          ++y;
-          x -= hn2;
+    const bool fits = hn2 <= kSlots;
+    const int rpp = fits ? kSlots / hn2 : 1;            // halo rows per pass
+    const int x0 = fits ? r0 % hn2 : r0;                // this slot's first column
+    const int y0 = fits ? r0 / hn2 : 0;                 // this slot's first row
+    const int xstep = fits ? hn2 : kSlots;
+    const int dil1 = geo.axis[1].dilation, dil2 = geo.axis[2].dilation;
+    const int64_t k1 = p.k_stride[2] * dil1, v1 = p.v_stride[2] * dil1;
+    int band = 0;
+    if (y0 < rpp) {
+      // Global row offsets of halo row y (axis 1), stepped by rpp rows per pass.
+      const int gy0 = (h1.begin + y0) * dil1 + gr.g[1];
+      int64_t ok1 = int64_t(gy0) * p.k_stride[2], ov1 = int64_t(gy0) * p.v_stride[2];
+      for (int y = y0; y < hn1; y += rpp, ok1 += rpp * k1, ov1 += rpp * v1) {
+        while (y >= (band + 1) * kBoxChunkRows) box_bar_arrive_cp_async(bar0 + 8 * band++);
+        for (int x = x0; x < hn2; x += xstep) {
+          const int gx = (h2.begin + x) * dil2 + gr.g[2];
+          const uint32_t off = box_sw(y * hn2 + x, sub);
+          mma::cp_async_16(sK + off, kin ? gK + ok1 + int64_t(gx) * p.k_stride[3] + sub * 8 : p.k,
+                           kin);
+          mma::cp_async_16(sV + off, vin ? gV + ov1 + int64_t(gx) * p.v_stride[3] + sub * 8 : p.v,
+                           vin);
         }
-        int c[kAxes] = {0, h1.begin + y, h2.begin + x};
-        const uint32_t off = box_sw(r, sub);
-        mma::cp_async_16(sK + off,
-                         kin ? gK + token_offset<1>(geo, gr, c, p.k_stride) + sub * 8 : p.k, kin);
-        mma::cp_async_16(sV + off,
-                         vin ? gV + token_offset<1>(geo, gr, c, p.v_stride) + sub * 8 : p.v, vin);
       }
-      box_bar_arrive_cp_async(bar0 + 8 * band);
     }
+    while (band < n_bands) box_bar_arrive_cp_async(bar0 + 8 * band++);
   }
 
   // This warp's box, the union of its windows, and the thread's two query rows' windows as bit

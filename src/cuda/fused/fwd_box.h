@@ -33,6 +33,7 @@ struct BoxPlan {
   size_t smem = 0;          // dynamic shared memory per CTA (bytes)
   double chunks = 0;        // 64-key chunks per (batch, head), over all warps
   double computed = 0;      // (query, key) pairs multiplied per (batch, head)
+  double loaded = 0;        // K / V rows the CTAs copy per (batch, head) (their halos)
 };
 
 // `q` is the CTA tile lifted to three axes (q[0] == 1), `dim` the padded head dim.
@@ -43,15 +44,17 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
     return bp;
   }
   int max_box[kAxes] = {1, 1, 1};
-  double chunks_ax[kAxes] = {1, 1, 1}, keys_ax[kAxes] = {1, 1, 1};
+  double chunks_ax[kAxes] = {1, 1, 1}, keys_ax[kAxes] = {1, 1, 1}, halo_ax[kAxes] = {1, 1, 1};
   for (int ax = 1; ax < kAxes; ++ax) {
     const nbr::Axis& a = geo.axis[ax];
-    double ch = 0, keys = 0;
+    double ch = 0, keys = 0, halo = 0;
     for (int g = 0; g < a.dilation; ++g) {
       const int len = nbr::group_length(a, g);
       for (int i0 = 0; i0 < len; i0 += q[ax]) {
         const int i1 = std::min(i0 + q[ax], len);
-        bp.halo_rows[ax] = std::max(bp.halo_rows[ax], nbr::tile_union(a, len, i0, i1).size());
+        const int hn = nbr::tile_union(a, len, i0, i1).size();
+        bp.halo_rows[ax] = std::max(bp.halo_rows[ax], hn);
+        halo += hn;
         for (int j0 = i0; j0 < i0 + q[ax] && j0 < len; j0 += kBoxExt) {
           const int u = nbr::tile_union(a, len, j0, std::min(j0 + kBoxExt, len)).size();
           max_box[ax] = std::max(max_box[ax], u);
@@ -64,6 +67,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
     }
     chunks_ax[ax] = ch;
     keys_ax[ax] = keys;
+    halo_ax[ax] = halo;
   }
   if (max_box[2] > kBoxCols) {
     bp.why = "a 4-query box's windows span " + std::to_string(max_box[2]) +
@@ -81,6 +85,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
   bp.smem = 2 * halo * row_bytes;  // K and V (Q goes straight to registers)
   bp.chunks = chunks_ax[1] * chunks_ax[2];
   bp.computed = keys_ax[1] * keys_ax[2];
+  bp.loaded = halo_ax[1] * halo_ax[2];
   bp.ok = true;
   return bp;
 }
