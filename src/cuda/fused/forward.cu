@@ -202,13 +202,17 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
   return true;
 }
 
-// The box forward replaces the tiled choice when it computes at most this fraction of its pairs
-// (FNA_BOX_PAIRS_RATIO overrides; 0 turns the box forward off, a large value takes it wherever it
-// applies).
-double box_pairs_ratio() {
+// The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
+// and its chunks' 16 columns are on average at least 3/4 inside their boxes' unions (windows of
+// 9+ on the last axis). Measured on an H100 (bf16, head dim 64, tools/gpu/box_ab.py, 2026-11-24):
+// 13x13 and 11x11 windows (0.57 of the pairs) ran 1.02-1.09x faster with the box forward, 7x7 and
+// 9x9 (0.75) 0.79-0.95x and 5x5 (0.5, half the columns outside the unions) 0.93x: its per-warp
+// setup and halo copy cost as much as 4-5 chunks. FNA_BOX_PAIRS_RATIO overrides the ratio (0
+// turns the box forward off; a large value takes it wherever it applies, columns regardless).
+double box_pairs_ratio(bool* forced) {
   const char* env = std::getenv("FNA_BOX_PAIRS_RATIO");
-  if (env != nullptr && *env != '\0') return std::atof(env);
-  return 0.75;
+  *forced = env != nullptr && *env != '\0';
+  return *forced ? std::atof(env) : 0.6;
 }
 
 // The vectorized path copies 16-byte row chunks: unit stride on the head dim, 16-byte aligned
@@ -312,7 +316,8 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
     // The box forward where it multiplies sufficiently fewer pairs than the tiled choice. Its
     // entries share the warp box, so they multiply the same pairs; the one copying the fewest
     // halo rows (the largest CTA tile whose halo fits the device) is taken.
-    const double ratio = box_pairs_ratio();
+    bool forced = false;
+    const double ratio = box_pairs_ratio(&forced);
     const double tiled = cfg != nullptr ? computed_pairs(*cfg, geo) : 0;
     const FwdEntry* box = nullptr;
     double box_loaded = 0;
@@ -323,7 +328,8 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
       std::string why;
       if (!box_applies(*e, p, geo, smem_optin, &why)) continue;
       const fused::BoxPlan bp = fused::box_plan(geo, e->q, e->dim);
-      if (cfg != nullptr && bp.computed > ratio * tiled) continue;
+      if (cfg != nullptr && (bp.computed > ratio * tiled || (!forced && bp.fast_fill < 0.75)))
+        continue;
       if (box == nullptr || bp.loaded < box_loaded) {
         box = e;
         box_loaded = bp.loaded;

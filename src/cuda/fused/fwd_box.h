@@ -34,6 +34,7 @@ struct BoxPlan {
   double chunks = 0;        // 64-key chunks per (batch, head), over all warps
   double computed = 0;      // (query, key) pairs multiplied per (batch, head)
   double loaded = 0;        // K / V rows the CTAs copy per (batch, head) (their halos)
+  double fast_fill = 0;     // mean share of a chunk's 16 columns inside its box's union
 };
 
 // `q` is the CTA tile lifted to three axes (q[0] == 1), `dim` the padded head dim.
@@ -47,7 +48,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
   double chunks_ax[kAxes] = {1, 1, 1}, keys_ax[kAxes] = {1, 1, 1}, halo_ax[kAxes] = {1, 1, 1};
   for (int ax = 1; ax < kAxes; ++ax) {
     const nbr::Axis& a = geo.axis[ax];
-    double ch = 0, keys = 0, halo = 0;
+    double ch = 0, keys = 0, halo = 0, fill = 0, boxes = 0;
     for (int g = 0; g < a.dilation; ++g) {
       const int len = nbr::group_length(a, g);
       for (int i0 = 0; i0 < len; i0 += q[ax]) {
@@ -58,6 +59,8 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
         for (int j0 = i0; j0 < i0 + q[ax] && j0 < len; j0 += kBoxExt) {
           const int u = nbr::tile_union(a, len, j0, std::min(j0 + kBoxExt, len)).size();
           max_box[ax] = std::max(max_box[ax], u);
+          fill += double(std::min(u, kBoxCols)) / kBoxCols;
+          boxes += 1;
           // Along the rows a box walks ceil(u / 4) chunks; across, one 16-column chunk.
           const int c = ax == 1 ? (u + kBoxChunkRows - 1) / kBoxChunkRows : 1;
           ch += c;
@@ -68,6 +71,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
     chunks_ax[ax] = ch;
     keys_ax[ax] = keys;
     halo_ax[ax] = halo;
+    if (ax == 2) bp.fast_fill = boxes > 0 ? fill / boxes : 0;
   }
   if (max_box[2] > kBoxCols) {
     bp.why = "a 4-query box's windows span " + std::to_string(max_box[2]) +
