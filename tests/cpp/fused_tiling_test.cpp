@@ -6,6 +6,9 @@
 //     mask) holds only neighbor pairs;
 //   - tiling_stats: the visited and unmasked key tiles those spans add up to;
 //   - needed_pairs: the needed (query, key) pairs;
+//   - box_plan (the box forward's limits, halo sizes and pair counts, fwd_box.h): every 4x4 box's
+//     keys, from the SPEC relation, lie in the 16-column x 4-row-chunk region the kernel walks and
+//     in its CTA's halo, and the counts add up;
 //   - axis_tile_pairs, the per-axis tile pairs behind the backward's tile choice and fused_plan:
 //     key tiles walking the query tiles laid from their first attending query to their last
 //     (the dK / dV kernel), and query tiles walking the key tiles of their windows' union.
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/fused/fwd_box.h"
 #include "cuda/fused/tiling.cuh"
 #include "support/problem.h"
 
@@ -244,6 +248,92 @@ TEST(FusedTiling, NeededPairsMatchSpec) {
     }
     ASSERT_EQ(fna::fused::needed_pairs(geo), want) << describe(geo);
   }
+}
+
+// box_plan against brute force over the SPEC relation, on rank-2 geometries with small windows
+// (where the box forward applies) and any dilation, stride and causal flag. Per dilation group and
+// axis, the union of a query range's windows is [first key with a neighbor, last + 1); every 4x4
+// box's union must fit the region the kernel walks from the union's start (16 columns, rows in
+// chunks of 4, at most 32) and lie in its CTA tile's halo; the plan's maximum halo per axis, the
+// pairs it multiplies, the rows it copies and the chunks add up over boxes and CTAs; and a plan
+// refused for its spans has a box whose union is wider.
+TEST(FusedTiling, BoxPlanMatchesBruteForce) {
+  std::mt19937_64 rng(20261124);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int accepted = 0, refused = 0;
+  for (int c = 0; c < 80; ++c) {
+    int64_t len[2], ker[2], dil[2], str[2];
+    bool cau[2];
+    for (int a = 0; a < 2; ++a) {
+      len[a] = pick(1, 45);
+      dil[a] = pick(1, 3) == 1 ? pick(1, 3) : 1;
+      const int kmax = std::max<int>(1, static_cast<int>(len[a] / dil[a]));
+      ker[a] = pick(1, std::min(kmax, c % 3 == 0 ? 20 : 13));
+      str[a] = pick(1, 2) == 1 ? pick(1, static_cast<int>(ker[a])) : 1;
+      cau[a] = pick(0, 3) == 0;
+    }
+    const Geometry geo = Geometry::lift(2, len, ker, dil, str, cau);
+    const int q[kAxes] = {1, c % 2 == 0 ? 16 : 8, c % 4 < 2 ? 16 : 8};
+    SCOPED_TRACE("case " + std::to_string(c) + " " + describe(geo) + " tile " +
+                 std::to_string(q[1]) + "x" + std::to_string(q[2]));
+    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64);
+    // Per axis (1: rows, 2: columns): brute-force unions, summed like the plan.
+    int halo_max[kAxes] = {1, 1, 1}, box_max[kAxes] = {1, 1, 1};
+    double keys[kAxes] = {1, 1, 1}, chunks[kAxes] = {1, 1, 1}, halo[kAxes] = {1, 1, 1};
+    for (int ax = 1; ax < kAxes; ++ax) {
+      const auto& x = geo.axis[ax];
+      keys[ax] = chunks[ax] = halo[ax] = 0;
+      for (int g = 0; g < x.dilation; ++g) {
+        const int lg = static_cast<int>((x.length - g + x.dilation - 1) / x.dilation);
+        // Union of the windows of local queries [i0, i1): local keys with a neighbor among them.
+        auto uni = [&](int i0, int i1, int* b) {
+          int lo = lg, hi = -1;
+          for (int i = i0; i < i1; ++i)
+            for (int j = 0; j < lg; ++j)
+              if (fna_test::spec_is_neighbor(x.length, x.kernel, x.dilation, x.stride, x.causal,
+                                             int64_t(i) * x.dilation + g,
+                                             int64_t(j) * x.dilation + g)) {
+                lo = std::min(lo, j);
+                hi = std::max(hi, j);
+              }
+          *b = lo;
+          return hi - lo + 1;
+        };
+        for (int i0 = 0; i0 < lg; i0 += q[ax]) {
+          int hb = 0;
+          const int hn = uni(i0, std::min(i0 + q[ax], lg), &hb);
+          halo_max[ax] = std::max(halo_max[ax], hn);
+          halo[ax] += hn;
+          for (int j0 = i0; j0 < i0 + q[ax] && j0 < lg; j0 += 4) {
+            int ub = 0;
+            const int un = uni(j0, std::min(j0 + 4, lg), &ub);
+            box_max[ax] = std::max(box_max[ax], un);
+            ASSERT_GE(ub, hb);
+            ASSERT_LE(ub + un, hb + hn);  // the box's keys are in its CTA's halo
+            const int ch = ax == 1 ? (un + 3) / 4 : 1;
+            chunks[ax] += ch;
+            keys[ax] += 4.0 * (ax == 1 ? 4 * ch : 16);
+          }
+        }
+      }
+    }
+    const bool spans_fit = box_max[2] <= 16 && box_max[1] <= 32;
+    ASSERT_EQ(bp.ok, spans_fit) << bp.why;
+    if (!bp.ok) {
+      ++refused;
+      EXPECT_NE(bp.why.find("positions"), std::string::npos) << bp.why;
+      continue;
+    }
+    ++accepted;
+    EXPECT_EQ(bp.halo_rows[1], halo_max[1]);
+    EXPECT_EQ(bp.halo_rows[2], halo_max[2]);
+    EXPECT_EQ(bp.computed, keys[1] * keys[2]);
+    EXPECT_EQ(bp.chunks, chunks[1] * chunks[2]);
+    EXPECT_EQ(bp.loaded, halo[1] * halo[2]);
+    EXPECT_EQ(bp.smem, size_t(2) * halo_max[1] * halo_max[2] * 128);
+  }
+  EXPECT_GT(accepted, 20);
+  EXPECT_GT(refused, 3);
 }
 
 }  // namespace
