@@ -130,7 +130,9 @@
 // Box forward configurations (fwd_box.cuh: rank 2, 16-bit, mma.sync, sm_80+): X(head_dim, q1,
 // q2, dtype), a CTA tile of q1 x q2 queries made of 4x4 warp boxes. Each warp multiplies its 16
 // queries against the union of their own windows only, so for small windows (where a 64-query
-// tile's union is mostly masked pairs) it computes far fewer pairs; the heuristic (forward.cu)
-// takes it where it applies (fwd_box.h) and computes under FNA_BOX_PAIRS_RATIO of the pairs of
-// the best tiled configuration. Name: fna_fwd_box_<dtype>_d<head_dim>_q<q1>x<q2>_b4x4_w<warps>.
+// tile's union is mostly masked pairs) it multiplies fewer pairs. The heuristic (forward.cu,
+// box_pairs_ratio) takes only the 16x16 tile, where it applies (fwd_box.h) and multiplies at most
+// 0.6x the pairs of the best tiled configuration; the smaller tiles copy 1.4-2x the halo rows per
+// query and ran 2d-nat slower than the tiled kernel (H100, docs/benchmarks.md), so they serve
+// Options::config and the autotuner. Name: fna_fwd_box_<dtype>_d<head_dim>_q<q1>x<q2>_b4x4_w<warps>.
 #define FNA_FWD_CONFIGS_BOX(X, DT) X(64, 8, 8, DT) X(64, 16, 8, DT) X(64, 8, 16, DT) X(64, 16, 16, DT)
