@@ -30,15 +30,25 @@ __device__ __forceinline__ void arrive_cp_async(uint32_t bar) {
 }
 
 // Blocks until the phase of parity `parity` has completed (acquire semantics at CTA scope).
+// On sm_90 try_wait suspends the thread for a while between polls; sm_80 polls with test_wait.
 __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+#else
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+#endif
   } while (!done);
 }
 

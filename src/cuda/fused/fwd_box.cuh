@@ -21,6 +21,7 @@
 
 #include <cmath>
 
+#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/fused/fwd_box.h"
 #include "cuda/fused/fwd_common.cuh"
@@ -35,6 +36,7 @@ struct BoxTraits {
   // The names softmax_scores / FwdState read.
   static constexpr bool kF32 = false;
   static constexpr int kD = kD_;
+  static constexpr int kFirstAxis = 1;
   static constexpr int kMT = 1;
   static constexpr int kStepN = 64;
   static constexpr bool kQInRegs = false;
@@ -62,36 +64,6 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
   const unsigned below_hi = hi >= 32 ? ~0u : ((1u << (hi > 0 ? hi : 0)) - 1u);
   const unsigned below_lo = lo >= 32 ? ~0u : ((1u << (lo > 0 ? lo : 0)) - 1u);
   return below_hi & ~below_lo;
-}
-
-// mbarriers on sm_80+ (fwd_box runs on Ampere too, so no try_wait): init, an arrive that fires
-// when this thread's cp.async copies so far have landed, and a wait on phase 0.
-__device__ __forceinline__ void box_bar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void box_bar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void box_bar_wait(uint32_t bar) {
-  uint32_t done = 0;
-  do {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // try_wait suspends the thread for a while instead of spinning on the issue slots.
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], 0;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-#else
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], 0;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-#endif
-  } while (!done);
 }
 
 template <class T, int kD, class QT>
@@ -130,7 +102,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   __shared__ __align__(8) uint64_t bars[kBoxMaxBands];
   const int n_bands = (hn1 + kBoxChunkRows - 1) / kBoxChunkRows;
   const uint32_t bar0 = mma::smem_u32(bars);
-  if (threadIdx.x < n_bands) box_bar_init(bar0 + 8 * threadIdx.x, Tr::kThreads);
+  if (threadIdx.x < n_bands) mbar::init(bar0 + 8 * threadIdx.x, Tr::kThreads);
   __syncthreads();
   {
     constexpr int kSlots = Tr::kRowsPerPass;
@@ -150,7 +122,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
       const int gy0 = (h1.begin + y0) * dil1 + gr.g[1];
       int64_t ok1 = int64_t(gy0) * p.k_stride[2], ov1 = int64_t(gy0) * p.v_stride[2];
       for (int y = y0; y < hn1; y += rpp, ok1 += rpp * k1, ov1 += rpp * v1) {
-        while (y >= (band + 1) * kBoxChunkRows) box_bar_arrive_cp_async(bar0 + 8 * band++);
+        while (y >= (band + 1) * kBoxChunkRows) mbar::arrive_cp_async(bar0 + 8 * band++);
         for (int x = x0; x < hn2; x += xstep) {
           const int gx = (h2.begin + x) * dil2 + gr.g[2];
           const uint32_t off = box_sw(y * hn2 + x, sub);
@@ -161,7 +133,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
         }
       }
     }
-    while (band < n_bands) box_bar_arrive_cp_async(bar0 + 8 * band++);
+    while (band < n_bands) mbar::arrive_cp_async(bar0 + 8 * band++);
   }
 
   // This warp's box, the union of its windows, and the thread's two query rows' windows as bit
@@ -230,7 +202,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
     // The chunk's last halo row has landed (a band's phase completes only after every earlier
     // band's copies too: each thread's arrive waits for all its copies so far).
     const int last = min(r_off + kBoxChunkRows * ch + kBoxChunkRows - 1, hn1 - 1);
-    box_bar_wait(bar0 + 8 * (last / kBoxChunkRows));
+    mbar::wait(bar0 + 8 * (last / kBoxChunkRows), 0);
     float s[1][8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
@@ -281,30 +253,13 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
     }
   }
 
-  // Epilogue: row sums across the quad, normalize, store O and LSE.
-  Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+  // Epilogue: the thread's two rows of the box.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = st.l[0][r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = row_sum(st, 0, r);
     const int i = (lane >> 2) + 8 * r;
-    int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
-    if (q[1] >= len1 || q[2] >= len2) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    Elem* row = gO + token_offset<1>(geo, gr, q, p.o_stride);
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = j * 8 + t2;
-      if (col >= p.dim_v) continue;
-      *reinterpret_cast<uint32_t*>(row + col) =
-          mma::pack2<T>(st.o[0][j][2 * r] * inv, st.o[0][j][2 * r + 1] * inv);
-    }
-    if (p.lse != nullptr && (lane & 3) == 0) {
-      float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
-                   token_offset<1>(geo, gr, q, p.lse_stride);
-      *lse = (st.m[0][r] + log2f(l)) * 0.69314718055994531f;
-    }
+    const int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
+    store_row<Tr, T>(st, p, ft, 0, r, l, q, lane);
   }
 }
 

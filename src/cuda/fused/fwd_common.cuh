@@ -450,48 +450,64 @@ __device__ __forceinline__ void init_state(FwdState<Tr>& st) {
   }
 }
 
-// Epilogue: finish the row sums across the quad, normalize, store O (and LSE). `row0`: the
-// warp's first row in the query tile.
-template <class Tr, class T, class QT>
-__device__ __forceinline__ void store_output(const FwdState<Tr>& st, const FwdParams& p,
-                                             const FwdTile& ft, int row0, int lane) {
+// The row sum of row r of m-tile mt of this thread, finished across the quad (every lane calls
+// it: shuffles).
+template <class Tr>
+__device__ __forceinline__ float row_sum(const FwdState<Tr>& st, int mt, int r) {
+  float l = st.l[mt][r];
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  return l;
+}
+
+// Epilogue of one query row (row r of m-tile mt of this thread, row sum l from row_sum):
+// normalize, store O (and LSE) at local coordinates `q`, nothing past an axis's end.
+template <class Tr, class T>
+__device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParams& p,
+                                          const FwdTile& ft, int mt, int r, float l,
+                                          const int (&q)[kAxes], int lane) {
   using Elem = typename Tr::Elem;
   constexpr int kFirst = Tr::kFirstAxis;
   Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+  bool valid = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) valid = valid && q[ax] < ft.gr.len[ax];
+  if (!valid) return;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);
+#pragma unroll
+  for (int j = 0; j < Tr::kD / 8; ++j) {
+    const int col = j * 8 + 2 * (lane & 3);
+    if (col >= p.dim_v) continue;
+    if constexpr (Tr::kF32)
+      *reinterpret_cast<float2*>(row + col) =
+          make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+    else
+      *reinterpret_cast<uint32_t*>(row + col) =
+          mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
+  }
+  if (p.lse != nullptr && (lane & 3) == 0) {
+    float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
+                 token_offset<kFirst>(p.geo, ft.gr, q, p.lse_stride);
+    *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
+  }
+}
+
+// Epilogue: every row of the warp's m-tiles (row_sum, store_row). `row0`: the warp's first row in the
+// query tile.
+template <class Tr, class T, class QT>
+__device__ __forceinline__ void store_output(const FwdState<Tr>& st, const FwdParams& p,
+                                             const FwdTile& ft, int row0, int lane) {
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = st.l[mt][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = row_sum(st, mt, r);
       int q[kAxes];
       QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
-      bool valid = true;
 #pragma unroll
-      for (int ax = 0; ax < kAxes; ++ax) {
-        q[ax] += ft.qo[ax];
-        valid = valid && q[ax] < ft.gr.len[ax];
-      }
-      if (!valid) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);
-#pragma unroll
-      for (int j = 0; j < Tr::kD / 8; ++j) {
-        const int col = j * 8 + 2 * (lane & 3);
-        if (col >= p.dim_v) continue;
-        if constexpr (Tr::kF32)
-          *reinterpret_cast<float2*>(row + col) =
-              make_float2(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
-        else
-          *reinterpret_cast<uint32_t*>(row + col) =
-              mma::pack2<T>(st.o[mt][j][2 * r] * inv, st.o[mt][j][2 * r + 1] * inv);
-      }
-      if (p.lse != nullptr && (lane & 3) == 0) {
-        float* lse = p.lse + ft.b * p.lse_stride[0] + ft.h * p.lse_stride[4] +
-                     token_offset<kFirst>(p.geo, ft.gr, q, p.lse_stride);
-        *lse = (st.m[mt][r] + log2f(l)) * 0.69314718055994531f;
-      }
+      for (int ax = 0; ax < kAxes; ++ax) q[ax] += ft.qo[ax];
+      store_row<Tr, T>(st, p, ft, mt, r, l, q, lane);
     }
   }
 }
