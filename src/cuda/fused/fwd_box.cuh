@@ -11,11 +11,13 @@
 // consecutive (swizzled) shared-memory rows. A box's keys are walked as 64-key chunks of 4 union
 // rows x 16 columns; each chunk is S = Q K^T (registers), the mask from two bit sets per query
 // row (rows of the union x columns), the online softmax of fwd_common.cuh and O += P V.
-// After the one barrier that publishes the halo the warps run independently.
+// Q goes from global memory straight into the A fragments. The halo arrives in bands of 4 halo
+// rows, one mbarrier each; past the barrier that publishes the mbarriers' init the warps run
+// independently, each waiting only for the bands its chunks read.
 //
-// Shared memory: the halo's K and V, each row 128 bytes
-// (head dim 64, zero-filled past D / D_v) with its 16-byte chunks XOR-swizzled by the row's low
-// three bits, so that ldmatrix's eight rows hit eight distinct bank groups.
+// Shared memory: the halo's K and V, each row 128 bytes (head dim 64, zero-filled past D / D_v)
+// with its 16-byte chunks XOR-swizzled by the row's low three bits, so that ldmatrix's eight rows
+// hit eight distinct bank groups.
 // Host-side limits and statistics: fwd_box.h. 16-bit only, no additional keys.
 #pragma once
 
