@@ -174,28 +174,27 @@ double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
          double(e.kv_size());
 }
 
-// Pairs a configuration multiplies per (batch, head): visited key tiles x tile sizes, or the box
-// forward's own count (fwd_box.h).
-double computed_pairs(const FwdEntry& e, const fused::Geometry& geo) {
-  if (e.arch == kArchBox) return fused::box_plan(geo, e.q, e.dim).computed;
+// Pairs a tiled configuration multiplies per (batch, head): visited key tiles x tile sizes.
+double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
   return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
 }
 
-// Whether the box forward takes this problem on this device; `why` says why not.
+// Whether the box forward takes this problem on this device (its plan in `bp`); `why` says why
+// not.
 bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo, int smem_optin,
-                 std::string* why) {
+                 fused::BoxPlan* bp, std::string* why) {
   if (p.num_additional > 0) {
     *why = "num_additional=" + std::to_string(p.num_additional) +
            " (the box forward takes no additional keys)";
     return false;
   }
-  const fused::BoxPlan bp = fused::box_plan(geo, e.q, e.dim);
-  if (!bp.ok) {
-    *why = bp.why;
+  *bp = fused::box_plan(geo, e.q, e.dim);
+  if (!bp->ok) {
+    *why = bp->why;
     return false;
   }
-  if (bp.smem > static_cast<size_t>(smem_optin)) {
-    *why = "its halo needs " + std::to_string(bp.smem) + " bytes of shared memory, the device has " +
+  if (bp->smem > static_cast<size_t>(smem_optin)) {
+    *why = "its halo needs " + std::to_string(bp->smem) + " bytes of shared memory, the device has " +
            std::to_string(smem_optin);
     return false;
   }
@@ -283,8 +282,9 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
       int smem_optin = 0;
       FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                           opt.device_index));
+      fused::BoxPlan bp;
       std::string why;
-      if (!box_applies(*cfg, p, geo, smem_optin, &why))
+      if (!box_applies(*cfg, p, geo, smem_optin, &bp, &why))
         return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
     }
     if (cfg->arch == 90 && !hopper)
@@ -318,16 +318,16 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
     // halo rows (the largest CTA tile whose halo fits the device) is taken.
     bool forced = false;
     const double ratio = box_pairs_ratio(&forced);
-    const double tiled = cfg != nullptr ? computed_pairs(*cfg, geo) : 0;
+    const double tiled = cfg != nullptr ? tiled_pairs(*cfg, geo) : 0;
     const FwdEntry* box = nullptr;
     double box_loaded = 0;
     for (const FwdEntry* e : cands) {
       // Only 16-warp CTA tiles: the smaller ones (listed for Options::config and the autotuner)
       // copy 1.4-2x the halo rows per query and ran 2d-nat slower than the tiled kernel.
       if (e->arch != kArchBox || ratio <= 0 || e->warps < 16) continue;
+      fused::BoxPlan bp;
       std::string why;
-      if (!box_applies(*e, p, geo, smem_optin, &why)) continue;
-      const fused::BoxPlan bp = fused::box_plan(geo, e->q, e->dim);
+      if (!box_applies(*e, p, geo, smem_optin, &bp, &why)) continue;
       if (cfg != nullptr && (bp.computed > ratio * tiled || (!forced && bp.fast_fill < 0.75)))
         continue;
       if (box == nullptr || bp.loaded < box_loaded) {
