@@ -65,7 +65,10 @@ for s in "${steps[@]}"; do
       for sp in 0 1; do suite fwd "gpu_test_spread$sp" "FNA_FWD_SM90_SPREAD=$sp"; done
       # The warp-specialized forward's persistent mode (off by default, FNA_SM90_PERSIST=1), on
       # every rank.
-      suite fwd gpu_test_persist FNA_SM90_WS=1 FNA_SM90_PERSIST=1 ;;
+      suite fwd gpu_test_persist FNA_SM90_WS=1 FNA_SM90_PERSIST=1
+      # The warp-specialized forward's TMA loads (default at rank 3) and its cp.async copies
+      # (default at rank 2): FNA_FWD_TMA forces each one where the problem allows TMA.
+      for t in 0 1; do suite fwd "gpu_test_tma$t" FNA_SM90_WS=1 "FNA_FWD_TMA=$t"; done ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
         > "$OUT/sanitize.log" 2>&1

@@ -4,7 +4,11 @@
 // (use_bwd_sm90_ws, bwd_sm90.h; measured in docs/benchmarks.md).
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "cuda/common/mbarrier.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/fused/bwd_dkdv_sm90.cuh"
 
 namespace fna {
@@ -79,8 +83,48 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
-template <typename T, int kD, int kStgT = 2>
-__global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional) {
+// TMA maps of the query tiles' Q and dO (on = 0: cp.async copies instead).
+struct BwdTma {
+  tma::TokenMap q, o;
+  int on;
+};
+
+// Whether the warp-specialized dK / dV kernel loads its query tiles' Q and dO by TMA (one loader
+// thread issues the boxes; the statistics and row indices still go by the loader's threads).
+// FNA_BWD_TMA=0 / 1 forces the cp.async copies / TMA where bwd_tma_maps can describe the problem.
+inline bool use_bwd_tma() {
+  const char* env = std::getenv("FNA_BWD_TMA");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return true;
+}
+
+// The maps for the neighborhood launch of `p` (its query tile p.tq), or on = 0 where TMA cannot
+// load the tiles: dilation (strided rows) or tensors TMA cannot describe (tma::token_map).
+inline BwdTma bwd_tma_maps(const Params& p) {
+  BwdTma t{};
+  t.on = 0;
+  if (!use_bwd_tma() || p.num_groups != 1) return t;
+  const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                          p.geo.axis[2].length, p.heads};
+  auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
+    out[0] = s.b;
+    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
+    out[4] = s.h;
+  };
+  int64_t sq[5], so[5];
+  strides(p.sq, sq);
+  strides(p.sdo, so);
+  std::string why;
+  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, &why) ||
+      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, &why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
+template <typename T, int kD, int kStgT = 2, bool kTma = false>
+__global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional,
+                                                              const __grid_constant__ BwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90WsTraits<T, kD, kStgT>;
   constexpr int kStg = Tr::kStg;
@@ -147,7 +191,24 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
         const int st = int(it % kStages);
         if (it >= kStages) mbar::wait(empty(st), uint32_t((it / kStages) - 1) & 1u);
         auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
-        load_q_rows<E, kQ, Tr::kLoaderThreads, kChunks, decltype(sw), true>(
+        if constexpr (kTma) {
+          // Q and dO by TMA: their bytes complete the stage's "full" phase along with the
+          // loader threads' arrives (below).
+          if (tid == 0) {
+            tma::expect_tx(full(st), 2 * Tr::kQBytes);
+            const uint32_t dq = base + Tr::kOffQ + st * Tr::kQBytes;
+            const uint32_t dO = base + Tr::kOffO + st * Tr::kQBytes;
+            int cq[4], co[4];
+            tma::box_coords(tm.q, b, w.q0, w.h, cq);
+            tma::box_coords(tm.o, b, w.q0, w.h, co);
+#pragma unroll
+            for (int c = 0; c < kD / 64; ++c) {
+              tma::load_box(dq + c * kQ * 128, tm.q, 64 * c, cq, full(st));
+              tma::load_box(dO + c * kQ * 128, tm.o, 64 * c, co, full(st));
+            }
+          }
+        }
+        load_q_rows<E, kQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
             p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + st * Tr::kQBytes,
             smem + Tr::kOffO + st * Tr::kQBytes, s_stat + st * kQ, s_tok + st * kQ, s_full + st,
             sw);

@@ -103,8 +103,10 @@ __device__ __forceinline__ bool qtile_full(const Params& p, const Group& G, bool
 // row's flat index (b * tokens + token) * heads + h, or -1 for no query, into `tok`, and
 // qtile_full into `full`.
 // kFast: rows that are whole (16-byte aligned, D and D_v equal to the padded head dim) take an
-// unrolled copy loop without per-chunk tests.
-template <typename E, int kRows, int kThreads, int kChunks, class Sw, bool kFast = false>
+// unrolled copy loop without per-chunk tests. kCopy = false: everything but the Q and dO rows
+// (which the caller loads by TMA).
+template <typename E, int kRows, int kThreads, int kChunks, class Sw, bool kFast = false,
+          bool kCopy = true>
 __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, bool additional,
                                             int b, const int* kv0, const QWalk& w,
                                             const uint32_t* s_qoff, unsigned char* sQ,
@@ -125,7 +127,8 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
     const E* q = valid ? gQ + tok_offset(p.sq, b, x, w.h) : nullptr;
     const E* o = valid ? gdO + tok_offset(p.sdo, b, x, w.h) : nullptr;
     constexpr int kPer = 16 / int(sizeof(E));
-    if (whole) {
+    if (!kCopy) {
+    } else if (whole) {
       static_assert(kChunks % kTPR == 0, "whole passes");
 #pragma unroll
       for (int i = 0; i < kChunks / kTPR; ++i) {

@@ -20,6 +20,7 @@
 
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/runtime.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/fwd_common.cuh"
 
@@ -320,6 +321,47 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 // K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws), one
 // CTA per query tile, or persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles,
 // so the next tile's Q and first key tiles load while the current one finishes.
+// TMA maps of the warp-specialized forward's Q, K and V (on = 0: cp.async copies instead).
+struct FwdTma {
+  tma::TokenMap q, k, v;
+  int on;
+};
+
+// Whether the warp-specialized forward loads its tiles by TMA (one loader thread issues each
+// tile's boxes; fwd_tma_maps) for rank `rank`: for 3-D tiles, where it measured 1.09-1.13x on
+// 3d-video's forward (the per-thread copies' loader spills there), and not for 2-D ones (0.94-0.98x
+// on 2d-large; H100, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_TMA=0 / 1 forces the cp.async copies
+// / TMA wherever fwd_tma_maps can describe the problem.
+inline bool use_fwd_tma(int rank) {
+  const char* env = std::getenv("FNA_FWD_TMA");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return rank == 3;
+}
+
+// The maps for a problem of `p` with query / key tiles of `qext` / `kvext` rows per axis, or
+// on = 0 when TMA cannot load its tiles: dilation (strided rows), additional keys (their own
+// tensors), or tensors TMA cannot describe (tma::token_map).
+inline FwdTma fwd_tma_maps(const FwdParams& p, int rank, const int (&qext)[kAxes],
+                           const int (&kvext)[kAxes]) {
+  FwdTma t{};
+  t.on = 0;
+  if (!use_fwd_tma(rank) || p.groups != 1 || p.num_add > 0) return t;
+  std::string why;
+  const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads};
+  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
+  const int64_t(&sq)[5] = p.q_stride;
+  const int64_t(&sk)[5] = p.k_stride;
+  const int64_t(&sv)[5] = p.v_stride;
+  if (!tma::token_map(&t.q, p.q, p.dim, lq, sq, qext, &why) ||
+      !tma::token_map(&t.k, p.k, p.dim, lk, sk, kvext, &why) ||
+      !tma::token_map(&t.v, p.v, p.dim_v, lk, sv, kvext, &why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
@@ -339,9 +381,10 @@ struct Sm90WsTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <class T, int kD, int kRank, class QT, class KT>
+template <class T, int kD, int kRank, class QT, class KT, bool kTma = false>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
-    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter) {
+    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter,
+                           const __grid_constant__ FwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Ws = Sm90WsTraits<Tr>;
@@ -362,12 +405,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t q_empty = q_full + 8u;
   auto tile_full = [&](int slot) { return q_full + 16u + 8u * uint32_t(slot); };
 
+  // With TMA loads (kTma: tm holds the maps) one loader thread arrives on "full" / "Q full" with
+  // the tiles' bytes.
+  constexpr bool use_tma = kTma;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      mbar::init(full(i), 128);            // the loader's threads
-      mbar::init(empty(i), Tr::kThreads);  // the compute threads
+      mbar::init(full(i), use_tma ? 1 : 128);  // the loader's threads
+      mbar::init(empty(i), Tr::kThreads);      // the compute threads
     }
-    mbar::init(q_full, 128);
+    mbar::init(q_full, use_tma ? 1 : 128);
     mbar::init(q_empty, Tr::kThreads);
     mbar::init(tile_full(0), 1);
     mbar::init(tile_full(1), 1);
@@ -388,6 +434,13 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // Loader warpgroup.
     mbar::regs_dec<Ws::kLoaderRegs>();
     const int tid = threadIdx.x - Tr::kThreads;
+    // TMA: the loader's first warp alone walks the tiles (its lane 0 issues the copies).
+    if (use_tma && tid >= 32) return;
+    if (use_tma && tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.q.map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.k.map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.v.map)) : "memory");
+    }
     int g = 0;  // key tiles so far
     for (int j = 0;; ++j) {
       if (j > 0) mbar::wait(q_empty, uint32_t(j - 1) & 1u);
@@ -396,13 +449,31 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
                                                 : (j == 0 ? int(blockIdx.x) : num_ctas);
         mbar::arrive(tile_full(j & 1));
       }
-      asm volatile("bar.sync 1, 128;" ::: "memory");  // the loader's warps: s_tile written
+      if constexpr (use_tma)
+        __syncwarp();
+      else
+        asm volatile("bar.sync 1, 128;" ::: "memory");  // the loader's warps: s_tile written
       const int blk = s_tile[j & 1];
       if (blk >= num_ctas) break;
       FwdTile ft;
       const bool valid = fwd_tile<QT>(p, blk, ft);
-      if (valid) copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
-      mbar::arrive_cp_async(q_full);
+      if constexpr (use_tma) {
+        if (tid == 0) {
+          if (valid) {
+            tma::arrive_expect_tx(q_full, Tr::kQBytes);
+            int cq[4];
+            tma::box_coords(tm.q, ft.b, ft.qo, ft.h, cq);
+#pragma unroll
+            for (int c = 0; c < kD / 64; ++c)
+              tma::load_box(sQ + c * Tr::kQ * 128, tm.q, 64 * c, cq, q_full);
+          } else {
+            mbar::arrive(q_full);
+          }
+        }
+      } else {
+        if (valid) copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
+        mbar::arrive_cp_async(q_full);
+      }
       if (!valid) continue;
       const int hkv = ft.h / p.heads_per_kv;
       const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo);
@@ -415,8 +486,24 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         const int stage = g % kStages;
         if (g >= kStages) mbar::wait(empty(stage), uint32_t((g / kStages) - 1) & 1u);
         const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
-        copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
-        mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
+        if constexpr (use_tma) {
+          // Neighborhood tiles only (tm.on needs num_add == 0).
+          if (tid == 0) {
+            tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
+            int ck[4], cv[4];
+            tma::box_coords(tm.k, ft.b, cur.origin, hkv, ck);
+            tma::box_coords(tm.v, ft.b, cur.origin, hkv, cv);
+#pragma unroll
+            for (int c = 0; c < kD / 64; ++c) {
+              tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, ck, full(stage));
+              tma::load_box(sK + Tr::kTileBytes + c * Tr::kN * 128, tm.v, 64 * c, cv,
+                            full(stage));
+            }
+          }
+        } else {
+          copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
+          mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
+        }
         cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
       }
     }
@@ -574,7 +661,9 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
     if (Tr::kQ == 192 || use_fwd_sm90_ws(kRank)) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-      auto kernel = fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT>;
+      const FwdTma tm = fwd_tma_maps(p, kRank, QT::kExt, KT::kExt);
+      auto kernel = tm.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
+                          : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(Ws::kSmemBytes));
       if (err != cudaSuccess) return err;
@@ -595,7 +684,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
         if (err != cudaSuccess) return err;
       }
       kernel<<<static_cast<unsigned>(grid), Ws::kThreads, Ws::kSmemBytes, stream>>>(
-          p, static_cast<int>(ctas), counter);
+          p, static_cast<int>(ctas), counter, tm);
       return cudaGetLastError();
     }
   }
