@@ -66,9 +66,10 @@ for s in "${steps[@]}"; do
       # The warp-specialized forward's persistent mode (off by default, FNA_SM90_PERSIST=1), on
       # every rank.
       suite fwd gpu_test_persist FNA_SM90_WS=1 FNA_SM90_PERSIST=1
-      # The warp-specialized forward's TMA loads (default at rank 3) and its cp.async copies
-      # (default at rank 2): FNA_FWD_TMA forces each one where the problem allows TMA.
-      for t in 0 1; do suite fwd "gpu_test_tma$t" FNA_SM90_WS=1 "FNA_FWD_TMA=$t"; done ;;
+      # The warp-specialized kernels' cp.async copies where TMA is the default (FNA_FWD_TMA=0,
+      # FNA_BWD_TMA=0), with the forward's warp-specialized kernel on every rank.
+      suite fwd gpu_test_tma0 FNA_SM90_WS=1 FNA_FWD_TMA=0
+      suite bwd gpu_test_bwd_tma0 FNA_BWD_TMA=0 ;;
     sanitize)
       compute-sanitizer --tool memcheck --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
         > "$OUT/sanitize.log" 2>&1

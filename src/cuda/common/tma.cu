@@ -30,7 +30,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }  // namespace
 
 bool token_map(TokenMap* m, const void* base, int64_t dim, const int64_t (&len)[5],
-               const int64_t (&stride)[5], const int (&box)[3], std::string* why) {
+               const int64_t (&stride)[5], const int (&box)[3], const int (&dil)[3],
+               std::string* why) {
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) {
     *why = "base address not 16-byte aligned";
     return false;
@@ -38,7 +39,7 @@ bool token_map(TokenMap* m, const void* base, int64_t dim, const int64_t (&len)[
   cuuint64_t gdim[5] = {cuuint64_t(dim), 1, 1, 1, 1};
   cuuint64_t gstride[4] = {0, 0, 0, 0};
   cuuint32_t bdim[5] = {64, 1, 1, 1, 1};
-  const cuuint32_t estride[5] = {1, 1, 1, 1, 1};
+  cuuint32_t estride[5] = {1, 1, 1, 1, 1};
   for (int i = 0; i < 4; ++i) m->role[i] = kPad;
   // Candidate dims innermost first: head (index 4 of the lifted arrays), axes 2, 1, 0, batch.
   const int src[5] = {4, 3, 2, 1, 0};
@@ -48,7 +49,13 @@ bool token_map(TokenMap* m, const void* base, int64_t dim, const int64_t (&len)[
   for (int c = 0; c < 5; ++c) {
     const int s = src[c];
     const int ext = (s >= 1 && s <= 3) ? box[s - 1] : 1;
+    const int d = (s >= 1 && s <= 3) ? dil[s - 1] : 1;
     if (len[s] == 1 && ext == 1) continue;
+    if (d < 1 || d > 8 || ext < 1 || int64_t(ext) * d > 256) {
+      *why = "box " + std::to_string(ext) + " x dilation " + std::to_string(d) +
+             " (TMA takes element strides up to 8 and boxes up to 256)";
+      return false;
+    }
     if (n == 5) {
       *why = "more than four dims of length > 1 besides the head dim";
       return false;
@@ -60,7 +67,8 @@ bool token_map(TokenMap* m, const void* base, int64_t dim, const int64_t (&len)[
     }
     gdim[n] = cuuint64_t(len[s]);
     gstride[n - 1] = cuuint64_t(bytes);
-    bdim[n] = cuuint32_t(ext);
+    bdim[n] = cuuint32_t(ext * d);  // traversed every d-th element: ext rows land
+    estride[n] = cuuint32_t(d);
     m->role[n - 1] = role[c];
     last_stride = bytes * len[s];
     ++n;

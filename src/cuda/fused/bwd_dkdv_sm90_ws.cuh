@@ -90,8 +90,10 @@ struct BwdTma {
 };
 
 // Whether the warp-specialized dK / dV kernel loads its query tiles' Q and dO by TMA (one loader
-// thread issues the boxes; the statistics and row indices still go by the loader's threads).
-// FNA_BWD_TMA=0 / 1 forces the cp.async copies / TMA where bwd_tma_maps can describe the problem.
+// thread issues the boxes; the statistics and row indices still go by the loader's threads):
+// measured 1.105x / 1.113x / 1.102x forward+backward on 2d-large / 3d-video / 1d-long (H100,
+// tools/gpu/env_ab.py --bwd, 2026-11-24). FNA_BWD_TMA=0 / 1 forces the cp.async copies / TMA
+// where bwd_tma_maps can describe the problem.
 inline bool use_bwd_tma() {
   const char* env = std::getenv("FNA_BWD_TMA");
   if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
@@ -99,11 +101,12 @@ inline bool use_bwd_tma() {
 }
 
 // The maps for the neighborhood launch of `p` (its query tile p.tq), or on = 0 where TMA cannot
-// load the tiles: dilation (strided rows) or tensors TMA cannot describe (tma::token_map).
+// load the tiles: tensors or dilations TMA cannot describe (tma::token_map).
 inline BwdTma bwd_tma_maps(const Params& p) {
   BwdTma t{};
   t.on = 0;
-  if (!use_bwd_tma() || p.num_groups != 1) return t;
+  if (!use_bwd_tma()) return t;
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
   const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                           p.geo.axis[2].length, p.heads};
   auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
@@ -115,8 +118,8 @@ inline BwdTma bwd_tma_maps(const Params& p) {
   strides(p.sq, sq);
   strides(p.sdo, so);
   std::string why;
-  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, &why) ||
-      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, &why))
+  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, dil, &why) ||
+      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, dil, &why))
     return t;
   t.on = 1;
   return t;
@@ -198,9 +201,11 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
             tma::expect_tx(full(st), 2 * Tr::kQBytes);
             const uint32_t dq = base + Tr::kOffQ + st * Tr::kQBytes;
             const uint32_t dO = base + Tr::kOffO + st * Tr::kQBytes;
-            int cq[4], co[4];
-            tma::box_coords(tm.q, b, w.q0, w.h, cq);
-            tma::box_coords(tm.o, b, w.q0, w.h, co);
+            int cq[4], co[4], og[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) og[a] = w.q0[a] * p.geo.axis[a].dilation + G.g[a];
+            tma::box_coords(tm.q, b, og, w.h, cq);
+            tma::box_coords(tm.o, b, og, w.h, co);
 #pragma unroll
             for (int c = 0; c < kD / 64; ++c) {
               tma::load_box(dq + c * kQ * 128, tm.q, 64 * c, cq, full(st));

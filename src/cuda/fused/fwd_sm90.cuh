@@ -328,24 +328,24 @@ struct FwdTma {
 };
 
 // Whether the warp-specialized forward loads its tiles by TMA (one loader thread issues each
-// tile's boxes; fwd_tma_maps) for rank `rank`: for 3-D tiles, where it measured 1.09-1.13x on
-// 3d-video's forward (the per-thread copies' loader spills there), and not for 2-D ones (0.94-0.98x
-// on 2d-large; H100, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_TMA=0 / 1 forces the cp.async copies
-// / TMA wherever fwd_tma_maps can describe the problem.
-inline bool use_fwd_tma(int rank) {
+// tile's boxes; fwd_tma_maps) rather than by the loader warpgroup's cp.async copies: measured
+// 1.13x / 1.15x on 2d-large base / causal0 and 1.09-1.13x on 3d-video (where the copies' loader
+// spills) forward (H100, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_TMA=0 / 1 forces the cp.async
+// copies / TMA wherever fwd_tma_maps can describe the problem.
+inline bool use_fwd_tma() {
   const char* env = std::getenv("FNA_FWD_TMA");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return rank == 3;
+  return !(env != nullptr && env[0] == '0');
 }
 
 // The maps for a problem of `p` with query / key tiles of `qext` / `kvext` rows per axis, or
-// on = 0 when TMA cannot load its tiles: dilation (strided rows), additional keys (their own
-// tensors), or tensors TMA cannot describe (tma::token_map).
-inline FwdTma fwd_tma_maps(const FwdParams& p, int rank, const int (&qext)[kAxes],
+// on = 0 when TMA cannot load its tiles: additional keys (their own tensors), or tensors or
+// dilations TMA cannot describe (tma::token_map).
+inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
                            const int (&kvext)[kAxes]) {
   FwdTma t{};
   t.on = 0;
-  if (!use_fwd_tma(rank) || p.groups != 1 || p.num_add > 0) return t;
+  if (!use_fwd_tma() || p.num_add > 0) return t;
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
   std::string why;
   const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                          p.geo.axis[2].length, p.heads};
@@ -354,9 +354,9 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, int rank, const int (&qext)[kAxes
   const int64_t(&sq)[5] = p.q_stride;
   const int64_t(&sk)[5] = p.k_stride;
   const int64_t(&sv)[5] = p.v_stride;
-  if (!tma::token_map(&t.q, p.q, p.dim, lq, sq, qext, &why) ||
-      !tma::token_map(&t.k, p.k, p.dim, lk, sk, kvext, &why) ||
-      !tma::token_map(&t.v, p.v, p.dim_v, lk, sv, kvext, &why))
+  if (!tma::token_map(&t.q, p.q, p.dim, lq, sq, qext, dil, &why) ||
+      !tma::token_map(&t.k, p.k, p.dim, lk, sk, kvext, dil, &why) ||
+      !tma::token_map(&t.v, p.v, p.dim_v, lk, sv, kvext, dil, &why))
     return t;
   t.on = 1;
   return t;
@@ -461,8 +461,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         if (tid == 0) {
           if (valid) {
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
-            int cq[4];
-            tma::box_coords(tm.q, ft.b, ft.qo, ft.h, cq);
+            int cq[4], og[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.qo[a] * geo.axis[a].dilation + ft.gr.g[a];
+            tma::box_coords(tm.q, ft.b, og, ft.h, cq);
 #pragma unroll
             for (int c = 0; c < kD / 64; ++c)
               tma::load_box(sQ + c * Tr::kQ * 128, tm.q, 64 * c, cq, q_full);
@@ -490,9 +492,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
           // Neighborhood tiles only (tm.on needs num_add == 0).
           if (tid == 0) {
             tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
-            int ck[4], cv[4];
-            tma::box_coords(tm.k, ft.b, cur.origin, hkv, ck);
-            tma::box_coords(tm.v, ft.b, cur.origin, hkv, cv);
+            int ck[4], cv[4], og[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a)
+              og[a] = cur.origin[a] * geo.axis[a].dilation + ft.gr.g[a];
+            tma::box_coords(tm.k, ft.b, og, hkv, ck);
+            tma::box_coords(tm.v, ft.b, og, hkv, cv);
 #pragma unroll
             for (int c = 0; c < kD / 64; ++c) {
               tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, ck, full(stage));
@@ -661,7 +666,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
     if (Tr::kQ == 192 || use_fwd_sm90_ws(kRank)) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-      const FwdTma tm = fwd_tma_maps(p, kRank, QT::kExt, KT::kExt);
+      const FwdTma tm = fwd_tma_maps(p, QT::kExt, KT::kExt);
       auto kernel = tm.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
                           : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
