@@ -20,7 +20,7 @@ namespace tma {
 // Where the coordinate of a map's dim 1 + i comes from.
 enum Role : int8_t { kPad = -1, kHead = 0, kAxis0 = 1, kAxis1 = 2, kAxis2 = 3, kBatch = 4 };
 
-struct alignas(64) TokenMap {
+struct TokenMap {  // CUtensorMap carries its own (128-byte) alignment
   CUtensorMap map;
   int8_t role[4];
 };

@@ -98,7 +98,7 @@
 // 16x4 queries / 4x16 keys (needed pairs 0.391, 6.8 key tiles per query tile, against 0.319 and
 // 8.3) then ran 42.2 and 55.5 against 40.6 and 50.3 for 8x8 / 8x8 in two passes of
 // tools/gpu/fwd_configs.py (commit f93e010), and the heuristic picks it there.
-// The warp-specialized kernel (fwd_sm90.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
+// The warp-specialized kernel (fwd_sm90_ws.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
 // head dim 128 (three K/V stages) ran 237 / 209 / 183 against 361 / 316 / 257 for the 64-key
 // tiles (commit eb06b1a), so those are not listed either. 192-query tiles (three compute
 // warpgroups, warp-specialized only) at rank 3: 3x8x8 / 2x4x8 reads 2/3 of 2x8x8's K / V per query

@@ -42,7 +42,8 @@ cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stre
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
 size_t fwd_smem_bytes();
 
-// The Hopper (wgmma, sm_90a) kernels of fwd_sm90.cuh, built when FNA_WITH_SM90 is defined.
+// The Hopper (wgmma, sm_90a) kernels of fwd_sm90.cuh / fwd_sm90_ws.cuh, built when FNA_WITH_SM90
+// is defined.
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>
