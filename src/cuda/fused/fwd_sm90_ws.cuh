@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
             int cq[4], og[kAxes];
 #pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = ft.qo[a] * geo.axis[a].dilation + ft.gr.g[a];
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, ft.qo[a]);
             tma::box_coords(tm.q, ft.b, og, ft.h, cq);
 #pragma unroll
             for (int c = 0; c < kD / 64; ++c)
@@ -199,8 +199,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
             tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
             int ck[4], cv[4], og[kAxes];
 #pragma unroll
-            for (int a = 0; a < kAxes; ++a)
-              og[a] = cur.origin[a] * geo.axis[a].dilation + ft.gr.g[a];
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, cur.origin[a]);
             tma::box_coords(tm.k, ft.b, og, hkv, ck);
             tma::box_coords(tm.v, ft.b, og, hkv, cv);
 #pragma unroll
