@@ -1,7 +1,11 @@
 """Every CUDA kernel one cuda-fused call of a standard problem launches, with its device time
-(torch.profiler), so that time outside the attention kernel shows up:
+(torch.profiler), so that time outside the attention kernel shows up; then the call's wall time
+(CUDA events, no profiler: --reps calls back to back, and the median of --reps calls each
+synchronized after, as the benchmark times), so that gaps between the kernels show up too:
 
     python3 tools/gpu/kernel_times.py 2d-nat [--bwd] [--reps 10]
+
+With --bwd the call is the benchmark's forward+backward step (`out.backward(dO)`, random dO).
 """
 import argparse
 import os
@@ -23,12 +27,14 @@ g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
            .requires_grad_(args.bwd) for _ in range(3))
 fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
+d_out = torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
 
 
 def call():
     out = fn(q, k, v, kernel, backend="cuda-fused")
     if args.bwd:
-        out.sum().backward()
+        q.grad = k.grad = v.grad = None
+        out.backward(d_out)
 
 
 for _ in range(3):
@@ -52,3 +58,22 @@ print(f"{args.problem} ({'forward+backward' if args.bwd else 'forward'}), per ca
 for t, n, name in rows:
     print(f"{t / 1000:9.3f} ms  {n:5.1f}x  {100 * t / total:5.1f}%  {name[:110]}")
 print(f"{total / 1000:9.3f} ms  total device time")
+start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+for rnd in range(3):
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(args.reps):
+        call()
+    stop.record()
+    torch.cuda.synchronize()
+    back_to_back = start.elapsed_time(stop) / args.reps
+    each = []
+    for _ in range(args.reps):  # as the benchmark times: synchronized after every call
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        each.append(start.elapsed_time(stop))
+    each.sort()
+    print(f"round {rnd + 1}: wall per call {back_to_back:.3f} ms back to back, "
+          f"{each[len(each) // 2]:.3f} ms median synchronized after each call")

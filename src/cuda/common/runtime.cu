@@ -1,5 +1,6 @@
 #include "cuda/common/runtime.cuh"
 
+#include <atomic>
 #include <string>
 
 namespace fna {
@@ -102,6 +103,20 @@ size_t cuda_free_memory() {
     return 0;
   }
   return free_b;
+}
+
+int cuda_sm_count(int device_index) {
+  static std::atomic<int> cache[64];  // 0: not asked yet
+  const bool cached = device_index >= 0 && device_index < 64;
+  if (cached && cache[device_index].load(std::memory_order_relaxed) > 0)
+    return cache[device_index].load(std::memory_order_relaxed);
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;  // an H100's count: only tile-walk heuristics ask
+  }
+  if (cached) cache[device_index].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 }  // namespace detail

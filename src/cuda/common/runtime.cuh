@@ -70,5 +70,8 @@ class Workspace {
 // Free device memory on the current device (bytes), for sizing workspaces; 0 when unknown.
 size_t cuda_free_memory();
 
+// Streaming multiprocessors of a device (cached), for heuristics; 132 when it cannot be asked.
+int cuda_sm_count(int device_index);
+
 }  // namespace detail
 }  // namespace fna

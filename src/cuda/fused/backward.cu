@@ -236,6 +236,14 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, co
   }
 }
 
+// The order in which the CTAs take the owned tiles (tiling.cuh walk_order), with one CTA per SM
+// resident (the dK / dV kernels' shared memory).
+void set_walk(Params* p, bool own_kv, int resident) {
+  int order[kAxes];
+  fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, "FNA_BWD_WALK", order);
+  fused::walk_divisors(p->tiles, order, p->tdiv);
+}
+
 // ---- backward configurations (Options::backward_config, fna::fused_backward_configs) ----------
 // The kernels' row counts are fixed per (dtype, padded head dim) (BwdShape, bwd_launch.cuh); a
 // configuration fixes how those rows spread over the axes, for both kernels: the dK/dV kernel's
@@ -337,6 +345,9 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   if (deterministic)
     set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, cfg ? cfg->dq_q : nullptr,
               cfg ? cfg->dq_kv : nullptr, &n_dq);
+  const int sms = detail::cuda_sm_count(opt.device_index);
+  set_walk(&p_dkdv, true, sms);
+  if (deterministic) set_walk(&p_dq, false, sms);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)

@@ -66,10 +66,9 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
     hkv = y % p.heads_kv;
     b = y / p.heads_kv;
     G = Group::of(p.geo, group);
-    int x = blockIdx.x;
-    for (int a = kAxes - 1; a >= 0; --a) {
-      kv0[a] = (x % p.tiles[a]) * p.tkv[a];
-      x /= p.tiles[a];
+    const int x = blockIdx.x;
+    for (int a = 0; a < kAxes; ++a) {
+      kv0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tkv[a];
       if (kv0[a] >= G.len[a]) return false;  // this group is shorter than group 0 on this axis
     }
   } else {

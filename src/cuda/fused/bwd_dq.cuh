@@ -53,10 +53,9 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   const Group G = Group::of(p.geo, group);
   int q0[kAxes];
   {
-    int x = blockIdx.x;
-    for (int a = kAxes - 1; a >= 0; --a) {
-      q0[a] = (x % p.tiles[a]) * p.tq[a];
-      x /= p.tiles[a];
+    const int x = blockIdx.x;
+    for (int a = 0; a < kAxes; ++a) {
+      q0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tq[a];
       if (q0[a] >= G.len[a]) return;
     }
   }

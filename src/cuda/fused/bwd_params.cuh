@@ -32,6 +32,7 @@ struct Params {
   int tq[kAxes];         // query tile shape, prod = the kernel's query tile size
   int tkv[kAxes];        // key/value tile shape, prod = the kernel's key tile size
   int tiles[kAxes];      // tiles per axis of the owned tensor over the largest group (group 0)
+  int tdiv[kAxes];       // the owned tiles' walk (tiling.cuh walk_divisors)
   int batch, heads, heads_kv, heads_per_kv, dim, dim_v, num_add;
   int64_t tokens;
 

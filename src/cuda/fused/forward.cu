@@ -455,6 +455,11 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     fp.q_tiles[ax] = fused::tiles_over(geo.max_group_length(ax), cfg->q[ax]);
     fp.q_tiles_total *= fp.q_tiles[ax];
   }
+  {  // the order in which CTAs take query tiles (tiling.cuh walk_order), one CTA per SM resident
+    int order[kAxes];
+    fused::walk_order(geo, cfg->q, cuda_sm_count(opt.device_index), "FNA_FWD_WALK", order);
+    fused::walk_divisors(fp.q_tiles, order, fp.q_div);
+  }
   fp.scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);
 
   DeviceGuard guard;

@@ -339,12 +339,8 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
   ft.h = flat % p.heads;
   ft.b = flat / p.heads;
   ft.gr = Group::of(p.geo, grp);
-  int t = tile;
 #pragma unroll
-  for (int ax = kAxes - 1; ax >= 0; --ax) {
-    ft.qo[ax] = (t % p.q_tiles[ax]) * QT::ext(ax);
-    t /= p.q_tiles[ax];
-  }
+  for (int ax = 0; ax < kAxes; ++ax) ft.qo[ax] = (tile / p.q_div[ax] % p.q_tiles[ax]) * QT::ext(ax);
   bool in = true;
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.gr.len[ax];

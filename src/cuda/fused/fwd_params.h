@@ -29,6 +29,7 @@ struct FwdParams {
   int groups;          // number of dilation groups (product of dilations)
   int q_tiles[kAxes];  // query tiles per axis over the largest group
   int q_tiles_total;
+  int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
 };
 

@@ -9,6 +9,11 @@
 // inverse_tile_union.
 #pragma once
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
 #include "core/neighborhood.h"
 
 namespace fna {
@@ -178,6 +183,82 @@ inline double axis_tile_pairs(const nbr::Axis& a, int own, int other, bool own_k
     }
   }
   return n;
+}
+
+// ---- the tile walk -------------------------------------------------------------------------
+// The order in which a kernel's CTAs take their tiles within one (batch, head, dilation group):
+// tile t lies at (t / div[ax]) % count[ax] on each axis. `order` lists the axes fastest first.
+// The CTAs resident at one time are a run of consecutive tiles, and what they read from the other
+// tensor (K / V in the forward, Q / dO / dQ in the dK / dV kernel) is the union of their tiles'
+// haloes: a run that is compact in units of the halo keeps that union in L2. With windows that
+// cover much of an axis (3d-video: 18 of 30 frames, 24 of 48 rows, 24 of 80 columns), walking the
+// last axis fastest spreads a run over whole frames, so its haloes reach across most of the
+// tensor; walking the axes whose windows cover the most of them fastest keeps the run's haloes
+// inside a band of the last axis instead.
+inline void walk_divisors(const int (&count)[kAxes], const int (&order)[kAxes], int (&div)[kAxes]) {
+  int d = 1;
+  for (int i = 0; i < kAxes; ++i) {
+    div[order[i]] = d;
+    d *= count[order[i]];
+  }
+}
+
+// Tokens of the other tensor that `resident` consecutive tiles reach, walked in `order`, by the
+// box model: the run covers min(count, ceil(resident / tiles of the faster axes)) tiles per axis,
+// and its halo reaches kernel - 1 further (local coordinates), within the axis.
+inline double walk_footprint(const Geometry& geo, const int (&ext)[kAxes], int resident,
+                             const int (&order)[kAxes]) {
+  double fp = 1;
+  long faster = 1;
+  for (int i = 0; i < kAxes; ++i) {
+    const nbr::Axis& a = geo.axis[order[i]];
+    const int len = geo.max_group_length(order[i]);
+    const long count = tiles_over(len, ext[order[i]]);
+    const long run = std::min<long>(count, (resident + faster - 1) / faster);
+    fp *= double(std::min<long>(len, run * ext[order[i]] + a.kernel - 1));
+    faster *= count;
+  }
+  return fp;
+}
+
+// The walk for tiles of extent `ext` with `resident` CTAs running at once (the SM count): the
+// default (2, 1, 0), last (contiguous) axis fastest, unless another order's footprint is under
+// 90% of the default's; then the smallest footprint, ties to the order that runs the axes with
+// the largest (kernel - 1) / length fastest. `FNA_FWD_WALK` / `FNA_BWD_WALK` (three digits, fastest
+// first, e.g. 012) override it for A/B runs (env_var null: no override).
+inline void walk_order(const Geometry& geo, const int (&ext)[kAxes], int resident,
+                       const char* env_var, int (&order)[kAxes]) {
+  order[0] = 2, order[1] = 1, order[2] = 0;
+  if (const char* e = env_var ? std::getenv(env_var) : nullptr) {
+    int o[kAxes], seen = 0;  // a permutation of 0, 1, 2 sets `seen` to 7
+    for (int i = 0; i < kAxes && std::strlen(e) == kAxes; ++i) {
+      o[i] = e[i] - '0';
+      seen |= o[i] >= 0 && o[i] < kAxes ? 1 << o[i] : 8;
+    }
+    if (seen == 7) {
+      for (int i = 0; i < kAxes; ++i) order[i] = o[i];
+      return;
+    }
+  }
+  const double base = walk_footprint(geo, ext, resident, order);
+  // Candidates: the permutations, the one sorted by coverage (stable from the default) first.
+  int by_cov[kAxes] = {2, 1, 0};
+  auto cov = [&](int ax) {
+    return double(geo.axis[ax].kernel - 1) / double(geo.max_group_length(ax));
+  };
+  for (int i = 1; i < kAxes; ++i)
+    for (int j = i; j > 0 && cov(by_cov[j]) > cov(by_cov[j - 1]); --j)
+      std::swap(by_cov[j], by_cov[j - 1]);
+  int cands[7][kAxes] = {{by_cov[0], by_cov[1], by_cov[2]}, {0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                         {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+  double best = base;
+  for (auto& c : cands) best = std::min(best, walk_footprint(geo, ext, resident, c));
+  if (best >= 0.9 * base) return;
+  for (auto& c : cands)
+    if (walk_footprint(geo, ext, resident, c) <= best * 1.001) {
+      for (int i = 0; i < kAxes; ++i) order[i] = c[i];
+      return;
+    }
 }
 
 // Host-side tiling statistics over the whole problem (all groups and query tiles): key tiles
