@@ -196,14 +196,16 @@ def run_case(case, args, backends):
                 plan = fna.fused_plan((B, *shape, H, D), case["kernel"], stride=case["stride"],
                                       dilation=case["dilation"], is_causal=case["causal"],
                                       dtype=dt, allow_tf32=bool(tf32))
+                walk = "".join(str(e) for e in plan.get("walk", []))
                 r["tiling"] = (f"tiles: needed pairs {plan['needed_fraction']:.3f}, unmasked "
-                               f"{plan['unmasked_fraction']:.3f} ({plan['config']})")
+                               f"{plan['unmasked_fraction']:.3f} ({plan['config']}, walk {walk})")
                 if plan["backward_kv_tile"] and not args.no_bwd:
                     shape_of = lambda t: "x".join(str(e) for e in t)  # noqa: E731
+                    bwalk = "".join(str(e) for e in plan.get("backward_walk", []))
                     r["tiling"] += (f"; backward needed pairs "
                                     f"{plan['backward_needed_fraction']:.3f} (kv "
                                     f"{shape_of(plan['backward_kv_tile'])}, q "
-                                    f"{shape_of(plan['backward_q_tile'])})")
+                                    f"{shape_of(plan['backward_q_tile'])}, walk {bwalk})")
             except Exception as exc:  # noqa: BLE001 - the timing stands without it
                 r["tiling"] = f"fused_plan failed: {exc}"
         results.append(r)

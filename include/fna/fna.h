@@ -178,6 +178,9 @@ struct FusedPlan {
   std::vector<int> backward_kv_tile, backward_q_tile;
   double backward_visited_tiles = 0;
   double backward_needed_fraction = 0;
+  // The order in which the CTAs take their tiles (the forward's query tiles, the dK / dV kernel's
+  // key tiles): the problem's axes, fastest first; chosen for L2 reuse of the tiles' haloes.
+  std::vector<int> walk, backward_walk;
 };
 // Needs a CUDA device (the heuristic reads its shared-memory size); `unsupported` where the fused
 // forward would answer so; not_compiled without the fused backend.

@@ -72,7 +72,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     ``needed_fraction`` (needed score pairs over computed ones: the tiling efficiency), and for
     the backward's dK / dV kernel ``backward_kv_tile`` / ``backward_q_tile`` (its key tile and
     the query tiles it visits, per axis; empty when the fused backward does not take the problem),
-    ``backward_visited_tiles`` and ``backward_needed_fraction``. Needs a
+    ``backward_visited_tiles`` and ``backward_needed_fraction``; ``walk`` / ``backward_walk``:
+    the spatial axes in the order the forward's / dK / dV kernel's CTAs take their tiles,
+    fastest first (chosen so that the tiles running at once share their haloes in L2). Needs a
     CUDA device (the choice depends on its shared memory).
     """
     from . import _args

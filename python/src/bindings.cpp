@@ -540,6 +540,11 @@ NB_MODULE(_C, m) {
     d["backward_q_tile"] = bq;
     d["backward_visited_tiles"] = plan.backward_visited_tiles;
     d["backward_needed_fraction"] = plan.backward_needed_fraction;
+    nb::list walk, bwalk;
+    for (int e : plan.walk) walk.append(e);
+    for (int e : plan.backward_walk) bwalk.append(e);
+    d["walk"] = walk;
+    d["backward_walk"] = bwalk;
     return d;
   }, nb::arg("query_shape"), nb::arg("dtype"), nb::kw_only(), nb::arg("kernel_size"),
      nb::arg("stride"), nb::arg("dilation"), nb::arg("is_causal"), nb::arg("heads_kv") = 0,

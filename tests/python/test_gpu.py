@@ -364,6 +364,37 @@ def test_fused_plan_tiling(case):
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_walk(monkeypatch):
+    """fna.fused_plan's tile walks: a permutation of the spatial axes, fastest first; 3d-video's
+    windows (18x24x24 on 30x48x80) cover most of axes 0 and 1, so both kernels walk 0, 1, 2 on a
+    GPU with H100-like SM counts, while 2d-large's square windows keep the default (last axis
+    fastest); FNA_FWD_WALK / FNA_BWD_WALK override the walk and an invalid value does not."""
+    import torch
+    monkeypatch.delenv("FNA_FWD_WALK", raising=False)
+    monkeypatch.delenv("FNA_BWD_WALK", raising=False)
+    video = ((1, 30, 48, 80, 2, 128), (18, 24, 24))
+    large = ((1, 256, 256, 2, 128), (63, 63))
+    for shape, ks in (video, large, ((1, 300, 4, 32), (33,))):
+        plan = fna.fused_plan(shape, ks, dtype="bfloat16")
+        rank = len(ks)
+        assert sorted(plan["walk"]) == list(range(rank))
+        assert sorted(plan["backward_walk"]) == list(range(rank))
+    assert fna.fused_plan(*large, dtype="bfloat16")["walk"] == [1, 0]
+    assert fna.fused_plan(*large, dtype="bfloat16")["backward_walk"] == [1, 0]
+    if torch.cuda.get_device_properties(0).multi_processor_count < 100:
+        pytest.skip("the 3d-video walk is checked on GPUs with >= 100 SMs (the run of resident "
+                    "tiles the heuristic models)")
+    plan = fna.fused_plan(*video, dtype="bfloat16")
+    assert plan["walk"] == [0, 1, 2] and plan["backward_walk"] == [0, 1, 2]
+    monkeypatch.setenv("FNA_FWD_WALK", "102")
+    monkeypatch.setenv("FNA_BWD_WALK", "201")
+    plan = fna.fused_plan(*video, dtype="bfloat16")
+    assert plan["walk"] == [1, 0, 2] and plan["backward_walk"] == [2, 0, 1]
+    monkeypatch.setenv("FNA_FWD_WALK", "110")
+    assert fna.fused_plan(*video, dtype="bfloat16")["walk"] == [0, 1, 2]
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_cuda_fused_backward_of_sum():
     """out.sum().backward() hands the op an expanded gradient (stride 0 on every dim): the fused
     backward must still run (not fail, not fall back) and match the gradient of a dense d_out."""

@@ -238,8 +238,7 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, co
 
 // The order in which the CTAs take the owned tiles (tiling.cuh walk_order), with one CTA per SM
 // resident (the dK / dV kernels' shared memory).
-void set_walk(Params* p, bool own_kv, int resident) {
-  int order[kAxes];
+void set_walk(Params* p, bool own_kv, int resident, int (&order)[kAxes]) {
   fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, "FNA_BWD_WALK", order);
   fused::walk_divisors(p->tiles, order, p->tdiv);
 }
@@ -346,8 +345,9 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
     set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, cfg ? cfg->dq_q : nullptr,
               cfg ? cfg->dq_kv : nullptr, &n_dq);
   const int sms = detail::cuda_sm_count(opt.device_index);
-  set_walk(&p_dkdv, true, sms);
-  if (deterministic) set_walk(&p_dq, false, sms);
+  int order[kAxes];
+  set_walk(&p_dkdv, true, sms, order);
+  if (deterministic) set_walk(&p_dq, false, sms, order);
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
@@ -504,6 +504,9 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan
   plan->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
   const double computed = visited * double(tr.dkdv_keys) * double(tr.dkdv_queries);
   plan->backward_needed_fraction = computed > 0 ? fused::needed_pairs(p.geo) / computed : 0.0;
+  int order[kAxes];
+  set_walk(&p, true, detail::cuda_sm_count(opt.device_index), order);
+  plan->backward_walk = fused::walk_axes(pr.rank, order);
   return Status::Ok();
 }
 

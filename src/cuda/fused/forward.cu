@@ -373,10 +373,14 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
     computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
   }
   plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
+  int order[kAxes];
+  fused::walk_order(geo, cfg->q, cuda_sm_count(opt.device_index), "FNA_FWD_WALK", order);
+  plan->walk = fused::walk_axes(p.rank, order);
   // The backward's dK / dV tiles; a problem the fused backward does not take leaves them empty.
   if (!cuda_fused_backward_plan(p, opt, plan).ok()) {
     plan->backward_kv_tile.clear();
     plan->backward_q_tile.clear();
+    plan->backward_walk.clear();
     plan->backward_visited_tiles = plan->backward_needed_fraction = 0;
   }
   return Status::Ok();

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/neighborhood.h"
 
@@ -259,6 +260,15 @@ inline void walk_order(const Geometry& geo, const int (&ext)[kAxes], int residen
       for (int i = 0; i < kAxes; ++i) order[i] = c[i];
       return;
     }
+}
+
+// A walk order over the problem's `rank` axes (axis 0 the first spatial axis), fastest first: the
+// lifted leading axes, one tile each, are left out.
+inline std::vector<int> walk_axes(int rank, const int (&order)[kAxes]) {
+  std::vector<int> out;
+  for (int i = 0; i < kAxes; ++i)
+    if (order[i] >= kAxes - rank) out.push_back(order[i] - (kAxes - rank));
+  return out;
 }
 
 // Host-side tiling statistics over the whole problem (all groups and query tiles): key tiles
