@@ -4,7 +4,9 @@ For each standard problem of SPEC.md section 3 (and its dilation / causal / fp16
 times, forward and forward+backward: every fna CUDA backend, PyTorch SDPA (flash and cuDNN, dense
 self attention) and FlexAttention with a neighborhood mask_mod (compiled). FlexAttention's output
 is checked against fna's on every problem, so both compute the same function. Prints effective
-TFLOP/s, speed relative to each peer and peak memory; writes results.json and results.md.
+TFLOP/s, speed relative to each peer and peak memory; writes results.json and results.md. First
+it measures the device copy bandwidth and prints each problem's time for one pass over Q, K, V
+and O at it (the yardstick of the memory-bound 2d-nat target).
 
     python3 bench/gpu_bench.py [--quick] [--problems 2d-large,3d-video] [--variants base,dil2]
 """
@@ -259,6 +261,31 @@ def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def copy_bandwidth(mib=2048, reps=10):
+    """Device copy bandwidth in bytes/s (read + write counted): the median of `reps` copies of a
+    `mib` MiB buffer into another, the yardstick of issue 4's memory-bound 2d-nat target."""
+    a = torch.randn(mib * 2**20 // 2, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    ms, _ = timed(lambda: b.copy_(a), reps, 3)
+    bw = 2.0 * a.numel() * a.element_size() / (ms * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def one_pass_lines(problems, bw):
+    """Per problem, the time to read Q, K, V and write O once at bandwidth `bw` (bf16), and 2.5x
+    that (issue 4's bound for 2d-nat)."""
+    lines = []
+    for p in problems:
+        B, H, shape, D, _ = PROBLEMS[p]
+        nbytes = 4 * B * H * math.prod(shape) * D * 2
+        t = nbytes / bw * 1e3
+        lines.append(f"- {p}: Q, K, V, O = {nbytes / 1e6:.0f} MB, one pass {t:.3f} ms, "
+                     f"2.5x = {2.5 * t:.3f} ms")
+    return lines
+
+
 def table(all_runs):
     lines = ["| problem | variant | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms | f+b TFLOP/s | "
              "fna speedup (fwd / f+b) | peak MB (f+b) | note |",
@@ -320,6 +347,11 @@ def main():
             sys.exit(f"gpu_bench: --variants entry {v!r} is not one of {', '.join(VARIANTS)}")
     dev = torch.cuda.get_device_name()
     log(f"device: {dev}, torch {torch.__version__}, fna backends: {', '.join(backends)}")
+    bw = copy_bandwidth()
+    passes = [f"device copy bandwidth (2 GiB buffer, read + write): {bw / 1e12:.3f} TB/s"]
+    passes += one_pass_lines(problems, bw)
+    for line in passes:
+        log(line)
     runs = []
     total = len(problems) * len(variants)
     t0 = time.time()
@@ -339,9 +371,12 @@ def main():
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(dict(device=dev, torch=torch.__version__, runs=runs), f, indent=1, default=str)
         with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(f"device: {dev}, torch {torch.__version__}\n\n{md}\n")
+            f.write(f"device: {dev}, torch {torch.__version__}\n\n{md}\n\n" + "\n".join(passes)
+                    + "\n")
     print()
     print(table(runs))
+    print()
+    print("\n".join(passes))
 
 
 if __name__ == "__main__":
