@@ -174,6 +174,13 @@ double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
          double(e.kv_size());
 }
 
+// The order in which the CTAs take query tiles (tiling.cuh walk_order), with one CTA per SM
+// resident (the warp-specialized kernels'; the smaller ones fit several).
+void fwd_walk(const fused::Geometry& geo, const FwdEntry& e, const Options& opt,
+              int (&order)[kAxes]) {
+  fused::walk_order(geo, e.q, cuda_sm_count(opt.device_index), "FNA_FWD_WALK", order);
+}
+
 // Pairs a tiled configuration multiplies per (batch, head): visited key tiles x tile sizes.
 double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
   return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
@@ -374,7 +381,7 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
   }
   plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
   int order[kAxes];
-  fused::walk_order(geo, cfg->q, cuda_sm_count(opt.device_index), "FNA_FWD_WALK", order);
+  fwd_walk(geo, *cfg, opt, order);
   plan->walk = fused::walk_axes(p.rank, order);
   // The backward's dK / dV tiles; a problem the fused backward does not take leaves them empty.
   if (!cuda_fused_backward_plan(p, opt, plan).ok()) {
@@ -459,9 +466,9 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     fp.q_tiles[ax] = fused::tiles_over(geo.max_group_length(ax), cfg->q[ax]);
     fp.q_tiles_total *= fp.q_tiles[ax];
   }
-  {  // the order in which CTAs take query tiles (tiling.cuh walk_order), one CTA per SM resident
+  {
     int order[kAxes];
-    fused::walk_order(geo, cfg->q, cuda_sm_count(opt.device_index), "FNA_FWD_WALK", order);
+    fwd_walk(geo, *cfg, opt, order);
     fused::walk_divisors(fp.q_tiles, order, fp.q_div);
   }
   fp.scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);

@@ -321,8 +321,9 @@ __device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
 }
 
 // The CTA's place in the launch: batch, head, dilation group and query-tile origin (local
-// coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices so
-// neighbors share K/V in L2. False when the tile starts past a shorter group's end.
+// coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices,
+// walked in the order of p.q_div (tiling.cuh walk_order), so neighbors share K/V in L2. False when
+// the tile starts past a shorter group's end.
 struct FwdTile {
   int b, h;
   Group gr;
@@ -340,7 +341,8 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
   ft.b = flat / p.heads;
   ft.gr = Group::of(p.geo, grp);
 #pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax) ft.qo[ax] = (tile / p.q_div[ax] % p.q_tiles[ax]) * QT::ext(ax);
+  for (int ax = 0; ax < kAxes; ++ax)
+    ft.qo[ax] = (tile / p.q_div[ax] % p.q_tiles[ax]) * QT::ext(ax);
   bool in = true;
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.gr.len[ax];
