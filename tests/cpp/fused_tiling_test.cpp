@@ -9,6 +9,9 @@
 //   - box_plan (the box forward's limits, halo sizes and pair counts, fwd_box.h): every 4x4 box's
 //     keys, from the SPEC relation, lie in the 16-column x 4-row-chunk region the kernel walks and
 //     in its CTA's halo, and the counts add up;
+//   - strip_plan (the strip forward's ring, segments and copied rows, fwd_strip.h): the widest
+//     16-column strip halo, the ring it affords, the refusal when a box's union does not fit it,
+//     segments that tile the rows, and the halo rows copied, from the SPEC relation;
 //   - axis_tile_pairs, the per-axis tile pairs behind the backward's tile choice and fused_plan:
 //     key tiles walking the query tiles laid from their first attending query to their last
 //     (the dK / dV kernel), and query tiles walking the key tiles of their windows' union.
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "cuda/fused/fwd_box.h"
+#include "cuda/fused/fwd_strip.h"
 #include "cuda/fused/tiling.cuh"
 #include "support/problem.h"
 
@@ -334,6 +338,103 @@ TEST(FusedTiling, BoxPlanMatchesBruteForce) {
   }
   EXPECT_GT(accepted, 20);
   EXPECT_GT(refused, 3);
+}
+
+// strip_plan against brute force over the SPEC relation: the ring pitch is the widest union of
+// 16 consecutive columns' windows, the ring rows are what the shared-memory budget affords
+// (even, at most 64), the plan is refused exactly when the box forward's limits refuse the
+// problem or the ring holds fewer than max(16, a box union's rows + 4) rows, the row segments
+// (whole multiples of 4 rows, none empty) cover the axis, and the copied rows add up the
+// segments' unions times the strips' unions over the dilation groups.
+TEST(FusedTiling, StripPlanMatchesBruteForce) {
+  std::mt19937_64 rng(20261125);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int accepted = 0, refused_ring = 0, segmented = 0;
+  for (int c = 0; c < 60; ++c) {
+    int64_t len[2], ker[2], dil[2], str[2];
+    bool cau[2];
+    for (int a = 0; a < 2; ++a) {
+      len[a] = pick(1, 100);
+      dil[a] = pick(1, 3) == 1 ? pick(1, 3) : 1;
+      const int kmax = std::max<int>(1, static_cast<int>(len[a] / dil[a]));
+      ker[a] = pick(1, std::min(kmax, 13));
+      str[a] = pick(1, 3) == 1 ? pick(1, static_cast<int>(ker[a])) : 1;
+      cau[a] = pick(0, 3) == 0;
+    }
+    const Geometry geo = Geometry::lift(2, len, ker, dil, str, cau);
+    // Shared memory: the H100's 227 KB, or a small budget (a ring that may not fit).
+    const int optin = c % 5 == 4 ? pick(40, 140) * 1024 : 232448;
+    const int sms = 132;
+    const double heads = c % 3 == 0 ? 1 : 64;
+    SCOPED_TRACE("case " + std::to_string(c) + " " + describe(geo) + " smem " +
+                 std::to_string(optin) + " heads " + std::to_string(heads));
+    const int q[kAxes] = {1, 4, 16};
+    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64);
+    const fna::fused::StripPlan sp = fna::fused::strip_plan(geo, 64, 2, sms, optin, heads);
+    // Union of the windows of local queries [i0, i1) of group g on axis ax, from the SPEC relation.
+    auto uni = [&](int ax, int g, int lg, int i0, int i1) {
+      const auto& x = geo.axis[ax];
+      int lo = lg, hi = -1;
+      for (int i = i0; i < i1; ++i)
+        for (int j = 0; j < lg; ++j)
+          if (fna_test::spec_is_neighbor(x.length, x.kernel, x.dilation, x.stride, x.causal,
+                                         int64_t(i) * x.dilation + g, int64_t(j) * x.dilation + g)) {
+            lo = std::min(lo, j);
+            hi = std::max(hi, j);
+          }
+      return hi - lo + 1;
+    };
+    auto glen = [&](int ax, int g) {
+      const auto& x = geo.axis[ax];
+      return static_cast<int>((x.length - g + x.dilation - 1) / x.dilation);
+    };
+    int pitch = 1, box_rows = 1, max_len1 = 1;
+    for (int g = 0; g < geo.axis[2].dilation; ++g)
+      for (int c0 = 0; c0 < glen(2, g); c0 += 16)
+        pitch = std::max(pitch, uni(2, g, glen(2, g), c0, std::min(c0 + 16, glen(2, g))));
+    for (int g = 0; g < geo.axis[1].dilation; ++g) {
+      max_len1 = std::max(max_len1, glen(1, g));
+      for (int r0 = 0; r0 < glen(1, g); r0 += 4)
+        box_rows = std::max(box_rows, uni(1, g, glen(1, g), r0, std::min(r0 + 4, glen(1, g))));
+    }
+    if (!bp.ok) {
+      ASSERT_FALSE(sp.ok);
+      EXPECT_EQ(sp.why, bp.why);
+      continue;
+    }
+    const int ring = std::min(optin / (2 * pitch * 128), 64) / 2 * 2;
+    if (ring < std::max(16, box_rows + 4)) {
+      ASSERT_FALSE(sp.ok) << "ring " << ring;
+      EXPECT_NE(sp.why.find("shared memory"), std::string::npos) << sp.why;
+      ++refused_ring;
+      continue;
+    }
+    ASSERT_TRUE(sp.ok) << sp.why;
+    ++accepted;
+    EXPECT_EQ(sp.sp.pitch, pitch);
+    EXPECT_EQ(sp.sp.ring_rows, ring);
+    EXPECT_EQ(sp.smem, size_t(ring) * 2 * pitch * 128);
+    EXPECT_LE(sp.smem, size_t(optin));
+    const int seg = sp.sp.seg_rows;
+    ASSERT_GT(seg, 0);
+    EXPECT_EQ(seg % 4, 0);
+    EXPECT_GE(int64_t(sp.sp.segs) * seg, max_len1);
+    EXPECT_LT(int64_t(sp.sp.segs - 1) * seg, max_len1);
+    if (sp.sp.segs > 1) ++segmented;
+    double loaded = 0;
+    for (int g1 = 0; g1 < geo.axis[1].dilation; ++g1)
+      for (int r0 = 0; r0 < glen(1, g1); r0 += seg) {
+        const int rows = uni(1, g1, glen(1, g1), r0, std::min(r0 + seg, glen(1, g1)));
+        for (int g2 = 0; g2 < geo.axis[2].dilation; ++g2)
+          for (int c0 = 0; c0 < glen(2, g2); c0 += 16)
+            loaded += double(rows) * uni(2, g2, glen(2, g2), c0, std::min(c0 + 16, glen(2, g2)));
+      }
+    EXPECT_EQ(sp.loaded, loaded);
+    EXPECT_EQ(sp.box.computed, bp.computed);
+  }
+  EXPECT_GT(accepted, 15);
+  EXPECT_GT(refused_ring, 1);
+  EXPECT_GT(segmented, 3);
 }
 
 }  // namespace

@@ -438,29 +438,34 @@ int main(int argc, char** argv) {
       rc.config.clear();
       rc.allow_tf32 = false;
     }
-    // The box forward (rank 2, 16-bit, head dims up to 64, small windows, no additional keys),
-    // forced by name on random problems within those limits: axes up to 40 (several CTA tiles
-    // and warp boxes per axis, ends that cut boxes), kernels up to 13 with any dilation, stride
-    // and causal flag, GQA, strided layouts, D != D_v. A case outside the kernel's limits (a
-    // stride that spreads a box's windows) answers `unsupported`, counted as such.
+    // The box and strip forwards (rank 2, 16-bit, head dims up to 64, small windows, no
+    // additional keys), forced by name on random problems within those limits: axes up to 40
+    // for the box forward (several CTA tiles and warp boxes per axis, ends that cut boxes), up to
+    // 100 for the strip forward (its ring of 32-64 halo rows wraps, several strips, row segments
+    // when batch x heads is small), kernels up to 13 with any dilation, stride and causal flag,
+    // GQA, strided layouts, D != D_v. A case outside the kernel's limits (a stride that spreads
+    // a box's windows) answers `unsupported`, counted as such.
+    for (const char* family : {"box", "strip"})
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
         args.only < 0 && args.config.empty() && (args.rank == 0 || args.rank == 2)) {
-      const std::string row = "cuda-fused box forward";
+      const bool strip = std::string(family) == "strip";
+      const std::string row = std::string("cuda-fused ") + family + " forward";
       tally[row];
       int n = 0;
       for (fna::DType dtype : args.dtypes) {
         if (dtype == fna::DType::f32) continue;
         std::vector<std::string> boxes;
         for (const std::string& name : fna::fused_configs(2, dtype, 64))
-          if (name.rfind("fna_fwd_box_", 0) == 0) boxes.push_back(name);
+          if (name.rfind(std::string("fna_fwd_") + family + "_", 0) == 0) boxes.push_back(name);
         if (boxes.empty()) continue;
         fna_test::RandomLimits lim;
-        lim.max_axis[1] = 40;
+        lim.max_axis[1] = strip ? 100 : 40;
         lim.max_dim = 64;
         lim.allow_additional = false;
         lim.dtypes = {dtype};
         for (int i = 0; i < 40 * static_cast<int>(boxes.size()); ++i, ++n) {
-          Case c = fna_test::random_case(args.seed * 1000003ull + 0xb0c500 + 61 * n, 2, 1, lim);
+          Case c = fna_test::random_case(args.seed * 1000003ull + (strip ? 0x57e100 : 0xb0c500) + 61 * n,
+                                         2, 1, lim);
           for (int a = 0; a < 2; ++a) {
             c.p.kernel_size[a] = std::min<int64_t>(c.p.kernel_size[a], 1 + (n * 7 + a * 5) % 13);
             c.p.stride[a] = std::min(c.p.stride[a], c.p.kernel_size[a]);

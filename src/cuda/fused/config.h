@@ -136,3 +136,9 @@
 // query and ran 2d-nat slower than the tiled kernel (H100, docs/benchmarks.md), so they serve
 // Options::config and the autotuner. Name: fna_fwd_box_<dtype>_d<head_dim>_q<q1>x<q2>_b4x4_w<warps>.
 #define FNA_FWD_CONFIGS_BOX(X, DT) X(64, 8, 8, DT) X(64, 16, 8, DT) X(64, 8, 16, DT) X(64, 16, 16, DT)
+
+// Strip forward configurations (fwd_strip.cuh: the box forward's warp boxes on a CTA that walks a
+// 16-column strip of queries, its halo rows streamed through a ring): X(head_dim, phases,
+// dtype), `phases` box rows side by side (4 x phases warps). Name:
+// fna_fwd_strip_<dtype>_d<head_dim>_q<4 * phases>x16_b4x4_w<warps>.
+#define FNA_FWD_CONFIGS_STRIP(X, DT) X(64, 2, DT) X(64, 3, DT) X(64, 4, DT)

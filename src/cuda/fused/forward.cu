@@ -13,6 +13,7 @@
 #include "cuda/common/runtime.cuh"
 #include "cuda/fused/config.h"
 #include "cuda/fused/fwd_box.h"
+#include "cuda/fused/fwd_strip.h"
 #include "cuda/fused/fwd_params.h"
 
 namespace fna {
@@ -50,6 +51,11 @@ constexpr bool plain_tf32() {
 }
 
 constexpr int kArchBox = 1;
+constexpr int kArchStrip = 2;
+// The strip forward's query rows in flight (box rows x 4) that the heuristic takes: 8 (two box
+// rows, 8 warps) ran 2d-nat 0.689 / 0.779 ms against 0.766 / 0.802 for 12 and 0.794 / 0.879 for
+// 16 (H100, tools/gpu/fwd_configs.py, two passes), whose warps have fewer registers each.
+constexpr int kStripDefaultRows = 8;
 
 struct FwdEntry {
   int rank;
@@ -61,6 +67,8 @@ struct FwdEntry {
   int warps;
   // 80: mma.sync kernels (fwd_kernel.cuh, sm_80+); 90: wgmma kernels (fwd_sm90.cuh, 9.0 only);
   // kArchBox: the box forward (fwd_box.cuh, mma.sync, sm_80+; `kv` holds the warp box).
+  // kArchStrip: the strip forward (fwd_strip.cuh; `q` holds the box rows in flight x the strip's
+  // 16 columns, `kv` the warp box).
   int arch;
   cudaError_t (*launch)(const FwdParams&, int, cudaStream_t);
   size_t (*smem)();
@@ -75,8 +83,8 @@ struct FwdEntry {
       return s;
     };
     const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
-    if (arch == kArchBox)
-      return std::string("fna_fwd_box_") + dt + "_d" + std::to_string(dim) + "_q" + shape(q) +
+    if (arch == kArchBox || arch == kArchStrip)
+      return std::string(arch == kArchBox ? "fna_fwd_box_" : "fna_fwd_strip_") + dt + "_d" + std::to_string(dim) + "_q" + shape(q) +
              "_b" + shape(kv) + "_w" + std::to_string(warps);
     return std::string(arch == 90 ? "fna_fwd_sm90_" : "fna_fwd_sm80_") + dt + "_d" +
            std::to_string(dim) + "_q" + shape(q) + "_kv" + shape(kv) + "_w" + std::to_string(warps);
@@ -119,8 +127,22 @@ struct FwdEntry {
            &fused::launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                     \
            &fused::fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
 
+#define FNA_FWD_STRIP_ENTRY(D, PH, DT)                          \
+  FwdEntry{2,                                                  \
+           DTypeOf<mma::DT>::value,                            \
+           false,                                              \
+           D,                                                  \
+           {1, fused::kBoxExt*(PH), fused::kStripCols},        \
+           {1, fused::kBoxExt, fused::kBoxExt},                \
+           fused::kStripCols / fused::kBoxExt * (PH),          \
+           kArchStrip,                                         \
+           &fused::launch_fwd_strip<mma::DT, D, PH>,           \
+           &fused::fwd_strip_smem_bytes<mma::DT, D, PH>},
+
 const std::vector<FwdEntry>& table() {
   static const std::vector<FwdEntry> t{
+      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, BF16)
+      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, F16)
       FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, BF16) FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, F16)
 #if defined(FNA_WITH_SM90)
       FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
@@ -132,6 +154,7 @@ const std::vector<FwdEntry>& table() {
 #undef FNA_FWD_ENTRY
 #undef FNA_FWD_SM90_ENTRY
 #undef FNA_FWD_BOX_ENTRY
+#undef FNA_FWD_STRIP_ENTRY
 
 Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
 
@@ -206,6 +229,34 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
     return false;
   }
   return true;
+}
+
+// Whether the strip forward takes this problem on this device (its plan in `sp`).
+bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo, int smem_optin,
+                   int sms, fused::StripPlan* sp, std::string* why) {
+  if (p.num_additional > 0) {
+    *why = "num_additional=" + std::to_string(p.num_additional) +
+           " (the strip forward takes no additional keys)";
+    return false;
+  }
+  *sp = fused::strip_plan(geo, e.dim, e.q[1] / fused::kBoxExt, sms, smem_optin,
+                          double(p.batch) * double(p.heads));
+  if (!sp->ok) *why = sp->why;
+  return sp->ok;
+}
+
+// The strip forward (fwd_strip.cuh) multiplies the box forward's pairs without re-copying a halo
+// per CTA tile, so it takes the box forward's place and, with a looser pairs ratio, some of the
+// tiled kernels'. Measured on an H100 (bf16, head dim 64, tools/gpu/box_ab.py --env
+// FNA_FWD_STRIP=0,1 and env_ab.py, 2026-11-24): 13x13 and 11x11 windows 1.016-1.018x over the box
+// forward, causal 13x13 1.063x, 13x13 with dilation 2 (0.62 of the tiled choice's pairs)
+// 1.063x over the tiled kernel; 9x9 / 7x7 (0.75) 0.81-0.95x and 5x5 (half its columns
+// outside the unions) 0.95x. FNA_FWD_STRIP=0 turns it off, 1 takes it wherever it applies.
+constexpr double kStripPairsRatio = 0.65;
+int strip_mode() {
+  const char* env = std::getenv("FNA_FWD_STRIP");
+  if (env == nullptr || *env == '\0') return -1;
+  return std::atoi(env) != 0 ? 1 : 0;
 }
 
 // The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
@@ -285,14 +336,18 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
               "config='" + opt.config + "' is not a cuda-fused forward configuration for rank=" +
                   std::to_string(p.rank) + ", dtype=" + dtype_name(p.dtype) +
                   ", dim=" + std::to_string(need) + "; valid: " + join_names(cands)};
-    if (cfg->arch == kArchBox) {
+    if (cfg->arch == kArchBox || cfg->arch == kArchStrip) {
       int smem_optin = 0;
       FNA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                           opt.device_index));
       fused::BoxPlan bp;
+      fused::StripPlan sp;
       std::string why;
-      if (!box_applies(*cfg, p, geo, smem_optin, &bp, &why))
-        return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
+      const bool ok = cfg->arch == kArchBox
+                          ? box_applies(*cfg, p, geo, smem_optin, &bp, &why)
+                          : strip_applies(*cfg, p, geo, smem_optin,
+                                          cuda_sm_count(opt.device_index), &sp, &why);
+      if (!ok) return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
     }
     if (cfg->arch == 90 && !hopper)
       return unsupported("config='" + opt.config + "' is a Hopper (wgmma) configuration: it needs "
@@ -312,7 +367,9 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
       any90 = any90 || (e->arch == 90 && hopper && e->smem() <= static_cast<size_t>(smem_optin));
     double best = 0;
     for (const FwdEntry* e : cands) {
-      if (e->arch == kArchBox || e->smem() > static_cast<size_t>(smem_optin)) continue;
+      if (e->arch == kArchBox || e->arch == kArchStrip ||
+          e->smem() > static_cast<size_t>(smem_optin))
+        continue;
       if ((e->arch == 90) != any90) continue;
       const double c = cost_of(*e, geo);
       if (cfg == nullptr || c < best) {
@@ -343,6 +400,20 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
       }
     }
     if (box != nullptr) cfg = box;
+    // The strip forward where it applies and multiplies at most kStripPairsRatio of the tiled
+    // choice's pairs with its chunks' columns mostly inside their boxes' unions (as the box
+    // forward's rule), or wherever it applies when forced.
+    const int strip = strip_mode();
+    for (const FwdEntry* e : cands) {
+      if (strip == 0 || e->arch != kArchStrip || e->q[1] != kStripDefaultRows) continue;
+      fused::StripPlan sp;
+      std::string why;
+      if (!strip_applies(*e, p, geo, smem_optin, cuda_sm_count(opt.device_index), &sp, &why))
+        continue;
+      if (strip == 1 || box != nullptr || tiled == 0 ||
+          (sp.box.computed <= kStripPairsRatio * tiled && sp.box.fast_fill >= 0.75))
+        cfg = e;
+    }
     if (cfg == nullptr)
       return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
                          std::to_string(smem_optin) + " bytes of shared memory per block");
@@ -367,9 +438,11 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
   const double needed = fused::needed_pairs(geo);
   plan->config = cfg->name();
   double computed = 0;
-  if (cfg->arch == kArchBox) {
-    // Visited "tiles" are the warps' 64-key chunks, all masked.
-    const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
+  if (cfg->arch == kArchBox || cfg->arch == kArchStrip) {
+    // Visited "tiles" are the warps' 64-key chunks, all masked (the strip forward multiplies the
+    // box forward's boxes).
+    const int q_box[kAxes] = {1, fused::kBoxExt, fused::kStripCols};
+    const fused::BoxPlan bp = fused::box_plan(geo, cfg->arch == kArchBox ? cfg->q : q_box, cfg->dim);
     plan->visited_tiles = bp.chunks * double(p.batch) * double(p.heads);
     plan->unmasked_fraction = 0.0;
     computed = bp.computed;
@@ -472,6 +545,7 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     fused::walk_divisors(fp.q_tiles, order, fp.q_div);
   }
   fp.scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);
+  fp.sm_count = cuda_sm_count(opt.device_index);
 
   DeviceGuard guard;
   if (!(st = guard.set(opt.device_index)).ok()) return st;

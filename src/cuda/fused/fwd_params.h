@@ -31,6 +31,7 @@ struct FwdParams {
   int q_tiles_total;
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
+  int sm_count;        // the device's SMs (the strip forward's row segments)
 };
 
 // One configuration's launcher (kMT: 16-row m-tiles per warp). Returns cudaErrorInvalidConfiguration (without launching) when
@@ -57,6 +58,13 @@ template <class T, int kD, class QT>
 cudaError_t launch_fwd_box(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
 template <class T, int kD, class QT>
 size_t fwd_box_smem_bytes();
+
+// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side):
+// the same contract as the box forward's launcher; the size below is a lower bound.
+template <class T, int kD, int kPhases>
+cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+template <class T, int kD, int kPhases>
+size_t fwd_strip_smem_bytes();
 
 }  // namespace fused
 }  // namespace fna

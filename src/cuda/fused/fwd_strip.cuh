@@ -1,0 +1,343 @@
+// The strip forward: the box forward's warp work (fwd_box.cuh: a 4x4 query box against the
+// union of the box's windows, 64-key chunks, mma.sync) on a CTA that owns a strip of 16 query
+// columns of one (batch, head, dilation group) and walks its rows, instead of one query tile.
+//
+// The box forward copies each CTA tile's halo whole (200 KB for 16x16 queries with 13x13
+// windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
+// each halo row is copied by every tile that needs it. Here the strip's halo rows (the union of
+// its columns' windows on the last axis, every row its box rows need) stream through a ring in
+// shared memory, two halo rows per band, each band with a "full" mbarrier (its cp.async copies
+// landed) and a count of the warps that handed it back. A halo row is copied once per strip, and
+// the copies run ahead of the multiplications by as many bands as the ring has free.
+//
+// Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
+// kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
+// back every band below the row's union; a band is handed back only once it has been filled
+// (waited on), so the hand-backs of a slot follow the ring's generations, and the warp handing
+// a band back last copies the band that reuses its slot (there is no producer warp: it would
+// round the CTA's register budget to the next four warps). A box row's union fits the ring with
+// a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest box
+// row in flight can always proceed. The next box's Q fragments are loaded during the current
+// box's chunks.
+//
+// Shared memory: ring_rows x pitch K rows, then as many V rows, 128 bytes each (head dim 64) with
+// the box forward's XOR swizzle; ring row y of a strip with hn2 halo columns is rows
+// y * hn2 .. y * hn2 + hn2 - 1.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/common/mbarrier.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/fwd_box.cuh"
+#include "cuda/fused/fwd_common.cuh"
+#include "cuda/fused/fwd_params.h"
+#include "cuda/fused/fwd_strip.h"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, int kPhases_>
+struct StripTraits {
+  using Elem = typename T::type;
+  // The names softmax_scores / FwdState / store_row read.
+  static constexpr bool kF32 = false;
+  static constexpr int kD = kD_;
+  static constexpr int kFirstAxis = 1;
+  static constexpr int kMT = 1;
+  static constexpr int kStepN = 64;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kPhases = kPhases_;
+  static constexpr int kBoxCols = kStripCols / kBoxExt;     // boxes across the strip
+  static constexpr int kWarps = kBoxCols * kPhases;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowBytes = kD * 2;
+  static_assert(kD == 64, "strip forward: head dim 64 (128-byte rows)");
+};
+
+// The ring position of a band: its slot and the parity of its generation, stepped one band at a
+// time (no division).
+struct RingCursor {
+  int band = 0, slot = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void next(int slots) {
+    ++band;
+    if (++slot == slots) {
+      slot = 0;
+      parity ^= 1u;
+    }
+  }
+};
+
+template <class T, int kD, int kPhases>
+__global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
+    fna_fwd_strip_kernel(const FwdParams p, const StripParams sp) {
+  using Tr = StripTraits<T, kD, kPhases>;
+  using Elem = typename Tr::Elem;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
+  // Per slot, the number of warps that handed a band of it back (all generations).
+  __shared__ int handed_back[kStripMaxBands];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // The work item: (batch, head, group, strip, segment), segments fastest, so neighboring CTAs
+  // share halo rows in L2.
+  FwdTile ft;
+  int seg, strip;
+  {
+    int flat = blockIdx.x;
+    seg = flat % sp.segs;
+    flat /= sp.segs;
+    strip = flat % sp.strips;
+    flat /= sp.strips;
+    const int grp = flat % p.groups;
+    flat /= p.groups;
+    ft.h = flat % p.heads;
+    ft.b = flat / p.heads;
+    ft.gr = Group::of(p.geo, grp);
+    ft.qo[0] = ft.qo[1] = ft.qo[2] = 0;
+  }
+  const Geometry& geo = p.geo;
+  const Group& gr = ft.gr;
+  const int len1 = gr.len[1], len2 = gr.len[2];
+  const int c0 = strip * kStripCols, r0 = seg * sp.seg_rows;
+  if (c0 >= len2 || r0 >= len1) return;
+  const int r1 = min(r0 + sp.seg_rows, len1);
+  const int hkv = ft.h / p.heads_per_kv;
+
+  // The strip's halo: columns h2 (every box row), rows h1 (the segment's union).
+  const nbr::Range h2 = nbr::tile_union(geo.axis[2], len2, c0, min(c0 + kStripCols, len2));
+  const nbr::Range h1 = nbr::tile_union(geo.axis[1], len1, r0, r1);
+  const int hn2 = h2.size(), y0 = h1.begin;
+  const int n_bands = (h1.size() + kStripBandRows - 1) / kStripBandRows;
+  const int slots = sp.ring_rows / kStripBandRows;
+  // Bands whose slot is reused (for band + slots): the first n_bands - slots.
+  const int n_release = n_bands - slots;
+
+  const uint32_t full0 = mma::smem_u32(full_bars);
+  if (threadIdx.x < slots) {
+    mbar::init(full0 + 8 * threadIdx.x, 32);
+    handed_back[threadIdx.x] = 0;
+  }
+  __syncthreads();
+  const uint32_t sK = mma::smem_u32(smem_raw);
+  const uint32_t sV = sK + uint32_t(sp.ring_rows * sp.pitch) * Tr::kRowBytes;
+
+  // Copies band `band` into ring slot `slot` (the whole warp) and arrives on the slot's "full"
+  // barrier when the copies land. Lane l copies 16-byte chunk l % 8 of the band's halo row
+  // (l / 8) % 2, columns l / 16, l / 16 + 2, ...
+  auto issue_band = [&](int band, int slot) {
+    const int sub = lane & 7, rr = (lane >> 3) & 1, x0 = lane >> 4;
+    const int y = y0 + band * kStripBandRows + rr;
+    if (y < h1.end) {
+      const int dil2 = geo.axis[2].dilation;
+      const int gy = y * geo.axis[1].dilation + gr.g[1];
+      const int gx = (h2.begin + x0) * dil2 + gr.g[2];
+      const bool kin = sub * 8 < p.dim, vin = sub * 8 < p.dim_v;
+      const Elem* k = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4] +
+                      int64_t(gy) * p.k_stride[2] + int64_t(gx) * p.k_stride[3] + sub * 8;
+      const Elem* v = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4] +
+                      int64_t(gy) * p.v_stride[2] + int64_t(gx) * p.v_stride[3] + sub * 8;
+      const int64_t kx = 2 * int64_t(dil2) * p.k_stride[3], vx = 2 * int64_t(dil2) * p.v_stride[3];
+      int row = (slot * kStripBandRows + rr) * hn2 + x0;
+      for (int x = x0; x < hn2; x += 2, row += 2, k += kx, v += vx) {
+        const uint32_t off = box_sw(row, sub);
+        mma::cp_async_16(sK + off, kin ? k : p.k, kin);
+        mma::cp_async_16(sV + off, vin ? v : p.v, vin);
+      }
+    }
+    mbar::arrive_cp_async(full0 + 8 * slot);
+  };
+  // The ring's first fill, bands spread over the warps.
+  for (int band = warp; band < min(slots, n_bands); band += Tr::kWarps) issue_band(band, band);
+
+  // Consumers. Fixed per warp: the box column, its union's columns and the thread's column
+  // patterns (the four columns t2, t2 + 1, t2 + 8, t2 + 9 of a 16-column chunk row).
+  const int phase = warp / Tr::kBoxCols;
+  const int qb2 = c0 + (warp % Tr::kBoxCols) * kBoxExt;
+  const bool col_active = qb2 < len2;
+  const int t2 = 2 * (lane & 3);
+  nbr::Range u2{0, 0};
+  unsigned pat[2] = {0u, 0u};
+  if (col_active) {
+    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBoxExt, len2));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q2 = qb2 + (((lane >> 2) + 8 * r) & 3);
+      if (q2 < len2) {
+        const nbr::Range w2 = nbr::window(geo.axis[2], len2, q2);
+        const unsigned cb = box_bits(w2.begin - u2.begin, w2.end - u2.begin) >> t2;
+        pat[r] = (cb & 3u) | ((cb >> 6) & 0xcu);
+      }
+    }
+  }
+  const int c_off = u2.begin - h2.begin;
+  const int kcol = min(c_off + (lane & 7) + ((lane >> 4) << 3), hn2 - 1);
+  const int vcol = min(c_off + (lane & 7) + (((lane >> 3) & 1) << 3), hn2 - 1);
+  const int ksel = (lane >> 3) & 1, vsel = lane >> 4;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
+
+  RingCursor filled;    // the next band to wait "full" for
+  RingCursor released;  // the next band to hand back
+  // Waits until band `b` (and every band before it) is filled.
+  auto wait_filled = [&](int b) {
+    while (filled.band <= b) {
+      mbar::wait(full0 + 8 * filled.slot, filled.parity);
+      filled.next(slots);
+    }
+  };
+  // Hands back every band below `b` whose slot is reused; the warp handing a band back last
+  // copies band + slots into the slot.
+  auto release_below = [&](int b) {
+    b = min(b, n_release);
+    if (released.band >= b) return;
+    wait_filled(b - 1);
+    __syncwarp();
+    while (released.band < b) {
+      int last = 0;
+      if (lane == 0) {
+        __threadfence_block();  // this warp's reads of the slot come first
+        last = atomicAdd(&handed_back[released.slot], 1) % Tr::kWarps == Tr::kWarps - 1;
+        __threadfence_block();
+      }
+      if (__shfl_sync(0xffffffffu, last, 0)) issue_band(released.band + slots, released.slot);
+      released.next(slots);
+    }
+  };
+
+  // Q of a box straight into A fragments (as the box forward), zeros past the axes' ends and D;
+  // the next box's loads are issued before the current box's chunks, so they fly meanwhile.
+  auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = (lane >> 2) + 8 * r;
+      int c[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
+      const bool ok = col_active && c[1] < r1 && c[2] < len2;
+      const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int col = kk * 16 + hh * 8 + t2;
+          qf[kk][r + 2 * hh] =
+              ok && col < p.dim ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
+        }
+    }
+  };
+  constexpr int kStep = kPhases * kBoxExt;
+  uint32_t qn[kD / 16][4];
+  load_q(r0 + phase * kBoxExt, qn);
+  for (int qb1 = r0 + phase * kBoxExt; qb1 < r1; qb1 += kStep) {
+    const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
+    const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
+    release_below(u_off / kStripBandRows);
+    if (!col_active) continue;
+    uint32_t qf[kD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qf[kk][e] = qn[kk][e];
+    if (qb1 + kStep < r1) load_q(qb1 + kStep, qn);
+    unsigned rowbits[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBoxExt;
+      rowbits[r] = 0u;
+      if (q1 < r1) {
+        const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+        rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
+      }
+    }
+    // The union's first row in the ring (ring_rows >= 16 > 3 chunk rows, and a union spans at
+    // most 32 rows, so two conditional subtractions keep a chunk row inside the ring).
+    const int ring_base = u_off % sp.ring_rows;
+    const int un = u1.size();
+    const int n_chunks = (un + kBoxChunkRows - 1) / kBoxChunkRows;
+
+    FwdState<Tr> st;
+    init_state(st);
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
+      int ring_row[kBoxChunkRows];
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a) {
+        int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
+        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+        ring_row[a] = y * hn2;
+      }
+      float s[1][8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a) {
+        const int hr = ring_row[a] + kcol;
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          uint32_t b[4];
+          mma::ldsm_x4(b, sK + box_sw(hr, 2 * kk + ksel));
+          mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
+          mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
+        unsigned m = 0;
+#pragma unroll
+        for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
+#pragma unroll
+        for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
+      }
+      softmax_update<Tr, true>(st, s, p.scale_log2);
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a) {
+        uint32_t pa[4];
+        pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+        pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+        pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+        pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+        const int hr = ring_row[a] + vcol;
+#pragma unroll
+        for (int jd = 0; jd < kD / 16; ++jd) {
+          uint32_t b[4];
+          mma::ldsm_x4_trans(b, sV + box_sw(hr, 2 * jd + vsel));
+          mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
+          mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = row_sum(st, 0, r);
+      const int i = (lane >> 2) + 8 * r;
+      const int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
+      if (q[1] < r1) store_row<Tr, T>(st, p, ft, 0, r, l, q, lane);
+    }
+  }
+  release_below(n_release);
+}
+
+template <class T, int kD, int kPhases>
+cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+  using Tr = StripTraits<T, kD, kPhases>;
+  const StripPlan pl = strip_plan(p.geo, kD, kPhases, p.sm_count, max_smem_optin,
+                                  double(p.batch) * p.heads);
+  if (!pl.ok) return cudaErrorInvalidConfiguration;
+  auto kernel = fna_fwd_strip_kernel<T, kD, kPhases>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(pl.smem));
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * pl.sp.strips * pl.sp.segs;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, pl.smem, stream>>>(p, pl.sp);
+  return cudaGetLastError();
+}
+
+}  // namespace fused
+}  // namespace fna
