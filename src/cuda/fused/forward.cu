@@ -455,6 +455,12 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
   plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
   int order[kAxes];
   fwd_walk(geo, *cfg, opt, order);
+  if (cfg->arch == kArchStrip) {
+    // The strip forward's CTAs: row segments (the first axis) fastest, then strips.
+    order[0] = 1;
+    order[1] = 2;
+    order[2] = 0;
+  }
   plan->walk = fused::walk_axes(p.rank, order);
   // The backward's dK / dV tiles; a problem the fused backward does not take leaves them empty.
   if (!cuda_fused_backward_plan(p, opt, plan).ok()) {
