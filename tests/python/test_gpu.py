@@ -394,6 +394,35 @@ def test_fused_plan_walk(monkeypatch):
     assert fna.fused_plan(*video, dtype="bfloat16")["walk"] == [0, 1, 2]
 
 
+def test_fused_plan_strip(monkeypatch):
+    """Small rank-2 windows at head dim 64 (2d-nat's 13x13, with and without dilation or causal)
+    take the strip forward, whose CTAs walk row segments, then strips (walk [0, 1]);
+    FNA_FWD_STRIP=0 brings back the box forward (13x13) or the tiled kernels (dilation 2); 7x7
+    windows keep the tiled kernels; the strip and box forwards multiply the same pairs, so their
+    outputs agree."""
+    import torch
+    monkeypatch.delenv("FNA_FWD_STRIP", raising=False)
+    shape = (2, 128, 128, 2, 64)
+    for dil, causal in (((1, 1), False), ((2, 2), False), ((1, 1), (True, False))):
+        plan = fna.fused_plan(shape, (13, 13), dilation=dil, is_causal=causal, dtype="bfloat16")
+        assert plan["config"].startswith("fna_fwd_strip_bf16_d64_"), plan["config"]
+        assert plan["walk"] == [0, 1]
+    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16")["config"].startswith("fna_fwd_sm")
+    monkeypatch.setenv("FNA_FWD_STRIP", "0")
+    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"].startswith("fna_fwd_box_")
+    assert not fna.fused_plan(shape, (13, 13), dilation=(2, 2),
+                              dtype="bfloat16")["config"].startswith("fna_fwd_strip_")
+    monkeypatch.delenv("FNA_FWD_STRIP")
+    g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip"))
+    q, k, v = (torch.randn((2, 70, 90, 2, 48), device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    strip = fna.na2d(q, k, v, (11, 13), config="fna_fwd_strip_bf16_d64_q8x16_b4x4_w8")
+    box = fna.na2d(q, k, v, (11, 13), config="fna_fwd_box_bf16_d64_q16x16_b4x4_w16")
+    ref = fna.na2d(q.float(), k.float(), v.float(), (11, 13), backend="cuda-fused")
+    assert (strip.float() - box.float()).abs().max().item() <= 1e-2
+    assert (strip.float() - ref).abs().max().item() <= 3e-2
+
+
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_cuda_fused_backward_of_sum():
     """out.sum().backward() hands the op an expanded gradient (stride 0 on every dim): the fused
