@@ -68,6 +68,68 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
   return below_hi & ~below_lo;
 }
 
+// One 64-key chunk of a warp's box (the box and strip forwards): S = Q K^T over union rows
+// 4 ch .. 4 ch + 3, whose 16 columns start at shared-memory row `row[a]` (K and V at sK / sV,
+// the lane's ldmatrix columns kcol / vcol and halves ksel / vsel), the mask from the thread's two
+// query rows' bit sets (rowbits over union rows, pat over its four columns), the online softmax
+// and O += P V.
+template <class Tr, class T>
+__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
+                                          const int (&row)[kBoxChunkRows], uint32_t sK,
+                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
+                                          int ch, const unsigned (&rowbits)[2],
+                                          const unsigned (&pat)[2], float scale_log2) {
+  constexpr int kD = Tr::kD;
+  float s[1][8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+  // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    const int hr = row[a] + kcol;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t b[4];
+      mma::ldsm_x4(b, sK + box_sw(hr, 2 * kk + ksel));
+      mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
+      mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
+    }
+  }
+  // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
+    unsigned m = 0;
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
+  }
+  softmax_update<Tr, true>(st, s, scale_log2);
+  // O += P V: k-step a is union row 4 ch + a (16 keys).
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    uint32_t pa[4];
+    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    const int hr = row[a] + vcol;
+#pragma unroll
+    for (int jd = 0; jd < kD / 16; ++jd) {
+      uint32_t b[4];
+      mma::ldsm_x4_trans(b, sV + box_sw(hr, 2 * jd + vsel));
+      mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
+      mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
 template <class T, int kD, class QT>
 __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, kD, QT>::kMinBlocks)
     fna_fwd_box_kernel(const FwdParams p, int halo_cap) {
@@ -205,54 +267,11 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
     // band's copies too: each thread's arrive waits for all its copies so far).
     const int last = min(r_off + kBoxChunkRows * ch + kBoxChunkRows - 1, hn1 - 1);
     mbar::wait(bar0 + 8 * (last / kBoxChunkRows), 0);
-    float s[1][8][4];
+    int row[kBoxChunkRows];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-    // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
-#pragma unroll
-    for (int a = 0; a < kBoxChunkRows; ++a) {
-      const int hr = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2 + kcol;
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t b[4];
-        mma::ldsm_x4(b, sK + box_sw(hr, 2 * kk + ksel));
-        mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
-        mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
-      }
-    }
-    // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
-      unsigned m = 0;
-#pragma unroll
-      for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
-#pragma unroll
-      for (int a = 0; a < kBoxChunkRows; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
-    }
-    softmax_update<Tr, true>(st, s, p.scale_log2);
-    // O += P V: k-step a is union row 4 ch + a (16 keys).
-#pragma unroll
-    for (int a = 0; a < kBoxChunkRows; ++a) {
-      uint32_t pa[4];
-      pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
-      pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
-      pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
-      pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
-      const int hr = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2 + vcol;
-#pragma unroll
-      for (int jd = 0; jd < kD / 16; ++jd) {
-        uint32_t b[4];
-        mma::ldsm_x4_trans(b, sV + box_sw(hr, 2 * jd + vsel));
-        mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
-        mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
-      }
-    }
+    for (int a = 0; a < kBoxChunkRows; ++a)
+      row[a] = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2;
+    box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat, p.scale_log2);
   }
 
   // Epilogue: the thread's two rows of the box.

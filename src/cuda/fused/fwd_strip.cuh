@@ -258,59 +258,16 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     init_state(st);
     for (int ch = 0; ch < n_chunks; ++ch) {
       wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
-      int ring_row[kBoxChunkRows];
+      int row[kBoxChunkRows];
 #pragma unroll
       for (int a = 0; a < kBoxChunkRows; ++a) {
         int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-        ring_row[a] = y * hn2;
+        row[a] = y * hn2;
       }
-      float s[1][8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
-#pragma unroll
-      for (int a = 0; a < kBoxChunkRows; ++a) {
-        const int hr = ring_row[a] + kcol;
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          uint32_t b[4];
-          mma::ldsm_x4(b, sK + box_sw(hr, 2 * kk + ksel));
-          mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
-          mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
-        unsigned m = 0;
-#pragma unroll
-        for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
-#pragma unroll
-        for (int a = 0; a < kBoxChunkRows; ++a)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
-      }
-      softmax_update<Tr, true>(st, s, p.scale_log2);
-#pragma unroll
-      for (int a = 0; a < kBoxChunkRows; ++a) {
-        uint32_t pa[4];
-        pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
-        pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
-        pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
-        pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
-        const int hr = ring_row[a] + vcol;
-#pragma unroll
-        for (int jd = 0; jd < kD / 16; ++jd) {
-          uint32_t b[4];
-          mma::ldsm_x4_trans(b, sV + box_sw(hr, 2 * jd + vsel));
-          mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
-          mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
-        }
-      }
+      box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat,
+                       p.scale_log2);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
