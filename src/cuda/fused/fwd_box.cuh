@@ -68,21 +68,25 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
   return below_hi & ~below_lo;
 }
 
-// One 64-key chunk of a warp's box (the box and strip forwards), in two halves. box_qk: S = Q K^T
-// over union rows 4 ch .. 4 ch + 3, whose 16 columns start at shared-memory row `row[a]` (K at
-// sK, the lane's ldmatrix column kcol and half ksel); n8 blocks 2a, 2a + 1 are columns 0-7 and
-// 8-15 of union row 4 ch + a.
+// One 64-key chunk of a warp's box (the box and strip forwards): S = Q K^T over union rows
+// 4 ch .. 4 ch + 3, whose 16 columns start at shared-memory row `row[a]` (K and V at sK / sV,
+// the lane's ldmatrix columns kcol / vcol and halves ksel / vsel), the mask from the thread's two
+// query rows' bit sets (rowbits over union rows, pat over its four columns), the online softmax
+// and O += P V. The ldmatrix addresses step by one XOR: box_sw(r, 2 kk + s) ==
+// box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
 template <class Tr, class T>
-__device__ __forceinline__ void box_qk(float (&s)[1][8][4], const uint32_t (&qf)[Tr::kD / 16][4],
-                                       const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
-                                       int ksel) {
+__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
+                                          const int (&row)[kBoxChunkRows], uint32_t sK,
+                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
+                                          int ch, const unsigned (&rowbits)[2],
+                                          const unsigned (&pat)[2], float scale_log2) {
   constexpr int kD = Tr::kD;
+  float s[1][8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+  // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
 #pragma unroll
   for (int a = 0; a < kBoxChunkRows; ++a) {
-    // box_sw(r, 2 kk + ksel) == box_sw(r, ksel) ^ (kk << 5) (the XOR touches the 16-byte chunk
-    // bits only): one LOP3 per ldmatrix instead of recomputing the swizzled address.
     const uint32_t off = box_sw(row[a] + kcol, ksel);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -92,18 +96,6 @@ __device__ __forceinline__ void box_qk(float (&s)[1][8][4], const uint32_t (&qf)
       mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
     }
   }
-}
-
-// The chunk's second half: the mask from the thread's two query rows' bit sets (rowbits over
-// union rows, pat over its four columns), the online softmax and O += P V (V at sV, the lane's
-// transposed ldmatrix column vcol and half vsel).
-template <class Tr, class T>
-__device__ __forceinline__ void box_softmax_pv(FwdState<Tr>& st, float (&s)[1][8][4],
-                                               const int (&row)[kBoxChunkRows], uint32_t sV,
-                                               int vcol, int vsel, int ch,
-                                               const unsigned (&rowbits)[2],
-                                               const unsigned (&pat)[2], float scale_log2) {
-  constexpr int kD = Tr::kD;
   // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -136,25 +128,6 @@ __device__ __forceinline__ void box_softmax_pv(FwdState<Tr>& st, float (&s)[1][8
       mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
       mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
     }
-  }
-}
-
-// A box's chunks 0 .. n - 1: `ready(c)` waits until chunk c's rows have landed, `rows(c, row)`
-// gives their shared-memory rows. (Issuing chunk c + 1's S before chunk c's softmax, which keeps
-// a second S in registers, ran 7% slower on 2d-nat: docs/benchmarks.md.)
-template <class Tr, class T, class Ready, class Rows>
-__device__ __forceinline__ void box_chunks(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
-                                           int n, Ready&& ready, Rows&& rows, uint32_t sK,
-                                           uint32_t sV, int kcol, int vcol, int ksel, int vsel,
-                                           const unsigned (&rowbits)[2],
-                                           const unsigned (&pat)[2], float scale_log2) {
-  for (int ch = 0; ch < n; ++ch) {
-    ready(ch);
-    int row[kBoxChunkRows];
-    rows(ch, row);
-    float s[1][8][4];
-    box_qk<Tr, T>(s, qf, row, sK, kcol, ksel);
-    box_softmax_pv<Tr, T>(st, s, row, sV, vcol, vsel, ch, rowbits, pat, scale_log2);
   }
 }
 
@@ -290,19 +263,17 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
 
   FwdState<Tr> st;
   init_state(st);
-  // Chunk c's last halo row has landed (a band's phase completes only after every earlier
-  // band's copies too: each thread's arrive waits for all its copies so far).
-  auto ready = [&](int c) {
-    const int last = min(r_off + kBoxChunkRows * c + kBoxChunkRows - 1, hn1 - 1);
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    // The chunk's last halo row has landed (a band's phase completes only after every earlier
+    // band's copies too: each thread's arrive waits for all its copies so far).
+    const int last = min(r_off + kBoxChunkRows * ch + kBoxChunkRows - 1, hn1 - 1);
     mbar::wait(bar0 + 8 * (last / kBoxChunkRows), 0);
-  };
-  auto rows = [&](int c, int (&row)[kBoxChunkRows]) {
+    int row[kBoxChunkRows];
 #pragma unroll
     for (int a = 0; a < kBoxChunkRows; ++a)
-      row[a] = min(r_off + kBoxChunkRows * c + a, hn1 - 1) * hn2;
-  };
-  box_chunks<Tr, T>(st, qf, n_chunks, ready, rows, sK, sV, kcol, vcol, ksel, vsel, rowbits, pat,
-                    p.scale_log2);
+      row[a] = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2;
+    box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat, p.scale_log2);
+  }
 
   // Epilogue: the thread's two rows of the box.
 #pragma unroll

@@ -256,20 +256,19 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
 
     FwdState<Tr> st;
     init_state(st);
-    auto ready = [&](int c) {
-      wait_filled((u_off + min(kBoxChunkRows * c + kBoxChunkRows, un) - 1) / kStripBandRows);
-    };
-    auto rows = [&](int c, int (&row)[kBoxChunkRows]) {
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
+      int row[kBoxChunkRows];
 #pragma unroll
       for (int a = 0; a < kBoxChunkRows; ++a) {
-        int y = ring_base + min(kBoxChunkRows * c + a, un - 1);
+        int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
         row[a] = y * hn2;
       }
-    };
-    box_chunks<Tr, T>(st, qf, n_chunks, ready, rows, sK, sV, kcol, vcol, ksel, vsel, rowbits,
-                      pat, p.scale_log2);
+      box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat,
+                       p.scale_log2);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l = row_sum(st, 0, r);
