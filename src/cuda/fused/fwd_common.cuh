@@ -88,6 +88,73 @@ __device__ __forceinline__ KvTile kv_tile_next(const KvSpan& s, int n_nbr, const
   return n;
 }
 
+// What a part of the query tile needs of the CTA's key tiles: rows [r0, r0 + n) of the tile (last
+// axis fastest) lie in a box of it (per axis a run of positions, the whole extent on the axes
+// faster than the first one they wrap around), and per axis the union and the intersection of
+// that box's windows (nbr::tile_union / tile_intersection, as kv_span_axis for the whole tile)
+// bound the key tiles the rows need at all and those inside all their windows (no mask). A box
+// with no query inside the group needs nothing (empty ranges).
+struct RowsSpan {
+  int need_begin[kAxes], need_end[kAxes];
+  int inner_begin[kAxes], inner_end[kAxes];
+};
+
+template <class QT>
+__device__ __forceinline__ RowsSpan rows_span(const Geometry& geo, const Group& gr,
+                                              const int (&qo)[kAxes], int r0, int n) {
+  int c0[kAxes], c1[kAxes];
+  QT::coord(r0, c0);
+  QT::coord(r0 + n - 1, c1);
+  RowsSpan s;
+  bool same = true;  // the rows share every slower axis's position
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int lo = same ? c0[ax] : 0, hi = same ? c1[ax] + 1 : QT::ext(ax);
+    same = same && c0[ax] == c1[ax];
+    const int i0 = qo[ax] + lo;
+    const int i1 = qo[ax] + hi < gr.len[ax] ? qo[ax] + hi : gr.len[ax];
+    if (i0 < i1) {
+      const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
+      const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
+      s.need_begin[ax] = u.begin, s.need_end[ax] = u.end;
+      s.inner_begin[ax] = x.begin, s.inner_end[ax] = x.end;
+    } else {
+      s.need_begin[ax] = s.need_end[ax] = s.inner_begin[ax] = s.inner_end[ax] = 0;
+    }
+  }
+  return s;
+}
+
+// The run of the CTA's key-tile walk (kv_tile numbers [first, last)) from the first tile the span's
+// rows need to the last: per axis the needed tiles are a run of the span's, so in the walk (last
+// axis fastest) the needed ones lie between those two; tiles between them that the rows do not
+// need are visited and masked. Additional-key tiles, after the neighborhood's, are always in.
+struct WalkRun {
+  int first, last;
+};
+
+template <class KT>
+__device__ __forceinline__ WalkRun rows_walk(const KvSpan& s, const RowsSpan& r, int n_nbr,
+                                             int n_tiles) {
+  int lo = 0, hi = 0;
+  bool any = true;
+#pragma unroll
+  for (int ax = 0; ax < kAxes; ++ax) {
+    // Tiles t of the axis with origin + t * ext < need_end and origin + (t + 1) * ext > need_begin.
+    const int e = KT::ext(ax);
+    int t0 = r.need_begin[ax] > s.origin[ax] ? (r.need_begin[ax] - s.origin[ax]) / e : 0;
+    int t1 = r.need_end[ax] > s.origin[ax] ? (r.need_end[ax] - 1 - s.origin[ax]) / e : -1;
+    t1 = t1 < s.count[ax] - 1 ? t1 : s.count[ax] - 1;
+    any = any && r.need_end[ax] > r.need_begin[ax] && t0 <= t1;
+    lo = lo * s.count[ax] + t0;
+    hi = hi * s.count[ax] + t1;
+  }
+  WalkRun w;
+  w.first = any ? lo : n_nbr;
+  w.last = n_tiles > n_nbr ? n_tiles : (any ? hi + 1 : w.first);
+  return w;
+}
+
 // The thread's two rows per m-tile of the window table (lane / 4 and lane / 4 + 8 of each 16).
 template <class Tr>
 __device__ __forceinline__ void load_row_windows(const RowWindow* sWin,

@@ -64,7 +64,10 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
 // FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
 // 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
 // all shared memory but the barriers holds tiles: at head dim 128 with 64-key tiles, Q and six
-// K/V stages take 224 KiB. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws), one
+// K/V stages take 224 KiB. Each compute warpgroup multiplies only the run of key tiles its own 64
+// rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
+// warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
+// causal axis more at its start) and skips the mask on tiles inside all of its rows' windows. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws), one
 // CTA per query tile, or persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles,
 // so the next tile's Q and first key tiles load while the current one finishes.
 template <class Tr>
@@ -89,7 +92,7 @@ struct Sm90WsTraits {
 template <class T, int kD, int kRank, class QT, class KT, bool kTma = false>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
     fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter,
-                           const __grid_constant__ FwdTma tm) {
+                           const __grid_constant__ FwdTma tm, const int wg_rows) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   using Ws = Sm90WsTraits<Tr>;
@@ -236,7 +239,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::arrive(q_empty);
       continue;
     }
-    const KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+    KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
     const int n_nbr = span_r.total();
     const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
     RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
@@ -249,11 +252,36 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
     wgmma::fence_proxy_async();
-    if (n_tiles > 0) {
+    // This warpgroup's 64 rows (the whole tile's with FNA_FWD_WG_SKIP=0) need the run of key
+    // tiles [run.first, run.last) of the walk; those before and after it are waited for and
+    // handed back unread (pass), and the mask is skipped on tiles inside all of the rows'
+    // windows. (A run rather than a test per tile: ptxas serializes MMAs under a branch it cannot
+    // prove warp-uniform, warning C7518, and such a version ran 3d-video 1.1-1.3x slower.)
+    const RowsSpan rs = wg_rows ? rows_span<QT>(geo, ft.gr, ft.qo, (warp >> 2) * 64, 64)
+                                : rows_span<QT>(geo, ft.gr, ft.qo, 0, Tr::kQ);
+    WalkRun run = rows_walk<KT>(span_r, rs, n_nbr, n_tiles);
+    // The same on every lane; broadcast so that ptxas sees it (the key-tile counter `g`, the
+    // stage and the MMA descriptors built from it stay in uniform registers).
+    run.first = __shfl_sync(0xffffffffu, run.first, 0);
+    run.last = __shfl_sync(0xffffffffu, run.last, 0);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) {  // kv_tile's `inside`: within all of these rows' windows
+      span_r.inner_begin[ax] = __shfl_sync(0xffffffffu, rs.inner_begin[ax], 0);
+      span_r.inner_end[ax] = __shfl_sync(0xffffffffu, rs.inner_end[ax], 0);
+    }
+    auto pass = [&](int count) {
+      for (int i = 0; i < count; ++i, ++g) {
+        const int stage = g % kStages;
+        mbar::wait(full(stage), uint32_t(g / kStages) & 1u);  // the arrival counts for this round
+        mbar::arrive(empty(stage));
+      }
+    };
+    pass(run.first);
+    if (run.last > run.first) {
       float s[1][Tr::kN / 8][4];
       uint32_t a[Tr::kN / 16][4];
-      // Tile 0: S, softmax, P.
-      KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, 0);
+      // The run's first tile: S, softmax, P.
+      KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, run.first);
       int stage = g % kStages;
       mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
       wgmma::fence_proxy_async();
@@ -267,7 +295,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         softmax_update<Tr, true>(st, s, p.scale_log2);
       }
       pack_p<Tr, T>(s, a);
-      for (int it = 1; it < n_tiles; ++it) {
+      for (int it = run.first + 1; it < run.last; ++it) {
         cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
         const int prev = stage;
         ++g;
@@ -307,6 +335,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::arrive(q_empty);
     }
     store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+    pass(n_tiles - run.last);
   }
 #endif
 }
@@ -318,6 +347,14 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 inline bool use_fwd_sm90_persistent() {
   const char* env = std::getenv("FNA_SM90_PERSIST");
   return env != nullptr && env[0] == '1';
+}
+
+// Whether each compute warpgroup of the warp-specialized forward takes only the run of key tiles
+// its own 64 rows need and skips the mask on tiles inside all of their windows (rows_span,
+// rows_walk), rather than the whole query tile's. FNA_FWD_WG_SKIP=0 turns it off (comparisons).
+inline bool use_fwd_wg_skip() {
+  const char* env = std::getenv("FNA_FWD_WG_SKIP");
+  return !(env != nullptr && env[0] == '0');
 }
 
 // Whether the plain sm90 forward kernel copies its key / value and query rows spread
@@ -393,7 +430,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
         if (err != cudaSuccess) return err;
       }
       kernel<<<static_cast<unsigned>(grid), Ws::kThreads, Ws::kSmemBytes, stream>>>(
-          p, static_cast<int>(ctas), counter, tm);
+          p, static_cast<int>(ctas), counter, tm, use_fwd_wg_skip() ? 1 : 0);
       return cudaGetLastError();
     }
   }
