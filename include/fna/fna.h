@@ -168,7 +168,9 @@ std::vector<std::string> fused_backward_configs(int rank, DType dtype, int64_t d
 // device_index) and how well its tiles fit the neighborhoods.
 struct FusedPlan {
   std::string config;              // the configuration (Options::config or the heuristic's pick)
-  double visited_tiles = 0;        // (query tile, key/value tile) pairs visited, all heads
+  double visited_tiles = 0;        // (query tile, key/value tile) pairs visited, all heads; where
+                                   // the warp-specialized Hopper kernel's warpgroups (64 rows
+                                   // each) visit only their own rows' tiles, each counts its share
   double unmasked_fraction = 0;    // of those, tiles wholly inside every query's window (no mask)
   double needed_fraction = 0;      // needed score pairs / score pairs computed (tiling efficiency)
   // The backward's dK / dV kernel (the default mode; Options::backward_config or the heuristic):

@@ -5,6 +5,8 @@
 //     key tile of the span holds at least one neighbor pair, and a key tile flagged "inside" (no
 //     mask) holds only neighbor pairs;
 //   - tiling_stats: the visited and unmasked key tiles those spans add up to;
+//   - rows_span / rows_walk / part_tiling_stats: the runs of key tiles that parts of a query tile
+//     (the warp-specialized forward's warpgroups) visit, and their sums;
 //   - needed_pairs: the needed (query, key) pairs;
 //   - box_plan (the box forward's limits, halo sizes and pair counts, fwd_box.h): every 4x4 box's
 //     keys, from the SPEC relation, lie in the 16-column x 4-row-chunk region the kernel walks and
@@ -191,6 +193,112 @@ TEST(FusedTiling, SpansAndStatsMatchBruteForce) {
     if (HasFatalFailure()) return;
   }
   EXPECT_GT(key_tiles, 1000);  // the sweep reached real spans
+}
+
+// Parts of a query tile (rows [r0, r0 + rows), the warp-specialized forward's warpgroups: rows_span,
+// rows_walk) against the SPEC relation: every key tile of the span holding a pair with a valid
+// query of the part lies in the part's run of the walk, a tile the part's span calls inside (no
+// mask) holds only pairs for those queries, and where the part is a box of the tile (`box`; a part
+// that wraps around an axis is bounded by a larger box) the run starts and ends on such tiles;
+// and part_tiling_stats adds the runs up.
+template <class QT, class KT>
+void check_parts(const Geometry& geo, int rows, bool box) {
+  const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
+                           std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
+                           " rows " + std::to_string(rows);
+  const fna::fused::Ext3 qe = fna::fused::ext_of<QT>(), ke = fna::fused::ext_of<KT>();
+  const double share = double(rows) / QT::kSize;
+  double visited = 0, unmasked = 0;
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    const GroupTables t(geo, gr);
+    const int zero[kAxes] = {0, 0, 0};
+    int ntiles[kAxes];
+    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
+    for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
+      if (::testing::Test::HasFatalFailure()) return;
+      int q0[kAxes];
+      for (int a = 0; a < kAxes; ++a) q0[a] = ti[a] * QT::ext(a);
+      const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+      const int n = sp.total();
+      for (int r0 = 0; r0 < QT::kSize; r0 += rows) {
+        const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, qe, r0, rows);
+        const fna::fused::WalkRun run = fna::fused::rows_walk(sp, rs, ke, n, n);
+        ASSERT_TRUE(0 <= run.first && run.first <= run.last && run.last <= n)
+            << what << ": run [" << run.first << ", " << run.last << ") of " << n;
+        KvSpan part = sp;  // the kernel's: the part's inner ranges decide "inside"
+        for (int a = 0; a < kAxes; ++a) {
+          part.inner_begin[a] = rs.inner_begin[a];
+          part.inner_end[a] = rs.inner_end[a];
+        }
+        int first_needed = -1, last_needed = -1;
+        for (int it = 0; it < n; ++it) {
+          int k0[kAxes], k1[kAxes];
+          const bool inside = fna::fused::kv_tile_at<KT>(part, it, k0);
+          for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
+          bool any = false, all = true;
+          for (int r = r0; r < r0 + rows; ++r) {
+            int q[kAxes];
+            QT::coord(r, q);
+            bool valid = true;
+            for (int a = 0; a < kAxes; ++a) {
+              q[a] += q0[a];
+              valid = valid && q[a] < gr.len[a];
+            }
+            if (!valid) continue;
+            for_box(k0, k1, [&](const int (&k)[kAxes]) {
+              const bool pr = t.pair(gr, q, k);
+              any = any || pr;
+              all = all && pr;
+            });
+          }
+          if (any) {
+            ASSERT_TRUE(it >= run.first && it < run.last)
+                << what << ": key tile " << it << " has a pair but lies outside the run ["
+                << run.first << ", " << run.last << ")";
+            if (first_needed < 0) first_needed = it;
+            last_needed = it;
+          }
+          if (inside && it >= run.first && it < run.last) {
+            for (int a = 0; a < kAxes; ++a)
+              ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs";
+            ASSERT_TRUE(all) << what << ": key tile " << it << " is inside but needs a mask";
+            unmasked += share;
+          }
+        }
+        if (!box) {
+        } else if (first_needed >= 0) {
+          EXPECT_EQ(run.first, first_needed) << what;
+          EXPECT_EQ(run.last, last_needed + 1) << what;
+        } else {
+          EXPECT_EQ(run.first, run.last) << what << ": a part without pairs visits tiles";
+        }
+        visited += share * (run.last - run.first);
+      }
+    });
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  const fna::fused::TilingStats st = fna::fused::part_tiling_stats(geo, qe, ke, rows);
+  EXPECT_NEAR(st.visited, visited, 1e-9 * (1 + visited)) << what;
+  EXPECT_NEAR(st.unmasked, unmasked, 1e-9 * (1 + unmasked)) << what;
+}
+
+TEST(FusedTiling, PartRunsMatchBruteForce) {
+  std::mt19937_64 rng(20261124);
+  for (int c = 0; c < 40; ++c) {
+    int rank = 0;
+    const Geometry geo = random_geometry(rng, &rank);
+    SCOPED_TRACE("case " + std::to_string(c) + " rank " + std::to_string(rank));
+    // The warp-specialized forward's tiles (64-row warpgroups), and parts that wrap around an
+    // axis (8 rows of a 4x6 tile) or split the fastest one (2 rows of 4).
+    check_parts<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, 64, true);
+    check_parts<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, 64, true);
+    check_parts<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, 64, true);
+    check_parts<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, 64, true);
+    check_parts<Tile<1, 4, 6>, Tile<1, 2, 4>>(geo, 8, false);
+    check_parts<Tile<2, 2, 4>, Tile<2, 1, 2>>(geo, 2, true);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // axis_tile_pairs per axis against the SPEC relation: tiles of `own` at multiples of it (per

@@ -447,7 +447,13 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
     plan->unmasked_fraction = 0.0;
     computed = bp.computed;
   } else {
-    const fused::TilingStats ts = fused::tiling_stats(geo, cfg->q, cfg->kv);
+    // The warp-specialized sm90 forward (192-query tiles, and 128-query ones where it runs) visits
+    // per compute warpgroup (64 rows) only its own run of key tiles (tiling.cuh rows_walk).
+    const bool parts = cfg->arch == 90 && fused::use_fwd_wg_skip() &&
+                       (cfg->q_size() == 192 || (cfg->q_size() == 128 && fused::use_fwd_sm90_ws(p.rank)));
+    const fused::Ext3 qe{{cfg->q[0], cfg->q[1], cfg->q[2]}}, ke{{cfg->kv[0], cfg->kv[1], cfg->kv[2]}};
+    const fused::TilingStats ts = parts ? fused::part_tiling_stats(geo, qe, ke, 64)
+                                        : fused::tiling_stats(geo, cfg->q, cfg->kv);
     plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);
     plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
     computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -65,6 +66,25 @@ template <class T, int kD, int kPhases>
 cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
 template <class T, int kD, int kPhases>
 size_t fwd_strip_smem_bytes();
+
+// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
+// for 2-D and 3-D tiles, where it measured 1.05x (2d-large) and 1.07x (3d-video) the plain
+// kernel's speed; not for 1-D tiles (0.965x on 1d-long: H100, bf16, commit eb06b1a,
+// tools/gpu/env_ab.py). FNA_SM90_WS=0 / 1 in the environment forces the plain / the
+// warp-specialized kernel (for comparisons).
+inline bool use_fwd_sm90_ws(int rank) {
+  const char* env = std::getenv("FNA_SM90_WS");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
+  return rank >= 2;
+}
+
+// Whether each compute warpgroup of the warp-specialized forward takes only the run of key tiles
+// its own 64 rows need and skips the mask on tiles inside all of their windows (rows_span,
+// rows_walk), rather than the whole query tile's. FNA_FWD_WG_SKIP=0 turns it off (comparisons).
+inline bool use_fwd_wg_skip() {
+  const char* env = std::getenv("FNA_FWD_WG_SKIP");
+  return !(env != nullptr && env[0] == '0');
+}
 
 }  // namespace fused
 }  // namespace fna

@@ -257,9 +257,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // handed back unread (pass), and the mask is skipped on tiles inside all of the rows'
     // windows. (A run rather than a test per tile: ptxas serializes MMAs under a branch it cannot
     // prove warp-uniform, warning C7518, and such a version ran 3d-video 1.1-1.3x slower.)
-    const RowsSpan rs = wg_rows ? rows_span<QT>(geo, ft.gr, ft.qo, (warp >> 2) * 64, 64)
-                                : rows_span<QT>(geo, ft.gr, ft.qo, 0, Tr::kQ);
-    WalkRun run = rows_walk<KT>(span_r, rs, n_nbr, n_tiles);
+    const RowsSpan rs = wg_rows ? rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), (warp >> 2) * 64, 64)
+                                : rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), 0, Tr::kQ);
+    WalkRun run = rows_walk(span_r, rs, ext_of<KT>(), n_nbr, n_tiles);
     // The same on every lane; broadcast so that ptxas sees it (the key-tile counter `g`, the
     // stage and the MMA descriptors built from it stay in uniform registers).
     run.first = __shfl_sync(0xffffffffu, run.first, 0);
@@ -349,14 +349,6 @@ inline bool use_fwd_sm90_persistent() {
   return env != nullptr && env[0] == '1';
 }
 
-// Whether each compute warpgroup of the warp-specialized forward takes only the run of key tiles
-// its own 64 rows need and skips the mask on tiles inside all of their windows (rows_span,
-// rows_walk), rather than the whole query tile's. FNA_FWD_WG_SKIP=0 turns it off (comparisons).
-inline bool use_fwd_wg_skip() {
-  const char* env = std::getenv("FNA_FWD_WG_SKIP");
-  return !(env != nullptr && env[0] == '0');
-}
-
 // Whether the plain sm90 forward kernel copies its key / value and query rows spread
 // (copy_rows_sw's kSpread: whole rows per warp instruction, so the L2 sees one request per
 // 128-byte line instead of one per 32 bytes): at head dim 64, where it measured 1.051x on 2d-nat
@@ -368,17 +360,6 @@ inline bool use_fwd_sm90_spread(int dim) {
   const char* env = std::getenv("FNA_FWD_SM90_SPREAD");
   if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
   return dim == 64;
-}
-
-// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
-// for 2-D and 3-D tiles, where it measured 1.05x (2d-large) and 1.07x (3d-video) the plain
-// kernel's speed; not for 1-D tiles (0.965x on 1d-long: H100, bf16, commit eb06b1a,
-// tools/gpu/env_ab.py). FNA_SM90_WS=0 / 1 in the environment forces the plain / the
-// warp-specialized kernel (for comparisons).
-inline bool use_fwd_sm90_ws(int rank) {
-  const char* env = std::getenv("FNA_SM90_WS");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return rank >= 2;
 }
 
 template <class T, int kD, int kRank, class QT, class KT>

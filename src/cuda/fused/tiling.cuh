@@ -101,17 +101,22 @@ struct KvSpan {
 // `q_origin` is the query tile's first local coordinate per axis; queries beyond the group length
 // are ignored (a tile may overhang the end of an axis). kv_span_axis fills one axis's entries
 // (the forward kernels compute the axes on different warps, side by side).
-template <class QT, class KT>
 FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes], int ax,
-                         KvSpan& s) {
+                         int q_ext, int kv_ext, KvSpan& s) {
   const int i0 = q_origin[ax];
-  const int i1 = i0 + QT::ext(ax) < gr.len[ax] ? i0 + QT::ext(ax) : gr.len[ax];
+  const int i1 = i0 + q_ext < gr.len[ax] ? i0 + q_ext : gr.len[ax];
   const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
   const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
   s.origin[ax] = u.begin;
-  s.count[ax] = tiles_over(u.size(), KT::ext(ax));
+  s.count[ax] = tiles_over(u.size(), kv_ext);
   s.inner_begin[ax] = x.begin;
   s.inner_end[ax] = x.end;
+}
+
+template <class QT, class KT>
+FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes], int ax,
+                         KvSpan& s) {
+  kv_span_axis(geo, gr, q_origin, ax, QT::ext(ax), KT::ext(ax), s);
 }
 
 template <class QT, class KT>
@@ -134,6 +139,82 @@ FNA_HD bool kv_tile_at(const KvSpan& s, int t, int (&k_origin)[kAxes]) {
              k_origin[ax] + KT::ext(ax) <= s.inner_end[ax];
   }
   return inside;
+}
+
+// Tile extents per axis as a value (the host's configurations hold them at run time; device code
+// builds one from a compile-time Tile with ext_of, so the arithmetic folds).
+struct Ext3 {
+  int e[kAxes];
+  FNA_HD int size() const { return e[0] * e[1] * e[2]; }
+};
+template <class TT>
+FNA_HD Ext3 ext_of() {
+  return Ext3{{TT::ext(0), TT::ext(1), TT::ext(2)}};
+}
+
+// What a part of a query tile needs of the tile's key tiles (kv_span): rows [r0, r0 + n) of the
+// tile (last axis fastest) lie in a box of it (per axis a run of positions, the whole extent on
+// the axes faster than the first one they wrap around), and per axis the union and the
+// intersection of that box's windows (as kv_span_axis for the whole tile) bound the key tiles the
+// rows need at all and those inside all their windows (no mask). A box with no query inside the
+// group needs nothing (empty ranges). The warp-specialized forward's compute warpgroups take
+// their 64 rows' part (fwd_sm90_ws.cuh).
+struct RowsSpan {
+  int need_begin[kAxes], need_end[kAxes];
+  int inner_begin[kAxes], inner_end[kAxes];
+};
+
+FNA_HD RowsSpan rows_span(const Geometry& geo, const Group& gr, const int (&qo)[kAxes], Ext3 q,
+                          int r0, int n) {
+  int c0[kAxes], c1[kAxes];
+  const int last = r0 + n - 1;
+  c0[2] = r0 % q.e[2], c0[1] = (r0 / q.e[2]) % q.e[1], c0[0] = r0 / (q.e[1] * q.e[2]);
+  c1[2] = last % q.e[2], c1[1] = (last / q.e[2]) % q.e[1], c1[0] = last / (q.e[1] * q.e[2]);
+  RowsSpan s;
+  bool same = true;  // the rows share every slower axis's position
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int lo = same ? c0[ax] : 0, hi = same ? c1[ax] + 1 : q.e[ax];
+    same = same && c0[ax] == c1[ax];
+    const int i0 = qo[ax] + lo;
+    const int i1 = qo[ax] + hi < gr.len[ax] ? qo[ax] + hi : gr.len[ax];
+    if (i0 < i1) {
+      const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
+      const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
+      s.need_begin[ax] = u.begin, s.need_end[ax] = u.end;
+      s.inner_begin[ax] = x.begin, s.inner_end[ax] = x.end;
+    } else {
+      s.need_begin[ax] = s.need_end[ax] = s.inner_begin[ax] = s.inner_end[ax] = 0;
+    }
+  }
+  return s;
+}
+
+// The run of a span's key-tile walk (tile numbers [first, last), kv_tile_at's order) from the
+// first tile the rows of `r` need to the last: per axis the needed tiles are a run of the span's,
+// so in the walk (last axis fastest) every needed tile lies between those two; tiles between them
+// that the rows do not need are visited and masked. The additional-key tiles that follow the
+// neighborhood's (numbers n_nbr to n_tiles) are always in.
+struct WalkRun {
+  int first, last;
+};
+
+FNA_HD WalkRun rows_walk(const KvSpan& s, const RowsSpan& r, Ext3 kv, int n_nbr, int n_tiles) {
+  int lo = 0, hi = 0;
+  bool any = true;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    // Tiles t with origin + t * ext < need_end and origin + (t + 1) * ext > need_begin.
+    const int e = kv.e[ax];
+    const int t0 = r.need_begin[ax] > s.origin[ax] ? (r.need_begin[ax] - s.origin[ax]) / e : 0;
+    int t1 = r.need_end[ax] > s.origin[ax] ? (r.need_end[ax] - 1 - s.origin[ax]) / e : -1;
+    t1 = t1 < s.count[ax] - 1 ? t1 : s.count[ax] - 1;
+    any = any && r.need_end[ax] > r.need_begin[ax] && t0 <= t1;
+    lo = lo * s.count[ax] + t0;
+    hi = hi * s.count[ax] + t1;
+  }
+  WalkRun w;
+  w.first = any ? lo : n_nbr;
+  w.last = n_tiles > n_nbr ? n_tiles : (any ? hi + 1 : w.first);
+  return w;
 }
 
 // The window of one query (local coordinates) on every axis; a query beyond the group's length
@@ -322,6 +403,43 @@ inline double needed_pairs(const Geometry& geo) {
 template <class QT, class KT>
 inline TilingStats tiling_stats(const Geometry& geo) {
   return tiling_stats(geo, QT::kExt, KT::kExt);
+}
+
+// The same statistics for kernels whose parts of `rows` query rows each visit only their own run
+// of the key-tile walk (rows_span, rows_walk: the warp-specialized forward's warpgroups), in units
+// of whole query tiles (each part's visit counts rows / q.size()); the mask is skipped on tiles
+// inside all of the part's windows. Not separable over axes, so this walks every query tile.
+inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int rows) {
+  double visited = 0, unmasked = 0;
+  const double share = double(rows) / double(q.size());
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    int nt[kAxes], qo[kAxes];
+    for (int ax = 0; ax < kAxes; ++ax) nt[ax] = tiles_over(gr.len[ax], q.e[ax]);
+    for (int t = 0; t < nt[0] * nt[1] * nt[2]; ++t) {
+      qo[0] = (t / (nt[1] * nt[2])) * q.e[0];
+      qo[1] = (t / nt[2] % nt[1]) * q.e[1];
+      qo[2] = (t % nt[2]) * q.e[2];
+      KvSpan span;
+      for (int ax = 0; ax < kAxes; ++ax) kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], span);
+      const int n = span.total();
+      for (int r0 = 0; r0 < q.size(); r0 += rows) {
+        const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+        const WalkRun run = rows_walk(span, rs, kv, n, n);
+        visited += share * (run.last - run.first);
+        for (int it = run.first; it < run.last; ++it) {
+          bool inside = true;
+          for (int ax = kAxes - 1, rest = it; ax >= 0; --ax) {
+            const int o = span.origin[ax] + (rest % span.count[ax]) * kv.e[ax];
+            rest /= span.count[ax];
+            inside = inside && o >= rs.inner_begin[ax] && o + kv.e[ax] <= rs.inner_end[ax];
+          }
+          unmasked += inside ? share : 0.0;
+        }
+      }
+    }
+  }
+  return {visited, unmasked};
 }
 
 }  // namespace fused
