@@ -69,7 +69,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     query_shape: ``[B, *spatial, H, D]``; the other arguments as for :func:`na2d`. Returns a dict:
     ``config`` (the configuration name), ``visited_tiles`` (query-tile x key-tile pairs visited,
     all heads; where the warp-specialized Hopper kernel's 64-row warpgroups visit only the key
-    tiles their own rows need, each counts its share of the tile), ``unmasked_fraction`` (share of those wholly inside every window: no mask) and
+    tiles their own rows need, each counts its share of the tile), ``unmasked_fraction`` (share
+    of those wholly inside every window: no mask) and
     ``needed_fraction`` (needed score pairs over computed ones: the tiling efficiency), and for
     the backward's dK / dV kernel ``backward_kv_tile`` / ``backward_q_tile`` (its key tile and
     the query tiles it visits, per axis; empty when the fused backward does not take the problem),

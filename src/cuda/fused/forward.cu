@@ -450,8 +450,9 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* plan) {
     // The warp-specialized sm90 forward (192-query tiles, and 128-query ones where it runs) visits
     // per compute warpgroup (64 rows) only its own run of key tiles (tiling.cuh rows_walk).
     const bool parts = cfg->arch == 90 && fused::use_fwd_wg_skip() &&
-                       (cfg->q_size() == 192 || (cfg->q_size() == 128 && fused::use_fwd_sm90_ws(p.rank)));
-    const fused::Ext3 qe{{cfg->q[0], cfg->q[1], cfg->q[2]}}, ke{{cfg->kv[0], cfg->kv[1], cfg->kv[2]}};
+                       fused::fwd_sm90_runs_ws(cfg->q_size(), p.rank);
+    const fused::Ext3 qe{{cfg->q[0], cfg->q[1], cfg->q[2]}};
+    const fused::Ext3 ke{{cfg->kv[0], cfg->kv[1], cfg->kv[2]}};
     const fused::TilingStats ts = parts ? fused::part_tiling_stats(geo, qe, ke, 64)
                                         : fused::tiling_stats(geo, cfg->q, cfg->kv);
     plan->visited_tiles = ts.visited * double(p.batch) * double(p.heads);

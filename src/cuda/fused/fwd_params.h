@@ -78,6 +78,13 @@ inline bool use_fwd_sm90_ws(int rank) {
   return rank >= 2;
 }
 
+// Whether the sm90 forward runs a tile of `q_size` queries of a rank-`rank` problem in the
+// warp-specialized kernel: 192-query tiles always, 128-query ones where use_fwd_sm90_ws says so
+// (64-query tiles never).
+inline bool fwd_sm90_runs_ws(int q_size, int rank) {
+  return q_size == 192 || (q_size == 128 && use_fwd_sm90_ws(rank));
+}
+
 // Whether each compute warpgroup of the warp-specialized forward takes only the run of key tiles
 // its own 64 rows need and skips the mask on tiles inside all of their windows (rows_span,
 // rows_walk), rather than the whole query tile's. FNA_FWD_WG_SKIP=0 turns it off (comparisons).

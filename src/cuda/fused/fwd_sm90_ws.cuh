@@ -67,9 +67,10 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
 // K/V stages take 224 KiB. Each compute warpgroup multiplies only the run of key tiles its own 64
 // rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
 // warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
-// causal axis more at its start) and skips the mask on tiles inside all of its rows' windows. launch_fwd_sm90 runs it for 2-D and 3-D tiles (use_fwd_sm90_ws), one
-// CTA per query tile, or persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles,
-// so the next tile's Q and first key tiles load while the current one finishes.
+// causal axis more at its start) and skips the mask on tiles inside all of its rows' windows.
+// launch_fwd_sm90 runs it for 2-D and 3-D tiles (fwd_sm90_runs_ws), one CTA per query tile, or
+// persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles, so the next tile's Q
+// and first key tiles load while the current one finishes.
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
@@ -385,7 +386,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t
   if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   // 192-query tiles (three compute warpgroups) run warp-specialized only.
   if constexpr (Tr::kQ == 128 || Tr::kQ == 192) {
-    if (Tr::kQ == 192 || use_fwd_sm90_ws(kRank)) {
+    if (fwd_sm90_runs_ws(Tr::kQ, kRank)) {
       using Ws = Sm90WsTraits<Tr>;
       if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
       const FwdTma tm = fwd_tma_maps(p, QT::kExt, KT::kExt);

@@ -36,6 +36,17 @@ struct Tile {
   }
 };
 
+// Tile extents per axis as a value (the host's configurations hold them at run time; device code
+// builds one from a compile-time Tile with ext_of, so the arithmetic folds).
+struct Ext3 {
+  int e[kAxes];
+  FNA_HD int size() const { return e[0] * e[1] * e[2]; }
+};
+template <class TT>
+FNA_HD Ext3 ext_of() {
+  return Ext3{{TT::ext(0), TT::ext(1), TT::ext(2)}};
+}
+
 // The lifted problem geometry (only the neighborhood parameters; shapes of heads / dims live in
 // the kernels' own params).
 struct Geometry {
@@ -128,28 +139,21 @@ FNA_HD KvSpan kv_span(const Geometry& geo, const Group& gr, const int (&q_origin
 
 // Key tile number `t` of a span (last axis fastest) -> its first local coordinate per axis, and
 // whether it lies wholly inside every query's window (no mask needed).
-template <class KT>
-FNA_HD bool kv_tile_at(const KvSpan& s, int t, int (&k_origin)[kAxes]) {
+FNA_HD bool kv_tile_at(const KvSpan& s, int t, Ext3 kv, int (&k_origin)[kAxes]) {
   bool inside = true;
   for (int ax = kAxes - 1; ax >= 0; --ax) {
     const int ti = t % s.count[ax];
     t /= s.count[ax];
-    k_origin[ax] = s.origin[ax] + ti * KT::ext(ax);
+    k_origin[ax] = s.origin[ax] + ti * kv.e[ax];
     inside = inside && k_origin[ax] >= s.inner_begin[ax] &&
-             k_origin[ax] + KT::ext(ax) <= s.inner_end[ax];
+             k_origin[ax] + kv.e[ax] <= s.inner_end[ax];
   }
   return inside;
 }
 
-// Tile extents per axis as a value (the host's configurations hold them at run time; device code
-// builds one from a compile-time Tile with ext_of, so the arithmetic folds).
-struct Ext3 {
-  int e[kAxes];
-  FNA_HD int size() const { return e[0] * e[1] * e[2]; }
-};
-template <class TT>
-FNA_HD Ext3 ext_of() {
-  return Ext3{{TT::ext(0), TT::ext(1), TT::ext(2)}};
+template <class KT>
+FNA_HD bool kv_tile_at(const KvSpan& s, int t, int (&k_origin)[kAxes]) {
+  return kv_tile_at(s, t, ext_of<KT>(), k_origin);
 }
 
 // What a part of a query tile needs of the tile's key tiles (kv_span): rows [r0, r0 + n) of the
@@ -427,15 +431,14 @@ inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int r
         const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
         const WalkRun run = rows_walk(span, rs, kv, n, n);
         visited += share * (run.last - run.first);
-        for (int it = run.first; it < run.last; ++it) {
-          bool inside = true;
-          for (int ax = kAxes - 1, rest = it; ax >= 0; --ax) {
-            const int o = span.origin[ax] + (rest % span.count[ax]) * kv.e[ax];
-            rest /= span.count[ax];
-            inside = inside && o >= rs.inner_begin[ax] && o + kv.e[ax] <= rs.inner_end[ax];
-          }
-          unmasked += inside ? share : 0.0;
+        KvSpan part = span;  // "inside" for the part's rows, as the kernel decides it
+        for (int ax = 0; ax < kAxes; ++ax) {
+          part.inner_begin[ax] = rs.inner_begin[ax];
+          part.inner_end[ax] = rs.inner_end[ax];
         }
+        int k[kAxes];
+        for (int it = run.first; it < run.last; ++it)
+          unmasked += kv_tile_at(part, it, kv, k) ? share : 0.0;
       }
     }
   }
