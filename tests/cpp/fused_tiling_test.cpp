@@ -200,15 +200,15 @@ TEST(FusedTiling, SpansAndStatsMatchBruteForce) {
 // query of the part lies in the part's run of the walk, a tile the part's span calls inside (no
 // mask) holds only pairs for those queries, and where the part is a box of the tile (`box`; a part
 // that wraps around an axis is bounded by a larger box) the run starts and ends on such tiles;
-// and part_tiling_stats adds the runs up.
+// and part_tiling_stats adds the runs up, part_critical_tiles the slowest part's per query tile.
 template <class QT, class KT>
-void check_parts(const Geometry& geo, int rows, bool box) {
+void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
   const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
                            std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
                            " rows " + std::to_string(rows);
   const fna::fused::Ext3 qe = fna::fused::ext_of<QT>(), ke = fna::fused::ext_of<KT>();
   const double share = double(rows) / QT::kSize;
-  double visited = 0, unmasked = 0;
+  double visited = 0, unmasked = 0, worst_sum = 0;
   for (int flat = 0; flat < geo.num_groups(); ++flat) {
     const Group gr = Group::of(geo, flat);
     const GroupTables t(geo, gr);
@@ -221,6 +221,7 @@ void check_parts(const Geometry& geo, int rows, bool box) {
       for (int a = 0; a < kAxes; ++a) q0[a] = ti[a] * QT::ext(a);
       const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
       const int n = sp.total();
+      double worst = 0;  // the slowest part's tiles, masked ones weighing 1.25
       for (int r0 = 0; r0 < QT::kSize; r0 += rows) {
         const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, qe, r0, rows);
         const fna::fused::WalkRun run = fna::fused::rows_walk(sp, rs, ke, n, n);
@@ -231,7 +232,7 @@ void check_parts(const Geometry& geo, int rows, bool box) {
           part.inner_begin[a] = rs.inner_begin[a];
           part.inner_end[a] = rs.inner_end[a];
         }
-        int first_needed = -1, last_needed = -1;
+        int first_needed = -1, last_needed = -1, inside_in_run = 0;
         for (int it = 0; it < n; ++it) {
           int k0[kAxes], k1[kAxes];
           const bool inside = fna::fused::kv_tile_at<KT>(part, it, k0);
@@ -264,6 +265,7 @@ void check_parts(const Geometry& geo, int rows, bool box) {
               ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs";
             ASSERT_TRUE(all) << what << ": key tile " << it << " is inside but needs a mask";
             unmasked += share;
+            ++inside_in_run;
           }
         }
         if (!box) {
@@ -274,13 +276,21 @@ void check_parts(const Geometry& geo, int rows, bool box) {
           EXPECT_EQ(run.first, run.last) << what << ": a part without pairs visits tiles";
         }
         visited += share * (run.last - run.first);
+        const int len = run.last - run.first;
+        worst = std::max(worst, len + 0.25 * (len - inside_in_run));
       }
+      worst_sum += worst;
     });
     if (::testing::Test::HasFatalFailure()) return;
   }
   const fna::fused::TilingStats st = fna::fused::part_tiling_stats(geo, qe, ke, rows);
   EXPECT_NEAR(st.visited, visited, 1e-9 * (1 + visited)) << what;
   EXPECT_NEAR(st.unmasked, unmasked, 1e-9 * (1 + unmasked)) << what;
+  // The heuristic's per-axis product (exact where the parts split the tile's slowest axis).
+  if (critical)
+    EXPECT_NEAR(fna::fused::part_critical_tiles(geo, qe, ke, rows, 0.25), worst_sum,
+                1e-9 * (1 + worst_sum))
+        << what;
 }
 
 TEST(FusedTiling, PartRunsMatchBruteForce) {
@@ -291,12 +301,13 @@ TEST(FusedTiling, PartRunsMatchBruteForce) {
     SCOPED_TRACE("case " + std::to_string(c) + " rank " + std::to_string(rank));
     // The warp-specialized forward's tiles (64-row warpgroups), and parts that wrap around an
     // axis (8 rows of a 4x6 tile) or split the fastest one (2 rows of 4).
-    check_parts<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, 64, true);
-    check_parts<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, 64, true);
-    check_parts<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, 64, true);
-    check_parts<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, 64, true);
-    check_parts<Tile<1, 4, 6>, Tile<1, 2, 4>>(geo, 8, false);
-    check_parts<Tile<2, 2, 4>, Tile<2, 1, 2>>(geo, 2, true);
+    check_parts<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, 64, true, true);
+    check_parts<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, 64, true, true);
+    check_parts<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, 64, true, true);
+    check_parts<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, 64, true, true);
+    check_parts<Tile<3, 8, 8>, Tile<1, 8, 8>>(geo, 64, true, true);
+    check_parts<Tile<1, 4, 6>, Tile<1, 2, 4>>(geo, 8, false, false);
+    check_parts<Tile<2, 2, 4>, Tile<2, 1, 2>>(geo, 2, true, false);
     if (HasFatalFailure()) return;
   }
 }

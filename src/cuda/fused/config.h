@@ -106,7 +106,12 @@
 // 55.91 (causal0 39.48 against 42.68; H100, tools/gpu/config_ab.py, commit 8833ffb). At rank 2
 // (2d-large, 63x63 windows) a 192-query 8x24 / 8x8 tile computes 10% more pairs per query than
 // 8x16 / 8x8 and ran 6.822 / 6.264 / 6.628 ms against 6.628 / 6.142 / 6.180 (base / causal0 /
-// dil2, same tool, commit 1c97a77), so it is not listed.
+// dil2, same tool, commit 1c97a77), so it is not listed. 3x8x8 queries over 1x8x8 key tiles: each
+// warpgroup (one frame) then needs exactly its own window's frames, where 2-frame key tiles give
+// the middle one 20 frames for 18; on 3d-video causal0 it ran 32.698 ms against 34.362 for
+// 3x8x8 / 2x4x8, on base 46.124 against 43.032 (its 8-row key tiles waste more at the borders of
+// the 48-row axis; H100, tools/gpu/config_ab.py in ABBA order, 2026-11-24). The heuristic's cost
+// (forward.cu cost_of: the slowest warpgroup per query tile) picks it for the causal problem only.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
   X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
   X(1, 128, 1, 1, 128, 1, 1, 64, DT)
@@ -121,7 +126,8 @@
   X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
   X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
   X(3, 128, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 3, 8, 8, 2, 4, 8, DT)
+  X(3, 128, 3, 8, 8, 2, 4, 8, DT)          \
+  X(3, 128, 3, 8, 8, 1, 8, 8, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

@@ -189,12 +189,19 @@ fused::Geometry geometry_of(const Problem& p) {
 // more query rows would on the mma.sync kernels (so smaller query tiles pay for re-reading K/V),
 // 64 on the wgmma kernels, whose per-tile waits for MMA completion cost more next to their faster
 // MMAs.
+// The warp-specialized sm90 kernel's warpgroups take only their own rows' key tiles and end
+// together, so there the multiply-and-mask term is each query tile's slowest warpgroup
+// (tiling.cuh part_critical_tiles) as if all ran it; the per-tile term still counts every tile the
+// CTA loads.
 double cost_of(const FwdEntry& e, const fused::Geometry& geo) {
   const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
   const double masked = s.visited - s.unmasked;
   const double per_tile_rows = e.arch == 90 ? 64.0 : 32.0;
-  return ((s.visited + 0.25 * masked) * double(e.q_size()) + per_tile_rows * s.visited) *
-         double(e.kv_size());
+  double work = s.visited + 0.25 * masked;
+  if (e.arch == 90 && fused::use_fwd_wg_skip() && fused::fwd_sm90_runs_ws(e.q_size(), e.rank))
+    work = fused::part_critical_tiles(geo, fused::Ext3{{e.q[0], e.q[1], e.q[2]}},
+                                      fused::Ext3{{e.kv[0], e.kv[1], e.kv[2]}}, 64, 0.25);
+  return (work * double(e.q_size()) + per_tile_rows * s.visited) * double(e.kv_size());
 }
 
 // The order in which the CTAs take query tiles (tiling.cuh walk_order), with one CTA per SM

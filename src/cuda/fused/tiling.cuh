@@ -445,5 +445,50 @@ inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int r
   return {visited, unmasked};
 }
 
+// The slowest part of each query tile, summed over the tiles: for kernels whose parts of `rows`
+// rows run side by side and end together (the warp-specialized forward's warpgroups), a CTA takes
+// as long as its part with the most work, `masked_weight` extra per masked key tile. Per part and
+// axis the key tiles of its run and those inside all its windows are counted, and a part's tiles
+// are their product (exact for the parts the kernels use, which differ on the tile's slowest
+// axis). O(query tiles x parts x axes), so the forward's heuristic can afford it.
+inline double part_critical_tiles(const Geometry& geo, Ext3 q, Ext3 kv, int rows,
+                                  double masked_weight) {
+  double total = 0;
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    int nt[kAxes], qo[kAxes];
+    for (int ax = 0; ax < kAxes; ++ax) nt[ax] = tiles_over(gr.len[ax], q.e[ax]);
+    for (int t = 0; t < nt[0] * nt[1] * nt[2]; ++t) {
+      qo[0] = (t / (nt[1] * nt[2])) * q.e[0];
+      qo[1] = (t / nt[2] % nt[1]) * q.e[1];
+      qo[2] = (t % nt[2]) * q.e[2];
+      KvSpan span;
+      for (int ax = 0; ax < kAxes; ++ax) kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], span);
+      double worst = 0;
+      for (int r0 = 0; r0 < q.size(); r0 += rows) {
+        const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+        double n = 1, in = 1;
+        for (int ax = 0; ax < kAxes; ++ax) {
+          const int e = kv.e[ax], o = span.origin[ax];
+          if (rs.need_end[ax] <= rs.need_begin[ax]) {
+            n = in = 0;
+            break;
+          }
+          const int t0 = rs.need_begin[ax] > o ? (rs.need_begin[ax] - o) / e : 0;
+          const int t1 = std::min((rs.need_end[ax] - 1 - o) / e, span.count[ax] - 1);
+          // Inside: o + t * e >= inner_begin and o + (t + 1) * e <= inner_end.
+          const int i0 = std::max(t0, rs.inner_begin[ax] > o ? (rs.inner_begin[ax] - o + e - 1) / e : 0);
+          const int i1 = std::min(t1, rs.inner_end[ax] >= o + e ? (rs.inner_end[ax] - o) / e - 1 : -1);
+          n *= std::max(0, t1 - t0 + 1);
+          in *= std::max(0, i1 - i0 + 1);
+        }
+        worst = std::max(worst, n + masked_weight * (n - in));
+      }
+      total += worst;
+    }
+  }
+  return total;
+}
+
 }  // namespace fused
 }  // namespace fna
