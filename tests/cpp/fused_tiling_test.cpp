@@ -268,11 +268,10 @@ void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
             ++inside_in_run;
           }
         }
-        if (!box) {
-        } else if (first_needed >= 0) {
+        if (box && first_needed >= 0) {
           EXPECT_EQ(run.first, first_needed) << what;
           EXPECT_EQ(run.last, last_needed + 1) << what;
-        } else {
+        } else if (box) {
           EXPECT_EQ(run.first, run.last) << what << ": a part without pairs visits tiles";
         }
         visited += share * (run.last - run.first);
@@ -287,10 +286,11 @@ void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
   EXPECT_NEAR(st.visited, visited, 1e-9 * (1 + visited)) << what;
   EXPECT_NEAR(st.unmasked, unmasked, 1e-9 * (1 + unmasked)) << what;
   // The heuristic's per-axis product (exact where the parts split the tile's slowest axis).
-  if (critical)
+  if (critical) {
     EXPECT_NEAR(fna::fused::part_critical_tiles(geo, qe, ke, rows, 0.25), worst_sum,
                 1e-9 * (1 + worst_sum))
         << what;
+  }
 }
 
 TEST(FusedTiling, PartRunsMatchBruteForce) {

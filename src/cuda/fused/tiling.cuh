@@ -409,13 +409,10 @@ inline TilingStats tiling_stats(const Geometry& geo) {
   return tiling_stats(geo, QT::kExt, KT::kExt);
 }
 
-// The same statistics for kernels whose parts of `rows` query rows each visit only their own run
-// of the key-tile walk (rows_span, rows_walk: the warp-specialized forward's warpgroups), in units
-// of whole query tiles (each part's visit counts rows / q.size()); the mask is skipped on tiles
-// inside all of the part's windows. Not separable over axes, so this walks every query tile.
-inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int rows) {
-  double visited = 0, unmasked = 0;
-  const double share = double(rows) / double(q.size());
+// Calls fn(group, query-tile origin, key-tile span) for every query tile of every dilation group
+// (host; for the statistics below, which do not factor over axes).
+template <class Fn>
+inline void for_each_query_tile(const Geometry& geo, Ext3 q, Ext3 kv, Fn&& fn) {
   for (int flat = 0; flat < geo.num_groups(); ++flat) {
     const Group gr = Group::of(geo, flat);
     int nt[kAxes], qo[kAxes];
@@ -426,22 +423,34 @@ inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int r
       qo[2] = (t % nt[2]) * q.e[2];
       KvSpan span;
       for (int ax = 0; ax < kAxes; ++ax) kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], span);
-      const int n = span.total();
-      for (int r0 = 0; r0 < q.size(); r0 += rows) {
-        const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
-        const WalkRun run = rows_walk(span, rs, kv, n, n);
-        visited += share * (run.last - run.first);
-        KvSpan part = span;  // "inside" for the part's rows, as the kernel decides it
-        for (int ax = 0; ax < kAxes; ++ax) {
-          part.inner_begin[ax] = rs.inner_begin[ax];
-          part.inner_end[ax] = rs.inner_end[ax];
-        }
-        int k[kAxes];
-        for (int it = run.first; it < run.last; ++it)
-          unmasked += kv_tile_at(part, it, kv, k) ? share : 0.0;
-      }
+      fn(gr, qo, span);
     }
   }
+}
+
+// The same statistics for kernels whose parts of `rows` query rows each visit only their own run
+// of the key-tile walk (rows_span, rows_walk: the warp-specialized forward's warpgroups), in units
+// of whole query tiles (each part's visit counts rows / q.size()); the mask is skipped on tiles
+// inside all of the part's windows. Not separable over axes, so this walks every query tile.
+inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int rows) {
+  double visited = 0, unmasked = 0;
+  const double share = double(rows) / double(q.size());
+  for_each_query_tile(geo, q, kv, [&](const Group& gr, const int (&qo)[kAxes], const KvSpan& span) {
+    const int n = span.total();
+    for (int r0 = 0; r0 < q.size(); r0 += rows) {
+      const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+      const WalkRun run = rows_walk(span, rs, kv, n, n);
+      visited += share * (run.last - run.first);
+      KvSpan part = span;  // "inside" for the part's rows, as the kernel decides it
+      for (int ax = 0; ax < kAxes; ++ax) {
+        part.inner_begin[ax] = rs.inner_begin[ax];
+        part.inner_end[ax] = rs.inner_end[ax];
+      }
+      int k[kAxes];
+      for (int it = run.first; it < run.last; ++it)
+        unmasked += kv_tile_at(part, it, kv, k) ? share : 0.0;
+    }
+  });
   return {visited, unmasked};
 }
 
@@ -454,39 +463,31 @@ inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int r
 inline double part_critical_tiles(const Geometry& geo, Ext3 q, Ext3 kv, int rows,
                                   double masked_weight) {
   double total = 0;
-  for (int flat = 0; flat < geo.num_groups(); ++flat) {
-    const Group gr = Group::of(geo, flat);
-    int nt[kAxes], qo[kAxes];
-    for (int ax = 0; ax < kAxes; ++ax) nt[ax] = tiles_over(gr.len[ax], q.e[ax]);
-    for (int t = 0; t < nt[0] * nt[1] * nt[2]; ++t) {
-      qo[0] = (t / (nt[1] * nt[2])) * q.e[0];
-      qo[1] = (t / nt[2] % nt[1]) * q.e[1];
-      qo[2] = (t % nt[2]) * q.e[2];
-      KvSpan span;
-      for (int ax = 0; ax < kAxes; ++ax) kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], span);
-      double worst = 0;
-      for (int r0 = 0; r0 < q.size(); r0 += rows) {
-        const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
-        double n = 1, in = 1;
-        for (int ax = 0; ax < kAxes; ++ax) {
-          const int e = kv.e[ax], o = span.origin[ax];
-          if (rs.need_end[ax] <= rs.need_begin[ax]) {
-            n = in = 0;
-            break;
-          }
-          const int t0 = rs.need_begin[ax] > o ? (rs.need_begin[ax] - o) / e : 0;
-          const int t1 = std::min((rs.need_end[ax] - 1 - o) / e, span.count[ax] - 1);
-          // Inside: o + t * e >= inner_begin and o + (t + 1) * e <= inner_end.
-          const int i0 = std::max(t0, rs.inner_begin[ax] > o ? (rs.inner_begin[ax] - o + e - 1) / e : 0);
-          const int i1 = std::min(t1, rs.inner_end[ax] >= o + e ? (rs.inner_end[ax] - o) / e - 1 : -1);
-          n *= std::max(0, t1 - t0 + 1);
-          in *= std::max(0, i1 - i0 + 1);
+  for_each_query_tile(geo, q, kv, [&](const Group& gr, const int (&qo)[kAxes], const KvSpan& span) {
+    double worst = 0;
+    for (int r0 = 0; r0 < q.size(); r0 += rows) {
+      const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+      double n = 1, in = 1;
+      for (int ax = 0; ax < kAxes; ++ax) {
+        const int e = kv.e[ax], o = span.origin[ax];
+        if (rs.need_end[ax] <= rs.need_begin[ax]) {
+          n = in = 0;
+          break;
         }
-        worst = std::max(worst, n + masked_weight * (n - in));
+        const int t0 = rs.need_begin[ax] > o ? (rs.need_begin[ax] - o) / e : 0;
+        const int t1 = std::min((rs.need_end[ax] - 1 - o) / e, span.count[ax] - 1);
+        // Inside: o + t * e >= inner_begin and o + (t + 1) * e <= inner_end.
+        const int i0 =
+            std::max(t0, rs.inner_begin[ax] > o ? (rs.inner_begin[ax] - o + e - 1) / e : 0);
+        const int i1 =
+            std::min(t1, rs.inner_end[ax] >= o + e ? (rs.inner_end[ax] - o) / e - 1 : -1);
+        n *= std::max(0, t1 - t0 + 1);
+        in *= std::max(0, i1 - i0 + 1);
       }
-      total += worst;
+      worst = std::max(worst, n + masked_weight * (n - in));
     }
-  }
+    total += worst;
+  });
   return total;
 }
 
