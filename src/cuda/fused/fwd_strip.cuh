@@ -6,9 +6,12 @@
 // windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
 // each halo row is copied by every tile that needs it. Here the strip's halo rows (the union of
 // its columns' windows on the last axis, every row its box rows need) stream through a ring in
-// shared memory, two halo rows per band, each band with a "full" mbarrier (its cp.async copies
-// landed) and a count of the warps that handed it back. A halo row is copied once per strip, and
-// the copies run ahead of the multiplications by as many bands as the ring has free.
+// shared memory, two halo rows per band, each band with a "full" mbarrier (its copies landed)
+// and a count of the warps that handed it back. A halo row is copied once per strip, and the
+// copies run ahead of the multiplications by as many bands as the ring has free. On sm_90 a band
+// is one TMA box per tensor (2 halo rows x pitch columns, issued by one lane, completing on the
+// barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
+// cp.async copies (FNA_FWD_STRIP_TMA=0 forces them).
 //
 // Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
 // kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
@@ -20,15 +23,19 @@
 // row in flight can always proceed. The next box's Q fragments are loaded during the current
 // box's chunks.
 //
-// Shared memory: ring_rows x pitch K rows, then as many V rows, 128 bytes each (head dim 64) with
-// the box forward's XOR swizzle; ring row y of a strip with hn2 halo columns is rows
-// y * hn2 .. y * hn2 + hn2 - 1.
+// Shared memory (1024-byte aligned): ring_rows x pitch K rows, then as many V rows, 128 bytes
+// each (head dim 64) with the box forward's XOR swizzle, which is TMA's 128-byte swizzle; ring
+// row y is rows y * pitch .. y * pitch + pitch - 1 (the strip's hn2 <= pitch halo columns first;
+// pitch % 4 == 0, so every band starts on the swizzle's 1024-byte period).
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/fused/fwd_box.cuh"
 #include "cuda/fused/fwd_common.cuh"
 #include "cuda/fused/fwd_params.h"
@@ -69,12 +76,25 @@ struct RingCursor {
   }
 };
 
-template <class T, int kD, int kPhases>
+// TMA maps of the strip's K and V bands (sm_90+; on = 0: cp.async copies).
+struct StripTma {
+  tma::TokenMap k, v;
+  int on;
+};
+
+template <class T, int kD, int kPhases, bool kTma>
 __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
-    fna_fwd_strip_kernel(const FwdParams p, const StripParams sp) {
+    fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
+                         const __grid_constant__ StripTma tm) {
   using Tr = StripTraits<T, kD, kPhases>;
   using Elem = typename Tr::Elem;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kTma) {
+    __trap();  // the launcher takes TMA only on sm_90+
+    return;
+  }
+#endif
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
   // Per slot, the number of warps that handed a band of it back (all generations).
   __shared__ int handed_back[kStripMaxBands];
@@ -116,17 +136,41 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
 
   const uint32_t full0 = mma::smem_u32(full_bars);
   if (threadIdx.x < slots) {
-    mbar::init(full0 + 8 * threadIdx.x, 32);
+    mbar::init(full0 + 8 * threadIdx.x, kTma ? 1 : 32);  // the TMA thread, or a warp's lanes
     handed_back[threadIdx.x] = 0;
   }
   __syncthreads();
-  const uint32_t sK = mma::smem_u32(smem_raw);
+  // The ring starts 1024-byte aligned (the 128-byte swizzle of TMA is a function of the address;
+  // box_sw's is of the row, and a band is a multiple of 1024 bytes: pitch % 4 == 0).
+  const uint32_t raw = mma::smem_u32(smem_raw);
+  const uint32_t sK = raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t sV = sK + uint32_t(sp.ring_rows * sp.pitch) * Tr::kRowBytes;
+  const uint32_t band_bytes = uint32_t(kStripBandRows * sp.pitch) * Tr::kRowBytes;
 
-  // Copies band `band` into ring slot `slot` (the whole warp) and arrives on the slot's "full"
-  // barrier when the copies land. Lane l copies 16-byte chunk l % 8 of the band's halo row
-  // (l / 8) % 2, columns l / 16, l / 16 + 2, ...
+  // Copies band `band` into ring slot `slot` (the whole warp calls it) and arrives on the slot's
+  // "full" barrier: by TMA, or lane l copies 16-byte chunk l % 8 of the band's halo row
+  // (l / 8) % 2, columns l / 16, l / 16 + 2, ... and arrives when its copies land.
   auto issue_band = [&](int band, int slot) {
+    if constexpr (kTma) {
+      // One box of kStripBandRows halo rows x pitch columns per tensor (zeros past the axes'
+      // ends), completing on the slot's "full" barrier.
+      if (lane == 0) {
+        const uint32_t bar = full0 + 8 * slot;
+        tma::arrive_expect_tx(bar, 2 * band_bytes);
+        // This slot's previous band was read by ldmatrix (the generic proxy); the hand-backs
+        // ordered those reads before this thread's, and the fence orders them before the TMA
+        // writes (the async proxy).
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const int o[kAxes] = {0, (y0 + band * kStripBandRows) * geo.axis[1].dilation + gr.g[1],
+                              h2.begin * geo.axis[2].dilation + gr.g[2]};
+        int ck[4], cv[4];
+        tma::box_coords(tm.k, ft.b, o, hkv, ck);
+        tma::box_coords(tm.v, ft.b, o, hkv, cv);
+        tma::load_box(sK + slot * band_bytes, tm.k, 0, ck, bar);
+        tma::load_box(sV + slot * band_bytes, tm.v, 0, cv, bar);
+      }
+      return;
+    }
     const int sub = lane & 7, rr = (lane >> 3) & 1, x0 = lane >> 4;
     const int y = y0 + band * kStripBandRows + rr;
     if (y < h1.end) {
@@ -139,7 +183,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
       const Elem* v = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4] +
                       int64_t(gy) * p.v_stride[2] + int64_t(gx) * p.v_stride[3] + sub * 8;
       const int64_t kx = 2 * int64_t(dil2) * p.k_stride[3], vx = 2 * int64_t(dil2) * p.v_stride[3];
-      int row = (slot * kStripBandRows + rr) * hn2 + x0;
+      int row = (slot * kStripBandRows + rr) * sp.pitch + x0;
       for (int x = x0; x < hn2; x += 2, row += 2, k += kx, v += vx) {
         const uint32_t off = box_sw(row, sub);
         mma::cp_async_16(sK + off, kin ? k : p.k, kin);
@@ -264,7 +308,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
         int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-        row[a] = y * hn2;
+        row[a] = y * sp.pitch;
       }
       box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat,
                        p.scale_log2);
@@ -280,19 +324,51 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   release_below(n_release);
 }
 
+// Whether the strip forward loads its bands by TMA where the device (sm_90+) and the tensors
+// allow (FNA_FWD_STRIP_TMA=0: the warps' cp.async copies everywhere). Read at every launch.
+inline bool use_strip_tma() {
+  const char* env = std::getenv("FNA_FWD_STRIP_TMA");
+  return !(env != nullptr && env[0] == '0');
+}
+
+// The band maps for a strip plan, or on = 0 where TMA cannot load the bands (not sm_90+, a
+// dilation or tensor layout TMA cannot describe: tma::token_map).
+inline StripTma strip_tma_maps(const FwdParams& p, const StripParams& sp) {
+  StripTma t{};
+  t.on = 0;
+  if (!use_strip_tma()) return t;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      major < 9)
+    return t;
+  const int box[kAxes] = {1, kStripBandRows, sp.pitch};
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
+  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
+  std::string why;
+  if (!tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, box, dil, &why) ||
+      !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, box, dil, &why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
 template <class T, int kD, int kPhases>
 cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
   using Tr = StripTraits<T, kD, kPhases>;
   const StripPlan pl = strip_plan(p.geo, kD, kPhases, p.sm_count, max_smem_optin,
                                   double(p.batch) * p.heads);
   if (!pl.ok) return cudaErrorInvalidConfiguration;
-  auto kernel = fna_fwd_strip_kernel<T, kD, kPhases>;
+  const StripTma tm = strip_tma_maps(p, pl.sp);
+  auto kernel = tm.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
+                      : fna_fwd_strip_kernel<T, kD, kPhases, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(pl.smem));
   if (err != cudaSuccess) return err;
   const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * pl.sp.strips * pl.sp.segs;
   if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, pl.smem, stream>>>(p, pl.sp);
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, pl.smem, stream>>>(p, pl.sp, tm);
   return cudaGetLastError();
 }
 

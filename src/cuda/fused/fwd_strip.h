@@ -72,10 +72,15 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
     for (int r0 = 0; r0 < len; r0 += kBoxExt)
       box_rows = std::max(box_rows, nbr::tile_union(a1, len, r0, std::min(r0 + kBoxExt, len)).size());
   }
+  // Ring rows hold a multiple of 4 columns, so that a band (2 rows) is a multiple of 1024 bytes
+  // and each band's TMA box starts on the 128-byte swizzle's period.
+  pitch = (pitch + 3) / 4 * 4;
   const size_t row_bytes = size_t(dim) * 2;
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
-  int ring = int(std::min<size_t>(size_t(smem_optin) / ring_row_bytes,
-                                  size_t(kStripMaxBands * kStripBandRows)));
+  // 1024 bytes to align the ring's start, and 1024 of static shared memory (the barriers, padded
+  // to the ring's alignment).
+  const size_t avail = size_t(smem_optin) > 2048 ? size_t(smem_optin) - 2048 : 0;
+  int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;
   // A box's union (up to box_rows rows, at any band offset) must fit the ring with a band to
   // spare, or its warp would wait for a band the ring cannot take; the kernel's ring index
@@ -101,7 +106,7 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   sp.sp.seg_rows = seg_box_rows * kBoxExt;
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
-  sp.smem = size_t(ring) * ring_row_bytes;
+  sp.smem = size_t(ring) * ring_row_bytes + 1024;
   sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
   // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
   // strip's columns.
