@@ -69,6 +69,8 @@ for s in "${steps[@]}"; do
       # The warp-specialized kernels' cp.async copies where TMA is the default (FNA_FWD_TMA=0,
       # FNA_BWD_TMA=0), with the forward's warp-specialized kernel on every rank.
       suite fwd gpu_test_tma0 FNA_SM90_WS=1 FNA_FWD_TMA=0
+      # The strip forward's cp.async band copies where TMA is the default (FNA_FWD_STRIP_TMA=0).
+      suite fwd gpu_test_strip_tma0 FNA_FWD_STRIP_TMA=0
       suite bwd gpu_test_bwd_tma0 FNA_BWD_TMA=0
       # Tile walks other than the heuristic's (tiling.cuh walk_order), forward and backward.
       suite fwd,bwd gpu_test_walk FNA_FWD_WALK=012 FNA_BWD_WALK=102 ;;
