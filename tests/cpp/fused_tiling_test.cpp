@@ -523,7 +523,7 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     }
     // Ring rows of `pitch` columns: the widest strip halo rounded up to a multiple of 4 (a band
     // of two rows is then a multiple of 1024 bytes, the TMA swizzle's period); 1024 bytes for the
-    // ring's alignment and 1024 of static shared memory come off the budget.
+    // ring's alignment and up to 1024 of static shared memory come off the budget.
     const int halo = pitch;
     pitch = (halo + 3) / 4 * 4;
     const int ring = std::min((optin - 2048) / (2 * pitch * 128), 64) / 2 * 2;

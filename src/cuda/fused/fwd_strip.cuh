@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     return;
   }
 #endif
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
   // Per slot, the number of warps that handed a band of it back (all generations).
   __shared__ int handed_back[kStripMaxBands];
@@ -360,7 +360,19 @@ cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_
   const StripPlan pl = strip_plan(p.geo, kD, kPhases, p.sm_count, max_smem_optin,
                                   double(p.batch) * p.heads);
   if (!pl.ok) return cudaErrorInvalidConfiguration;
-  const StripTma tm = strip_tma_maps(p, pl.sp);
+  StripTma tm = strip_tma_maps(p, pl.sp);
+  if (tm.on) {
+    // The TMA kernel's code must be sm_90's: a build whose architectures stop below 9.0 runs
+    // on Hopper through PTX of an older target, where the TMA path is compiled out.
+    static const int ptx = [] {
+      cudaFuncAttributes fa{};
+      return cudaFuncGetAttributes(&fa, fna_fwd_strip_kernel<T, kD, kPhases, true>) ==
+                     cudaSuccess
+                 ? fa.ptxVersion
+                 : 0;
+    }();
+    if (ptx < 90) tm.on = 0;
+  }
   auto kernel = tm.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
                       : fna_fwd_strip_kernel<T, kD, kPhases, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

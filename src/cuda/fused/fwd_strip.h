@@ -77,8 +77,8 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   pitch = (pitch + 3) / 4 * 4;
   const size_t row_bytes = size_t(dim) * 2;
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
-  // 1024 bytes to align the ring's start, and 1024 of static shared memory (the barriers, padded
-  // to the ring's alignment).
+  // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
+  // barriers).
   const size_t avail = size_t(smem_optin) > 2048 ? size_t(smem_optin) - 2048 : 0;
   int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;
