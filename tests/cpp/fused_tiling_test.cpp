@@ -105,6 +105,26 @@ void for_box(const int (&lo)[kAxes], const int (&hi)[kAxes], Fn&& fn) {
       }
 }
 
+// Calls fn(flat, gr, tables, q0) for every query tile (origin q0, tiles of QT) of every group
+// `flat` of `geo`, until a fatal failure.
+template <class QT, typename Fn>
+void for_each_test_tile(const Geometry& geo, Fn&& fn) {
+  for (int flat = 0; flat < geo.num_groups(); ++flat) {
+    const Group gr = Group::of(geo, flat);
+    const GroupTables t(geo, gr);
+    const int zero[kAxes] = {0, 0, 0};
+    int ntiles[kAxes];
+    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
+    for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
+      if (::testing::Test::HasFatalFailure()) return;
+      int q0[kAxes];
+      for (int a = 0; a < kAxes; ++a) q0[a] = ti[a] * QT::ext(a);
+      fn(flat, gr, t, q0);
+    });
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 // Checks every query tile of every group of `geo` for tile shapes QT / KT; returns the number of
 // key tiles checked.
 template <class QT, class KT>
@@ -115,60 +135,51 @@ int64_t check_forward(const Geometry& geo) {
                            "x" + std::to_string(KT::ext(2));
   double visited = 0, unmasked = 0;
   int64_t checked = 0;
-  for (int flat = 0; flat < geo.num_groups(); ++flat) {
-    const Group gr = Group::of(geo, flat);
-    const GroupTables t(geo, gr);
-    const int zero[kAxes] = {0, 0, 0};
-    int ntiles[kAxes];
-    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
-    for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
-      if (::testing::Test::HasFatalFailure()) return;
-      int q0[kAxes], q1[kAxes];
-      for (int a = 0; a < kAxes; ++a) {
-        q0[a] = ti[a] * QT::ext(a);
-        q1[a] = std::min(q0[a] + QT::ext(a), gr.len[a]);
-      }
-      const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
-      // Every neighbor of every query lies in the span's box.
-      int box0[kAxes], box1[kAxes];
-      for (int a = 0; a < kAxes; ++a) {
-        box0[a] = sp.origin[a];
-        box1[a] = sp.origin[a] + sp.count[a] * KT::ext(a);
-      }
+  const int zero[kAxes] = {0, 0, 0};
+  for_each_test_tile<QT>(geo, [&](int flat, const Group& gr, const GroupTables& t,
+                                  const int (&q0)[kAxes]) {
+    int q1[kAxes];
+    for (int a = 0; a < kAxes; ++a) q1[a] = std::min(q0[a] + QT::ext(a), gr.len[a]);
+    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+    // Every neighbor of every query lies in the span's box.
+    int box0[kAxes], box1[kAxes];
+    for (int a = 0; a < kAxes; ++a) {
+      box0[a] = sp.origin[a];
+      box1[a] = sp.origin[a] + sp.count[a] * KT::ext(a);
+    }
+    for_box(q0, q1, [&](const int (&q)[kAxes]) {
+      for_box(zero, gr.len, [&](const int (&k)[kAxes]) {
+        if (!t.pair(gr, q, k)) return;
+        for (int a = 0; a < kAxes; ++a)
+          ASSERT_TRUE(k[a] >= box0[a] && k[a] < box1[a])
+              << what << " group " << flat << ": key outside the span on axis " << a;
+      });
+    });
+    // Every key tile of the span holds a neighbor pair; an "inside" tile only neighbor pairs.
+    for (int n = 0; n < sp.total(); ++n) {
+      int k0[kAxes], k1[kAxes];
+      const bool inside = fna::fused::kv_tile_at<KT>(sp, n, k0);
+      for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
+      bool any = false, all = true;
       for_box(q0, q1, [&](const int (&q)[kAxes]) {
-        for_box(zero, gr.len, [&](const int (&k)[kAxes]) {
-          if (!t.pair(gr, q, k)) return;
-          for (int a = 0; a < kAxes; ++a)
-            ASSERT_TRUE(k[a] >= box0[a] && k[a] < box1[a])
-                << what << " group " << flat << ": key outside the span on axis " << a;
+        for_box(k0, k1, [&](const int (&k)[kAxes]) {
+          const bool p = t.pair(gr, q, k);
+          any = any || p;
+          all = all && p;
         });
       });
-      // Every key tile of the span holds a neighbor pair; an "inside" tile only neighbor pairs.
-      for (int n = 0; n < sp.total(); ++n) {
-        int k0[kAxes], k1[kAxes];
-        const bool inside = fna::fused::kv_tile_at<KT>(sp, n, k0);
-        for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
-        bool any = false, all = true;
-        for_box(q0, q1, [&](const int (&q)[kAxes]) {
-          for_box(k0, k1, [&](const int (&k)[kAxes]) {
-            const bool p = t.pair(gr, q, k);
-            any = any || p;
-            all = all && p;
-          });
-        });
-        if (inside) {
-          for (int a = 0; a < kAxes; ++a)
-            ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs axis " << a;
-          ASSERT_TRUE(all) << what << " group " << flat << ": an inside key tile needs a mask";
-        }
-        ASSERT_TRUE(any) << what << " group " << flat << ": key tile " << n << " has no pair";
-        visited += 1;
-        unmasked += inside ? 1 : 0;
-        ++checked;
+      if (inside) {
+        for (int a = 0; a < kAxes; ++a)
+          ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs axis " << a;
+        ASSERT_TRUE(all) << what << " group " << flat << ": an inside key tile needs a mask";
       }
-    });
-    if (::testing::Test::HasFatalFailure()) return checked;
-  }
+      ASSERT_TRUE(any) << what << " group " << flat << ": key tile " << n << " has no pair";
+      visited += 1;
+      unmasked += inside ? 1 : 0;
+      ++checked;
+    }
+  });
+  if (::testing::Test::HasFatalFailure()) return checked;
   const fna::fused::TilingStats st = fna::fused::tiling_stats(geo, QT::kExt, KT::kExt);
   EXPECT_EQ(st.visited, visited) << what;
   EXPECT_EQ(st.unmasked, unmasked) << what;
@@ -209,79 +220,70 @@ void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
   const fna::fused::Ext3 qe = fna::fused::ext_of<QT>(), ke = fna::fused::ext_of<KT>();
   const double share = double(rows) / QT::kSize;
   double visited = 0, unmasked = 0, worst_sum = 0;
-  for (int flat = 0; flat < geo.num_groups(); ++flat) {
-    const Group gr = Group::of(geo, flat);
-    const GroupTables t(geo, gr);
-    const int zero[kAxes] = {0, 0, 0};
-    int ntiles[kAxes];
-    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
-    for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
-      if (::testing::Test::HasFatalFailure()) return;
-      int q0[kAxes];
-      for (int a = 0; a < kAxes; ++a) q0[a] = ti[a] * QT::ext(a);
-      const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
-      const int n = sp.total();
-      double worst = 0;  // the slowest part's tiles, masked ones weighing 1.25
-      for (int r0 = 0; r0 < QT::kSize; r0 += rows) {
-        const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, qe, r0, rows);
-        const fna::fused::WalkRun run = fna::fused::rows_walk(sp, rs, ke, n, n);
-        ASSERT_TRUE(0 <= run.first && run.first <= run.last && run.last <= n)
-            << what << ": run [" << run.first << ", " << run.last << ") of " << n;
-        KvSpan part = sp;  // the kernel's: the part's inner ranges decide "inside"
-        for (int a = 0; a < kAxes; ++a) {
-          part.inner_begin[a] = rs.inner_begin[a];
-          part.inner_end[a] = rs.inner_end[a];
-        }
-        int first_needed = -1, last_needed = -1, inside_in_run = 0;
-        for (int it = 0; it < n; ++it) {
-          int k0[kAxes], k1[kAxes];
-          const bool inside = fna::fused::kv_tile_at<KT>(part, it, k0);
-          for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
-          bool any = false, all = true;
-          for (int r = r0; r < r0 + rows; ++r) {
-            int q[kAxes];
-            QT::coord(r, q);
-            bool valid = true;
-            for (int a = 0; a < kAxes; ++a) {
-              q[a] += q0[a];
-              valid = valid && q[a] < gr.len[a];
-            }
-            if (!valid) continue;
-            for_box(k0, k1, [&](const int (&k)[kAxes]) {
-              const bool pr = t.pair(gr, q, k);
-              any = any || pr;
-              all = all && pr;
-            });
-          }
-          if (any) {
-            ASSERT_TRUE(it >= run.first && it < run.last)
-                << what << ": key tile " << it << " has a pair but lies outside the run ["
-                << run.first << ", " << run.last << ")";
-            if (first_needed < 0) first_needed = it;
-            last_needed = it;
-          }
-          if (inside && it >= run.first && it < run.last) {
-            for (int a = 0; a < kAxes; ++a)
-              ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs";
-            ASSERT_TRUE(all) << what << ": key tile " << it << " is inside but needs a mask";
-            unmasked += share;
-            ++inside_in_run;
-          }
-        }
-        if (box && first_needed >= 0) {
-          EXPECT_EQ(run.first, first_needed) << what;
-          EXPECT_EQ(run.last, last_needed + 1) << what;
-        } else if (box) {
-          EXPECT_EQ(run.first, run.last) << what << ": a part without pairs visits tiles";
-        }
-        visited += share * (run.last - run.first);
-        const int len = run.last - run.first;
-        worst = std::max(worst, len + 0.25 * (len - inside_in_run));
+  for_each_test_tile<QT>(geo, [&](int, const Group& gr, const GroupTables& t,
+                                  const int (&q0)[kAxes]) {
+    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+    const int n = sp.total();
+    double worst = 0;  // the slowest part's tiles, masked ones weighing 1.25
+    for (int r0 = 0; r0 < QT::kSize; r0 += rows) {
+      const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, qe, r0, rows);
+      const fna::fused::WalkRun run = fna::fused::rows_walk(sp, rs, ke, n, n);
+      ASSERT_TRUE(0 <= run.first && run.first <= run.last && run.last <= n)
+          << what << ": run [" << run.first << ", " << run.last << ") of " << n;
+      KvSpan part = sp;  // the kernel's: the part's inner ranges decide "inside"
+      for (int a = 0; a < kAxes; ++a) {
+        part.inner_begin[a] = rs.inner_begin[a];
+        part.inner_end[a] = rs.inner_end[a];
       }
-      worst_sum += worst;
-    });
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+      int first_needed = -1, last_needed = -1, inside_in_run = 0;
+      for (int it = 0; it < n; ++it) {
+        int k0[kAxes], k1[kAxes];
+        const bool inside = fna::fused::kv_tile_at<KT>(part, it, k0);
+        for (int a = 0; a < kAxes; ++a) k1[a] = std::min(k0[a] + KT::ext(a), gr.len[a]);
+        bool any = false, all = true;
+        for (int r = r0; r < r0 + rows; ++r) {
+          int q[kAxes];
+          QT::coord(r, q);
+          bool valid = true;
+          for (int a = 0; a < kAxes; ++a) {
+            q[a] += q0[a];
+            valid = valid && q[a] < gr.len[a];
+          }
+          if (!valid) continue;
+          for_box(k0, k1, [&](const int (&k)[kAxes]) {
+            const bool pr = t.pair(gr, q, k);
+            any = any || pr;
+            all = all && pr;
+          });
+        }
+        if (any) {
+          ASSERT_TRUE(it >= run.first && it < run.last)
+              << what << ": key tile " << it << " has a pair but lies outside the run ["
+              << run.first << ", " << run.last << ")";
+          if (first_needed < 0) first_needed = it;
+          last_needed = it;
+        }
+        if (inside && it >= run.first && it < run.last) {
+          for (int a = 0; a < kAxes; ++a)
+            ASSERT_EQ(k1[a], k0[a] + KT::ext(a)) << what << ": an inside tile overhangs";
+          ASSERT_TRUE(all) << what << ": key tile " << it << " is inside but needs a mask";
+          unmasked += share;
+          ++inside_in_run;
+        }
+      }
+      if (box && first_needed >= 0) {
+        EXPECT_EQ(run.first, first_needed) << what;
+        EXPECT_EQ(run.last, last_needed + 1) << what;
+      } else if (box) {
+        EXPECT_EQ(run.first, run.last) << what << ": a part without pairs visits tiles";
+      }
+      visited += share * (run.last - run.first);
+      const int len = run.last - run.first;
+      worst = std::max(worst, len + 0.25 * (len - inside_in_run));
+    }
+    worst_sum += worst;
+  });
+  if (::testing::Test::HasFatalFailure()) return;
   const fna::fused::TilingStats st = fna::fused::part_tiling_stats(geo, qe, ke, rows);
   EXPECT_NEAR(st.visited, visited, 1e-9 * (1 + visited)) << what;
   EXPECT_NEAR(st.unmasked, unmasked, 1e-9 * (1 + unmasked)) << what;
