@@ -83,6 +83,38 @@ def main():
     print(f"{args.problem} forward: {synced:.3f} ms per call synchronized "
           f"(median of 30), {a.elapsed_time(b) / n:.3f} ms per call back to back ({n} calls)")
 
+    # Host time of one call of the problem itself with the GPU idle (the launch is asynchronous,
+    # so this is what the call costs the CPU before the kernel can start): the default choice,
+    # and the same configuration named explicitly (no heuristic).
+    cfg = fna.fused_plan([B, *shape, H, D], kernel, dtype="bfloat16")["config"] \
+        if hasattr(fna, "fused_plan") else None
+
+    def host_us(fn, n=50):
+        ts = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e6)
+        torch.cuda.synchronize()
+        ts.sort()
+        return ts[len(ts) // 2]
+    print(f"{args.problem} forward, host time of one call with the GPU idle (median of 50): "
+          f"default {host_us(call):.1f} us", end="")
+    out2, lse2 = torch.empty_like(q), torch.empty(q.shape[:-1], device="cuda", dtype=torch.float32)
+    ks = list(kernel) if isinstance(kernel, (tuple, list)) else [kernel] * len(shape)
+    c_call = lambda cf="": _C.forward(  # noqa: E731
+        q, k, v, out2, lse2, None, None, kernel_size=ks, stride=[1] * len(shape),
+        dilation=[1] * len(shape), is_causal=[False] * len(shape), backend="cuda-fused",
+        scale=D ** -0.5, stream=torch.cuda.current_stream().cuda_stream, config=cf,
+        deterministic=False, allow_tf32=False, backward_config="")
+    print(f", _C.forward (outputs given) {host_us(c_call):.1f} us", end="")
+    if cfg:
+        print(f", _C.forward config given {host_us(lambda: c_call(cfg)):.1f} us", end="")
+        print(f", config={cfg} given {host_us(lambda: fn(q, k, v, kernel, backend='cuda-fused', config=cfg)):.1f} us")
+    else:
+        print()
+
 
 if __name__ == "__main__":
     main()
