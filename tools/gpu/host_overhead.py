@@ -72,7 +72,7 @@ def main():
                for _ in range(3))
     fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
     call = lambda: fn(q, k, v, kernel, backend="cuda-fused")  # noqa: E731
-    synced = timed(call, 30, warmup=5)  # the benchmark's way: each call synchronized
+    synced = timed(call, 30, warmup=5, sync=True)  # the benchmark's way: each call synchronized
     n = 30
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
