@@ -1,8 +1,10 @@
 // Host time of bare kernel launches with the GPU idle before each (the CUDA runtime's floor for
 // what an fna call costs the CPU): an empty kernel; one taking 200 KB of dynamic shared memory
 // with cudaFuncSetAttribute called before every launch, and called once; one with 960 bytes of
-// parameters.
+// parameters; one taking two TMA descriptors (CUtensorMap) as a __grid_constant__ parameter,
+// zeroed and encoded for a 128 MB tensor.
 //   nvcc -O2 -std=c++17 -arch=sm_90 tools/gpu/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +25,14 @@ struct BigParams {
 };
 __global__ void param_kernel(const __grid_constant__ BigParams p) {
   if (p.v[0] == 12345) printf("never\n");
+}
+
+struct MapParams {
+  CUtensorMap k, v;
+  int on;
+};
+__global__ void map_kernel(const __grid_constant__ MapParams p) {
+  if (p.on == 12345) printf("never\n");
 }
 
 // Median host time of `launch()` with the GPU idle before each call.
@@ -58,4 +68,28 @@ int main(int argc, char** argv) {
   BigParams bp{};
   std::printf(", 960-byte parameters %.1f\n", launch_us([&](int i) {
     bp.v[1] = i; param_kernel<<<1024, 128>>>(bp); }, n));
+  MapParams mp{};
+  std::printf("  two CUtensorMap parameters: zeroed %.1f", launch_us([&](int i) {
+    mp.on = i; map_kernel<<<1024, 128>>>(mp); }, n));
+  void* buf = nullptr;
+  cudaMalloc(&buf, size_t(128) << 20);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  cuuint64_t gdim[3] = {64, 16384, 64};
+  cuuint64_t gstride[2] = {128, 128 * 16384};
+  cuuint32_t bdim[3] = {64, 28, 2};
+  cuuint32_t es[3] = {1, 1, 1};
+  CUresult r = reinterpret_cast<Encode>(fn)(&mp.k, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, buf, gdim,
+                                            gstride, bdim, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B,
+                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  mp.v = mp.k;
+  std::printf(", encoded (rc %d) %.1f\n", int(r), launch_us([&](int i) {
+    mp.on = i; map_kernel<<<1024, 128>>>(mp); }, n));
 }
