@@ -27,6 +27,12 @@ __global__ void param_kernel(const __grid_constant__ BigParams p) {
   if (p.v[0] == 12345) printf("never\n");
 }
 
+__global__ void spin_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 struct MapParams {
   CUtensorMap k, v;
   int on;
@@ -35,11 +41,14 @@ __global__ void map_kernel(const __grid_constant__ MapParams p) {
   if (p.on == 12345) printf("never\n");
 }
 
-// Median host time of `launch()` with the GPU idle before each call.
+// Median host time of `launch()` with the GPU idle before each call; with `spin` > 0 the GPU first
+// runs a kernel of `spin` clock cycles that the host waits for (the host then comes back from a
+// longer wait, as after a real kernel).
 template <class F>
-double launch_us(F&& launch, int n) {
+double launch_us(F&& launch, int n, long long spin = 0) {
   std::vector<double> ls;
   for (int i = 0; i < n; ++i) {
+    if (spin > 0) spin_kernel<<<1, 1>>>(spin);
     cudaDeviceSynchronize();
     auto t0 = std::chrono::steady_clock::now();
     launch(i);
@@ -92,4 +101,10 @@ int main(int argc, char** argv) {
   mp.v = mp.k;
   std::printf(", encoded (rc %d) %.1f\n", int(r), launch_us([&](int i) {
     mp.on = i; map_kernel<<<1024, 128>>>(mp); }, n));
+  // The empty kernel again, each launch after the host waited for a GPU spin of about 0.5 ms
+  // and 40 ms (1 GHz-2 GHz clocks: the cycles are 1e6 and 8e7).
+  for (long long spin : {1000000LL, 80000000LL})
+    std::printf("  empty kernel after waiting for a %lld-cycle GPU spin: %.1f\n", spin,
+                launch_us([](int i) { empty_kernel<<<1024, 128>>>(i); }, spin > 1e7 ? 30 : n,
+                          spin));
 }
