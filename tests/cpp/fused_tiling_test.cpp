@@ -541,6 +541,7 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     EXPECT_GE(sp.sp.pitch, halo);
     EXPECT_EQ(2 * sp.sp.pitch * 128 % 1024, 0);
     EXPECT_EQ(sp.sp.ring_rows, ring);
+    EXPECT_EQ(sp.box_rows, box_rows);
     EXPECT_EQ(sp.smem, size_t(ring) * 2 * pitch * 128 + 1024);
     EXPECT_LE(sp.smem + 1024, size_t(optin));
     const int seg = sp.sp.seg_rows;

@@ -52,11 +52,6 @@ constexpr bool plain_tf32() {
 
 constexpr int kArchBox = 1;
 constexpr int kArchStrip = 2;
-// The strip forward's query rows in flight (box rows x 4) that the heuristic takes: 8 (two box
-// rows, 8 warps) ran 2d-nat 0.689 / 0.779 ms against 0.766 / 0.802 for 12 and 0.794 / 0.879 for
-// 16 (H100, tools/gpu/fwd_configs.py, two passes), whose warps have fewer registers each.
-constexpr int kStripDefaultRows = 8;
-
 struct FwdEntry {
   int rank;
   DType dtype;
@@ -266,6 +261,17 @@ int strip_mode() {
   return std::atoi(env) != 0 ? 1 : 0;
 }
 
+// The strip forward's query rows in flight (box rows x 4, 4 warps per box row) that the heuristic
+// takes: the most whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the
+// ring with two bands to spare (ring_rows >= q[1] + box_rows), else the fewest. With the next
+// box's Q no longer held in registers at 12 and 16 warps (spill-free chunk loops), 16 warps ran
+// 2d-nat (13x13, ring 32 rows: exactly that fit) base / causal0 / dil2 in 0.508 / 0.467 /
+// 0.489 ms against 0.541 / 0.476 / 0.506 for 8 warps and 0.516 / 0.496 / 0.502 for 12 (H100,
+// bf16, tools/gpu/config_ab.py, GPU time, 2026-11-24). Other windows are not measured.
+int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
+  return sp.sp.ring_rows >= e.q[1] + sp.box_rows ? 1000 + e.q[1] : -e.q[1];
+}
+
 // The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
 // and its chunks' 16 columns are on average at least 3/4 inside their boxes' unions (windows of
 // 9+ on the last axis). Measured on an H100 (bf16, head dim 64, tools/gpu/box_ab.py, 2026-11-24):
@@ -410,17 +416,26 @@ Status select_config(const Problem& p, const Options& opt, const FwdEntry** out)
     // The strip forward where it applies and multiplies at most kStripPairsRatio of the tiled
     // choice's pairs with its chunks' columns mostly inside their boxes' unions (as the box
     // forward's rule), or wherever it applies when forced.
+    // Among its configurations, the most rows in flight that fit its ring (strip_rows_score).
     const int strip = strip_mode();
+    const FwdEntry* strip_cfg = nullptr;
+    int strip_score = 0;
     for (const FwdEntry* e : cands) {
-      if (strip == 0 || e->arch != kArchStrip || e->q[1] != kStripDefaultRows) continue;
+      if (strip == 0 || e->arch != kArchStrip) continue;
       fused::StripPlan sp;
       std::string why;
       if (!strip_applies(*e, p, geo, smem_optin, cuda_sm_count(opt.device_index), &sp, &why))
         continue;
-      if (strip == 1 || box != nullptr || tiled == 0 ||
-          (sp.box.computed <= kStripPairsRatio * tiled && sp.box.fast_fill >= 0.75))
-        cfg = e;
+      if (!(strip == 1 || box != nullptr || tiled == 0 ||
+            (sp.box.computed <= kStripPairsRatio * tiled && sp.box.fast_fill >= 0.75)))
+        continue;
+      const int score = strip_rows_score(*e, sp);
+      if (strip_cfg == nullptr || score > strip_score) {
+        strip_cfg = e;
+        strip_score = score;
+      }
     }
+    if (strip_cfg != nullptr) cfg = strip_cfg;
     if (cfg == nullptr)
       return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
                          std::to_string(smem_optin) + " bytes of shared memory per block");

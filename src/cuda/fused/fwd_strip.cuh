@@ -269,19 +269,26 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     }
   };
   constexpr int kStep = kPhases * kBoxExt;
+  // The next box's Q waits in registers only at 8 warps: 12 and 16 warps (at most 168 / 128
+  // registers per thread) load each box's Q at its start, or their chunk loops spill.
+  constexpr bool kPrefetchQ = kPhases <= 2;
   uint32_t qn[kD / 16][4];
-  load_q(r0 + phase * kBoxExt, qn);
+  if constexpr (kPrefetchQ) load_q(r0 + phase * kBoxExt, qn);
   for (int qb1 = r0 + phase * kBoxExt; qb1 < r1; qb1 += kStep) {
     const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
     const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
     release_below(u_off / kStripBandRows);
     if (!col_active) continue;
     uint32_t qf[kD / 16][4];
+    if constexpr (kPrefetchQ) {
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
+      for (int kk = 0; kk < kD / 16; ++kk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qf[kk][e] = qn[kk][e];
-    if (qb1 + kStep < r1) load_q(qb1 + kStep, qn);
+        for (int e = 0; e < 4; ++e) qf[kk][e] = qn[kk][e];
+      if (qb1 + kStep < r1) load_q(qb1 + kStep, qn);
+    } else {
+      load_q(qb1, qf);
+    }
     unsigned rowbits[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

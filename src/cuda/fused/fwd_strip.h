@@ -40,6 +40,7 @@ struct StripPlan {
   size_t smem = 0;     // dynamic shared memory per CTA (bytes)
   double items = 0;    // CTAs of one (batch, head)
   double loaded = 0;   // K / V rows the CTAs copy per (batch, head)
+  int box_rows = 0;    // the most rows one box row's union spans (the ring holds at least 4 more)
   BoxPlan box;         // the multiplied pairs and chunks (the box forward's)
 };
 
@@ -106,6 +107,7 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   sp.sp.seg_rows = seg_box_rows * kBoxExt;
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
+  sp.box_rows = box_rows;
   sp.smem = size_t(ring) * ring_row_bytes + 1024;
   sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
   // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
