@@ -267,8 +267,12 @@ int strip_mode() {
 // box's Q no longer held in registers at 12 and 16 warps (spill-free chunk loops), 16 warps ran
 // 2d-nat (13x13, ring 32 rows: exactly that fit) base / causal0 / dil2 in 0.508 / 0.467 /
 // 0.489 ms against 0.541 / 0.476 / 0.506 for 8 warps and 0.516 / 0.496 / 0.502 for 12 (H100,
-// bf16, tools/gpu/config_ab.py, GPU time, 2026-11-24). Other windows are not measured.
+// bf16, tools/gpu/config_ab.py, GPU time, 2026-11-24); tools/gpu/box_ab.py --env
+// FNA_FWD_STRIP_ROWS=8,16: 1.062x (13x13), 1.037x (13x13 dilation 2), 1.011x (11x11, 96x96, head
+// dim 48). FNA_FWD_STRIP_ROWS=8 / 12 / 16 forces the choice (read at every call).
 int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
+  const char* env = std::getenv("FNA_FWD_STRIP_ROWS");
+  if (env != nullptr && *env != '\0') return e.q[1] == std::atoi(env) ? 2000 : -e.q[1];
   return sp.sp.ring_rows >= e.q[1] + sp.box_rows ? 1000 + e.q[1] : -e.q[1];
 }
 
