@@ -20,8 +20,8 @@
 // a band back last copies the band that reuses its slot (there is no producer warp: it would
 // round the CTA's register budget to the next four warps). A box row's union fits the ring with
 // a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest box
-// row in flight can always proceed. The next box's Q fragments are loaded during the current
-// box's chunks.
+// row in flight can always proceed. At 8 warps the next box's Q fragments are loaded during the
+// current box's chunks; at 12 and 16 warps each box loads its own at its start (kPrefetchQ).
 //
 // Shared memory (1024-byte aligned): ring_rows x pitch K rows, then as many V rows, 128 bytes
 // each (head dim 64) with the box forward's XOR swizzle, which is TMA's 128-byte swizzle; ring
@@ -249,8 +249,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     }
   };
 
-  // Q of a box straight into A fragments (as the box forward), zeros past the axes' ends and D;
-  // the next box's loads are issued before the current box's chunks, so they fly meanwhile.
+  // Q of a box straight into A fragments (as the box forward), zeros past the axes' ends and D.
   auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
