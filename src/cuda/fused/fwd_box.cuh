@@ -35,6 +35,7 @@ namespace fused {
 template <class T, int kD_, class QT>
 struct BoxTraits {
   using Elem = typename T::type;
+  using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
   // The names softmax_scores / FwdState read.
   static constexpr bool kF32 = false;
   static constexpr int kD = kD_;
@@ -74,14 +75,16 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
 // query rows' bit sets (rowbits over union rows, pat over its four columns), the online softmax
 // and O += P V. The ldmatrix addresses step by one XOR: box_sw(r, 2 kk + s) ==
 // box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
-template <class Tr, class T>
-__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
-                                          const int (&row)[kBoxChunkRows], uint32_t sK,
-                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
-                                          int ch, const unsigned (&rowbits)[2],
-                                          const unsigned (&pat)[2], float scale_log2) {
+// box_scores is its first half (S and the mask), box_update the second (softmax and P V), so a
+// caller can reuse Q's registers in between.
+template <class Tr>
+__device__ __forceinline__ void box_scores(float (&s)[1][8][4],
+                                           const uint32_t (&qf)[Tr::kD / 16][4],
+                                           const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
+                                           int ksel, int ch, const unsigned (&rowbits)[2],
+                                           const unsigned (&pat)[2]) {
+  using T = typename Tr::Tag;
   constexpr int kD = Tr::kD;
-  float s[1][8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
   // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
@@ -111,6 +114,14 @@ __device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)
         for (int e = 0; e < 2; ++e)
           if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
   }
+}
+
+template <class Tr>
+__device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4],
+                                           const int (&row)[kBoxChunkRows], uint32_t sV, int vcol,
+                                           int vsel, float scale_log2) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
   softmax_update<Tr, true>(st, s, scale_log2);
   // O += P V: k-step a is union row 4 ch + a (16 keys).
 #pragma unroll
@@ -129,6 +140,17 @@ __device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)
       mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
     }
   }
+}
+
+template <class Tr>
+__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
+                                          const int (&row)[kBoxChunkRows], uint32_t sK,
+                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
+                                          int ch, const unsigned (&rowbits)[2],
+                                          const unsigned (&pat)[2], float scale_log2) {
+  float s[1][8][4];
+  box_scores<Tr>(s, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+  box_update<Tr>(st, s, row, sV, vcol, vsel, scale_log2);
 }
 
 template <class T, int kD, class QT>
@@ -272,7 +294,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
 #pragma unroll
     for (int a = 0; a < kBoxChunkRows; ++a)
       row[a] = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2;
-    box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat, p.scale_log2);
+    box_chunk<Tr>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat, p.scale_log2);
   }
 
   // Epilogue: the thread's two rows of the box.

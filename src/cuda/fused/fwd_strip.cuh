@@ -47,6 +47,7 @@ namespace fused {
 template <class T, int kD_, int kPhases_>
 struct StripTraits {
   using Elem = typename T::type;
+  using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
   // The names softmax_scores / FwdState / store_row read.
   static constexpr bool kF32 = false;
   static constexpr int kD = kD_;
@@ -61,6 +62,13 @@ struct StripTraits {
   static constexpr int kRowBytes = kD * 2;
   static_assert(kD == 64, "strip forward: head dim 64 (128-byte rows)");
 };
+
+// x, as a value the compiler cannot see through: what is computed from it is recomputed where
+// it is used instead of being held in registers (or spilled) from an earlier point.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
 
 // The ring position of a band: its slot and the parity of its generation, stepped one band at a
 // time (no division).
@@ -219,7 +227,6 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   const int kcol = min(c_off + (lane & 7) + ((lane >> 4) << 3), hn2 - 1);
   const int vcol = min(c_off + (lane & 7) + (((lane >> 3) & 1) << 3), hn2 - 1);
   const int ksel = (lane >> 3) & 1, vsel = lane >> 4;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
 
   RingCursor filled;    // the next band to wait "full" for
   RingCursor released;  // the next band to hand back
@@ -250,12 +257,17 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   };
 
   // Q of a box straight into A fragments (as the box forward), zeros past the axes' ends and D.
+  // The box's addresses are recomputed from the parameters (opaque: not hoisted out of the box
+  // loop), which costs a few integer instructions per box; held across the chunks at 16 warps
+  // (128 registers) they spill, and the spills miss L1 beside a 227 KB ring.
   auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4]) {
+    const int b = opaque(ft.b), h = opaque(ft.h), qc = opaque(qb2);
+    const Elem* gQ = static_cast<const Elem*>(p.q) + b * p.q_stride[0] + h * p.q_stride[4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = (lane >> 2) + 8 * r;
-      int c[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
-      const bool ok = col_active && c[1] < r1 && c[2] < len2;
+      int c[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      const bool ok = qc < len2 && c[1] < r1 && c[2] < len2;
       const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
@@ -268,25 +280,24 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     }
   };
   constexpr int kStep = kPhases * kBoxExt;
-  // The next box's Q waits in registers only at 8 warps: 12 and 16 warps (at most 168 / 128
-  // registers per thread) load each box's Q at its start, or their chunk loops spill.
+  // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
+  // 16 warps (at most 168 / 128 registers per thread, where qn would spill) it is loaded into
+  // qf once the last chunk's S is computed, and flies during that chunk's softmax and P V.
   constexpr bool kPrefetchQ = kPhases <= 2;
-  uint32_t qn[kD / 16][4];
-  if constexpr (kPrefetchQ) load_q(r0 + phase * kBoxExt, qn);
+  uint32_t qn[kD / 16][4], qf[kD / 16][4];
+  load_q(r0 + phase * kBoxExt, kPrefetchQ ? qn : qf);
   for (int qb1 = r0 + phase * kBoxExt; qb1 < r1; qb1 += kStep) {
     const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
     const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
     release_below(u_off / kStripBandRows);
     if (!col_active) continue;
-    uint32_t qf[kD / 16][4];
+    const bool more = qb1 + kStep < r1;
     if constexpr (kPrefetchQ) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) qf[kk][e] = qn[kk][e];
-      if (qb1 + kStep < r1) load_q(qb1 + kStep, qn);
-    } else {
-      load_q(qb1, qf);
+      if (more) load_q(qb1 + kStep, qn);
     }
     unsigned rowbits[2];
 #pragma unroll
@@ -316,15 +327,21 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
         y -= y >= sp.ring_rows ? sp.ring_rows : 0;
         row[a] = y * sp.pitch;
       }
-      box_chunk<Tr, T>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat,
-                       p.scale_log2);
+      float sc[1][8][4];
+      box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+      if (!kPrefetchQ && more && ch == n_chunks - 1) load_q(qb1 + kStep, qf);
+      box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
     }
+    FwdTile fo = ft;
+    fo.b = opaque(ft.b);
+    fo.h = opaque(ft.h);
+    const int qc = opaque(qb2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l = row_sum(st, 0, r);
       const int i = (lane >> 2) + 8 * r;
-      const int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
-      if (q[1] < r1) store_row<Tr, T>(st, p, ft, 0, r, l, q, lane);
+      const int q[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      if (q[1] < r1) store_row<Tr, T>(st, p, fo, 0, r, l, q, lane);
     }
   }
   release_below(n_release);
