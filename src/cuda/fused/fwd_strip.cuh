@@ -104,7 +104,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
 #endif
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
-  // Per slot, the number of warps that handed a band of it back (all generations).
+  // Per slot, an "empty" barrier every warp arrives on as it hands a band of the slot back (its
+  // reads of the slot come first: the arrive releases them), and the number of warps that
+  // handed a band of it back (all generations), which elects the warp that arrives last.
+  __shared__ __align__(8) uint64_t empty_bars[kStripMaxBands];
   __shared__ int handed_back[kStripMaxBands];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
@@ -142,9 +145,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   // Bands whose slot is reused (for band + slots): the first n_bands - slots.
   const int n_release = n_bands - slots;
 
-  const uint32_t full0 = mma::smem_u32(full_bars);
+  const uint32_t full0 = mma::smem_u32(full_bars), empty0 = mma::smem_u32(empty_bars);
   if (threadIdx.x < slots) {
     mbar::init(full0 + 8 * threadIdx.x, kTma ? 1 : 32);  // the TMA thread, or a warp's lanes
+    mbar::init(empty0 + 8 * threadIdx.x, Tr::kWarps);
     handed_back[threadIdx.x] = 0;
   }
   __syncthreads();
@@ -155,28 +159,30 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   const uint32_t sV = sK + uint32_t(sp.ring_rows * sp.pitch) * Tr::kRowBytes;
   const uint32_t band_bytes = uint32_t(kStripBandRows * sp.pitch) * Tr::kRowBytes;
 
+  // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
+  // x pitch columns per tensor (zeros past the axes' ends), completing on the slot's "full"
+  // barrier.
+  auto issue_tma = [&](int band, int slot) {
+    const uint32_t bar = full0 + 8 * slot;
+    tma::arrive_expect_tx(bar, 2 * band_bytes);
+    // This slot's previous band was read by ldmatrix; the "empty" barrier's wait ordered those
+    // reads before this thread's TMA writes (a read-then-write hazard needs no proxy fence, as
+    // in CUTLASS's TMA pipelines; a fence here would also wait for this thread's global loads
+    // in flight).
+    const int o[kAxes] = {0, (y0 + band * kStripBandRows) * geo.axis[1].dilation + gr.g[1],
+                          h2.begin * geo.axis[2].dilation + gr.g[2]};
+    int ck[4], cv[4];
+    tma::box_coords(tm.k, ft.b, o, hkv, ck);
+    tma::box_coords(tm.v, ft.b, o, hkv, cv);
+    tma::load_box(sK + slot * band_bytes, tm.k, 0, ck, bar);
+    tma::load_box(sV + slot * band_bytes, tm.v, 0, cv, bar);
+  };
   // Copies band `band` into ring slot `slot` (the whole warp calls it) and arrives on the slot's
-  // "full" barrier: by TMA, or lane l copies 16-byte chunk l % 8 of the band's halo row
+  // "full" barrier: by TMA (lane 0), or lane l copies 16-byte chunk l % 8 of the band's halo row
   // (l / 8) % 2, columns l / 16, l / 16 + 2, ... and arrives when its copies land.
   auto issue_band = [&](int band, int slot) {
     if constexpr (kTma) {
-      // One box of kStripBandRows halo rows x pitch columns per tensor (zeros past the axes'
-      // ends), completing on the slot's "full" barrier.
-      if (lane == 0) {
-        const uint32_t bar = full0 + 8 * slot;
-        tma::arrive_expect_tx(bar, 2 * band_bytes);
-        // This slot's previous band was read by ldmatrix (the generic proxy); the hand-backs
-        // ordered those reads before this thread's, and the fence orders them before the TMA
-        // writes (the async proxy).
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const int o[kAxes] = {0, (y0 + band * kStripBandRows) * geo.axis[1].dilation + gr.g[1],
-                              h2.begin * geo.axis[2].dilation + gr.g[2]};
-        int ck[4], cv[4];
-        tma::box_coords(tm.k, ft.b, o, hkv, ck);
-        tma::box_coords(tm.v, ft.b, o, hkv, cv);
-        tma::load_box(sK + slot * band_bytes, tm.k, 0, ck, bar);
-        tma::load_box(sV + slot * band_bytes, tm.v, 0, cv, bar);
-      }
+      if (lane == 0) issue_tma(band, slot);
       return;
     }
     const int sub = lane & 7, rr = (lane >> 3) & 1, x0 = lane >> 4;
@@ -237,22 +243,48 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
       filled.next(slots);
     }
   };
-  // Hands back every band below `b` whose slot is reused; the warp handing a band back last
-  // copies band + slots into the slot.
+  // Hands back every band below `b` whose slot is reused, up to `slots` bands at a time, lane i
+  // the i-th: it arrives on the slot's "empty" barrier, and the warp whose count is last waits
+  // for that barrier (every warp's reads of the slot done) and copies band + slots into the
+  // slot. No fence: one would also wait for this thread's global loads in flight (the next
+  // box's Q).
   auto release_below = [&](int b) {
     b = min(b, n_release);
     if (released.band >= b) return;
     wait_filled(b - 1);
     __syncwarp();
     while (released.band < b) {
-      int last = 0;
-      if (lane == 0) {
-        __threadfence_block();  // this warp's reads of the slot come first
-        last = atomicAdd(&handed_back[released.slot], 1) % Tr::kWarps == Tr::kWarps - 1;
-        __threadfence_block();
+      const int n = min(b - released.band, slots);
+      int slot = released.slot + lane;
+      uint32_t parity = released.parity;
+      if (slot >= slots) {
+        slot -= slots;
+        parity ^= 1u;
       }
-      if (__shfl_sync(0xffffffffu, last, 0)) issue_band(released.band + slots, released.slot);
-      released.next(slots);
+      bool won = false;
+      if (lane < n) {
+        mbar::arrive(empty0 + 8 * slot);
+        won = atomicAdd(&handed_back[slot], 1) % Tr::kWarps == Tr::kWarps - 1;
+      }
+      if constexpr (kTma) {
+        if (won) {
+          mbar::wait(empty0 + 8 * slot, parity);
+          issue_tma(released.band + lane + slots, slot);
+        }
+      } else {
+        for (unsigned wins = __ballot_sync(0xffffffffu, won); wins != 0u; wins &= wins - 1u) {
+          const int i = __ffs(wins) - 1;
+          const int si = __shfl_sync(0xffffffffu, slot, i);
+          mbar::wait(empty0 + 8 * si, __shfl_sync(0xffffffffu, parity, i));
+          issue_band(released.band + i + slots, si);
+        }
+      }
+      released.band += n;
+      released.slot += n;
+      if (released.slot >= slots) {
+        released.slot -= slots;
+        released.parity ^= 1u;
+      }
     }
   };
 
