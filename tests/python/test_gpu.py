@@ -423,6 +423,40 @@ def test_fused_plan_strip(monkeypatch):
     assert (strip.float() - ref).abs().max().item() <= 3e-2
 
 
+def test_fused_plan_strip_rows(monkeypatch):
+    """The strip forward's rows in flight on 2d-nat: the heuristic takes the most whose halo rows
+    fit the ring with two bands to spare (16 warps where a block may opt in to 227 KB of shared
+    memory, as on Hopper); FNA_FWD_STRIP_ROWS=8 / 12 / 16 forces each, and every one computes
+    each 4x4 box exactly as the others (the same chunks in the same order), so their outputs are
+    bitwise equal."""
+    import torch
+    monkeypatch.delenv("FNA_FWD_STRIP", raising=False)
+    monkeypatch.delenv("FNA_FWD_STRIP_ROWS", raising=False)
+    shape = (2, 128, 128, 2, 64)
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    default = fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"]
+    if optin >= 227 * 1024:
+        assert default == "fna_fwd_strip_bf16_d64_q16x16_b4x4_w16", default
+    g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip_rows"))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    out = fna.na2d(q, k, v, (13, 13), backend="cuda-fused")
+    ref = fna.na2d(q.float(), k.float(), v.float(), (13, 13), backend="cuda-fused")
+    assert (out.float() - ref).abs().max().item() <= 3e-2
+    ran = 0
+    for rows in (8, 12, 16):
+        monkeypatch.setenv("FNA_FWD_STRIP_ROWS", str(rows))
+        name = f"fna_fwd_strip_bf16_d64_q{rows}x16_b4x4_w{rows}"
+        if rows == 8 or optin >= 227 * 1024:
+            assert fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"] == name
+        if fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"] != name:
+            continue  # its ring does not fit this device
+        forced = fna.na2d(q, k, v, (13, 13), backend="cuda-fused")
+        assert torch.equal(forced, out), rows
+        ran += 1
+    assert ran >= 1
+
+
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_cuda_fused_backward_of_sum():
     """out.sum().backward() hands the op an expanded gradient (stride 0 on every dim): the fused

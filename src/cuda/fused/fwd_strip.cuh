@@ -6,8 +6,9 @@
 // windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
 // each halo row is copied by every tile that needs it. Here the strip's halo rows (the union of
 // its columns' windows on the last axis, every row its box rows need) stream through a ring in
-// shared memory, two halo rows per band, each band with a "full" mbarrier (its copies landed)
-// and a count of the warps that handed it back. A halo row is copied once per strip, and the
+// shared memory, two halo rows per band, each ring slot with a "full" mbarrier (its copies
+// landed), an "empty" mbarrier (every warp handed its band back) and a count of the warps that
+// handed bands of it back, which elects the last one. A halo row is copied once per strip, and the
 // copies run ahead of the multiplications by as many bands as the ring has free. On sm_90 a band
 // is one TMA box per tensor (2 halo rows x pitch columns, issued by one lane, completing on the
 // barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
@@ -15,13 +16,16 @@
 //
 // Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
 // kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
-// back every band below the row's union; a band is handed back only once it has been filled
-// (waited on), so the hand-backs of a slot follow the ring's generations, and the warp handing
-// a band back last copies the band that reuses its slot (there is no producer warp: it would
-// round the CTA's register budget to the next four warps). A box row's union fits the ring with
-// a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest box
-// row in flight can always proceed. At 8 warps the next box's Q fragments are loaded during the
-// current box's chunks; at 12 and 16 warps each box loads its own at its start (kPrefetchQ).
+// back every band below the row's union, a lane per band (an arrive on the slot's "empty"
+// barrier, then the count); a band is handed back only once it has been filled (waited on), so
+// the hand-backs of a slot follow the ring's generations, and the lane whose count is last waits
+// for the "empty" barrier and copies the band that reuses the slot (there is no producer warp:
+// it would round the CTA's register budget to the next four warps). No memory fence is on that
+// path: a fence waits for the thread's global loads in flight, the next box's Q, and with fences
+// the hand-backs took 11.5% of the warps' time (2d-nat, H100). A box row's union fits the ring
+// with a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest
+// box row in flight can always proceed. At 8 warps the next box's Q fragments wait in registers
+// through the current box; at 12 and 16 warps they are loaded during the last chunk (kPrefetchQ).
 //
 // Shared memory (1024-byte aligned): ring_rows x pitch K rows, then as many V rows, 128 bytes
 // each (head dim 64) with the box forward's XOR swizzle, which is TMA's 128-byte swizzle; ring
