@@ -263,17 +263,17 @@ int strip_mode() {
 
 // The strip forward's query rows in flight (box rows x 4, 4 warps per box row) that the heuristic
 // takes: the most whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the
-// ring with two bands to spare (ring_rows >= q[1] + box_rows), else the fewest. With the next
-// box's Q no longer held in registers at 12 and 16 warps (spill-free chunk loops), 16 warps ran
-// 2d-nat (13x13, ring 32 rows: exactly that fit) base / causal0 / dil2 in 0.508 / 0.467 /
-// 0.489 ms against 0.541 / 0.476 / 0.506 for 8 warps and 0.516 / 0.496 / 0.502 for 12 (H100,
-// bf16, tools/gpu/config_ab.py, GPU time, 2026-11-24); tools/gpu/box_ab.py --env
-// FNA_FWD_STRIP_ROWS=8,16: 1.062x (13x13), 1.037x (13x13 dilation 2), 1.011x (11x11, 96x96, head
-// dim 48). FNA_FWD_STRIP_ROWS=8 / 12 / 16 forces the choice (read at every call).
+// ring with four bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. Since the
+// bands are handed back without fences (fwd_strip.cuh), the copies' lookahead counts more than
+// the warps: 12 warps ran 2d-nat (13x13, ring 32 rows) base / causal0 / dil2 in 0.416 / 0.390 /
+// 0.438 ms against 0.426 / 0.400 / 0.447 for 16 (two bands to spare) and 0.467 / 0.442 / 0.475
+// for 8 (H100, bf16, tools/gpu/config_ab.py, GPU time, 2026-11-24). FNA_FWD_STRIP_ROWS=8 / 12 /
+// 16 forces the choice (read at every call).
 int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
   const char* env = std::getenv("FNA_FWD_STRIP_ROWS");
   if (env != nullptr && *env != '\0') return e.q[1] == std::atoi(env) ? 2000 : -e.q[1];
-  return sp.sp.ring_rows >= e.q[1] + sp.box_rows ? 1000 + e.q[1] : -e.q[1];
+  return sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows ? 1000 + e.q[1]
+                                                                          : -e.q[1];
 }
 
 // The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
