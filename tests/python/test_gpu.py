@@ -302,12 +302,16 @@ def _tiles_of(name, rank):
     ((2, 9, 12, 10, 3, 128), (3, 5, 4), (2, 1, 2), (True, False, False)),
     ((1, 300, 4, 32), (33,), (3,), (False,)),
 ])
-def test_fused_plan_tiling(case):
+def test_fused_plan_tiling(case, monkeypatch):
     """fna.fused_plan's tiling efficiency against a count from the SPEC window formulas
     (helpers.axis_window): per axis and dilation group, each query tile visits the key tiles
     laid from the start of its windows' union; a tile needs no mask when it lies inside every
-    window of the query tile; needed pairs are the window sizes summed."""
+    window of the query tile; needed pairs are the window sizes summed. FNA_FWD_WG_SKIP=0: the
+    warp-specialized Hopper forward's warpgroups then visit their tile's whole run, as counted
+    here (their own runs, the default, are counted by tiling.cuh part_tiling_stats, checked in
+    tests/cpp/fused_tiling_test.cpp)."""
     from helpers import axis_window
+    monkeypatch.setenv("FNA_FWD_WG_SKIP", "0")
     shape, ks, dil, causal = case
     B, H, D = shape[0], shape[-2], shape[-1]
     spatial = shape[1:-2]
