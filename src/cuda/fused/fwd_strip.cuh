@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
   // Per slot, an "empty" barrier every warp arrives on as it hands a band of the slot back (its
   // reads of the slot come first: the arrive releases them), and the number of warps that
-  // handed a band of it back (all generations), which elects the warp that arrives last.
+  // handed a band of it back (all generations), which elects the lane that copies the next one.
   __shared__ __align__(8) uint64_t empty_bars[kStripMaxBands];
   __shared__ int handed_back[kStripMaxBands];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     }
   };
   // Hands back every band below `b` whose slot is reused, up to `slots` bands at a time, lane i
-  // the i-th: it arrives on the slot's "empty" barrier, and the warp whose count is last waits
+  // the i-th: it arrives on the slot's "empty" barrier, and the lane whose count is last waits
   // for that barrier (every warp's reads of the slot done) and copies band + slots into the
   // slot. No fence: one would also wait for this thread's global loads in flight (the next
   // box's Q).
