@@ -86,6 +86,15 @@ struct RingCursor {
       parity ^= 1u;
     }
   }
+  // n bands on (0 <= n <= slots).
+  __device__ __forceinline__ void advance(int n, int slots) {
+    band += n;
+    slot += n;
+    if (slot >= slots) {
+      slot -= slots;
+      parity ^= 1u;
+    }
+  }
 };
 
 // TMA maps of the strip's K and V bands (sm_90+; on = 0: cp.async copies).
@@ -259,12 +268,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     __syncwarp();
     while (released.band < b) {
       const int n = min(b - released.band, slots);
-      int slot = released.slot + lane;
-      uint32_t parity = released.parity;
-      if (slot >= slots) {
-        slot -= slots;
-        parity ^= 1u;
-      }
+      RingCursor mine = released;  // this lane's band (lanes past n: unused)
+      mine.advance(lane < n ? lane : 0, slots);
+      const int slot = mine.slot;
+      const uint32_t parity = mine.parity;
       bool won = false;
       if (lane < n) {
         mbar::arrive(empty0 + 8 * slot);
@@ -283,12 +290,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
           issue_band(released.band + i + slots, si);
         }
       }
-      released.band += n;
-      released.slot += n;
-      if (released.slot >= slots) {
-        released.slot -= slots;
-        released.parity ^= 1u;
-      }
+      released.advance(n, slots);
     }
   };
 
