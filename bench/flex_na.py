@@ -1,6 +1,6 @@
 """Neighborhood attention as a FlexAttention ``mask_mod`` — the peer fna is compared against.
 
-This is the peer's mask, written from SPEC.md section 1 in vectorized torch ops over flattened
+This is the peer's mask, written from docs/semantics.md section 1 in vectorized torch ops over flattened
 token indices. gpu_bench.py checks FlexAttention's output against fna's on every problem it
 times, so the comparison is of the same function.
 """

@@ -1,6 +1,6 @@
 """GPU benchmark: fna's CUDA backends against their peers, in the same run.
 
-For each standard problem of SPEC.md section 3 (and its dilation / causal / fp16 / fp32 variants) it
+For each standard problem of docs/semantics.md section 3 (and its dilation / causal / fp16 / fp32 variants) it
 times, forward and forward+backward: every fna CUDA backend, PyTorch SDPA (flash and cuDNN, dense
 self attention) and FlexAttention with a neighborhood mask_mod (compiled). FlexAttention's output
 is checked against fna's on every problem, so both compute the same function. Prints effective
@@ -8,7 +8,7 @@ TFLOP/s, speed relative to each peer and peak memory; writes results.json and re
 it measures the device copy bandwidth and prints each problem's time for one pass over Q, K, V
 and O at it (the yardstick of the memory-bound 2d-nat target).
 
-Times are GPU time (SPEC.md section 3: "time GPU work with CUDA events"): before each timed call
+Times are GPU time (docs/semantics.md section 3.2: CUDA events): before each timed call
 the stream gets a short GPU spin (HEAD_START_MS), so the call's host work (Python, argument checks,
 launches) is done while the GPU is still busy, and the start event marks when the call's first
 kernel can begin. With --sync-timing the spin is left out: each call then starts on an idle GPU

@@ -1,4 +1,4 @@
-// The one definition of the neighborhood (SPEC.md section 1), shared by every kernel, host and
+// The one definition of the neighborhood (docs/semantics.md section 1), shared by every kernel, host and
 // device. The CPU reference deliberately does NOT include this file: it re-derives membership from
 // the definition so that a bug here cannot hide.
 //

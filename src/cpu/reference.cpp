@@ -1,6 +1,6 @@
 // The CPU reference: the oracle every other backend is checked against.
 //
-// Straight from SPEC.md: for every query it scans ALL key tokens and tests membership with its own
+// Straight from docs/semantics.md: for every query it scans ALL key tokens and tests membership with its own
 // evaluation of the SPEC formulas (it deliberately does not include core/neighborhood.h, so a bug
 // in the shared window arithmetic cannot hide), then does the math in float64. Slow by design.
 #include <cmath>
@@ -17,7 +17,7 @@ namespace {
 
 using cpu::Strided;
 
-// SPEC.md section 1 for one axis: the dilation group and the local [start, end) of coordinate x.
+// docs/semantics.md section 1 for one axis: the dilation group and the local [start, end) of coordinate x.
 struct SpecAxis {
   int64_t L, K, d, s;
   bool causal;

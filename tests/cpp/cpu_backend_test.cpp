@@ -1,5 +1,5 @@
 // The cpu backend against the reference on random problems over every parameter, with the
-// SPEC.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run,
+// docs/semantics.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run,
 // and each with both panel stores (FNA_CPU_PANELS: per-worker rings, shared panels).
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// core/neighborhood.h against a literal evaluation of the SPEC.md formulas (support/problem.cpp),
+// core/neighborhood.h against a literal evaluation of the docs/semantics.md formulas (support/problem.cpp),
 // exhaustively over every small axis: L <= 12, every valid kernel, dilation, stride, causal.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// SPEC.md section 1's special cases, on the reference and the cpu backend (every kernel set): the
+// docs/semantics.md section 1's special cases, on the reference and the cpu backend (every kernel set): the
 // expected results are computed here from plain dense attention, never from the library.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The GPU test harness: device copies of a case's host tensors, one runner per operator comparing
-// a CUDA backend against the CPU reference (SPEC.md section 4), and the error-path checks.
+// a CUDA backend against the CPU reference (docs/semantics.md section 4), and the error-path checks.
 #pragma once
 
 #include <cstdint>

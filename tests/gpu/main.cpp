@@ -137,7 +137,7 @@ bool family_selected(const Args& a, Op op) {
          f.find(std::string(",") + fna_gpu_test::op_name(op) + ",") != std::string::npos;
 }
 
-// Hand-made cases for the special cases of SPEC.md section 1 and the shapes around them.
+// Hand-made cases for the special cases of docs/semantics.md section 1 and the shapes around them.
 // The configuration sweeps' random problems: past one 128-row tile on the first axis, several
 // tiles per axis in 2-D / 3-D.
 fna_test::RandomLimits sweep_limits(fna::DType dtype) {

@@ -1,7 +1,7 @@
 """Test helpers: an independent dense masked-attention oracle in float64 NumPy, random problems,
 and the SPEC section 4 comparison.
 
-The oracle re-derives each axis's window from the formulas of SPEC.md section 1 (it shares no
+The oracle re-derives each axis's window from the formulas of docs/semantics.md section 1 (it shares no
 code with the library, its reference backend or src/core/neighborhood.h), builds the full
 [query, key] membership mask, and computes softmax attention and its analytic gradients densely.
 """
@@ -19,7 +19,7 @@ def seed_of(*parts):
     return zlib.crc32(repr(parts).encode())
 
 
-# ---- the neighborhood, straight from SPEC.md section 1 -------------------------------------------
+# ---- the neighborhood, straight from docs/semantics.md section 1 --------------------------------
 
 def axis_window(x, L, K, d, s, causal):
     """(group, start, end) of the window of coordinate x, in the group's local indices."""

@@ -1,5 +1,5 @@
 // fna-bench: times forward and backward of one problem (or a sweep) on each backend and prints a
-// table: backend, forward ms, backward ms, effective TFLOP/s (SPEC.md section 3), max error against
+// table: backend, forward ms, backward ms, effective TFLOP/s (docs/semantics.md section 3), max error against
 // the reference on a sample of queries, peak memory.
 #include <sys/resource.h>
 
@@ -197,7 +197,7 @@ int run_one(const BenchConfig& cfg) {
     return 2;
   }
   std::printf("problem: %s\n", problem_string(cfg.problem).c_str());
-  std::printf("forward FLOPs: %.4g (SPEC.md section 3), device: %s, threads: %d\n",
+  std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s, threads: %d\n",
               forward_flops(cfg.problem), cfg.device == fna::Device::cpu ? "cpu" : "cuda",
               cfg.threads);
   Buffers buf(cfg.problem, cfg.device, /*seed=*/1234);
@@ -267,7 +267,7 @@ std::vector<std::pair<std::string, fna::Problem>> sweep_problems(const BenchConf
     make("1d", 1, {4096}, 1, 4, 64, {255});
     make("2d", 2, {64, 64}, 1, 4, 64, {13, 13});
     make("3d", 3, {12, 16, 16}, 1, 4, 64, {5, 7, 7});
-  } else {  // SPEC.md section 3 standard problems
+  } else {  // docs/semantics.md section 3 standard problems
     make("1d-long", 1, {32768}, 1, 16, 128, {2048});
     make("2d-nat", 2, {128, 128}, 8, 8, 64, {13, 13});
     make("2d-large", 2, {256, 256}, 1, 16, 128, {63, 63});

@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bench=${1:-build/py/fna-bench}
 rounds=${2:-5}
 g++ -O2 -std=c++17 -pthread "$here/fma_peak.cpp" -o /tmp/fna_fma_peak
-flops=$(python3 -c "print(4*1*4*128*128*169*64)")  # SPEC.md section 3: 4 B H N W D
+flops=$(python3 -c "print(4*1*4*128*128*169*64)")  # docs/semantics.md section 3: 4 B H N W D
 for r in $(seq "$rounds"); do
   peak=$(/tmp/fna_fma_peak 2 5 | sed -E 's/.*median ([0-9.]+).*/\1/')
   ms=$("$bench" --repeats 30 --warmup 3 --backend cpu --mode fwd | awk '$1 == "cpu" {print $2}')

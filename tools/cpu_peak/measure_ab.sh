@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 a=$1 b=$2 rounds=${3:-10}
 g++ -O2 -std=c++17 -pthread "$here/fma_peak.cpp" -o /tmp/fna_fma_peak
-flops=$(python3 -c "print(4*1*4*128*128*169*64)")  # SPEC.md section 3: 4 B H N W D
+flops=$(python3 -c "print(4*1*4*128*128*169*64)")  # docs/semantics.md section 3: 4 B H N W D
 for r in $(seq "$rounds"); do
   busy=$(top -b -n 1 -w 200 | awk '$1 ~ /^[0-9]+$/ && $9+0 > 20 {print $12}' | tr '\n' ' ')
   peak=$(/tmp/fna_fma_peak 2 5 | sed -E 's/.*median ([0-9.]+).*/\1/')

@@ -4,7 +4,7 @@ and every listed backward tile configuration (bf16): the measurement behind the 
     python3 tools/gpu/bwd_configs.py [--problems 2d-large,3d-video] [--reps 5]
 
 Prints per problem: backward config, forward+backward ms, effective TFLOP/s (3.5x the forward's
-FLOPs, SPEC.md section 3) and the largest dQ / dK / dV difference from the heuristic's gradients.
+FLOPs, docs/semantics.md section 3) and the largest dQ / dK / dV difference from the heuristic's gradients.
 """
 import argparse
 import os

@@ -7,7 +7,7 @@ setting's output from the first's.
         [--variants base,dil2,causal0] [--rounds 3] [--reps 10] [--bwd]
 
 Prints one line per (problem, variant, setting): median ms over the rounds' medians, effective
-TFLOP/s (SPEC.md section 3), the ratio to the first setting, and the output difference.
+TFLOP/s (docs/semantics.md section 3), the ratio to the first setting, and the output difference.
 The library must read the variable at every call (a value cached in a `static` on the first call
 would time the first setting under every name).
 """

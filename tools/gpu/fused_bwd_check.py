@@ -5,7 +5,7 @@ interior (unmasked) tiles, then backward timings on the standard problems.
 
 The GPU suite (fna-gpu-test) checks against the CPU reference on small shapes, where every tile is
 a border tile; this covers the other half of the kernels. Effective TFLOP/s for the backward alone
-count 2.5x the forward FLOPs (SPEC.md section 3).
+count 2.5x the forward FLOPs (docs/semantics.md section 3).
 """
 
 import argparse

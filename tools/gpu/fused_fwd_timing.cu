@@ -1,8 +1,8 @@
-// Development timing of the cuda-fused forward on the SPEC.md standard problems, per tile
+// Development timing of the cuda-fused forward on the docs/semantics.md standard problems, per tile
 // configuration (the heuristic's pick and every listed alternative). Not part of the build:
 //   nvcc -std=c++17 -O2 -Iinclude -Isrc tools/gpu/fused_fwd_timing.cu build/gpu/libfna.a -o t
 // Random inputs in [-1, 1] (never zeros), 3 warm-up runs, median of 10 CUDA-event timings.
-// Effective TFLOP/s = 4 * B * H * N * W * D / time (SPEC.md section 3).
+// Effective TFLOP/s = 4 * B * H * N * W * D / time (docs/semantics.md section 3).
 #include <cuda_runtime.h>
 
 #include <algorithm>

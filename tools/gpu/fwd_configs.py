@@ -4,7 +4,7 @@ the heuristic's pick), bf16 unless --dtype: the tuning table behind config.h.
     python3 tools/gpu/fwd_configs.py [--problems 1d-long,2d-large] [--variants base,causal0]
         [--dtype bf16] [--reps 10]
 
-Prints per problem: config, ms, effective TFLOP/s (SPEC.md section 3), needed-pair fraction, and
+Prints per problem: config, ms, effective TFLOP/s (docs/semantics.md section 3), needed-pair fraction, and
 the max abs difference from the heuristic's output (every config computes the same function).
 """
 import argparse

@@ -7,7 +7,7 @@ of the non-causal TFLOP/s" and "dilation 2 within 15% of the undilated time".
         [--rounds 5] [--reps 10] [--bwd]
 
 Prints per problem and variant: the median over rounds of each round's median ms, effective
-TFLOP/s (SPEC.md section 3: the variant's real attended pairs), the TFLOP/s ratio to base and
+TFLOP/s (docs/semantics.md section 3: the variant's real attended pairs), the TFLOP/s ratio to base and
 the time ratio to base; with --bwd the same for forward+backward.
 """
 import argparse

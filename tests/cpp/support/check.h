@@ -1,4 +1,4 @@
-// Test support: the SPEC.md section 4 correctness criterion. Independent of gtest: every check
+// Test support: the docs/semantics.md section 4 correctness criterion. Independent of gtest: every check
 // returns a Check value; a gtest test does EXPECT_TRUE(c.ok) << c.str(), a plain program prints it.
 //
 // Low precision (f16 / bf16):  max|out - ref| <= 2 * max|out_naive - ref| + atol

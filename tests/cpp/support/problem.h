@@ -1,4 +1,4 @@
-// Test support: seeded random problems and a brute-force evaluation of the SPEC.md neighborhood.
+// Test support: seeded random problems and a brute-force evaluation of the docs/semantics.md neighborhood.
 // Independent of gtest so the plain GPU test program (tests/gpu) can use it too.
 #pragma once
 
@@ -69,7 +69,7 @@ Case random_case(uint64_t case_index, int rank, int intensity = 1, const RandomL
 fna::Problem random_problem(uint64_t case_index, int rank, int intensity = 1,
                             const RandomLimits& lim = {});
 
-// ---- SPEC.md section 1, evaluated literally (brute force; shares nothing with core/) ----------
+// ---- docs/semantics.md section 1, evaluated literally (brute force; shares nothing with core/) --
 // The window [start, end) in local indices of the query at global coordinate x along one axis.
 struct SpecWindow {
   int64_t group, start, end;
