@@ -81,6 +81,65 @@ struct TensorRef {
 // Dense row-major strides for a tensor with the given extents (helper for C++ users and tests).
 TensorRef dense(void* data, const std::vector<int64_t>& extents);
 
+// ---- Tuning: every choice of kernel, schedule and copy engine that a caller may make ---------
+// Each field's default (`automatic`, 0 or empty) lets the plan decide from the problem and the
+// device; any other value is validated like every other argument and echoed in the plan
+// (fna::fused_plan). A field that only concerns a backend other than the one a call runs is an
+// error there, so that no setting is silently ignored. Keys for set_tuning / tuning_string are
+// the field names.
+enum class Switch : int { automatic = 0, off = 1, on = 2 };
+enum class CopyEngine : int { automatic = 0, tma = 1, cp_async = 2 };
+// Hopper forward schedules: `plain` (every warp loads and computes; NATTEN's "non"),
+// `warp_specialized` (a producer warpgroup feeds compute warpgroups; NATTEN's "coop").
+enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2 };
+// Backward kernel families: sm80 (mma.sync, every sm_80+ GPU), sm90 (wgmma dK / dV kernel),
+// sm90ws (its warp-specialized variant); the sm90 ones need compute capability 9.0.
+enum class BwdKernel : int { automatic = 0, sm80 = 1, sm90 = 2, sm90ws = 3 };
+enum class CpuIsa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3 };
+enum class CpuPanels : int { automatic = 0, rings = 1, shared = 2 };
+
+struct Tuning {
+  // cuda-fused forward.
+  Switch fwd_strip = Switch::automatic;      // strip forward (rank-2 small windows): on = wherever
+                                             // it applies, off = never
+  Switch fwd_box = Switch::automatic;        // box forward: on = wherever it applies, off = never
+  FwdSchedule fwd_schedule = FwdSchedule::automatic;  // Hopper forward schedule (sm90 tiles only)
+  Switch fwd_wg_skip = Switch::automatic;    // warp-specialized forward: each warpgroup visits only
+                                             // its own rows' key tiles (automatic: on)
+  Switch fwd_spread = Switch::automatic;     // plain Hopper forward: whole-row copies per warp
+                                             // instruction (automatic: at padded head dim 64)
+  CopyEngine fwd_copy = CopyEngine::automatic;  // warp-specialized and strip forwards (automatic:
+                                                // TMA where the device and tensors allow)
+  Switch persistent = Switch::automatic;     // warp-specialized forward: one CTA per SM taking
+                                             // tiles from a counter (automatic: off)
+  std::string fwd_walk;                      // CTA tile walk, the problem's axes fastest first
+                                             // (e.g. "10" at rank 2); empty: the plan's
+  // cuda-fused backward.
+  BwdKernel bwd_kernel = BwdKernel::automatic;
+  CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
+  std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
+  // cuda-naive: workspace budget of the unfused kernels in bytes (0: half the free memory, at
+  // most 4 GiB); a small budget makes the kernels run in chunks.
+  int64_t naive_workspace_bytes = 0;
+  // cpu backend.
+  CpuIsa cpu_isa = CpuIsa::automatic;        // kernel set (automatic: the best the CPU has)
+  int cpu_band = 0;                          // lines per work band (0: 2 forward, 8 backward)
+  Switch cpu_strips = Switch::automatic;     // forward in column strips (rank 2)
+  CpuPanels cpu_panels = CpuPanels::automatic;  // converted K / V panels in per-thread rings or
+                                                // shared
+  Switch cpu_acc_rings = Switch::automatic;  // float32 backward: dK / dV accumulated in rings
+                                             // (off: per-thread copies of every panel)
+};
+
+// Sets one tuning field from text (`key` a field name above; values: automatic / on / off,
+// tma / cp_async, plain / warp_specialized, sm80 / sm90 / sm90ws, generic / avx2 / avx512,
+// rings / shared, integers, walk digits). An unknown key or value is invalid_argument, naming it.
+Status set_tuning(Tuning* t, const std::string& key, const std::string& value);
+// The fields that differ from their defaults, as "key=value" joined by ","; "" for the defaults.
+std::string tuning_string(const Tuning& t);
+// Every key set_tuning accepts.
+std::vector<std::string> tuning_keys();
+
 struct Options {
   Backend backend = Backend::automatic;
   Device device = Device::cpu;   // where every pointer of the call lives
@@ -98,6 +157,7 @@ struct Options {
   // cuda_fused, float32 tensors: plain TF32 tensor-core products (about 1e-3 relative error)
   // instead of the default split-TF32 products (three TF32 MMAs per product, float32-class error).
   bool allow_tf32 = false;
+  Tuning tuning;                 // kernel choices the plan would otherwise make (see Tuning)
 };
 
 struct ForwardArgs {
@@ -164,25 +224,41 @@ std::vector<std::string> fused_configs(int rank, DType dtype, int64_t dim);
 // dtype, max(D, D_v)); empty without CUDA or above head dim 256.
 std::vector<std::string> fused_backward_configs(int rank, DType dtype, int64_t dim);
 
-// What the cuda_fused forward would run for a problem (Options: config, allow_tf32,
-// device_index) and how well its tiles fit the neighborhoods.
+// What cuda_fused runs for a problem under Options (config, backward_config, allow_tf32,
+// deterministic, tuning, device_index): exactly the plan the launch consumes, and how well its
+// tiles fit the neighborhoods.
 struct FusedPlan {
-  std::string config;              // the configuration (Options::config or the heuristic's pick)
+  // Forward.
+  std::string config;              // the configuration (Options::config or the plan's pick)
+  std::string family;              // sm80, sm90 (plain wgmma), sm90ws (warp-specialized), box, strip
+  std::string copy;                // copy engine: "tma" or "cp_async"
+  bool persistent = false;         // sm90ws: persistent CTAs
+  bool spread = false;             // sm90: whole-row copies per warp instruction
+  bool wg_skip = false;            // sm90ws: warpgroups visit only their own rows' key tiles
+  std::vector<int> q_tile, kv_tile;  // over the problem's axes (box / strip: CTA rows, warp box)
+  int warps = 0;                   // per CTA
+  int64_t grid = 0;                // CTAs launched
+  int64_t smem = 0;                // dynamic shared memory per CTA (bytes)
+  std::string tuning;              // Options::tuning as given (tuning_string)
   double visited_tiles = 0;        // (query tile, key/value tile) pairs visited, all heads; where
                                    // the warp-specialized Hopper kernel's warpgroups (64 rows
                                    // each) visit only their own rows' tiles, each counts its share
   double unmasked_fraction = 0;    // of those, tiles wholly inside every query's window (no mask)
   double needed_fraction = 0;      // needed score pairs / score pairs computed (tiling efficiency)
-  // The backward's dK / dV kernel (the default mode; Options::backward_config or the heuristic):
-  // its key tile and the query tiles it visits, over the problem's axes (empty when the fused
-  // backward does not take the problem), the (key tile, query tile) pairs it visits (all heads)
-  // and its needed score pairs / score pairs computed.
+  // The order in which the CTAs take their tiles: the problem's axes, fastest first.
+  std::vector<int> walk;
+  // Backward (empty / zero when the fused backward does not take the problem): its configuration
+  // name, dK / dV kernel family (sm80, sm90, sm90ws), copy engine of its query tiles, whether dQ
+  // runs in its own kernel (deterministic) rather than by atomics, the dK / dV kernel's key tile
+  // and the query tiles it visits, the (key tile, query tile) pairs it visits (all heads), its
+  // needed score pairs / score pairs computed, and its walk.
+  std::string backward_config, backward_family, backward_copy;
+  bool backward_deterministic = false;
   std::vector<int> backward_kv_tile, backward_q_tile;
+  int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   double backward_visited_tiles = 0;
   double backward_needed_fraction = 0;
-  // The order in which the CTAs take their tiles (the forward's query tiles, the dK / dV kernel's
-  // key tiles): the problem's axes, fastest first; chosen for L2 reuse of the tiles' haloes.
-  std::vector<int> walk, backward_walk;
+  std::vector<int> backward_walk;
 };
 // Needs a CUDA device (the heuristic reads its shared-memory size); `unsupported` where the fused
 // forward would answer so; not_compiled without the fused backend.

@@ -49,35 +49,46 @@ def _dtype_name(dtype):
 
 def fused_configs(rank, dtype, head_dim):
     """Tile configurations of cuda-fused for (rank, dtype, head dim); empty without it.
-    `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype. ``fna_fwd_sm80_*`` run on
-    every sm_80+ GPU, ``fna_fwd_sm90_*`` (Hopper wgmma kernels) only on compute capability 9.0."""
+    `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype. Names say what runs:
+    ``fna_fwd_sm80_*`` (mma.sync, every sm_80+ GPU), ``fna_fwd_sm90_*`` / ``fna_fwd_sm90ws_*``
+    (Hopper wgmma, plain / warp-specialized; compute capability 9.0 only), ``fna_fwd_box_*`` and
+    ``fna_fwd_strip_*`` (rank-2 small windows, 16-bit)."""
     return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
 
 
 def fused_backward_configs(rank, dtype, head_dim):
     """Backward tile configurations of cuda-fused (``backward_config=``) for (rank, dtype,
-    max(D, D_v)); empty without it or above head dim 256. The default, without
-    ``backward_config``, is a heuristic that searches every tile shape."""
+    max(D, D_v)); empty without it or above head dim 256. ``fna_bwd_sm80_*`` run the mma.sync
+    dK / dV kernel, ``fna_bwd_sm90_*`` / ``fna_bwd_sm90ws_*`` the Hopper one (16-bit, head dims up
+    to 128, not deterministic). Without ``backward_config`` the plan searches every tile shape."""
     return list(_C.fused_backward_configs(rank, _dtype_name(dtype), head_dim))
+
+
+def tuning_keys():
+    """The keys of ``tuning=`` (Options::tuning in C++)."""
+    return list(_C.tuning_keys())
 
 
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
-               device_index=0):
-    """What the cuda-fused forward runs for a problem, and how well its tiles fit.
+               device_index=0, backward_config=None, deterministic=False, tuning=None):
+    """Exactly what cuda-fused runs for a problem (the plan its launch consumes), forward and
+    backward, and how well its tiles fit.
 
     query_shape: ``[B, *spatial, H, D]``; the other arguments as for :func:`na2d`. Returns a dict:
-    ``config`` (the configuration name), ``visited_tiles`` (query-tile x key-tile pairs visited,
-    all heads; where the warp-specialized Hopper kernel's 64-row warpgroups visit only the key
-    tiles their own rows need, each counts its share of the tile), ``unmasked_fraction`` (share
-    of those wholly inside every window: no mask) and
-    ``needed_fraction`` (needed score pairs over computed ones: the tiling efficiency), and for
-    the backward's dK / dV kernel ``backward_kv_tile`` / ``backward_q_tile`` (its key tile and
-    the query tiles it visits, per axis; empty when the fused backward does not take the problem),
-    ``backward_visited_tiles`` and ``backward_needed_fraction``; ``walk`` / ``backward_walk``:
-    the spatial axes in the order the forward's / dK / dV kernel's CTAs take their tiles,
-    fastest first (chosen so that the tiles running at once share their haloes in L2). Needs a
-    CUDA device (the choice depends on its shared memory).
+    ``config`` (the configuration name), ``family`` ("sm80", "sm90", "sm90ws", "box", "strip"),
+    ``copy`` ("tma" or "cp_async"), ``persistent``, ``spread``, ``wg_skip`` (the kernel's
+    variants), ``q_tile`` / ``kv_tile`` (per axis), ``warps``, ``grid`` (CTAs), ``smem`` (bytes per
+    CTA), ``tuning`` (the tuning given, as text), ``visited_tiles`` (query-tile x key-tile pairs
+    visited, all heads; where the warp-specialized kernel's 64-row warpgroups visit only the key
+    tiles their own rows need, each counts its share), ``unmasked_fraction`` (share of those
+    wholly inside every window), ``needed_fraction`` (needed score pairs over computed ones: the
+    tiling efficiency), ``walk`` (the spatial axes in the order the CTAs take their tiles, fastest
+    first); and for the backward ``backward_config``, ``backward_family``, ``backward_copy``,
+    ``backward_deterministic``, ``backward_kv_tile`` / ``backward_q_tile`` (the dK / dV kernel's
+    key tile and the query tiles it visits), ``backward_grid``, ``backward_visited_tiles``,
+    ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does
+    not take the problem). Needs a CUDA device (the plan depends on its properties).
     """
     from . import _args
     rank = len(query_shape) - 3
@@ -85,12 +96,15 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
         raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
                          "1 to 3 spatial axes")
     ks, st, dil, causal = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
-    config, _, allow_tf32, _ = _args.fused_options(config, False, allow_tf32, torch_tensors=False)
+    config, deterministic, allow_tf32, backward_config, tuning = _args.fused_options(
+        config, deterministic, allow_tf32, False, backward_config, _args.tuning_text(tuning))
     return _C.fused_plan([int(x) for x in query_shape], _dtype_name(dtype), kernel_size=ks,
                          stride=st, dilation=dil, is_causal=causal,
                          heads_kv=0 if heads_kv is None else int(heads_kv),
                          dim_v=0 if dim_v is None else int(dim_v), config=config,
-                         allow_tf32=allow_tf32, device_index=device_index)
+                         allow_tf32=allow_tf32, device_index=device_index,
+                         backward_config=backward_config, deterministic=deterministic,
+                         tuning=tuning)
 
 
 def version():
@@ -110,5 +124,6 @@ def __getattr__(name):
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
     "na_backward", "na_qk_backward", "na_av_backward", "backend_compiled", "cuda_available",
-    "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "version", "BACKENDS", *_MODULES,
+    "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "tuning_keys",
+    "version", "BACKENDS", *_MODULES,
 ]

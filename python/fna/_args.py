@@ -76,13 +76,15 @@ def backend_name(backend):
     return backend
 
 
-def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_config=None):
-    """(config, deterministic, allow_tf32, backward_config) as the extension takes them.
+def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_config=None,
+                  tuning=""):
+    """(config, deterministic, allow_tf32, backward_config, tuning) as the extension takes them.
 
     config: None or a cuda-fused configuration name (``fna.fused_configs``). backward_config: None
     or a cuda-fused backward configuration name (``fna.fused_backward_configs``). deterministic: bool.
     allow_tf32: None follows ``torch.backends.cuda.matmul.allow_tf32`` for torch tensors (so
     ``torch.set_float32_matmul_precision("high")`` enables TF32 here too) and is False otherwise.
+    tuning: the text :func:`tuning_text` made.
     """
     if config is None:
         config = ""
@@ -102,7 +104,145 @@ def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_con
             allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     elif not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32={allow_tf32!r} must be a bool or None")
-    return config, deterministic, allow_tf32, backward_config
+    return config, deterministic, allow_tf32, backward_config, tuning
+
+
+def _tuning_value(key, value):
+    if isinstance(value, (bool, np.bool_)):
+        return "on" if value else "off"
+    if _is_int(value):
+        return str(int(value))
+    if isinstance(value, str) and value and "," not in value and "=" not in value:
+        return value
+    raise TypeError(f"tuning[{key!r}]={value!r} must be a string, an int or a bool")
+
+
+def tuning_text(tuning):
+    """``tuning=`` (None, or a dict of Options::tuning keys to values: strings such as "on",
+    "tma", "warp_specialized", ints, or bools for on / off) as "key=value,..." for the extension,
+    which validates keys and values and names the one it rejects."""
+    if tuning is None:
+        return ""
+    if not isinstance(tuning, dict):
+        raise TypeError(f"tuning={tuning!r} must be a dict (see fna.tuning_keys()) or None")
+    pairs = []
+    for key, value in tuning.items():
+        if not isinstance(key, str):
+            raise TypeError(f"tuning key {key!r} must be a string")
+        pairs.append(f"{key}={_tuning_value(key, value)}")
+    return ",".join(pairs)
+
+
+# NATTEN's tuning keywords. Each maps onto fna's configuration names and Options::tuning where it
+# has a meaning here and raises where it does not; none is accepted and ignored.
+NATTEN_TUNING_KWARGS = frozenset({
+    "attention_kwargs", "q_tile_shape", "kv_tile_shape", "backward_q_tile_shape",
+    "backward_kv_tile_shape", "backward_kv_splits", "backward_use_pt_reduction",
+    "run_persistent_kernel", "kernel_schedule", "torch_compile", "try_fuse_additional_kv",
+})
+
+_SCHEDULES = {"non": "plain", "coop": "warp_specialized"}
+
+
+def _shape_text(fn, name, value, rank):
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or len(value) != rank or not all(_is_int(v) for v in value):
+        raise ValueError(f"{fn}: {name}={value!r} must be a tuple of {rank} ints (one per axis)")
+    return "x".join(str(int(v)) for v in value)
+
+
+def _pick(fn, what, names, family_order, describe):
+    """The first of `names` in the order of `family_order` (the families' name prefixes)."""
+    for fam in family_order:
+        for n in names:
+            if n.startswith(fam):
+                return n
+    raise ValueError(f"{fn}: no cuda-fused {what} matches {describe}")
+
+
+def natten_tuning(fn, rank, kwargs, dtype, dim, hopper, deterministic, config, backward_config,
+                  tuning):
+    """Applies NATTEN's tuning keywords: returns (config, backward_config, tuning) with the
+    configurations their tile shapes name and the Options::tuning fields they set. `hopper`:
+    the tensors live on a compute capability 9.0 device (None: not CUDA tensors)."""
+    from . import _C
+    for name in kwargs:
+        if name not in NATTEN_TUNING_KWARGS:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    if not given:
+        return config, backward_config, tuning
+    if hopper is None:
+        raise ValueError(f"{fn}: {', '.join(sorted(given))} tune the cuda-fused backend, which "
+                         "needs CUDA tensors")
+    extra = {}
+    if given.get("attention_kwargs"):
+        raise ValueError(f"{fn}: attention_kwargs={given['attention_kwargs']!r}: fna attends to "
+                         "additional keys inside the fused kernel; it takes no attention_kwargs")
+    if given.get("torch_compile"):
+        raise ValueError(f"{fn}: torch_compile=True selects NATTEN's compiled flex backend; fna's "
+                         "ops work under torch.compile as they are")
+    if given.get("backward_use_pt_reduction"):
+        raise ValueError(f"{fn}: backward_use_pt_reduction=True: fna computes the backward's row "
+                         "sums (rowsum(dO * O)) in its own kernel")
+    if "backward_kv_splits" in given:
+        raise ValueError(f"{fn}: backward_kv_splits={given['backward_kv_splits']!r}: fna's "
+                         "backward does not split the key/value axis")
+    # try_fuse_additional_kv: fna always attends to additional keys inside the fused kernel, which
+    # is what the keyword asks for when True and gives the same result when False.
+    if "kernel_schedule" in given:
+        ks = given["kernel_schedule"]
+        if ks not in _SCHEDULES:
+            raise ValueError(f"{fn}: kernel_schedule={ks!r}: fna's Hopper forward has the "
+                             "schedules 'non' (plain) and 'coop' (warp-specialized); no 'pp' "
+                             "(ping-pong)")
+        extra["fwd_schedule"] = _SCHEDULES[ks]
+    if given.get("run_persistent_kernel"):
+        extra["persistent"] = "on"
+    dtype_name = str(dtype).replace("torch.", "")
+    if "q_tile_shape" in given or "kv_tile_shape" in given:
+        if config:
+            raise ValueError(f"{fn}: config={config!r} and q_tile_shape / kv_tile_shape both "
+                             "name the forward configuration; give one")
+        want = ""
+        if "q_tile_shape" in given:
+            want += "_q" + _shape_text(fn, "q_tile_shape", given["q_tile_shape"], rank) + "_kv"
+        kv = ("_kv" + _shape_text(fn, "kv_tile_shape", given["kv_tile_shape"], rank) + "_w"
+              if "kv_tile_shape" in given else "")
+        names = [n for n in _C.fused_configs(rank, dtype_name, dim)
+                 if (not want or want in n) and (not kv or kv in n)]
+        sched = extra.get("fwd_schedule")
+        order = {"plain": ["fna_fwd_sm90_"], "warp_specialized": ["fna_fwd_sm90ws_"]}.get(
+            sched, ["fna_fwd_sm90ws_", "fna_fwd_sm90_", "fna_fwd_sm80_"] if hopper
+            else ["fna_fwd_sm80_"])
+        config = _pick(fn, "forward configuration", names, order,
+                       f"q_tile_shape={given.get('q_tile_shape')!r}, "
+                       f"kv_tile_shape={given.get('kv_tile_shape')!r} (fna.fused_configs lists them)")
+        extra.pop("fwd_schedule", None)  # the name says the schedule
+    if "backward_q_tile_shape" in given or "backward_kv_tile_shape" in given:
+        if backward_config:
+            raise ValueError(f"{fn}: backward_config={backward_config!r} and backward tile shapes "
+                             "both name the backward configuration; give one")
+        kv = ("_kv" + _shape_text(fn, "backward_kv_tile_shape", given["backward_kv_tile_shape"],
+                                  rank) + "_q") if "backward_kv_tile_shape" in given else ""
+        q = ("_q" + _shape_text(fn, "backward_q_tile_shape", given["backward_q_tile_shape"],
+                                rank) + "_dqq") if "backward_q_tile_shape" in given else ""
+        names = [n for n in _C.fused_backward_configs(rank, dtype_name, dim)
+                 if (not kv or kv in n) and (not q or q in n)]
+        pad = 64 if dim <= 64 else 128 if dim <= 128 else 256
+        order = ["fna_bwd_sm80_"]
+        if hopper and not deterministic and dtype_name != "float32" and pad <= 128:
+            order = ["fna_bwd_sm90ws_" if pad == 128 else "fna_bwd_sm90_"] + order
+        backward_config = _pick(
+            fn, "backward configuration", names, order,
+            f"backward_q_tile_shape={given.get('backward_q_tile_shape')!r}, "
+            f"backward_kv_tile_shape={given.get('backward_kv_tile_shape')!r} "
+            "(fna.fused_backward_configs lists them)")
+    if extra:
+        add = ",".join(f"{k}={v}" for k, v in extra.items())
+        tuning = f"{tuning},{add}" if tuning else add
+    return config, backward_config, tuning
 
 
 def resolve_scale(scale, head_dim):

@@ -96,24 +96,15 @@ def _numpy_backend(fn, backend):
 
 # ---- fused attention ---------------------------------------------------------------------------
 
-# NATTEN's performance knobs: accepted (so NATTEN call sites work unchanged) and ignored, since fna
-# chooses its own tiling. Any other keyword is an error.
-NATTEN_TUNING_KWARGS = frozenset({
-    "attention_kwargs", "q_tile_shape", "kv_tile_shape", "backward_q_tile_shape",
-    "backward_kv_tile_shape", "backward_kv_splits", "backward_use_pt_reduction",
-    "run_persistent_kernel", "kernel_schedule", "torch_compile", "try_fuse_additional_kv",
-})
-
-
-def _check_tuning(fn, kwargs):
-    for name in kwargs:
-        if name not in NATTEN_TUNING_KWARGS:
-            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+def _hopper(kind, query):
+    """Whether torch CUDA tensors live on a compute capability 9.0 device (None: not CUDA)."""
+    if kind != "torch" or query.device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(query.device) == (9, 0)
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, backend, return_lse, opts, tuning):
-    _check_tuning(fn, tuning)
+        additional_keys, additional_values, backend, return_lse, opts, natten_kwargs):
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
     kind = _framework(fn, named)
@@ -126,8 +117,14 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
-    config, deterministic, allow_tf32, backward_config = opts
-    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config)
+    config, deterministic, allow_tf32, backward_config, tuning = opts
+    tuning = _args.tuning_text(tuning)
+    if natten_kwargs:
+        config, backward_config, tuning = _args.natten_tuning(
+            fn, rank, natten_kwargs, query.dtype, max(query.shape[-1], value.shape[-1]),
+            _hopper(kind, query), deterministic, config, backward_config, tuning)
+    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
+                               tuning)
     if kind == "torch":
         _check_devices(fn, backend, named)
         out, lse = _torch_ops.na_forward_call(query, key, value, additional_keys,
@@ -142,19 +139,19 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
@@ -176,36 +173,47 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     backward_config: name of a ``cuda-fused`` backward tile configuration (see
     :func:`fna.fused_backward_configs`) instead of the heuristic's tiles; checked at the forward
     call, an error on any other backend (no silent fallback).
-    NATTEN's tuning keywords (``q_tile_shape``, ``kv_tile_shape``, ``backward_*``,
-    ``run_persistent_kernel``, ``kernel_schedule``, ``torch_compile``, ``attention_kwargs``,
-    ``try_fuse_additional_kv``) are accepted and ignored; any other keyword is a TypeError.
+    tuning: a dict of kernel choices the plan would otherwise make (``fna.tuning_keys()``:
+    e.g. ``{"fwd_schedule": "plain", "fwd_copy": "cp_async", "persistent": True,
+    "bwd_kernel": "sm80", "fwd_walk": "01"}`` for ``cuda-fused``, ``cpu_isa`` / ``cpu_band`` /
+    ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive``); validated, echoed by
+    :func:`fna.fused_plan`; a key that concerns another backend than the one that runs is an
+    error.
+    NATTEN's tuning keywords map onto these: ``q_tile_shape`` / ``kv_tile_shape`` pick the forward
+    configuration with those tiles, ``backward_q_tile_shape`` / ``backward_kv_tile_shape`` the
+    backward one (the dK / dV kernel's query and key tiles), ``kernel_schedule`` "non" / "coop"
+    the plain / warp-specialized Hopper forward, ``run_persistent_kernel=True`` persistent CTAs;
+    ``try_fuse_additional_kv`` is what fna always does. Values with no meaning here
+    (``kernel_schedule="pp"``, ``backward_use_pt_reduction=True``, ``backward_kv_splits``,
+    ``torch_compile=True``, ``attention_kwargs``) raise ValueError; any other keyword is a
+    TypeError.
     """
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None,
+         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
                 backend=None, config=None, deterministic=False, allow_tf32=None,
-                backward_config=None):
+                backward_config=None, tuning=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
     parameters and additional keys/values). Returns ``(d_query, d_key, d_value)``, plus
     ``(d_additional_keys, d_additional_values)`` when additional keys/values are given.
     Works for NumPy arrays and torch tensors. config / deterministic / allow_tf32 /
-    backward_config: see :func:`na2d`.
+    backward_config / tuning: see :func:`na2d`.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
@@ -219,7 +227,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
-    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config)
+    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
+                               _args.tuning_text(tuning))
     if kind == "torch":
         _check_devices(fn, backend, named)
         grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,

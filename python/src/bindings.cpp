@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "core/launch_record.h"
+
 #include "fna/fna.h"
 
 namespace nb = nanobind;
@@ -244,9 +246,27 @@ void num_additional(Call& c, const char* name, const std::optional<A>& a) {
   c.p.num_additional = static_cast<int64_t>(a->shape(1));
 }
 
+// Options::tuning from "key=value,key=value" (what the Python layer passes; each pair checked by
+// fna::set_tuning, which names the key and value it rejects).
+fna::Tuning parse_tuning(const std::string& text) {
+  fna::Tuning t;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(at, end - at);
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos)
+      raise(PyExc_ValueError, "tuning entry '" + pair + "' is not key=value");
+    check(fna::set_tuning(&t, pair.substr(0, eq), pair.substr(eq + 1)));
+    at = end + 1;
+  }
+  return t;
+}
+
 void set_options(Call& c, const std::string& backend, double scale, uintptr_t stream,
                  int num_threads, bool deterministic, const std::string& config, bool allow_tf32,
-                 const std::string& backward_config) {
+                 const std::string& backward_config, const std::string& tuning) {
   // Problem errors first: the role extents checked next are only meaningful for a valid problem.
   check(fna::validate_problem(c.p));
   check(fna::parse_backend(backend, &c.opt.backend));
@@ -257,6 +277,7 @@ void set_options(Call& c, const std::string& backend, double scale, uintptr_t st
   c.opt.config = config;
   c.opt.allow_tf32 = allow_tf32;
   c.opt.backward_config = backward_config;
+  c.opt.tuning = parse_tuning(tuning);
 }
 
 // Runs `fn` without the GIL: the arrays stay alive in the caller's frame.
@@ -275,13 +296,14 @@ void run(F&& fn) {
       const std::vector<int64_t>&dilation, const std::vector<bool>&is_causal,                 \
       const std::string &backend, double scale, uintptr_t stream, int num_threads,            \
       bool deterministic, const std::string &config, bool allow_tf32,                          \
-      const std::string &backward_config
+      const std::string &backward_config, const std::string &tuning
 
 #define FNA_OPTION_ARGS                                                                       \
   nb::kw_only(), nb::arg("kernel_size"), nb::arg("stride"), nb::arg("dilation"),              \
       nb::arg("is_causal"), nb::arg("backend") = "auto", nb::arg("scale") = -1.0,             \
       nb::arg("stream") = 0, nb::arg("num_threads") = 0, nb::arg("deterministic") = false,    \
-      nb::arg("config") = "", nb::arg("allow_tf32") = false, nb::arg("backward_config") = ""
+      nb::arg("config") = "", nb::arg("allow_tf32") = false, nb::arg("backward_config") = "", \
+      nb::arg("tuning") = ""
 
 void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
              const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS) {
@@ -292,7 +314,7 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
   if (add_k.has_value() != add_v.has_value())
     raise(PyExc_ValueError, "additional_keys and additional_values must be given together");
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::ForwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -317,7 +339,7 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
           "additional_keys, additional_values, d_additional_keys and d_additional_values must be "
           "given together");
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::BackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -342,7 +364,7 @@ void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, F
   kv_dims(c, "key", k, &dim_k);
   num_additional(c, "additional_keys", add_k);
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::QKArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -361,7 +383,7 @@ void qk_backward(const In& q, const In& k, const In& d_attn, const Out& dq, cons
   if (add_k.has_value() != d_add_k.has_value())
     raise(PyExc_ValueError, "additional_keys and d_additional_keys must be given together");
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::QKBackwardArgs a;
   a.q = c.ref("query", q, c.q(c.p.dim));
   a.k = c.ref("key", k, c.kv(c.p.dim));
@@ -395,7 +417,7 @@ void av_forward(const In& attn, const In& v, const Out& o, const OptIn& add_v, F
   Call c;
   init_av(c, attn, v, add_v, {kernel_size, stride, dilation, is_causal});
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::AVArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));
@@ -411,7 +433,7 @@ void av_backward(const In& attn, const In& v, const In& d_o, const Out& d_attn, 
   if (add_v.has_value() != d_add_v.has_value())
     raise(PyExc_ValueError, "additional_values and d_additional_values must be given together");
   set_options(c, backend, scale, stream, num_threads, deterministic, config, allow_tf32,
-              backward_config);
+              backward_config, tuning);
   fna::AVBackwardArgs a;
   a.attn = c.ref("attn", attn, c.attn());
   a.v = c.ref("value", v, c.kv(c.p.dim_v));
@@ -490,7 +512,8 @@ NB_MODULE(_C, m) {
                          const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& dilation, const std::vector<bool>& is_causal,
                          int64_t heads_kv, int64_t dim_v, const std::string& config,
-                         bool allow_tf32, int device_index) {
+                         bool allow_tf32, int device_index, const std::string& backward_config,
+                         bool deterministic, const std::string& tuning) {
     const size_t nd = query_shape.size();
     if (nd < 4 || nd > 6)
       raise(PyExc_ValueError, "query_shape has " + std::to_string(nd) +
@@ -525,32 +548,65 @@ NB_MODULE(_C, m) {
     o.device = fna::Device::cuda;
     o.device_index = device_index;
     o.config = config;
+    o.backward_config = backward_config;
+    o.deterministic = deterministic;
     o.allow_tf32 = allow_tf32;
+    o.tuning = parse_tuning(tuning);
     fna::FusedPlan plan;
     check(fna::fused_plan(p, o, &plan));
+    auto list = [](const std::vector<int>& v) {
+      nb::list l;
+      for (int e : v) l.append(e);
+      return l;
+    };
     nb::dict d;
     d["config"] = plan.config;
+    d["family"] = plan.family;
+    d["copy"] = plan.copy;
+    d["persistent"] = plan.persistent;
+    d["spread"] = plan.spread;
+    d["wg_skip"] = plan.wg_skip;
+    d["q_tile"] = list(plan.q_tile);
+    d["kv_tile"] = list(plan.kv_tile);
+    d["warps"] = plan.warps;
+    d["grid"] = plan.grid;
+    d["smem"] = plan.smem;
+    d["tuning"] = plan.tuning;
     d["visited_tiles"] = plan.visited_tiles;
     d["unmasked_fraction"] = plan.unmasked_fraction;
     d["needed_fraction"] = plan.needed_fraction;
-    nb::list bkv, bq;
-    for (int e : plan.backward_kv_tile) bkv.append(e);
-    for (int e : plan.backward_q_tile) bq.append(e);
-    d["backward_kv_tile"] = bkv;
-    d["backward_q_tile"] = bq;
+    d["walk"] = list(plan.walk);
+    d["backward_config"] = plan.backward_config;
+    d["backward_family"] = plan.backward_family;
+    d["backward_copy"] = plan.backward_copy;
+    d["backward_deterministic"] = plan.backward_deterministic;
+    d["backward_kv_tile"] = list(plan.backward_kv_tile);
+    d["backward_q_tile"] = list(plan.backward_q_tile);
+    d["backward_grid"] = plan.backward_grid;
     d["backward_visited_tiles"] = plan.backward_visited_tiles;
     d["backward_needed_fraction"] = plan.backward_needed_fraction;
-    nb::list walk, bwalk;
-    for (int e : plan.walk) walk.append(e);
-    for (int e : plan.backward_walk) bwalk.append(e);
-    d["walk"] = walk;
-    d["backward_walk"] = bwalk;
+    d["backward_walk"] = list(plan.backward_walk);
     return d;
   }, nb::arg("query_shape"), nb::arg("dtype"), nb::kw_only(), nb::arg("kernel_size"),
      nb::arg("stride"), nb::arg("dilation"), nb::arg("is_causal"), nb::arg("heads_kv") = 0,
      nb::arg("dim_v") = 0, nb::arg("config") = "", nb::arg("allow_tf32") = false,
-     nb::arg("device_index") = 0,
-     "The cuda-fused forward's configuration for a problem and its tiling efficiency.");
+     nb::arg("device_index") = 0, nb::arg("backward_config") = "", nb::arg("deterministic") = false,
+     nb::arg("tuning") = "",
+     "The cuda-fused plan for a problem: what runs, forward and backward, and how well it tiles.");
+  m.def("tuning_keys", &fna::tuning_keys, "The keys Options::tuning accepts.");
+  m.def("last_fused_launch", [] {
+    nb::dict d;
+#if defined(FNA_WITH_CUDA_FUSED)
+    const fna::detail::LaunchRecord& r = fna::detail::last_launch();
+    d["forward"] = r.forward;
+    d["backward"] = r.backward;
+    d["forward_tma"] = r.forward_tma;
+    d["backward_tma"] = r.backward_tma;
+    d["forward_grid"] = r.forward_grid;
+    d["forward_smem"] = r.forward_smem;
+#endif
+    return d;
+  }, "What the last cuda-fused launch of this thread ran (for tests: the plan is what runs).");
   m.def("version", [] { return std::string(fna::version()); });
   m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
 }

@@ -24,6 +24,9 @@ void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int*
 void extents_lse(const Problem& p, int64_t* out, int* ndim);
 void extents_add(const Problem& p, int64_t dim, int64_t* out, int* ndim);
 
+// Options::tuning against the problem and the backend that runs the call (core/tuning.cpp).
+Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved);
+
 Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused);
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 #include "cuda/common/runtime.cuh"
 
 #include <atomic>
+#include <mutex>
 #include <string>
 
 namespace fna {
@@ -105,18 +106,38 @@ size_t cuda_free_memory() {
   return free_b;
 }
 
-int cuda_sm_count(int device_index) {
-  static std::atomic<int> cache[64];  // 0: not asked yet
-  const bool cached = device_index >= 0 && device_index < 64;
-  if (cached && cache[device_index].load(std::memory_order_relaxed) > 0)
-    return cache[device_index].load(std::memory_order_relaxed);
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
-    cudaGetLastError();
-    return 132;  // an H100's count: only tile-walk heuristics ask
+Status device_props(int device_index, DeviceProps* out) {
+  constexpr int kCached = 64;
+  static std::mutex mu;
+  static DeviceProps cache[kCached];  // cc_major 0: not asked yet
+  const bool cacheable = device_index >= 0 && device_index < kCached;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache[device_index].cc_major > 0) {
+      *out = cache[device_index];
+      return Status::Ok();
+    }
   }
-  if (cached) cache[device_index].store(sms, std::memory_order_relaxed);
-  return sms;
+  DeviceProps d;
+  const cudaDeviceAttr attrs[] = {cudaDevAttrComputeCapabilityMajor,
+                                  cudaDevAttrComputeCapabilityMinor,
+                                  cudaDevAttrMultiProcessorCount,
+                                  cudaDevAttrMaxSharedMemoryPerBlockOptin};
+  int* dst[] = {&d.cc_major, &d.cc_minor, &d.sms, &d.smem_optin};
+  for (int i = 0; i < 4; ++i) {
+    const cudaError_t err = cudaDeviceGetAttribute(dst[i], attrs[i], device_index);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return {Code::runtime_error, "querying CUDA device " + std::to_string(device_index) + ": " +
+                                       cudaGetErrorString(err)};
+    }
+  }
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(mu);
+    cache[device_index] = d;
+  }
+  *out = d;
+  return Status::Ok();
 }
 
 }  // namespace detail

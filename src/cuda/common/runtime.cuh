@@ -70,8 +70,15 @@ class Workspace {
 // Free device memory on the current device (bytes), for sizing workspaces; 0 when unknown.
 size_t cuda_free_memory();
 
-// Streaming multiprocessors of a device (cached), for heuristics; 132 when it cannot be asked.
-int cuda_sm_count(int device_index);
+// What the plans need of a device, queried once per device and cached.
+struct DeviceProps {
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int sms = 0;                     // streaming multiprocessors
+  int smem_optin = 0;              // most dynamic shared memory one block may opt into (bytes)
+  bool hopper() const { return cc_major == 9 && cc_minor == 0; }
+};
+// The properties of device `device_index`; a runtime_error Status when it cannot be asked.
+Status device_props(int device_index, DeviceProps* out);
 
 }  // namespace detail
 }  // namespace fna

@@ -26,22 +26,13 @@
 #include "core/neighborhood.h"
 #include "cuda/common/runtime.cuh"
 #include "cuda/fused/bwd_launch.cuh"
+#include "cuda/fused/bwd_plan.h"
+#include "cuda/fused/plan.h"
 
 namespace fna {
 namespace bwd {
 
-FNA_BWD_DECLARE(__half, 64)
-FNA_BWD_DECLARE(__half, 128)
-FNA_BWD_DECLARE(__nv_bfloat16, 64)
-FNA_BWD_DECLARE(__nv_bfloat16, 128)
-FNA_BWD_DECLARE(__half, 256)
-FNA_BWD_DECLARE(__nv_bfloat16, 256)
-FNA_BWD_DECLARE(mma::F32, 64)
-FNA_BWD_DECLARE(mma::F32, 128)
-FNA_BWD_DECLARE(mma::F32, 256)
-FNA_BWD_DECLARE(mma::TF32, 64)
-FNA_BWD_DECLARE(mma::TF32, 128)
-FNA_BWD_DECLARE(mma::TF32, 256)
+FNA_BWD_INSTANCES(FNA_BWD_DECLARE)
 
 namespace {
 
@@ -49,6 +40,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // One backward configuration: tile shapes lifted to kAxes (leading extents 1 below rank 3).
 struct BwdConfig {
+  fused::BwdFamily family;  // the dK / dV kernel
   int rank;
   DType dtype;
   int dim;       // padded head dim (64, 128, 256)
@@ -236,10 +228,12 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, co
   }
 }
 
-// The order in which the CTAs take the owned tiles (tiling.cuh walk_order), with one CTA per SM
-// resident (the dK / dV kernels' shared memory).
-void set_walk(Params* p, bool own_kv, int resident, int (&order)[kAxes]) {
-  fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, "FNA_BWD_WALK", order);
+// The order in which the CTAs take the owned tiles (tiling.cuh walk_order, or Tuning::bwd_walk),
+// with one CTA per SM resident (the dK / dV kernels' shared memory).
+void set_walk(Params* p, bool own_kv, int resident, const std::string& forced, int rank,
+              int (&order)[kAxes]) {
+  if (forced.empty() || !fused::lifted_walk(forced, rank, order))
+    fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, order);
   fused::walk_divisors(p->tiles, order, p->tdiv);
 }
 
@@ -252,10 +246,12 @@ void set_walk(Params* p, bool own_kv, int resident, int (&order)[kAxes]) {
 //   rank 2: square (8x16: haloes closest to square windows), wide (4x32: long windows on the
 //           last, contiguous axis), tall (16x8: long windows on the first axis);
 //   rank 3: cube (4x4x8), slab (2x8x8: shallow first axis, as video windows often are).
-// Name: fna_bwd_sm80_<dtype>_d<padded dim>_kv<dK/dV keys>_q<dK/dV queries>_dqq<dQ queries>_dqkv<dQ
-// keys>, shapes over the problem's axes. The default (no backward_config) is not one of these
-// but the heuristic's search over every power-of-two shape (pick_tiles), which the table serves
-// to override (and an autotuner to explore).
+// Name: fna_bwd_<family>_<dtype>_d<padded dim>_kv<dK/dV keys>_q<dK/dV queries>_dqq<dQ queries>_dqkv<dQ
+// keys>, shapes over the problem's axes; the family is the dK / dV kernel (sm80: mma.sync, every
+// sm_80+ device; sm90 / sm90ws: the Hopper wgmma kernel, plain or warp-specialized, 16-bit head
+// dims up to 128 in the atomic-dQ mode, compute capability 9.0). The default (no backward_config)
+// is not one of these but the plan's: the heuristic's search over every power-of-two shape
+// (pick_tiles) and its family, which the table serves to override (and an autotuner to explore).
 struct BwdStyle {
   int rank;
   int shape[4][kAxes];  // for 16, 32, 64 and 128 rows, lifted to kAxes
@@ -279,8 +275,19 @@ std::string BwdConfig::name() const {
     return s;
   };
   const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
-  return std::string("fna_bwd_sm80_") + dt + "_d" + std::to_string(dim) + "_kv" + shape(kv) +
-         "_q" + shape(q) + "_dqq" + shape(dq_q) + "_dqkv" + shape(dq_kv);
+  return std::string("fna_bwd_") + fused::family_name(family) + "_" + dt + "_d" +
+         std::to_string(dim) + "_kv" + shape(kv) + "_q" + shape(q) + "_dqq" + shape(dq_q) +
+         "_dqkv" + shape(dq_kv);
+}
+
+// Whether this build has the Hopper dK / dV kernels for (dtype, padded head dim).
+bool sm90_built(DType dtype, int dpad) {
+#if defined(FNA_WITH_SM90)
+  return dtype != DType::f32 && dpad <= 128;
+#else
+  (void)dtype, (void)dpad;
+  return false;
+#endif
 }
 
 // The configurations for (rank, dtype, max(D, D_v)); empty above 256.
@@ -293,71 +300,173 @@ std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
     const int i = rows == 16 ? 0 : rows == 32 ? 1 : rows == 64 ? 2 : 3;
     for (int a = 0; a < kAxes; ++a) dst[a] = s.shape[i][a];
   };
-  for (const BwdStyle& s : kBwdStyles) {
-    if (s.rank != rank) continue;
-    BwdConfig c{rank, dtype, dpad, {}, {}, {}, {}};
-    copy(s, tr.dkdv_keys, c.kv);
-    copy(s, tr.dkdv_queries, c.q);
-    copy(s, tr.dq_queries, c.dq_q);
-    copy(s, tr.dq_keys, c.dq_kv);
-    bool dup = false;  // styles that agree at these row counts
-    for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
-    if (!dup) out.push_back(c);
-  }
+  std::vector<fused::BwdFamily> families = {fused::BwdFamily::sm80};
+  if (sm90_built(dtype, dpad))
+    families.insert(families.end(), {fused::BwdFamily::sm90, fused::BwdFamily::sm90ws});
+  for (fused::BwdFamily f : families)
+    for (const BwdStyle& s : kBwdStyles) {
+      if (s.rank != rank) continue;
+      BwdConfig c{f, rank, dtype, dpad, {}, {}, {}, {}};
+      copy(s, tr.dkdv_keys, c.kv);
+      copy(s, tr.dkdv_queries, c.q);
+      copy(s, tr.dq_queries, c.dq_q);
+      copy(s, tr.dq_keys, c.dq_kv);
+      bool dup = false;  // styles that agree at these row counts
+      for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
+      if (!dup) out.push_back(c);
+    }
   return out;
 }
 
-// Options::backward_config's entry of the table (null when none is given: the heuristic); the
-// table is kept in *table, which *cfg points into.
-Status backward_config_of(const Problem& pr, const Options& opt, int64_t dmax,
-                          std::vector<BwdConfig>* table, const BwdConfig** cfg) {
-  *cfg = nullptr;
-  if (opt.backward_config.empty()) return Status::Ok();
-  *table = bwd_configs(pr.rank, pr.dtype, dmax);
-  for (const BwdConfig& c : *table)
-    if (c.name() == opt.backward_config) *cfg = &c;
-  if (*cfg == nullptr)  // validate_options lists the valid names; this is a second guard
-    return {Code::invalid_argument, "backward_config='" + opt.backward_config +
-                                        "' is not a cuda-fused backward configuration for " +
-                                        "this problem (see fna::fused_backward_configs)"};
-  return Status::Ok();
+Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }
+Status unsupported(const std::string& why) {
+  return {Code::unsupported, "backend=cuda-fused backward: " + why};
 }
 
-// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements). cfg:
-// Options::backward_config's entry, or null (the heuristic).
-template <typename T>
-Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params p, int dpad,
-           const BwdConfig* cfg) {
-  using E = typename Elem<T>::type;
-  cudaStream_t stream = detail::stream_of(opt);
-  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
-  // Benchmark hook: FNA_FUSED_BWD_DETERMINISTIC=1 times the deterministic path through callers
-  // (fna-bench, Python) that do not expose Options::deterministic.
-  static const bool force_det = std::getenv("FNA_FUSED_BWD_DETERMINISTIC") != nullptr;
-  const bool deterministic = opt.deterministic || force_det;
-  // Tiles and grids first: nothing is queued when the problem does not fit the grid.
-  Params p_dkdv = p, p_dq = p;
+// Everything the backward runs, decided once: tiles and walks of both kernels, the dK / dV
+// kernel's family, the dQ mode, grids, and the TMA maps. `p` carries the call's geometry, sizes
+// and strides (placeholders when planning without tensors); p_dkdv / p_dq receive the tiles.
+struct BwdPlan {
+  BwdConfig cfg{};  // the configuration that runs (Options::backward_config or the plan's)
+  int dpad = 64;
+  BwdLaunch launch;
+  int walk[kAxes] = {2, 1, 0};
+  Params p_dkdv{}, p_dq{};
+  TileRows rows{};
+};
+
+Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
+  detail::DeviceProps dev;
+  Status st = detail::device_props(opt.device_index, &dev);
+  if (!st.ok()) return st;
+  if (dev.cc_major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16 / f16 / tf32)");
+  const Tuning& t = opt.tuning;
+  const int dpad = padded_dim(dmax);
+  plan->dpad = dpad;
+  BwdLaunch& l = plan->launch;
+  l.deterministic = opt.deterministic;
+  // The configuration named, or the plan's tiles (filled below) and family.
+  const BwdConfig* named = nullptr;
+  std::vector<BwdConfig> table;
+  if (!opt.backward_config.empty()) {
+    table = bwd_configs(pr.rank, pr.dtype, dmax);
+    for (const BwdConfig& c : table)
+      if (c.name() == opt.backward_config) named = &c;
+    if (named == nullptr)  // validate_options lists the valid names; this is a second guard
+      return invalid("backward_config='" + opt.backward_config +
+                     "' is not a cuda-fused backward configuration for this problem (see "
+                     "fna::fused_backward_configs)");
+  }
+  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad);
+  fused::BwdFamily family = fused::BwdFamily::sm80;
+  if (named != nullptr) {
+    family = named->family;
+    if (t.bwd_kernel != BwdKernel::automatic &&
+        static_cast<int>(t.bwd_kernel) - 1 != static_cast<int>(family))
+      return invalid("backward_config='" + opt.backward_config + "' names the " +
+                     fused::family_name(family) + " kernel, while tuning " + tuning_string(t) +
+                     " names another");
+  } else if (t.bwd_kernel != BwdKernel::automatic) {
+    family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
+  } else if (hopper_ok && !opt.deterministic) {
+    // The warp-specialized kernel at padded head dim 128, the plain one at 64 (where the
+    // warp-specialized one ran slower).
+    family = dpad == 128 ? fused::BwdFamily::sm90ws : fused::BwdFamily::sm90;
+  }
+  if (family != fused::BwdFamily::sm80) {
+    const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"
+                                              : "tuning bwd_kernel='" +
+                                                    std::string(fused::family_name(family)) + "'";
+    if (opt.deterministic)
+      return invalid(what + ": the Hopper dK / dV kernels accumulate dQ by atomics; "
+                            "deterministic=true runs the sm80 kernels");
+    if (!sm90_built(pr.dtype, dpad))
+      return unsupported(what + " needs 16-bit tensors, head dims up to 128 and a build for sm_90a");
+    if (!dev.hopper())
+      return unsupported(what + " needs compute capability 9.0, device " +
+                         std::to_string(opt.device_index) + " has " +
+                         std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  }
+  l.family = family;
+  if (t.bwd_copy != CopyEngine::automatic && family != fused::BwdFamily::sm90ws)
+    return invalid("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but the "
+                   "plan runs " + std::string(fused::family_name(family)));
+
+  // Tiles and walks.
+  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  plan->rows = tr;
+  Params& pk = plan->p_dkdv;
+  Params& pq = plan->p_dq;
+  pk = pq = p;
   int64_t n_dkdv = 0, n_dq = 0;
-  const TileRows tr = tile_rows(dpad, Elem<T>::kF32);
-  set_tiles(&p_dkdv, tr.dkdv_queries, tr.dkdv_keys, true, cfg ? cfg->q : nullptr,
-            cfg ? cfg->kv : nullptr, &n_dkdv);
-  if (deterministic)
-    set_tiles(&p_dq, tr.dq_queries, tr.dq_keys, false, cfg ? cfg->dq_q : nullptr,
-              cfg ? cfg->dq_kv : nullptr, &n_dq);
-  const int sms = detail::cuda_sm_count(opt.device_index);
-  int order[kAxes];
-  set_walk(&p_dkdv, true, sms, order);
-  if (deterministic) set_walk(&p_dq, false, sms, order);
+  set_tiles(&pk, tr.dkdv_queries, tr.dkdv_keys, true, named ? named->q : nullptr,
+            named ? named->kv : nullptr, &n_dkdv);
+  if (l.deterministic)
+    set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
+              named ? named->dq_kv : nullptr, &n_dq);
+  if (!t.bwd_walk.empty() && static_cast<int>(t.bwd_walk.size()) != pr.rank)
+    return invalid("tuning bwd_walk='" + t.bwd_walk + "' must name each of the problem's " +
+                   std::to_string(pr.rank) + " axes once, fastest first");
+  set_walk(&pk, true, dev.sms, t.bwd_walk, pr.rank, plan->walk);
+  if (l.deterministic) {
+    int order[kAxes];
+    set_walk(&pq, false, dev.sms, t.bwd_walk, pr.rank, order);
+  }
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.num_groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.num_groups;
   if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
-    return {Code::unsupported, "backend=cuda-fused: batch * heads * dilation groups = " +
-                                   std::to_string(y_dq) + " exceeds the grid"};
-  const dim3 grid_dkdv{unsigned(n_dkdv), unsigned(y_dkdv)};
-  const dim3 grid_add{unsigned((p.num_add + tr.dkdv_keys - 1) / tr.dkdv_keys),
-                      unsigned(p.batch * p.heads_kv)};
-  const dim3 grid_dq{unsigned(n_dq), unsigned(y_dq)};
+    return unsupported("batch * heads * dilation groups = " + std::to_string(y_dq) +
+                       " exceeds the grid");
+  l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
+  l.grid_add = dim3{unsigned((p.num_add + tr.dkdv_keys - 1) / tr.dkdv_keys),
+                    unsigned(p.batch * p.heads_kv)};
+  l.grid_dq = dim3{unsigned(n_dq), unsigned(y_dq)};
+  if (family == fused::BwdFamily::sm90ws && t.bwd_copy != CopyEngine::cp_async) {
+    std::string why;
+    l.tma = bwd_tma_maps(pk, &why);
+    if (!l.tma.on && t.bwd_copy == CopyEngine::tma)
+      return unsupported("tuning bwd_copy='tma': TMA cannot load this call's query tiles: " + why);
+  }
+  // The configuration that runs, by name.
+  plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
+  for (int a = 0; a < kAxes; ++a) {
+    plan->cfg.kv[a] = pk.tkv[a], plan->cfg.q[a] = pk.tq[a];
+    plan->cfg.dq_q[a] = l.deterministic ? pq.tq[a] : 1;
+    plan->cfg.dq_kv[a] = l.deterministic ? pq.tkv[a] : 1;
+  }
+  if (named != nullptr) plan->cfg = *named;
+  return Status::Ok();
+}
 
+// Geometry and sizes of a call in backward Params (strides and pointers set by the caller).
+Params base_params(const Problem& pr, const Options& opt) {
+  Params p{};
+  p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
+                                pr.is_causal);
+  p.num_groups = p.geo.num_groups();
+  p.batch = int(pr.batch);
+  p.heads = int(pr.heads);
+  p.heads_kv = int(pr.heads_kv);
+  p.heads_per_kv = int(pr.heads / pr.heads_kv);
+  p.dim = int(pr.dim);
+  p.dim_v = int(pr.dim_v);
+  p.num_add = int(pr.num_additional);
+  p.tokens = pr.tokens();
+  p.scale = float(opt.scale);
+  p.scale_log2 = float(opt.scale) * 1.4426950408889634f;
+  return p;
+}
+
+// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements): the statistics, the
+// workspaces, and the plan's kernels.
+template <typename T>
+Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const BwdPlan& plan) {
+  using E = typename Elem<T>::type;
+  cudaStream_t stream = detail::stream_of(opt);
+  Params p = plan.p_dkdv;
+  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
   detail::Workspace ws(stream);
   Status st = ws.allocate(size_t(rows) * sizeof(float2), "backward statistics");
   if (!st.ok()) return st;
@@ -371,10 +480,10 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
   for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
   sl.h = a.lse.strides[pr.rank + 1];
 
-  // Default: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
-  // pairs instead of two); `deterministic` runs the separate dQ kernel instead.
+  // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
+  // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
   detail::Workspace ws_dq(stream);
-  if (!deterministic) {
+  if (!plan.launch.deterministic) {
     p.dq_row = (p.dim + 7) / 8 * 8;
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
@@ -382,9 +491,8 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
     FNA_CUDA_TRY(cudaMemsetAsync(ws_dq.get(), 0, bytes, stream));
     p.dq_accum = ws_dq.as<float>();
   }
-  p_dkdv.dq_accum = p.dq_accum;
-  p_dkdv.dq_row = p.dq_row;
-  p_dq.stats = p_dkdv.stats = p.stats;
+  Params p_dq = plan.p_dq;
+  p_dq.stats = p.stats;
 
   constexpr int kPer = 16 / int(sizeof(E));
   const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
@@ -398,10 +506,9 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, Params 
       p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl,
       ws.as<float2>(), log_tpr, dense, vec);
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
-  if (dpad == 64) return launch_backward<T, 64>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
-  if (dpad == 256)
-    return launch_backward<T, 256>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
-  return launch_backward<T, 128>(p_dkdv, p_dq, grid_dkdv, grid_add, grid_dq, stream);
+  if (plan.dpad == 64) return launch_backward<T, 64>(p, p_dq, plan.launch, stream);
+  if (plan.dpad == 256) return launch_backward<T, 256>(p, p_dq, plan.launch, stream);
+  return launch_backward<T, 128>(p, p_dq, plan.launch, stream);
 }
 
 }  // namespace
@@ -417,35 +524,11 @@ std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int6
 
 Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt) {
   using namespace bwd;
-  auto unsupported = [](const std::string& why) {
-    return Status{Code::unsupported, "backend=cuda-fused backward: " + why};
-  };
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
-  // Options::config names a forward configuration (config.h) and does not concern the backward;
-  // Options::backward_config names one of the table below (validate_options checked the name).
-  const BwdConfig* cfg = nullptr;
-  std::vector<BwdConfig> cfgs;
-  Status cst = backward_config_of(pr, opt, dmax, &cfgs, &cfg);
-  if (!cst.ok()) return cst;
-
   for (int ax = 0; ax < pr.rank; ++ax)
     if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
-  Params p{};
-  p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
-                                pr.is_causal);
-  p.num_groups = p.geo.num_groups();
-  p.batch = int(pr.batch);
-  p.heads = int(pr.heads);
-  p.heads_kv = int(pr.heads_kv);
-  p.heads_per_kv = int(pr.heads / pr.heads_kv);
-  p.dim = int(pr.dim);
-  p.dim_v = int(pr.dim_v);
-  p.num_add = int(pr.num_additional);
-  p.tokens = pr.tokens();
-  p.scale = float(opt.scale);
-  p.scale_log2 = float(opt.scale) * 1.4426950408889634f;
-
+  Params p = base_params(pr, opt);
   const int vec = pr.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
   bool al = pr.dim % vec == 0 && pr.dim_v % vec == 0;
   bool ok = lift(pr, a.q, &p.sq, &al, vec) && lift(pr, a.k, &p.sk, &al, vec) &&
@@ -465,48 +548,53 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   DeviceGuard guard;
   Status st = guard.set(opt.device_index);
   if (!st.ok()) return st;
-  int major = 0;
-  FNA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device_index));
-  if (major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16 / f16 / tf32)");
+  BwdPlan plan;
+  if (!(st = make_bwd_plan(pr, opt, p, &plan)).ok()) return st;
+  LaunchRecord& rec = last_launch();
+  rec.backward = plan.cfg.name();
+  rec.backward_tma = plan.launch.tma.on != 0;
   if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
-
-  const int dpad = padded_dim(dmax);
   // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
-  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, p, dpad, cfg);
-  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, p, dpad, cfg);
-  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, p, dpad, cfg);
-  return run<__nv_bfloat16>(pr, a, opt, p, dpad, cfg);
+  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, plan);
+  return run<__nv_bfloat16>(pr, a, opt, plan);
 }
 
-Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan* plan) {
+Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan* out) {
   using namespace bwd;
-  const int64_t dmax = std::max(pr.dim, pr.dim_v);
-  if (dmax > 256)
-    return {Code::unsupported, "backend=cuda-fused backward: head dim " + std::to_string(dmax) +
-                                   " > 256"};
-  const BwdConfig* cfg = nullptr;
-  std::vector<BwdConfig> cfgs;
-  Status cst = backward_config_of(pr, opt, dmax, &cfgs, &cfg);
-  if (!cst.ok()) return cst;
-  // The tiles exactly as run() picks them for the dK / dV kernel.
-  Params p{};
-  p.geo = fused::Geometry::lift(pr.rank, pr.shape, pr.kernel_size, pr.dilation, pr.stride,
-                                pr.is_causal);
-  const TileRows tr = tile_rows(padded_dim(dmax), pr.dtype == DType::f32);
-  int64_t n_tiles = 0;
-  set_tiles(&p, tr.dkdv_queries, tr.dkdv_keys, true, cfg ? cfg->q : nullptr,
-            cfg ? cfg->kv : nullptr, &n_tiles);
+  // Dense placeholder tensors at an aligned address (the TMA maps are encoded, never used).
+  alignas(256) static char placeholder[256];
+  Params p = base_params(pr, opt);
+  auto dense = [&](int64_t heads, int64_t dim, TokStrides* s) {
+    s->h = dim;
+    s->x[2] = heads * dim;
+    s->x[1] = s->x[2] * p.geo.axis[2].length;
+    s->x[0] = s->x[1] * p.geo.axis[1].length;
+    s->b = s->x[0] * p.geo.axis[0].length;
+  };
+  dense(p.heads, p.dim, &p.sq);
+  dense(p.heads, p.dim_v, &p.sdo);
+  p.q = p.d_o = placeholder;
+  p.aligned = true;
+  BwdPlan plan;
+  Status st = make_bwd_plan(pr, opt, p, &plan);
+  if (!st.ok()) return st;
+  const Params& pk = plan.p_dkdv;
   double visited = 1;
   for (int a = 0; a < kAxes; ++a)
-    visited *= fused::axis_tile_pairs(p.geo.axis[a], p.tkv[a], p.tq[a], true);
-  plan->backward_kv_tile.assign(p.tkv + kAxes - pr.rank, p.tkv + kAxes);
-  plan->backward_q_tile.assign(p.tq + kAxes - pr.rank, p.tq + kAxes);
-  plan->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
-  const double computed = visited * double(tr.dkdv_keys) * double(tr.dkdv_queries);
-  plan->backward_needed_fraction = computed > 0 ? fused::needed_pairs(p.geo) / computed : 0.0;
-  int order[kAxes];
-  set_walk(&p, true, detail::cuda_sm_count(opt.device_index), order);
-  plan->backward_walk = fused::walk_axes(pr.rank, order);
+    visited *= fused::axis_tile_pairs(pk.geo.axis[a], pk.tkv[a], pk.tq[a], true);
+  out->backward_config = plan.cfg.name();
+  out->backward_family = fused::family_name(plan.launch.family);
+  out->backward_copy = plan.launch.tma.on ? "tma" : "cp_async";
+  out->backward_deterministic = plan.launch.deterministic;
+  out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
+  out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
+  out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
+  out->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
+  const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
+  out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;
+  out->backward_walk = fused::walk_axes(pr.rank, plan.walk);
   return Status::Ok();
 }
 

@@ -1,15 +1,17 @@
 // Warp-specialized dK / dV (and atomic dQ) kernel of the fused backward on Hopper (sm_90a): the
 // step of dkdv_sm90_kernel (bwd_dkdv_sm90.cuh, whose Sm90Step products it shares) in a CTA whose
-// copies and dQ reductions run on a warpgroup of their own. The default at padded head dim 128
-// (use_bwd_sm90_ws, bwd_sm90.h; measured in docs/benchmarks.md).
+// copies and dQ reductions run on a warpgroup of their own. The plan's default at padded head dim
+// 128 (backward.cu).
 #pragma once
 
-#include <cstdlib>
 #include <string>
 
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/tma.cuh"
+#include "cuda/fused/bwd_common.cuh"
 #include "cuda/fused/bwd_dkdv_sm90.cuh"
+#include "cuda/fused/bwd_sm90.h"
+#include "cuda/fused/bwd_plan.h"
 
 namespace fna {
 namespace bwd {
@@ -81,48 +83,6 @@ __device__ __forceinline__ void bulk_wait() {
 // The compute warpgroups' barrier (named barrier 1, their 256 threads).
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
-}
-
-// TMA maps of the query tiles' Q and dO (on = 0: cp.async copies instead).
-struct BwdTma {
-  tma::TokenMap q, o;
-  int on;
-};
-
-// Whether the warp-specialized dK / dV kernel loads its query tiles' Q and dO by TMA (one loader
-// thread issues the boxes; the statistics and row indices still go by the loader's threads):
-// measured 1.105x / 1.113x / 1.102x forward+backward on 2d-large / 3d-video / 1d-long (H100,
-// tools/gpu/env_ab.py --bwd, 2026-11-24). FNA_BWD_TMA=0 / 1 forces the cp.async copies / TMA
-// where bwd_tma_maps can describe the problem.
-inline bool use_bwd_tma() {
-  const char* env = std::getenv("FNA_BWD_TMA");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return true;
-}
-
-// The maps for the neighborhood launch of `p` (its query tile p.tq), or on = 0 where TMA cannot
-// load the tiles: tensors or dilations TMA cannot describe (tma::token_map).
-inline BwdTma bwd_tma_maps(const Params& p) {
-  BwdTma t{};
-  t.on = 0;
-  if (!use_bwd_tma()) return t;
-  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
-  const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                          p.geo.axis[2].length, p.heads};
-  auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
-    out[0] = s.b;
-    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
-    out[4] = s.h;
-  };
-  int64_t sq[5], so[5];
-  strides(p.sq, sq);
-  strides(p.sdo, so);
-  std::string why;
-  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, dil, &why) ||
-      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, dil, &why))
-    return t;
-  t.on = 1;
-  return t;
 }
 
 template <typename T, int kD, int kStgT = 2, bool kTma = false>
@@ -326,6 +286,50 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
 #endif
 }
+
+// The plan's Hopper dK / dV kernel: plain (sm90) or warp-specialized (sm90ws; its neighborhood
+// launch by TMA when l.tma.on, the additional keys' launch, query tiles in flat token order, by
+// cp.async).
+template <typename T, int kD>
+Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  Status st;
+  if (l.family == fused::BwdFamily::sm90ws) {
+    using Tr = DkdvSm90WsTraits<T, kD>;
+    const BwdTma off{};  // on = 0
+    auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false>;
+    auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true> : plain;
+    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+    if (!st.ok()) return st;
+    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
+    st = launch_error("dkdv (sm90ws, atomic dq)");
+    if (!st.ok()) return st;
+    if (l.grid_add.x > 0) {
+      st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+      if (!st.ok()) return st;
+      plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
+      st = launch_error("dkdv (sm90ws, additional, atomic dq)");
+      if (!st.ok()) return st;
+    }
+  } else {
+    using Tr = DkdvSm90Traits<T, kD>;
+    auto kernel = dkdv_sm90_kernel<T, kD>;
+    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90, atomic dq)");
+    if (!st.ok()) return st;
+    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+    st = launch_error("dkdv (sm90, atomic dq)");
+    if (!st.ok()) return st;
+    if (l.grid_add.x > 0) {
+      kernel<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+      st = launch_error("dkdv (sm90, additional, atomic dq)");
+      if (!st.ok()) return st;
+    }
+  }
+  launch_dq_convert<T>(p, stream);
+  return launch_error("dq convert");
+}
+
+#define FNA_BWD_SM90_INSTANTIATE(T, D) \
+  template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t);
 
 }  // namespace bwd
 }  // namespace fna

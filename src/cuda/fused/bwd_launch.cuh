@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/backends.h"
+#include "cuda/fused/bwd_common.cuh"
 #include "cuda/fused/bwd_dkdv.cuh"
 #include "cuda/fused/bwd_dq.cuh"
 #include "cuda/fused/bwd_params.cuh"
@@ -70,95 +71,6 @@ inline TileRows tile_rows(int dpad, bool f32) {
   return dpad > 64 ? tile_rows_of<__half, 128>() : tile_rows_of<__half, 64>();
 }
 
-// Sets the dynamic shared memory of `kernel`, or reports that the device cannot hold it.
-template <typename Kernel>
-Status set_smem(Kernel kernel, size_t bytes, const char* name) {
-  int dev = 0, optin = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (bytes > size_t(optin))
-    return {Code::unsupported, std::string("backend=cuda-fused: ") + name + " needs " +
-                                   std::to_string(bytes) + " bytes of shared memory, device has " +
-                                   std::to_string(optin)};
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (err != cudaSuccess) return {Code::runtime_error, std::string(name) + ": " + cudaGetErrorString(err)};
-  return Status::Ok();
-}
-
-// dQ = scale * dq_accum, into the strided dQ tensor. Each thread converts 4 consecutive elements
-// of one row per step (one 16-byte load of the accumulator), 2^log_tpr threads per row. A row's
-// place in dQ takes no division when dQ is laid out densely ([B, N.., H, D] contiguous: `dense`);
-// `vec` (dense, D % 4 == 0, aligned) stores the 4 elements at once.
-template <typename T>
-__global__ void dq_convert_kernel(const Params p, int log_tpr, bool dense, bool vec) {
-  using E = typename Elem<T>::type;
-  const int tpr = 1 << log_tpr;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
-  const int sub = int(threadIdx.x) & (tpr - 1);
-  if (row >= int64_t(p.batch) * p.tokens * p.heads) return;
-  int64_t base = row * p.dim;  // (b * N + tok) * H + h rows of D
-  if (!dense) {
-    const RowPlace r = row_place(p, row);
-    base = tok_offset(p.sdq, r.b, r.x, r.h);
-  }
-  E* out = static_cast<E*>(p.dq) + base;
-  const float* acc = p.dq_accum + row * p.dq_row;  // dq_row % 8 == 0: 16-byte aligned
-  for (int c = 4 * sub; c < p.dim; c += 4 * tpr) {
-    const float4 a = *reinterpret_cast<const float4*>(acc + c);
-    alignas(4 * sizeof(E)) E v[4] = {E(a.x * p.scale), E(a.y * p.scale), E(a.z * p.scale),
-                                     E(a.w * p.scale)};
-    if (vec) {
-      if constexpr (sizeof(E) == 2)
-        *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(v);
-      else
-        *reinterpret_cast<uint4*>(out + c) = *reinterpret_cast<const uint4*>(v);
-    } else {
-      for (int e = 0; e < 4 && c + e < p.dim; ++e) out[c + e] = v[e];
-    }
-  }
-}
-
-// Whether a tensor with strides `s` and rows of `row_len` elements is laid out densely, so that
-// row (b * N + token) * H + h starts at element row * row_len (axes of length 1 and a batch of
-// one ignore their strides).
-inline bool dense_rows(const Params& p, const TokStrides& s, int64_t row_len) {
-  int64_t expect = row_len;
-  bool ok = s.h == expect || p.heads == 1;
-  expect *= p.heads;
-  for (int a = kAxes - 1; a >= 0; --a) {
-    ok = ok && (s.x[a] == expect || p.geo.axis[a].length == 1);
-    expect *= p.geo.axis[a].length;
-  }
-  return ok && (s.b == expect || p.batch == 1);
-}
-
-// Threads per row for rows of `chunks` pieces: the next power of two, at most a warp. Returns its
-// log2.
-inline int log_threads_per_row(int chunks) {
-  int l = 0;
-  while ((1 << l) < chunks && l < 5) ++l;
-  return l;
-}
-
-template <typename T>
-void launch_dq_convert(const Params& p, cudaStream_t stream) {
-  using E = typename Elem<T>::type;
-  const int log_tpr = log_threads_per_row((p.dim + 3) / 4);
-  const bool dense = dense_rows(p, p.sdq, p.dim);
-  const bool vec = dense && p.dim % 4 == 0 &&
-                   reinterpret_cast<uintptr_t>(p.dq) % (4 * sizeof(E)) == 0;
-  const int64_t threads = (int64_t(p.batch) * p.tokens * p.heads) << log_tpr;
-  dq_convert_kernel<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, log_tpr, dense,
-                                                                             vec);
-}
-
-inline Status launch_error(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::Ok();
-  return {Code::runtime_error, std::string("launching ") + what + ": " + cudaGetErrorString(err)};
-}
-
 // Sets the shared memory of one dK/dV kernel variant and launches it over the neighborhood tiles
 // and (when there are any) the additional keys.
 template <typename T, int kD, bool kAtomicDq, int kPass>
@@ -178,93 +90,76 @@ struct DkdvLaunch {
   }
 };
 
-// p_dkdv / p_dq carry their own tile shapes and tile counts. With p_dkdv.dq_accum set (zeroed),
-// dQ is accumulated with atomics in the dK/dV kernel; otherwise the deterministic dQ kernel runs.
-// Shared memory is set for every kernel before any is queued, so that `unsupported` (a device
-// with too little) leaves nothing half done.
+// p_dkdv / p_dq carry their own tile shapes and tile counts; `l` is the plan's (family, mode,
+// grids, maps). In the atomic mode (!l.deterministic; p_dkdv.dq_accum set and zeroed) dQ is
+// accumulated with atomics in the dK / dV kernel, then converted; in the deterministic mode the dQ
+// kernel runs. Shared memory is set for every kernel before any is queued, so that `unsupported`
+// (a device with too little) leaves nothing half done.
 template <typename T, int kD>
-Status launch_backward(const Params& p_dkdv, const Params& p_dq, dim3 grid_dkdv, dim3 grid_add,
-                       dim3 grid_dq, cudaStream_t stream) {
+Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch& l,
+                       cudaStream_t stream) {
   using S = BwdShape<T, kD>;
+  using DqT = DqTraits<T, kD, S::kDqWarps, S::kDqKeys>;
+  auto dq = dq_kernel<T, kD, S::kDqWarps, S::kDqKeys>;
+  const bool atomic = !l.deterministic;
+#if defined(FNA_WITH_SM90)
+  if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
+    if (l.family != fused::BwdFamily::sm80) return launch_dkdv_sm90<T, kD>(p_dkdv, l, stream);
+  }
+#endif
+  if (l.family != fused::BwdFamily::sm80)
+    return {Code::runtime_error, "backend=cuda-fused backward: the plan's Hopper kernel is not "
+                                 "in this build"};  // the plan never picks it here
   if constexpr (S::kSplit) {
+    // Above head dim 128: a dV pass, then a dK pass (with atomic dQ or followed by the dQ kernel).
     using Dv = DkdvLaunch<T, kD, false, kPassDv>;
     using DkAtomic = DkdvLaunch<T, kD, true, kPassDk>;
     using Dk = DkdvLaunch<T, kD, false, kPassDk>;
-    using DqT = DqTraits<T, kD, S::kDqWarps, S::kDqKeys>;
-    auto dq = dq_kernel<T, kD, S::kDqWarps, S::kDqKeys>;
-    const bool atomic = p_dkdv.dq_accum != nullptr;
     Status st = Dv::prepare("dkdv kernel (dV pass)");
     if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)")
                              : Dk::prepare("dkdv kernel (dK pass)");
     if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
-    st = Dv::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dV pass)");
+    st = Dv::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dV pass)");
     if (!st.ok()) return st;
     if (atomic) {
-      st = DkAtomic::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass, atomic dq)");
+      st = DkAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dK pass, atomic dq)");
       if (!st.ok()) return st;
       launch_dq_convert<T>(p_dkdv, stream);
       return launch_error("dq convert");
     }
-    st = Dk::launch(p_dkdv, grid_dkdv, grid_add, stream, "dkdv (dK pass)");
+    st = Dk::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dK pass)");
     if (!st.ok()) return st;
-    dq<<<grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);
-    return launch_error("dq");
   } else {
-  constexpr int kQSub = S::kQSub, kDkdvWarps = S::kDkdvWarps, kDkdvQueries = S::kDkdvQueries;
-  constexpr int kDqWarps = S::kDqWarps, kDqKeys = S::kDqKeys;
-  if (p_dkdv.dq_accum != nullptr) {
-#if defined(FNA_WITH_SM90)
-    // Hopper: the dK / dV / atomic-dQ kernel on wgmma (bwd_dkdv_sm90.cuh), same tiles.
-    if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128) && kDkdvWarps == 8 &&
-                  kDkdvQueries == 64) {
-      if (use_bwd_sm90()) return launch_dkdv_sm90<T, kD>(p_dkdv, grid_dkdv, grid_add, stream);
-    }
-#endif
-    using Tr = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
-    auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, true>;
-    Status st = set_smem(dkdv, Tr::kSmem, "dkdv kernel (atomic dq)");
+    using Both = DkdvLaunch<T, kD, false, kPassBoth>;
+    using BothAtomic = DkdvLaunch<T, kD, true, kPassBoth>;
+    Status st = atomic ? BothAtomic::prepare("dkdv kernel (atomic dq)") : Both::prepare("dkdv kernel");
+    if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
-    dkdv<<<grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p_dkdv, false);
-    st = launch_error("dkdv (atomic dq)");
-    if (!st.ok()) return st;
-    if (grid_add.x > 0) {
-      dkdv<<<grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p_dkdv, true);
-      st = launch_error("dkdv (additional, atomic dq)");
+    if (atomic) {
+      st = BothAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (atomic dq)");
       if (!st.ok()) return st;
+      launch_dq_convert<T>(p_dkdv, stream);
+      return launch_error("dq convert");
     }
-    launch_dq_convert<T>(p_dkdv, stream);
-    return launch_error("dq convert");
+    st = Both::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv");
+    if (!st.ok()) return st;
   }
-  using DkdvT = DkdvTraits<T, kD, kDkdvWarps, kDkdvQueries, kQSub, false>;
-  using DqT = DqTraits<T, kD, kDqWarps, kDqKeys>;
-  auto dkdv = dkdv_kernel<T, kD, kDkdvWarps, kDkdvQueries, kQSub, false>;
-  auto dq = dq_kernel<T, kD, kDqWarps, kDqKeys>;
-  Status st = set_smem(dkdv, DkdvT::kSmem, "dkdv kernel");
-  if (!st.ok()) return st;
-  st = set_smem(dq, DqT::kSmem, "dq kernel");
-  if (!st.ok()) return st;
-
-  dkdv<<<grid_dkdv, DkdvT::kThreads, DkdvT::kSmem, stream>>>(p_dkdv, false);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return {Code::runtime_error, std::string("launching dkdv: ") + cudaGetErrorString(err)};
-  if (grid_add.x > 0) {
-    dkdv<<<grid_add, DkdvT::kThreads, DkdvT::kSmem, stream>>>(p_dkdv, true);
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-      return {Code::runtime_error, std::string("launching dkdv (additional): ") + cudaGetErrorString(err)};
-  }
-  dq<<<grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return {Code::runtime_error, std::string("launching dq: ") + cudaGetErrorString(err)};
-  return Status::Ok();
-  }  // head dims <= 128
+  dq<<<l.grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);
+  return launch_error("dq");
 }
 
-// Explicit instantiations live in backward_<dtype>.cu.
-#define FNA_BWD_DECLARE(T, D)                                                                   \
-  extern template Status launch_backward<T, D>(const Params&, const Params&, dim3, dim3, dim3, \
+// The fused backward's instantiations: X(element type, padded head dim), one per (dtype, head
+// dim); the build generates one file per row (parallel compiles).
+#define FNA_BWD_INSTANCES(X)                                                                  \
+  X(__half, 64) X(__half, 128) X(__half, 256) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)     \
+      X(__nv_bfloat16, 256) X(mma::F32, 64) X(mma::F32, 128) X(mma::F32, 256) X(mma::TF32, 64) \
+          X(mma::TF32, 128) X(mma::TF32, 256)
+#define FNA_BWD_DECLARE(T, D) \
+  extern template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&, \
                                                cudaStream_t);
+#define FNA_BWD_INSTANTIATE(T, D) \
+  template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&, cudaStream_t);
 
 }  // namespace bwd
 }  // namespace fna

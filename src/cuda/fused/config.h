@@ -85,9 +85,16 @@
       FNA_FWD_CONFIGS_F32_RANK3(X, DT)
 
 // Hopper (sm_90a, wgmma) configurations, 16-bit only: X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2,
-// dtype). Query tiles of 64 rows per warpgroup (64 or 128 rows: one or two warpgroups), key tiles
+// schedule, dtype). Query tiles of 64 rows per compute warpgroup (64, 128 or 192 rows), key tiles
 // of 64 or 128 keys (the border mask keeps one bit per position on axes up to 64 keys and range
-// tests beyond); the head dim padded to 64 or 128. Name: fna_fwd_sm90_<dtype>_d<head_dim>_q<q>_kv<kv>_w<warps>.
+// tests beyond); the head dim padded to 64 or 128. The schedule column says which kernel runs the
+// tile: Sm90 the plain kernel (fwd_sm90.cuh: every warp copies and computes; NATTEN's "non"
+// schedule), Sm90Ws the warp-specialized one (fwd_sm90_ws.cuh: a loader warpgroup feeds the compute
+// warpgroups; NATTEN's "coop"). 128-query tiles are listed with both; the plan takes the
+// warp-specialized one at ranks 2 and 3 (1.05x on 2d-large, 1.07x on 3d-video) and the plain one at
+// rank 1 (the warp-specialized ran 0.965x on 1d-long); 64-query tiles run plain only, 192-query
+// tiles warp-specialized only. Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>
+// _w<warps> (the warp-specialized kernel's warps include its loader warpgroup).
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
 // where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/gpu/fwd_configs.py,
 // TFLOP/s): at head dim 128, 128 queries x 64 keys (two CTAs per SM) ran 1d-long 318, 2d-large 243
@@ -112,22 +119,29 @@
 // 3x8x8 / 2x4x8, on base 46.124 against 43.032 (its 8-row key tiles waste more at the borders of
 // the 48-row axis; H100, tools/gpu/config_ab.py in ABBA order, 2026-11-24). The heuristic's cost
 // (forward.cu cost_of: the slowest warpgroup per query tile) picks it for the causal problem only.
-#define FNA_FWD_CONFIGS_SM90_RANK1(X, DT) \
-  X(1, 64, 1, 1, 128, 1, 1, 64, DT)       \
-  X(1, 128, 1, 1, 128, 1, 1, 64, DT)
+#define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
+  X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
+  X(1, 64, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)  \
+  X(1, 128, 1, 1, 128, 1, 1, 64, Sm90, DT)   \
+  X(1, 128, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)
 
-#define FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \
-  X(2, 64, 1, 8, 16, 1, 8, 16, DT)        \
-  X(2, 64, 1, 8, 8, 1, 8, 8, DT)          \
-  X(2, 64, 1, 16, 4, 1, 4, 16, DT)        \
-  X(2, 128, 1, 8, 16, 1, 8, 8, DT)
+#define FNA_FWD_CONFIGS_SM90_RANK2(X, DT)    \
+  X(2, 64, 1, 8, 16, 1, 8, 16, Sm90Ws, DT)   \
+  X(2, 64, 1, 8, 16, 1, 8, 16, Sm90, DT)     \
+  X(2, 64, 1, 8, 8, 1, 8, 8, Sm90, DT)       \
+  X(2, 64, 1, 16, 4, 1, 4, 16, Sm90, DT)     \
+  X(2, 128, 1, 8, 16, 1, 8, 8, Sm90Ws, DT)   \
+  X(2, 128, 1, 8, 16, 1, 8, 8, Sm90, DT)
 
-#define FNA_FWD_CONFIGS_SM90_RANK3(X, DT) \
-  X(3, 64, 2, 8, 8, 2, 8, 8, DT)          \
-  X(3, 64, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 2, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 3, 8, 8, 2, 4, 8, DT)          \
-  X(3, 128, 3, 8, 8, 1, 8, 8, DT)
+#define FNA_FWD_CONFIGS_SM90_RANK3(X, DT)    \
+  X(3, 64, 2, 8, 8, 2, 8, 8, Sm90Ws, DT)     \
+  X(3, 64, 2, 8, 8, 2, 8, 8, Sm90, DT)       \
+  X(3, 64, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)     \
+  X(3, 64, 2, 8, 8, 2, 4, 8, Sm90, DT)       \
+  X(3, 128, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
+  X(3, 128, 2, 8, 8, 2, 4, 8, Sm90, DT)      \
+  X(3, 128, 3, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
+  X(3, 128, 3, 8, 8, 1, 8, 8, Sm90Ws, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

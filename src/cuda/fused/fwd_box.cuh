@@ -308,20 +308,27 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
 }
 
 template <class T, int kD, class QT>
-cudaError_t launch_fwd_box(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+cudaError_t launch_fwd_box(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = BoxTraits<T, kD, QT>;
-  const BoxPlan bp = box_plan(p.geo, QT::kExt, kD);
-  if (!bp.ok || bp.smem > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  const int halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
   auto kernel = fna_fwd_box_kernel<T, kD, QT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bp.smem));
+                                         static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, bp.smem, stream>>>(p, halo_cap);
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.halo_cap);
   return cudaGetLastError();
 }
+
+template <class T, int kD, class QT>
+size_t fwd_box_smem_bytes() {
+  return size_t(QT::kSize) * kD * 2;  // a lower bound: the halo of QT's own queries
+}
+
+// Instantiates one row of config.h's box table (the build's generated files expand it).
+#define FNA_FWD_BOX_INSTANTIATE(D, Q1, Q2, DT)                                                   \
+  template cudaError_t launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>(const FwdParams&,           \
+                                                                   const FwdLaunch&,           \
+                                                                   cudaStream_t);              \
+  template size_t fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>();
 
 }  // namespace fused
 }  // namespace fna

@@ -437,18 +437,21 @@ size_t fwd_smem_bytes() {
 }
 
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
-cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = FwdTraits<T, kD, kRank, kMT, QT, KT>;
-  if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
   auto kernel = fna_fwd_kernel<T, kD, kRank, kMT, QT, KT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Tr::kSmemBytes));
+                                         static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p);
   return cudaGetLastError();
 }
+
+// Instantiates one row of config.h's mma.sync tables (the build's generated files expand it).
+#define FNA_FWD_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                          \
+  template cudaError_t launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>( \
+      const FwdParams&, const FwdLaunch&, cudaStream_t);                                  \
+  template size_t fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
 
 }  // namespace fused
 }  // namespace fna

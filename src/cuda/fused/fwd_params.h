@@ -3,10 +3,11 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/tma.h"
+#include "cuda/fused/fwd_strip.h"
 #include "cuda/fused/tiling.cuh"
 
 namespace fna {
@@ -32,66 +33,66 @@ struct FwdParams {
   int q_tiles_total;
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
-  int sm_count;        // the device's SMs (the strip forward's row segments)
 };
 
-// One configuration's launcher (kMT: 16-row m-tiles per warp). Returns cudaErrorInvalidConfiguration (without launching) when
-// the kernel needs more shared memory than `max_smem_optin` bytes.
-template <class T, int kD, int kRank, int kMT, class QT, class KT>
-cudaError_t launch_fwd(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+// TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the
+// warp-specialized Hopper forward's Q, K and V tiles, the strip forward's K and V bands.
+struct FwdTma {
+  tma::TokenMap q, k, v;
+  int on;
+};
+struct StripTma {
+  tma::TokenMap k, v;
+  int on;
+};
 
-// Dynamic shared memory of one configuration's CTA (bytes), for choosing configurations that fit
-// the device.
+// Everything a forward launcher needs beyond FwdParams, decided by the plan (plan.h) and
+// consumed as is: the launchers decide nothing.
+struct FwdLaunch {
+  int64_t ctas = 0;         // work items: batch x heads x dilation groups x query tiles (strips
+                            // x row segments for the strip forward)
+  unsigned grid = 0;        // CTAs launched: `ctas`, or one per SM when persistent
+  size_t smem = 0;          // dynamic shared memory per CTA (bytes)
+  bool persistent = false;  // warp-specialized: CTAs take work items from a counter
+  bool spread = false;      // plain Hopper: whole-row copies per warp instruction
+  bool wg_skip = false;     // warp-specialized: warpgroups visit only their own rows' key tiles
+  int halo_cap = 0;         // box forward: halo rows its shared memory holds
+  StripParams strip{};      // strip forward: strips, row segments, ring
+  FwdTma tma{};             // warp-specialized forward's maps
+  StripTma strip_tma{};     // strip forward's maps
+};
+
+// The launchers, one per kernel family (each a switch on `l`; they return the launch's error).
+// sm80: mma.sync (fwd_kernel.cuh; kMT 16-row m-tiles per warp).
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
+cudaError_t launch_fwd(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
 size_t fwd_smem_bytes();
 
-// The Hopper (wgmma, sm_90a) kernels of fwd_sm90.cuh / fwd_sm90_ws.cuh, built when FNA_WITH_SM90
-// is defined.
+// sm90 (plain) and sm90ws (warp-specialized): wgmma, sm_90a (fwd_sm90.cuh / fwd_sm90_ws.cuh),
+// built when FNA_WITH_SM90 is defined.
 template <class T, int kD, int kRank, class QT, class KT>
-cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes();
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_smem_bytes();
 
-// The box forward of fwd_box.cuh (rank 2, 16-bit, mma.sync): the launcher returns
-// cudaErrorInvalidConfiguration when the problem is outside its limits (fwd_box.h) or its shared
-// memory exceeds `max_smem_optin`; the size below is the part that does not depend on the problem.
+// The box forward of fwd_box.cuh (rank 2, 16-bit, mma.sync); its shared memory depends on the
+// problem (box_plan), the size below is a lower bound.
 template <class T, int kD, class QT>
-cudaError_t launch_fwd_box(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+cudaError_t launch_fwd_box(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, class QT>
 size_t fwd_box_smem_bytes();
 
-// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side):
-// the same contract as the box forward's launcher; the size below is a lower bound.
+// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side);
+// its shared memory comes from strip_plan, the size below is a lower bound.
 template <class T, int kD, int kPhases>
-cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
+cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kPhases>
 size_t fwd_strip_smem_bytes();
-
-// Whether launch_fwd_sm90 runs the warp-specialized kernel for 128-query tiles of rank `rank`:
-// for 2-D and 3-D tiles, where it measured 1.05x (2d-large) and 1.07x (3d-video) the plain
-// kernel's speed; not for 1-D tiles (0.965x on 1d-long: H100, bf16, commit eb06b1a,
-// tools/gpu/env_ab.py). FNA_SM90_WS=0 / 1 in the environment forces the plain / the
-// warp-specialized kernel (for comparisons).
-inline bool use_fwd_sm90_ws(int rank) {
-  const char* env = std::getenv("FNA_SM90_WS");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return rank >= 2;
-}
-
-// Whether the sm90 forward runs a tile of `q_size` queries of a rank-`rank` problem in the
-// warp-specialized kernel: 192-query tiles always, 128-query ones where use_fwd_sm90_ws says so
-// (64-query tiles never).
-inline bool fwd_sm90_runs_ws(int q_size, int rank) {
-  return q_size == 192 || (q_size == 128 && use_fwd_sm90_ws(rank));
-}
-
-// Whether each compute warpgroup of the warp-specialized forward takes only the run of key tiles
-// its own 64 rows need and skips the mask on tiles inside all of their windows (rows_span,
-// rows_walk), rather than the whole query tile's. FNA_FWD_WG_SKIP=0 turns it off (comparisons).
-inline bool use_fwd_wg_skip() {
-  const char* env = std::getenv("FNA_FWD_WG_SKIP");
-  return !(env != nullptr && env[0] == '0');
-}
 
 }  // namespace fused
 }  // namespace fna

@@ -73,7 +73,7 @@ constexpr int copy_threads_per_row(int rows, int threads) {
 // copy_rows (fwd_kernel.cuh) into the 128-byte-swizzled layout: row r's chunk c of region c / 8
 // (64 columns) lands at region + r * 128 + ((c % 8) ^ (r % 8)) * 16. `kThr` threads copy, `tid`
 // being this thread's number among them. Each row's source is computed by its kTPR threads;
-// they copy its chunks kTPR apart, or with kSpread (use_fwd_sm90_spread) each warp instruction
+// they copy its chunks kTPR apart, or with kSpread (the plan's `spread`, Tuning::fwd_spread) each warp instruction
 // copies whole rows, a row's chunks on consecutive lanes with the row's address shuffled from
 // its first thread (every lane of the warp must take part).
 template <class Tr, int kRows, bool kTwo, int kThr, class RowSrc, bool kSpread = false>
@@ -303,6 +303,23 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
 #endif
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90_smem_bytes() {
+  return Sm90Traits<T, kD, kRank, QT, KT>::kSmemBytes;
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  auto kernel = l.spread ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true>
+                         : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace fused

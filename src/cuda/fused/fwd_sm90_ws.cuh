@@ -12,43 +12,6 @@
 namespace fna {
 namespace fused {
 
-// TMA maps of the warp-specialized forward's Q, K and V (on = 0: cp.async copies instead).
-struct FwdTma {
-  tma::TokenMap q, k, v;
-  int on;
-};
-
-// Whether the warp-specialized forward loads its tiles by TMA (one loader thread issues each
-// tile's boxes; fwd_tma_maps) rather than by the loader warpgroup's cp.async copies: measured
-// 1.13x / 1.15x on 2d-large base / causal0 and 1.09-1.13x on 3d-video (where the copies' loader
-// spills) forward (H100, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_TMA=0 / 1 forces the cp.async
-// copies / TMA wherever fwd_tma_maps can describe the problem.
-inline bool use_fwd_tma() {
-  const char* env = std::getenv("FNA_FWD_TMA");
-  return !(env != nullptr && env[0] == '0');
-}
-
-// The maps for a problem of `p` with query / key tiles of `qext` / `kvext` rows per axis, or
-// on = 0 when TMA cannot load its tiles: additional keys (their own tensors), or tensors or
-// dilations TMA cannot describe (tma::token_map).
-inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
-                           const int (&kvext)[kAxes]) {
-  FwdTma t{};
-  t.on = 0;
-  if (!use_fwd_tma() || p.num_add > 0) return t;
-  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
-  std::string why;
-  const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                         p.geo.axis[2].length, p.heads};
-  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
-  if (!tma::token_map(&t.q, p.q, p.dim, lq, p.q_stride, qext, dil, &why) ||
-      !tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, kvext, dil, &why) ||
-      !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, kvext, dil, &why))
-    return t;
-  t.on = 1;
-  return t;
-}
 
 // The warp-specialized variant (128-query tiles): warpgroups 0 and 1 compute (64 query rows
 // each), warpgroup 2 loads. The loader loads Q, then each key/value tile into a ring of kStages
@@ -68,8 +31,8 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
 // rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
 // warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
 // causal axis more at its start) and skips the mask on tiles inside all of its rows' windows.
-// launch_fwd_sm90 runs it for 2-D and 3-D tiles (fwd_sm90_runs_ws), one CTA per query tile, or
-// persistent (use_fwd_sm90_persistent): one CTA per SM walks query tiles, so the next tile's Q
+// The fna_fwd_sm90ws_* configurations run it (the plan takes them for 2-D and 3-D tiles), one
+// CTA per query tile, or persistent (Tuning::persistent): one CTA per SM walks query tiles, so the next tile's Q
 // and first key tiles load while the current one finishes.
 template <class Tr>
 struct Sm90WsTraits {
@@ -341,100 +304,46 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 #endif
 }
 
-// Whether the warp-specialized forward runs persistent (FNA_SM90_PERSIST=1: one CTA per SM taking
-// query tiles from a counter) instead of one CTA per query tile (the default). Persistent measured
-// 1.005x / 0.949x on 2d-large base / causal0 and 0.903x / 1.020x on 3d-video (same process, H100,
-// bf16, tools/gpu/env_ab.py, commit 9da2d54); why 3d-video's base problem loses 10% is not profiled.
-inline bool use_fwd_sm90_persistent() {
-  const char* env = std::getenv("FNA_SM90_PERSIST");
-  return env != nullptr && env[0] == '1';
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_smem_bytes() {
+  return Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kSmemBytes;
 }
 
-// Whether the plain sm90 forward kernel copies its key / value and query rows spread
-// (copy_rows_sw's kSpread: whole rows per warp instruction, so the L2 sees one request per
-// 128-byte line instead of one per 32 bytes): at head dim 64, where it measured 1.051x on 2d-nat
-// (Nsight Compute: L2 tag lookups 68% -> 26% of peak, read requests 59.2e6 -> 14.4e6), and not
-// at 128 (1d-long 1.003x; H100, bf16, tools/gpu/env_ab.py, 2026-11-24). FNA_FWD_SM90_SPREAD=0 / 1
-// forces either copy. The warp-specialized kernel keeps the per-thread copy: spread, its loader
-// warpgroup spilled and ran 0.896x (2d-large) and 0.974x (3d-video).
-inline bool use_fwd_sm90_spread(int dim) {
-  const char* env = std::getenv("FNA_FWD_SM90_SPREAD");
-  if (env != nullptr && (env[0] == '0' || env[0] == '1')) return env[0] == '1';
-  return dim == 64;
-}
-
+// One CTA per work item, or persistent (l.persistent: l.grid CTAs take work items from a
+// counter, so the next tile's Q and first key tiles load while the current one finishes).
 template <class T, int kD, int kRank, class QT, class KT>
-size_t fwd_sm90_smem_bytes() {
-  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  if constexpr (Tr::kQ == 192) {
-    return Sm90WsTraits<Tr>::kSmemBytes;  // warp-specialized only
-  } else if constexpr (Tr::kQ == 128) {
-    const size_t ws = Sm90WsTraits<Tr>::kSmemBytes;
-    return use_fwd_sm90_ws(kRank) ? ws : Tr::kSmemBytes;
-  } else {
-    return Tr::kSmemBytes;
-  }
-}
-
-template <class T, int kD, int kRank, class QT, class KT>
-cudaError_t launch_fwd_sm90_plain(const FwdParams& p, int max_smem_optin, cudaStream_t stream);
-
-template <class T, int kD, int kRank, class QT, class KT>
-cudaError_t launch_fwd_sm90(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
-  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  // 192-query tiles (three compute warpgroups) run warp-specialized only.
-  if constexpr (Tr::kQ == 128 || Tr::kQ == 192) {
-    if (fwd_sm90_runs_ws(Tr::kQ, kRank)) {
-      using Ws = Sm90WsTraits<Tr>;
-      if (Ws::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-      const FwdTma tm = fwd_tma_maps(p, QT::kExt, KT::kExt);
-      auto kernel = tm.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
-                          : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(Ws::kSmemBytes));
-      if (err != cudaSuccess) return err;
-      if (ctas == 0) return cudaSuccess;
-      int64_t grid = ctas;
-      detail::Workspace ws(stream);  // the tile counter, freed in stream order
-      int* counter = nullptr;
-      if (use_fwd_sm90_persistent()) {
-        int dev = 0, sms = 0;
-        err = cudaGetDevice(&dev);
-        if (err == cudaSuccess)
-          err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (err != cudaSuccess) return err;
-        grid = ctas < sms ? ctas : sms;  // one CTA per SM (its shared memory)
-        if (!ws.allocate(sizeof(int), "forward tile counter").ok()) return cudaErrorMemoryAllocation;
-        counter = ws.as<int>();
-        err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
-        if (err != cudaSuccess) return err;
-      }
-      kernel<<<static_cast<unsigned>(grid), Ws::kThreads, Ws::kSmemBytes, stream>>>(
-          p, static_cast<int>(ctas), counter, tm, use_fwd_wg_skip() ? 1 : 0);
-      return cudaGetLastError();
-    }
-  }
-  if constexpr (Tr::kQ == 192)
-    return cudaErrorInvalidConfiguration;  // not reached
-  else
-    return launch_fwd_sm90_plain<T, kD, kRank, QT, KT>(p, max_smem_optin, stream);
-}
-
-template <class T, int kD, int kRank, class QT, class KT>
-cudaError_t launch_fwd_sm90_plain(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
-  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * p.q_tiles_total;
-  if (Tr::kSmemBytes > size_t(max_smem_optin)) return cudaErrorInvalidConfiguration;
-  auto kernel = use_fwd_sm90_spread(kD) ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true>
-                                        : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
+cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
+  using Ws = Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>;
+  auto kernel = l.tma.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
+                         : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Tr::kSmemBytes));
+                                         static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  detail::Workspace ws(stream);  // the persistent CTAs' work counter, freed in stream order
+  int* counter = nullptr;
+  if (l.persistent) {
+    if (!ws.allocate(sizeof(int), "forward tile counter").ok()) return cudaErrorMemoryAllocation;
+    counter = ws.as<int>();
+    err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<l.grid, Ws::kThreads, l.smem, stream>>>(p, static_cast<int>(l.ctas), counter, l.tma,
+                                                   l.wg_skip ? 1 : 0);
   return cudaGetLastError();
 }
+
+// Instantiates one row of config.h's Hopper tables, by its schedule column (the build's generated
+// files expand it).
+#define FNA_FWD_SM90_INSTANTIATE_Sm90(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                        \
+  template cudaError_t launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>(     \
+      const FwdParams&, const FwdLaunch&, cudaStream_t);                                      \
+  template size_t fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
+#define FNA_FWD_SM90_INSTANTIATE_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                      \
+  template cudaError_t launch_fwd_sm90ws<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>(   \
+      const FwdParams&, const FwdLaunch&, cudaStream_t);                                      \
+  template size_t fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
+#define FNA_FWD_SM90_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, S, DT) \
+  FNA_FWD_SM90_INSTANTIATE_##S(R, D, Q0, Q1, Q2, K0, K1, K2, DT)
 
 }  // namespace fused
 }  // namespace fna

@@ -97,11 +97,6 @@ struct RingCursor {
   }
 };
 
-// TMA maps of the strip's K and V bands (sm_90+; on = 0: cp.async copies).
-struct StripTma {
-  tma::TokenMap k, v;
-  int on;
-};
 
 template <class T, int kD, int kPhases, bool kTma>
 __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
@@ -385,65 +380,30 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   release_below(n_release);
 }
 
-// Whether the strip forward loads its bands by TMA where the device (sm_90+) and the tensors
-// allow (FNA_FWD_STRIP_TMA=0: the warps' cp.async copies everywhere). Read at every launch.
-inline bool use_strip_tma() {
-  const char* env = std::getenv("FNA_FWD_STRIP_TMA");
-  return !(env != nullptr && env[0] == '0');
-}
 
-// The band maps for a strip plan, or on = 0 where TMA cannot load the bands (not sm_90+, a
-// dilation or tensor layout TMA cannot describe: tma::token_map).
-inline StripTma strip_tma_maps(const FwdParams& p, const StripParams& sp) {
-  StripTma t{};
-  t.on = 0;
-  if (!use_strip_tma()) return t;
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      major < 9)
-    return t;
-  const int box[kAxes] = {1, kStripBandRows, sp.pitch};
-  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
-  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
-  std::string why;
-  if (!tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, box, dil, &why) ||
-      !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, box, dil, &why))
-    return t;
-  t.on = 1;
-  return t;
+template <class T, int kD, int kPhases>
+cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
+  using Tr = StripTraits<T, kD, kPhases>;
+  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
+                               : fna_fwd_strip_kernel<T, kD, kPhases, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma);
+  return cudaGetLastError();
 }
 
 template <class T, int kD, int kPhases>
-cudaError_t launch_fwd_strip(const FwdParams& p, int max_smem_optin, cudaStream_t stream) {
-  using Tr = StripTraits<T, kD, kPhases>;
-  const StripPlan pl = strip_plan(p.geo, kD, kPhases, p.sm_count, max_smem_optin,
-                                  double(p.batch) * p.heads);
-  if (!pl.ok) return cudaErrorInvalidConfiguration;
-  StripTma tm = strip_tma_maps(p, pl.sp);
-  if (tm.on) {
-    // The TMA kernel's code must be sm_90's: a build whose architectures stop below 9.0 runs
-    // on Hopper through PTX of an older target, where the TMA path is compiled out.
-    static const int ptx = [] {
-      cudaFuncAttributes fa{};
-      return cudaFuncGetAttributes(&fa, fna_fwd_strip_kernel<T, kD, kPhases, true>) ==
-                     cudaSuccess
-                 ? fa.ptxVersion
-                 : 0;
-    }();
-    if (ptx < 90) tm.on = 0;
-  }
-  auto kernel = tm.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
-                      : fna_fwd_strip_kernel<T, kD, kPhases, false>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(pl.smem));
-  if (err != cudaSuccess) return err;
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * pl.sp.strips * pl.sp.segs;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, pl.smem, stream>>>(p, pl.sp, tm);
-  return cudaGetLastError();
+size_t fwd_strip_smem_bytes() {
+  // A lower bound: a ring of 16 rows of a 16-column halo.
+  return size_t(16) * kStripCols * 2 * kD * 2;
 }
+
+// Instantiates one row of config.h's strip table (the build's generated files expand it).
+#define FNA_FWD_STRIP_INSTANTIATE(D, PH, DT)                                                    \
+  template cudaError_t launch_fwd_strip<mma::DT, D, PH>(const FwdParams&, const FwdLaunch&,    \
+                                                        cudaStream_t);                         \
+  template size_t fwd_strip_smem_bytes<mma::DT, D, PH>();
 
 }  // namespace fused
 }  // namespace fna

@@ -10,8 +10,7 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -307,25 +306,29 @@ inline double walk_footprint(const Geometry& geo, const int (&ext)[kAxes], int r
   return fp;
 }
 
+// A walk named by the problem's axes (Tuning::fwd_walk / bwd_walk: digits 0..rank-1, fastest
+// first, each once) lifted to kAxes: the lifted leading axes, one tile each, go last. False when
+// `w` is not such a walk.
+inline bool lifted_walk(const std::string& w, int rank, int (&order)[kAxes]) {
+  if (static_cast<int>(w.size()) != rank) return false;
+  int seen = 0, n = 0;
+  for (char c : w) {
+    const int ax = c - '0';
+    if (ax < 0 || ax >= rank || (seen & (1 << ax))) return false;
+    seen |= 1 << ax;
+    order[n++] = ax + (kAxes - rank);
+  }
+  for (int ax = kAxes - rank - 1; ax >= 0; --ax) order[n++] = ax;
+  return true;
+}
+
 // The walk for tiles of extent `ext` with `resident` CTAs running at once (the SM count): the
 // default (2, 1, 0), last (contiguous) axis fastest, unless another order's footprint is under
 // 90% of the default's; then the smallest footprint, ties to the order that runs the axes with
-// the largest (kernel - 1) / length fastest. `FNA_FWD_WALK` / `FNA_BWD_WALK` (three digits, fastest
-// first, e.g. 012) override it for A/B runs (env_var null: no override).
+// the largest (kernel - 1) / length fastest.
 inline void walk_order(const Geometry& geo, const int (&ext)[kAxes], int resident,
-                       const char* env_var, int (&order)[kAxes]) {
+                       int (&order)[kAxes]) {
   order[0] = 2, order[1] = 1, order[2] = 0;
-  if (const char* e = env_var ? std::getenv(env_var) : nullptr) {
-    int o[kAxes], seen = 0;  // a permutation of 0, 1, 2 sets `seen` to 7
-    for (int i = 0; i < kAxes && std::strlen(e) == kAxes; ++i) {
-      o[i] = e[i] - '0';
-      seen |= o[i] >= 0 && o[i] < kAxes ? 1 << o[i] : 8;
-    }
-    if (seen == 7) {
-      for (int i = 0; i < kAxes; ++i) order[i] = o[i];
-      return;
-    }
-  }
   const double base = walk_footprint(geo, ext, resident, order);
   // Candidates: the permutations, the one sorted by coverage (stable from the default) first.
   int by_cov[kAxes] = {2, 1, 0};
