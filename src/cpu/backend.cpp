@@ -43,15 +43,32 @@ const Kernels* avx2_kernels() { return nullptr; }
 #endif
 const Kernels& generic_kernels() { return generic_kernel_table(); }
 
-// FNA_CPU_KERNELS=generic|avx2|avx512 forces a kernel set (tests run every one the CPU has).
+// The best kernel set the CPU and the build have (Tuning::cpu_isa automatic).
 const Kernels& best_kernels() {
-  const char* env = std::getenv("FNA_CPU_KERNELS");
-  const std::string want = env ? env : "";
-  if (want == "generic") return generic_kernels();
-  if (want == "avx2" && avx2_kernels()) return *avx2_kernels();
-  if ((want.empty() || want == "avx512") && avx512_kernels()) return *avx512_kernels();
+  if (avx512_kernels()) return *avx512_kernels();
   if (avx2_kernels()) return *avx2_kernels();
   return generic_kernels();
+}
+
+const Kernels* kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::automatic: return &best_kernels();
+    case CpuIsa::generic: return &generic_kernels();
+    case CpuIsa::avx2: return avx2_kernels();
+    case CpuIsa::avx512: return avx512_kernels();
+  }
+  return nullptr;
+}
+
+Status select_kernels(const Options& opt, const Kernels** out) {
+  *out = kernels_for(opt.tuning.cpu_isa);
+  if (*out) return Status::Ok();
+  const bool avx512 = opt.tuning.cpu_isa == CpuIsa::avx512;
+  return {Code::unsupported,
+          std::string("tuning cpu_isa='") + (avx512 ? "avx512" : "avx2") + "': " +
+              (FNA_CPU_X86_KERNELS ? "this CPU lacks " : "this build has no x86 kernels for ") +
+              (avx512 ? "AVX-512F / AVX-512VL" : "AVX2 / FMA") +
+              " (leave cpu_isa automatic, or pick one this CPU has)"};
 }
 
 using namespace driver;
@@ -59,7 +76,7 @@ using namespace driver;
 // Whether the forward runs in strip order (Plan::strips): on 2-D grids whose heads-last rows hold
 // several KV heads, when the tiles' key columns add at most half again to a line's (strip panels
 // overlap by the window) and a ring of every head's strip panels (the box's lines and a band)
-// takes at most 1.5 MB (of the 2 MB L2 of the CI machine's cores). FNA_CPU_STRIPS=0|1 overrides.
+// takes at most 1.5 MB (of the 2 MB L2 of the CI machine's cores). Tuning::cpu_strips overrides.
 static bool strips_fit(const Problem& p, const Kernels& kern, int band) {
   if (p.rank != 2 || p.heads_kv < 2) return false;
   const Plan plan(p, kern.vector_width, band, true);
@@ -75,15 +92,17 @@ static bool strips_fit(const Problem& p, const Kernels& kern, int band) {
 }
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
-  const Kernels& kern = best_kernels();
+  const Kernels* kp = nullptr;
+  if (Status st = select_kernels(opt, &kp); !st.ok()) return st;
+  const Kernels& kern = *kp;
+  const Tuning& tun = opt.tuning;
   // Bands of 2 lines: work items of two adjacent lines' same tile, one kernel call for both
   // (Plan::per_item). Measured on the 13x13 benchmark: 0.96x of line order with one tile per
-  // item (median of 40 paired calls); bands of 4, 8 or 16 were no faster. FNA_CPU_BAND=n
+  // item (median of 40 paired calls); bands of 4, 8 or 16 were no faster. Tuning::cpu_band
   // overrides (1: line order, one tile per item; odd: no pairs).
-  const char* band_env = std::getenv("FNA_CPU_BAND");
-  const int band = band_env ? std::atoi(band_env) : 2;
-  const char* strips_env = std::getenv("FNA_CPU_STRIPS");
-  const bool strips = strips_env ? std::atoi(strips_env) != 0 : strips_fit(p, kern, band);
+  const int band = tun.cpu_band > 0 ? tun.cpu_band : 2;
+  const bool strips = tun.cpu_strips == Switch::automatic ? strips_fit(p, kern, band)
+                                                          : tun.cpu_strips == Switch::on;
   const Plan plan(p, kern.vector_width, band, strips);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
@@ -100,7 +119,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   static thread_local std::vector<Floats> tl_panels;
   const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch;  // K^T, then V row-major
   const int64_t v_floats = static_cast<int64_t>(panels.pitch) * Dvp;
-  PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels);
+  PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels, tun.cpu_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
   const int64_t tpl = PanelStore::tasks_per_line(plan);

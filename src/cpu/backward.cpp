@@ -187,14 +187,16 @@ static void backward_tile_setup(const Plan& plan, const Panels& panels, const Pa
 }
 
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
-  const Kernels& kern = best_kernels();
+  const Kernels* kp = nullptr;
+  if (Status st = select_kernels(opt, &kp); !st.ok()) return st;
+  const Kernels& kern = *kp;
+  const Tuning& tun = opt.tuning;
   // Bands of 8 lines (Plan::band): a line's five panel sets (K^T, K, V^T, dK, dV: ~2.4 MB at
   // 128 columns, D = 64, 13 rows) overflow a 2 MB L2, one column strip of a band's does not.
   // Measured on the 13x13 benchmark: backward 0.88x of line order in the same minute.
-  // Even bands: work items of two adjacent lines' same tile (Plan::per_item). FNA_CPU_BAND=n
-  // overrides (1: line order; odd: no pairs), for experiments.
-  const char* band_env = std::getenv("FNA_CPU_BAND");
-  const Plan plan(p, kern.vector_width, band_env ? std::atoi(band_env) : 8);
+  // Even bands: work items of two adjacent lines' same tile (Plan::per_item).
+  // Tuning::cpu_band overrides (1: line order; odd: no pairs), for experiments.
+  const Plan plan(p, kern.vector_width, tun.cpu_band > 0 ? tun.cpu_band : 8);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
@@ -216,7 +218,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   static thread_local std::vector<Floats> tl_panels;  // K^T, K row-major, V^T
   const int64_t kt_floats = static_cast<int64_t>(D) * panels.pitch;
   const int64_t vt_floats = static_cast<int64_t>(Dv) * panels.pitch;
-  PanelStore store(plan, panels.count, threads, {kt_floats, panel_k, vt_floats}, &tl_panels);
+  PanelStore store(plan, panels.count, threads, {kt_floats, panel_k, vt_floats}, &tl_panels, tun.cpu_panels);
   // Cached per calling thread like the panels: fresh pages cost more than the zeroing.
   static thread_local std::vector<Floats> tl_acc;
   std::vector<Floats>& acc = tl_acc;
@@ -228,11 +230,11 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale = static_cast<float>(opt.scale);
   const Strided dk = grid_view(a.dk, p, p.dtype), dv = grid_view(a.dv, p, p.dtype);
-  // dK / dV in rings (AccRing) when the panels are in rings. FNA_CPU_ACC=full: per-worker copies
-  // of every panel (as in deterministic mode; tests run both).
-  const char* acc_env = std::getenv("FNA_CPU_ACC");
+  // dK / dV in rings (AccRing) when the panels are in rings (automatic and on alike).
+  // Tuning::cpu_acc_rings off: per-worker copies of every panel (as in deterministic mode; tests
+  // run both).
   const bool rings = store.slots() > 0 && !opt.deterministic && p.dtype == DType::f32 &&
-                     !(acc_env && std::string(acc_env) == "full");
+                     tun.cpu_acc_rings != Switch::off;
   std::unique_ptr<AccRing> ring(rings ? new AccRing(plan, panels, dk, dv, panel_k, panel_v) : nullptr);
   std::vector<std::vector<int64_t>> tags(static_cast<size_t>(threads));
   const int64_t held = rings ? store.slots() : panels.count;  // accumulator panels per worker

@@ -175,9 +175,10 @@ class LazyPanels {
 // box spans many, and rings would convert the same panels over and over.
 class PanelStore {
  public:
-  // floats[i]: floats per panel of panel set i. bufs: the caller's cached buffers.
+  // floats[i]: floats per panel of panel set i. bufs: the caller's cached buffers. choice:
+  // Tuning::cpu_panels (automatic: the test below).
   PanelStore(const Plan& plan, int64_t count, int threads, std::vector<int64_t> floats,
-             std::vector<Floats>* bufs)
+             std::vector<Floats>* bufs, CpuPanels choice = CpuPanels::automatic)
       : floats_(std::move(floats)), bufs_(*bufs), dilation_(static_cast<int>(plan.p.dilation[plan.la])) {
     const Problem& p = plan.p;
     int64_t span = 1, stride = 1;  // lines from a task's first key row to its last
@@ -199,11 +200,11 @@ class PanelStore {
     int64_t ring = 0;
     for (int64_t f : floats_) ring += slots * f;
     // Rings when under half of the conversions are redone at chunk starts, and they take
-    // <= 64 MB in all. FNA_CPU_PANELS=rings|shared forces a choice (tests run both).
-    const char* env = std::getenv("FNA_CPU_PANELS");
-    const std::string force = env ? env : "";
+    // <= 64 MB in all. Tuning::cpu_panels rings (where they fit) or shared forces a choice (tests
+    // run both).
     const bool fit = ring * threads <= (int64_t(1) << 24);
-    if (force == "rings" ? fit : force != "shared" && chunk_lines_ >= 2 * span && fit) slots_ = slots;
+    if (choice == CpuPanels::rings ? fit : choice != CpuPanels::shared && chunk_lines_ >= 2 * span && fit)
+      slots_ = slots;
     workers_ = slots_ > 0 ? threads : 1;
     bufs_.resize(floats_.size() * static_cast<size_t>(workers_));
     for (size_t i = 0; i < floats_.size(); ++i)

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "fna/fna.h"
+
 namespace fna {
 namespace cpu {
 
@@ -115,7 +117,12 @@ struct Kernels {
   void (*transpose)(const float* rows, int row_pitch, int n, int dim, float* out, int64_t pitch);
 };
 
-const Kernels& best_kernels();     // picked once, by __builtin_cpu_supports
+const Kernels& best_kernels();     // the best the CPU and the build have (cpu_isa automatic)
+// The kernel set of `isa` (automatic: best_kernels()); null when the CPU or the build lacks it.
+const Kernels* kernels_for(CpuIsa isa);
+// kernels_for(opt.tuning.cpu_isa), or an unsupported Status naming `tuning cpu_isa='...'` when
+// the CPU or the build lacks the set asked for (no silent fallback).
+Status select_kernels(const Options& opt, const Kernels** out);
 const Kernels& generic_kernels();  // portable fallback (for tests)
 const Kernels* avx2_kernels();     // null when the CPU lacks AVX2 + FMA
 const Kernels* avx512_kernels();   // null when the CPU lacks AVX-512F

@@ -1,6 +1,6 @@
 // The cpu backend against the reference on random problems over every parameter, with the
 // docs/semantics.md section 4 criterion; each kernel set the CPU supports (generic, avx2, avx512) is run,
-// and each with both panel stores (FNA_CPU_PANELS: per-worker rings, shared panels).
+// and each with both panel stores (Tuning::cpu_panels: per-worker rings, shared panels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,34 +19,44 @@ int intensity() {
   return s ? std::max(1, std::atoi(s)) : 1;
 }
 
+// Every kernel set the CPU (and the build) has: those kernels_for finds.
 std::vector<std::string> kernel_sets() {
-  std::vector<std::string> v{"generic"};
-  if (fna::cpu::avx2_kernels()) v.push_back("avx2");
-  if (fna::cpu::avx512_kernels()) v.push_back("avx512");
+  std::vector<std::string> v;
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    fna::Tuning t;
+    if (fna::set_tuning(&t, "cpu_isa", isa).ok() && fna::cpu::kernels_for(t.cpu_isa)) v.push_back(isa);
+  }
   return v;
+}
+
+// The cpu backend's options for case c with tuning t.
+fna::Options cpu_options(const Case& c, int threads, const fna::Tuning& t) {
+  fna::Options o = options_for(c, fna::Backend::cpu, threads);
+  o.tuning = t;
+  return o;
 }
 
 class CpuVsReference
     : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {
  protected:
-  void SetUp() override {
-    setenv("FNA_CPU_KERNELS", std::get<1>(GetParam()).c_str(), 1);
-    setenv("FNA_CPU_PANELS", std::get<2>(GetParam()).c_str(), 1);
-  }
-  void TearDown() override {
-    unsetenv("FNA_CPU_KERNELS");
-    unsetenv("FNA_CPU_PANELS");
-  }
   int rank() const { return std::get<0>(GetParam()); }
+  // The parameters' kernel set and panel store.
+  fna::Tuning tuning() const {
+    fna::Tuning t;
+    EXPECT_TRUE(fna::set_tuning(&t, "cpu_isa", std::get<1>(GetParam())).ok());
+    EXPECT_TRUE(fna::set_tuning(&t, "cpu_panels", std::get<2>(GetParam())).ok());
+    return t;
+  }
+  fna::Options cpu(const Case& c, int threads) const { return cpu_options(c, threads, tuning()); }
 };
 
-// Runs forward (and backward) on the cpu backend and on the reference (on float32 copies of the
-// same inputs) and checks with the SPEC criterion.
-void run_fused(const Case& c, int threads) {
+// Runs forward (and backward) on the cpu backend with tuning tun and on the reference (on
+// float32 copies of the same inputs) and checks with the SPEC criterion.
+void run_fused(const Case& c, int threads, const fna::Tuning& tun) {
   ProblemTensors got(c);
   got.c.with_lse = true;  // backward needs it; c.with_lse still decides whether LSE is compared
   ProblemTensors ref = got.as_f32();
-  fna::Status st = fna::forward(c.p, got.forward_args(), options_for(c, fna::Backend::cpu, threads));
+  fna::Status st = fna::forward(c.p, got.forward_args(), cpu_options(c, threads, tun));
   ASSERT_TRUE(st.ok()) << st.message;
   fna::Problem p32 = c.p;
   p32.dtype = fna::DType::f32;
@@ -56,7 +66,7 @@ void run_fused(const Case& c, int threads) {
   Check chk = check_forward(got, ref);
   EXPECT_TRUE(chk.ok) << c.str() << "\n" << chk.str();
   // Backward from each backend's own O and LSE.
-  st = fna::backward(c.p, got.backward_args(), options_for(c, fna::Backend::cpu, threads));
+  st = fna::backward(c.p, got.backward_args(), cpu_options(c, threads, tun));
   ASSERT_TRUE(st.ok()) << st.message;
   st = fna::backward(p32, ref.backward_args(), options_for(c, fna::Backend::reference));
   ASSERT_TRUE(st.ok()) << st.message;
@@ -69,7 +79,7 @@ TEST_P(CpuVsReference, ForwardBackward) {
   for (int i = 0; i < n; ++i) {
     const Case c = random_case(5000 + i, rank(), intensity());
     SCOPED_TRACE("case " + std::to_string(i));
-    run_fused(c, 1 + i % 3);
+    run_fused(c, 1 + i % 3, tuning());
     if (HasFatalFailure()) return;
   }
 }
@@ -84,7 +94,7 @@ TEST_P(CpuVsReference, LargerWindows) {
   for (int i = 0; i < 10 * intensity(); ++i) {
     const Case c = random_case(7000 + i, rank(), 1, lim);
     SCOPED_TRACE("case " + std::to_string(i));
-    run_fused(c, 2);
+    run_fused(c, 2, tuning());
     if (HasFatalFailure()) return;
   }
 }
@@ -95,7 +105,7 @@ TEST_P(CpuVsReference, Unfused) {
     SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
     fna::Problem p32 = c.p;
     p32.dtype = fna::DType::f32;
-    const fna::Options cpu = options_for(c, fna::Backend::cpu, 2);
+    const fna::Options cpu = this->cpu(c, 2);
     const fna::Options ref = options_for(c, fna::Backend::reference);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     ProblemTensors got(c);
@@ -136,7 +146,7 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
     Case c = random_case(11000 + i, rank(), 1, lim);
     SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
     ProblemTensors t(c);
-    fna::Options o = options_for(c, fna::Backend::cpu, 2);
+    fna::Options o = cpu(c, 2);
     o.scale = c.resolved_scale();
     ASSERT_TRUE(fna::qk_forward(c.p, t.qk_args(), o).ok());
     const int64_t S = c.p.window() + c.p.num_additional;
@@ -158,7 +168,7 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
 }
 
 // Two adjacent lines' same tile in one kernel call (bands of 2 lines, the forward's default)
-// gives the bits of one call per tile in line order (FNA_CPU_BAND=1): the shared key rows are
+// gives the bits of one call per tile in line order (Tuning::cpu_band 1): the shared key rows are
 // only loaded once, every score is still the same sum in the same order.
 TEST_P(CpuVsReference, PairedTilesMatchLineOrder) {
   RandomLimits lim;
@@ -171,10 +181,10 @@ TEST_P(CpuVsReference, PairedTilesMatchLineOrder) {
     ProblemTensors t(c);
     std::vector<double> out[2], lse[2];
     for (int k = 0; k < 2; ++k) {
-      if (k == 0) setenv("FNA_CPU_BAND", "1", 1);
+      fna::Options o = cpu(c, 1 + i % 2);
+      if (k == 0) o.tuning.cpu_band = 1;
       t.poison_outputs();
-      const fna::Status st = fna::forward(c.p, t.forward_args(), options_for(c, fna::Backend::cpu, 1 + i % 2));
-      unsetenv("FNA_CPU_BAND");
+      const fna::Status st = fna::forward(c.p, t.forward_args(), o);
       ASSERT_TRUE(st.ok()) << st.message;
       out[k] = t.o.to_double();
       if (c.with_lse) lse[k] = t.lse.to_double();
@@ -184,9 +194,9 @@ TEST_P(CpuVsReference, PairedTilesMatchLineOrder) {
   }
 }
 
-// The forward in strip order (FNA_CPU_STRIPS=1: per tile column, every KV head of a band of
+// The forward in strip order (Tuning::cpu_strips on: per tile column, every KV head of a band of
 // lines in turn, panels of the tile's key columns only; the default on 2-D grids of several KV
-// heads) gives the bits of line order (FNA_CPU_STRIPS=0): the same box rows and columns per
+// heads) gives the bits of line order (cpu_strips off): the same box rows and columns per
 // tile, the panels' other columns only ever masked. Random problems of every rank, 1 and 2
 // threads.
 TEST_P(CpuVsReference, StripOrderMatchesLineOrder) {
@@ -200,10 +210,10 @@ TEST_P(CpuVsReference, StripOrderMatchesLineOrder) {
     ProblemTensors t(c);
     std::vector<double> out[2], lse[2];
     for (int k = 0; k < 2; ++k) {
-      setenv("FNA_CPU_STRIPS", k == 0 ? "0" : "1", 1);
+      fna::Options o = cpu(c, 1 + i % 2);
+      o.tuning.cpu_strips = k == 0 ? fna::Switch::off : fna::Switch::on;
       t.poison_outputs();
-      const fna::Status st = fna::forward(c.p, t.forward_args(), options_for(c, fna::Backend::cpu, 1 + i % 2));
-      unsetenv("FNA_CPU_STRIPS");
+      const fna::Status st = fna::forward(c.p, t.forward_args(), o);
       ASSERT_TRUE(st.ok()) << st.message;
       out[k] = t.o.to_double();
       if (c.with_lse) lse[k] = t.lse.to_double();
@@ -251,15 +261,14 @@ TEST_P(CpuVsReference, InPlaceRows) {
     p.num_additional = sh.A;
     p.dtype = fna::DType::f32;
     c.seed = static_cast<uint64_t>(sh.L0 * 1000 + sh.L1);
-    // FNA_CPU_STRIPS: see StripOrderMatchesLineOrder; FNA_CPU_ACC: the backward's dK / dV in
+    // cpu_strips: see StripOrderMatchesLineOrder; cpu_acc_rings: the backward's dK / dV in
     // per-worker rings flushed to the outputs (float32 default) or in full per-worker copies.
-    for (const char* strips : {"0", "1"})
-      for (const char* acc : {"rings", "full"}) {
-        setenv("FNA_CPU_STRIPS", strips, 1);
-        setenv("FNA_CPU_ACC", acc, 1);
-        for (int threads : {1, 2}) run_fused(c, threads);
-        unsetenv("FNA_CPU_STRIPS");
-        unsetenv("FNA_CPU_ACC");
+    for (fna::Switch strips : {fna::Switch::off, fna::Switch::on})
+      for (fna::Switch acc : {fna::Switch::on, fna::Switch::off}) {
+        fna::Tuning tun = tuning();
+        tun.cpu_strips = strips;
+        tun.cpu_acc_rings = acc;
+        for (int threads : {1, 2}) run_fused(c, threads, tun);
       }
   }
 }

@@ -52,23 +52,32 @@ std::vector<double> dense_attention(const ProblemTensors& t, const Mask& allowed
 
 struct Backend {
   fna::Backend backend;
-  std::string kernels;  // FNA_CPU_KERNELS for the cpu backend
+  std::string kernels;  // Tuning::cpu_isa for the cpu backend
   std::string name() const { return backend == fna::Backend::reference ? "reference" : "cpu_" + kernels; }
 };
 
+// The reference and the cpu backend with every kernel set the CPU (and the build) has.
 std::vector<Backend> backends() {
-  std::vector<Backend> v{{fna::Backend::reference, ""}, {fna::Backend::cpu, "generic"}};
-  if (fna::cpu::avx2_kernels()) v.push_back({fna::Backend::cpu, "avx2"});
-  if (fna::cpu::avx512_kernels()) v.push_back({fna::Backend::cpu, "avx512"});
+  std::vector<Backend> v{{fna::Backend::reference, ""}};
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    fna::Tuning t;
+    if (fna::set_tuning(&t, "cpu_isa", isa).ok() && fna::cpu::kernels_for(t.cpu_isa))
+      v.push_back({fna::Backend::cpu, isa});
+  }
   return v;
 }
 
 class SpecialCases : public ::testing::TestWithParam<Backend> {
  protected:
-  void SetUp() override {
-    if (!GetParam().kernels.empty()) setenv("FNA_CPU_KERNELS", GetParam().kernels.c_str(), 1);
+  // The options of the parameter's backend (and kernel set).
+  fna::Options options(const Case& c, int threads) const {
+    fna::Options o = options_for(c, GetParam().backend, threads);
+    if (!GetParam().kernels.empty()) {
+      const fna::Status st = fna::set_tuning(&o.tuning, "cpu_isa", GetParam().kernels);
+      EXPECT_TRUE(st.ok()) << st.message;
+    }
+    return o;
   }
-  void TearDown() override { unsetenv("FNA_CPU_KERNELS"); }
   // A float32 case: random heads / dims (GQA, D_v != D), contiguous or strided.
   Case make(uint64_t seed, int rank, const int64_t* shape) const {
     Case c = random_case(seed, rank, 1, f32_limits());
@@ -88,7 +97,7 @@ class SpecialCases : public ::testing::TestWithParam<Backend> {
     return lim;
   }
   std::vector<double> run(ProblemTensors& t) const {
-    const fna::Status st = fna::forward(t.c.p, t.forward_args(), options_for(t.c, GetParam().backend, 2));
+    const fna::Status st = fna::forward(t.c.p, t.forward_args(), options(t.c, 2));
     EXPECT_TRUE(st.ok()) << st.message;
     return t.o.to_double();
   }

@@ -110,6 +110,7 @@ fna::Options device_options(const Case& c, const RunConfig& rc, cudaStream_t str
   o.config = rc.config;
   o.backward_config = rc.backward_config;
   o.allow_tf32 = rc.allow_tf32;
+  o.tuning = rc.tuning;
   return o;
 }
 

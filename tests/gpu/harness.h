@@ -39,6 +39,7 @@ struct RunConfig {
   // low-precision rule against a naive TF32 computation (support/check.h, Tolerance::tf32)
   // instead of float32's 1e-5 relative bound.
   bool allow_tf32 = false;
+  fna::Tuning tuning;      // Options::tuning of the device call
 };
 
 // Runs one operator of one case on the device and checks it against the reference.

@@ -349,11 +349,11 @@ int main(int argc, char** argv) {
           rc.use_stream = i % 2 == 1;
           rc.deterministic = i % 4 == 0;
           // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
-          // per chunk, the path large problems take.
-          if (i % 3 == 2)
-            setenv("FNA_NAIVE_WORKSPACE_BYTES", "1", 1);
-          else
-            unsetenv("FNA_NAIVE_WORKSPACE_BYTES");
+          // per chunk, the path large problems take (a tuning field of cuda-naive calls only:
+          // explicit, or automatic for the unfused operators).
+          const bool naive = backend == fna::Backend::cuda_naive ||
+                             (backend == fna::Backend::automatic && fna_gpu_test::op_is_unfused(op));
+          rc.tuning.naive_workspace_bytes = naive && i % 3 == 2 ? 1 : 0;
           const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
           if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
           if (o.verdict == Verdict::pass) {
@@ -377,6 +377,7 @@ int main(int argc, char** argv) {
         }
       }
       rc.allow_tf32 = false;
+      rc.tuning.naive_workspace_bytes = 0;
     }
     // (Not with --config: the contrast problem has its own rank and head dim.)
     for (Op op : {Op::forward, Op::backward}) {

@@ -1,12 +1,12 @@
 // In-process A/B of the cpu backend on issue 2's problem (fp32, B=1, 128x128, H=4, D=64, 13x13):
-// calls alternate between two environment settings A and B ("NAME=VALUE,NAME=VALUE" or "-"), so
+// calls alternate between two tuning settings A and B (fna::set_tuning "key=value,key=value" or "-"), so
 // both see the same minute of this VM, whose speed drifts by up to 2x. Prints the medians and the
 // median B/A of adjacent calls. Mode 0: forward, 1: backward, 2: A = forward, B = backward (the
-// backward / forward ratio). Only settings the library reads per call can be compared (e.g.
-// FNA_CPU_BAND, FNA_CPU_PANELS, FNA_CPU_KERNELS). Build (CPU-only build dir build/bench-dev):
+// backward / forward ratio). Any cpu field of Options::tuning can be compared (e.g. cpu_band,
+// cpu_panels, cpu_isa, cpu_strips, cpu_acc_rings). Build (CPU-only build dir build/bench-dev):
 //   g++ -O2 -std=c++17 -Iinclude -Isrc -Itools/bench tools/cpu_peak/ab.cpp tools/bench/buffers.cpp \
 //       build/bench-dev/libfna.a -pthread -o /tmp/fna_ab
-//   /tmp/fna_ab 30 0 FNA_CPU_BAND=1 -      # [calls per setting] [mode] [A] [B] [threads]
+//   /tmp/fna_ab 30 0 cpu_band=1 -      # [calls per setting] [mode] [A] [B] [threads]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,24 +15,30 @@
 #include <vector>
 
 #include "buffers.h"
+#include "fna/fna.h"
 #include "default_problem.h"
 
 namespace {
 
-void apply(const std::string& spec, bool on) {
-  if (spec == "-") return;
+// The tuning a setting names ("-": the defaults); exits on a key or value set_tuning rejects.
+fna::Tuning parse(const std::string& spec) {
+  fna::Tuning t;
+  if (spec == "-") return t;
   size_t pos = 0;
   while (pos < spec.size()) {
     size_t end = spec.find(',', pos);
     if (end == std::string::npos) end = spec.size();
     const std::string kv = spec.substr(pos, end - pos);
     const size_t eq = kv.find('=');
-    if (on)
-      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-    else
-      unsetenv(kv.substr(0, eq).c_str());
+    const fna::Status st =
+        fna::set_tuning(&t, kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message.c_str());
+      std::exit(1);
+    }
     pos = end + 1;
   }
+  return t;
 }
 
 double median(std::vector<double> v) {
@@ -46,6 +52,7 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
   const int mode = argc > 2 ? std::atoi(argv[2]) : 0;
   const std::string a = argc > 3 ? argv[3] : "-", b = argc > 4 ? argv[4] : "-";
+  const fna::Tuning tune_a = parse(a), tune_b = parse(b);
   const fna::Problem p = default_problem();
   fna_bench::Buffers buf(p, fna::Device::cpu, 1);
   fna::Options opt;
@@ -65,12 +72,10 @@ int main(int argc, char** argv) {
   call(false);  // LSE / O for the backward, and warm-up
   std::vector<double> ta, tb, ratio;
   for (int i = 0; i < n + 2; ++i) {
-    apply(a, true);
+    opt.tuning = tune_a;
     const double x = call(mode == 1);
-    apply(a, false);
-    apply(b, true);
+    opt.tuning = tune_b;
     const double y = call(mode >= 1);
-    apply(b, false);
     if (i < 2) continue;  // warm-up pairs
     ta.push_back(x);
     tb.push_back(y);

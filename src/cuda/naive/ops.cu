@@ -7,8 +7,8 @@
 // pairs, so the IN sums over every query (and every query head of the group) of its keys.
 // The backward renormalizes P from the recomputed logits instead of reading the LSE input (see
 // softmax.cu); the LSE is still validated and produced by the forward for callers that need it.
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "core/backends.h"
 #include "cuda/naive/launch.cuh"
@@ -29,18 +29,16 @@ struct Chunks {
   size_t bytes;       // workspace bytes for one chunk
 };
 
-Chunks plan_chunks(const Geometry& g, int buffers) {
+// opt.tuning.naive_workspace_bytes, when set, replaces the budget (a tiny one forces one pair per
+// chunk, so small test problems take the chunked path that only large problems take otherwise).
+Chunks plan_chunks(const Geometry& g, int buffers, const Options& opt) {
   Chunks c;
   c.pairs = g.batch * g.heads_kv;
   const size_t per_pair = size_t(g.tokens) * g.group * g.cols * sizeof(float) * buffers;
   // Half the free memory at most (the caller's tensors and other streams need the rest), and a
   // cap so one call does not hold many GiB for the naive path's benefit.
-  size_t budget = cuda_free_memory() / 2;
-  budget = std::min(budget, size_t(4) << 30);
-  // Test hook: a tiny budget forces one pair per chunk, so small test problems take the chunked
-  // path that only large problems take otherwise.
-  if (const char* env = std::getenv("FNA_NAIVE_WORKSPACE_BYTES"))
-    budget = std::strtoull(env, nullptr, 10);
+  size_t budget = size_t(opt.tuning.naive_workspace_bytes);
+  if (budget == 0) budget = std::min(cuda_free_memory() / 2, size_t(4) << 30);
   c.per_chunk = std::max<int64_t>(1, std::min<int64_t>(c.pairs, int64_t(budget / per_pair)));
   c.bytes = per_pair * size_t(c.per_chunk);
   return c;
@@ -57,7 +55,7 @@ Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v);
   const float scale = static_cast<float>(opt.scale);
 
-  const Chunks ch = plan_chunks(g, 1);
+  const Chunks ch = plan_chunks(g, 1, opt);
   Workspace ws(stream);
   FNA_TRY(ws.allocate(ch.bytes, "cuda-naive forward attention weights"));
   for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
@@ -87,7 +85,7 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
                 vdak = naive::add_view(a.d_add_k), vdav = naive::add_view(a.d_add_v);
   const float scale = static_cast<float>(opt.scale);
 
-  const Chunks ch = plan_chunks(g, 2);
+  const Chunks ch = plan_chunks(g, 2, opt);
   Workspace ws(stream);
   FNA_TRY(ws.allocate(ch.bytes, "cuda-naive backward attention weights and gradients"));
   float* ws_p = ws.as<float>();                       // S, then P
