@@ -88,8 +88,9 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     case Backend::cuda_fused: {
       st = detail::cuda_fused_forward(p, a, o);
       // `auto` falls back to the naive kernels for problems the fused tiles do not cover, unless
-      // the caller named a fused configuration.
-      if (st.code == Code::unsupported && opt.backend == Backend::automatic && opt.config.empty())
+      // the caller named a fused configuration or tuning (which the naive kernels would ignore).
+      if (st.code == Code::unsupported && opt.backend == Backend::automatic && opt.config.empty() &&
+          tuning_string(opt.tuning).empty())
         return detail::cuda_naive_forward(p, a, o);
       return st;
     }
@@ -126,7 +127,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       st = detail::cuda_fused_backward(p, a, o);
       // As in the forward: no silent fallback from a named backward configuration.
       if (st.code == Code::unsupported && opt.backend == Backend::automatic &&
-          opt.backward_config.empty())
+          opt.backward_config.empty() && tuning_string(opt.tuning).empty())
         return detail::cuda_naive_backward(p, a, o);
       return st;
     }

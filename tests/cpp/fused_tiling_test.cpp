@@ -596,8 +596,8 @@ TEST(FusedTiling, WalkVisitsEveryTileOnce) {
 // walk_order: the default (last axis fastest) where no order reaches 10% fewer halo tokens
 // (2d-large's square windows); the axes whose windows cover most of them fastest for 3d-video
 // (18x24x24 windows on 30x48x80: axis 0, then 1, then 2); the box model's footprint is the
-// product of per-axis extents, checked against a direct count on one case; and an override
-// through the environment variable, which an invalid value does not change.
+// product of per-axis extents, checked against a direct count on one case; and a walk named by
+// the problem's axes (Tuning::fwd_walk) lifted to three axes, invalid names refused.
 TEST(FusedTiling, WalkOrderHeuristic) {
   auto geo_of = [](int rank, std::vector<int64_t> len, std::vector<int64_t> ker) {
     const int64_t one[3] = {1, 1, 1};
@@ -606,26 +606,27 @@ TEST(FusedTiling, WalkOrderHeuristic) {
   };
   int order[kAxes];
   const Geometry video = geo_of(3, {30, 48, 80}, {18, 24, 24});
-  fna::fused::walk_order(video, {2, 8, 8}, 132, nullptr, order);
+  fna::fused::walk_order(video, {2, 8, 8}, 132, order);
   EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 12);  // 0, 1, 2
-  fna::fused::walk_order(video, {3, 8, 8}, 132, nullptr, order);
+  fna::fused::walk_order(video, {3, 8, 8}, 132, order);
   EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 12);
   const Geometry large = geo_of(2, {256, 256}, {63, 63});
   for (const auto& ext : {std::vector<int>{1, 8, 16}, std::vector<int>{1, 16, 8}}) {
-    fna::fused::walk_order(large, {ext[0], ext[1], ext[2]}, 132, nullptr, order);
+    fna::fused::walk_order(large, {ext[0], ext[1], ext[2]}, 132, order);
     EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 210) << ext[1] << "x" << ext[2];
   }
   // Footprint of 132 tiles of 2x8x8 walked 2, 1, 0 on the video grid: 10 x 6 tiles per frame
   // pair, so 3 frame pairs (6 frames + 17), all 48 rows, all 80 columns.
   const int def[kAxes] = {2, 1, 0};
   EXPECT_EQ(fna::fused::walk_footprint(video, {2, 8, 8}, 132, def), 23.0 * 48 * 80);
-  setenv("FNA_TEST_WALK", "102", 1);
-  fna::fused::walk_order(video, {2, 8, 8}, 132, "FNA_TEST_WALK", order);
+  ASSERT_TRUE(fna::fused::lifted_walk("102", 3, order));
   EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 102);
-  for (const char* bad : {"112", "21", "0123", "x01"}) {
-    setenv("FNA_TEST_WALK", bad, 1);
-    fna::fused::walk_order(large, {1, 8, 16}, 132, "FNA_TEST_WALK", order);
-    EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 210) << bad;
+  ASSERT_TRUE(fna::fused::lifted_walk("01", 2, order));  // problem axes 0, 1 are lifted 1, 2
+  EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 120);
+  ASSERT_TRUE(fna::fused::lifted_walk("0", 1, order));
+  EXPECT_EQ(order[0] * 100 + order[1] * 10 + order[2], 210);
+  for (const char* bad : {"112", "21", "0123", "x01", "2"}) {
+    order[0] = order[1] = order[2] = 7;
+    EXPECT_FALSE(fna::fused::lifted_walk(bad, std::string(bad) == "2" ? 2 : 3, order)) << bad;
   }
-  unsetenv("FNA_TEST_WALK");
 }

@@ -190,7 +190,7 @@ def test_cuda_fused_explicit_config():
     assert names
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for name in names:
-        if name.startswith("fna_fwd_sm90_") and not hopper:
+        if name.startswith(("fna_fwd_sm90_", "fna_fwd_sm90ws_")) and not hopper:
             # Hopper-only kernels: a clear error elsewhere, never a fallback.
             with pytest.raises(Exception, match="needs compute capability 9.0"):
                 fna.na2d(q, k, v, (7, 5), config=name)
@@ -302,21 +302,25 @@ def _tiles_of(name, rank):
     ((2, 9, 12, 10, 3, 128), (3, 5, 4), (2, 1, 2), (True, False, False)),
     ((1, 300, 4, 32), (33,), (3,), (False,)),
 ])
-def test_fused_plan_tiling(case, monkeypatch):
+def test_fused_plan_tiling(case):
     """fna.fused_plan's tiling efficiency against a count from the SPEC window formulas
     (helpers.axis_window): per axis and dilation group, each query tile visits the key tiles
     laid from the start of its windows' union; a tile needs no mask when it lies inside every
-    window of the query tile; needed pairs are the window sizes summed. FNA_FWD_WG_SKIP=0: the
-    warp-specialized Hopper forward's warpgroups then visit their tile's whole run, as counted
-    here (their own runs, the default, are counted by tiling.cuh part_tiling_stats, checked in
-    tests/cpp/fused_tiling_test.cpp)."""
+    window of the query tile; needed pairs are the window sizes summed. tuning fwd_wg_skip off
+    (where the plan runs the warp-specialized Hopper forward): its warpgroups then visit their
+    tile's whole run, as counted here (their own runs, the default, are counted by tiling.cuh
+    part_tiling_stats, checked in tests/cpp/fused_tiling_test.cpp)."""
     from helpers import axis_window
-    monkeypatch.setenv("FNA_FWD_WG_SKIP", "0")
     shape, ks, dil, causal = case
     B, H, D = shape[0], shape[-2], shape[-1]
     spatial = shape[1:-2]
     rank = len(spatial)
     plan = fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16")
+    if plan["family"] == "sm90ws":
+        assert plan["wg_skip"]
+        plan = fna.fused_plan(shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16",
+                              tuning={"fwd_wg_skip": False})
+        assert plan["family"] == "sm90ws" and not plan["wg_skip"]
     assert plan["config"] in fna.fused_configs(rank, "bfloat16", D)
     qt, kt = _tiles_of(plan["config"], rank)
     visited = unmasked = needed = 1
@@ -368,14 +372,13 @@ def test_fused_plan_tiling(case, monkeypatch):
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
-def test_fused_plan_walk(monkeypatch):
+def test_fused_plan_walk():
     """fna.fused_plan's tile walks: a permutation of the spatial axes, fastest first; 3d-video's
     windows (18x24x24 on 30x48x80) cover most of axes 0 and 1, so both kernels walk 0, 1, 2 on a
     GPU with H100-like SM counts, while 2d-large's square windows keep the default (last axis
-    fastest); FNA_FWD_WALK / FNA_BWD_WALK override the walk and an invalid value does not."""
+    fastest); tuning fwd_walk / bwd_walk set the walks, and a walk that does not name each axis
+    once is an error naming it."""
     import torch
-    monkeypatch.delenv("FNA_FWD_WALK", raising=False)
-    monkeypatch.delenv("FNA_BWD_WALK", raising=False)
     video = ((1, 30, 48, 80, 2, 128), (18, 24, 24))
     large = ((1, 256, 256, 2, 128), (63, 63))
     for shape, ks in (video, large, ((1, 300, 4, 32), (33,))):
@@ -385,38 +388,41 @@ def test_fused_plan_walk(monkeypatch):
         assert sorted(plan["backward_walk"]) == list(range(rank))
     assert fna.fused_plan(*large, dtype="bfloat16")["walk"] == [1, 0]
     assert fna.fused_plan(*large, dtype="bfloat16")["backward_walk"] == [1, 0]
+    plan = fna.fused_plan(*video, dtype="bfloat16", tuning={"fwd_walk": "102", "bwd_walk": "201"})
+    assert plan["walk"] == [1, 0, 2] and plan["backward_walk"] == [2, 0, 1]
+    assert plan["tuning"] == "fwd_walk=102,bwd_walk=201"
+    for bad in ("110", "01", "0123"):
+        with pytest.raises(ValueError, match=f"fwd_walk='{bad}'"):
+            fna.fused_plan(*video, dtype="bfloat16", tuning={"fwd_walk": bad})
     if torch.cuda.get_device_properties(0).multi_processor_count < 100:
         pytest.skip("the 3d-video walk is checked on GPUs with >= 100 SMs (the run of resident "
                     "tiles the heuristic models)")
     plan = fna.fused_plan(*video, dtype="bfloat16")
     assert plan["walk"] == [0, 1, 2] and plan["backward_walk"] == [0, 1, 2]
-    monkeypatch.setenv("FNA_FWD_WALK", "102")
-    monkeypatch.setenv("FNA_BWD_WALK", "201")
-    plan = fna.fused_plan(*video, dtype="bfloat16")
-    assert plan["walk"] == [1, 0, 2] and plan["backward_walk"] == [2, 0, 1]
-    monkeypatch.setenv("FNA_FWD_WALK", "110")
-    assert fna.fused_plan(*video, dtype="bfloat16")["walk"] == [0, 1, 2]
 
 
-def test_fused_plan_strip(monkeypatch):
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_strip():
     """Small rank-2 windows at head dim 64 (2d-nat's 13x13, with and without dilation or causal)
-    take the strip forward, whose CTAs walk row segments, then strips (walk [0, 1]);
-    FNA_FWD_STRIP=0 brings back the box forward (13x13) or the tiled kernels (dilation 2); 7x7
-    windows keep the tiled kernels; the strip and box forwards multiply the same pairs, so their
-    outputs agree."""
+    take the strip forward, whose CTAs walk row segments, then strips (walk [0, 1]); tuning
+    fwd_strip off brings back the box forward (13x13) or the tiled kernels (dilation 2), and
+    fwd_box off too the tiled kernels; 7x7 windows keep the tiled kernels unless fwd_strip is on;
+    the strip and box forwards multiply the same pairs, so their outputs agree."""
     import torch
-    monkeypatch.delenv("FNA_FWD_STRIP", raising=False)
     shape = (2, 128, 128, 2, 64)
     for dil, causal in (((1, 1), False), ((2, 2), False), ((1, 1), (True, False))):
         plan = fna.fused_plan(shape, (13, 13), dilation=dil, is_causal=causal, dtype="bfloat16")
         assert plan["config"].startswith("fna_fwd_strip_bf16_d64_"), plan["config"]
-        assert plan["walk"] == [0, 1]
-    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16")["config"].startswith("fna_fwd_sm")
-    monkeypatch.setenv("FNA_FWD_STRIP", "0")
-    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"].startswith("fna_fwd_box_")
-    assert not fna.fused_plan(shape, (13, 13), dilation=(2, 2),
-                              dtype="bfloat16")["config"].startswith("fna_fwd_strip_")
-    monkeypatch.delenv("FNA_FWD_STRIP")
+        assert plan["family"] == "strip" and plan["walk"] == [0, 1]
+    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16")["family"] in ("sm80", "sm90", "sm90ws")
+    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16",
+                          tuning={"fwd_strip": "on"})["family"] == "strip"
+    off = {"fwd_strip": "off"}
+    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16", tuning=off)["family"] == "box"
+    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16",
+                          tuning={"fwd_strip": "off", "fwd_box": "off"})["family"] != "box"
+    assert fna.fused_plan(shape, (13, 13), dilation=(2, 2), dtype="bfloat16",
+                          tuning=off)["family"] != "strip"
     g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip"))
     q, k, v = (torch.randn((2, 70, 90, 2, 48), device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
@@ -427,15 +433,14 @@ def test_fused_plan_strip(monkeypatch):
     assert (strip.float() - ref).abs().max().item() <= 3e-2
 
 
-def test_fused_plan_strip_rows(monkeypatch):
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_strip_rows():
     """The strip forward's rows in flight on 2d-nat: the heuristic takes the most whose halo rows
     fit the ring with four bands to spare (12 warps where a block may opt in to 227 KB of shared
-    memory, as on Hopper); FNA_FWD_STRIP_ROWS=8 / 12 / 16 forces each, and every one computes
+    memory, as on Hopper); each of the 8 / 12 / 16-row configurations named explicitly computes
     each 4x4 box exactly as the others (the same chunks in the same order), so their outputs are
     bitwise equal."""
     import torch
-    monkeypatch.delenv("FNA_FWD_STRIP", raising=False)
-    monkeypatch.delenv("FNA_FWD_STRIP_ROWS", raising=False)
     shape = (2, 128, 128, 2, 64)
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     default = fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"]
@@ -449,16 +454,166 @@ def test_fused_plan_strip_rows(monkeypatch):
     assert (out.float() - ref).abs().max().item() <= 3e-2
     ran = 0
     for rows in (8, 12, 16):
-        monkeypatch.setenv("FNA_FWD_STRIP_ROWS", str(rows))
         name = f"fna_fwd_strip_bf16_d64_q{rows}x16_b4x4_w{rows}"
-        if rows == 8 or optin >= 227 * 1024:
-            assert fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"] == name
-        if fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"] != name:
-            continue  # its ring does not fit this device
-        forced = fna.na2d(q, k, v, (13, 13), backend="cuda-fused")
+        try:
+            forced = fna.na2d(q, k, v, (13, 13), config=name)
+        except NotImplementedError:
+            assert rows > 8 and optin < 227 * 1024  # its ring does not fit this device
+            continue
         assert torch.equal(forced, out), rows
         ran += 1
     assert ran >= 1
+
+
+def _family_cases(hopper):
+    """(name, query shape, kernel, dtype, tuning) problems whose plans take each forward family."""
+    cases = [
+        ("sm80", (1, 40, 36, 2, 32), (7, 5), torch.float32, None),
+        ("strip", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, None),
+        ("box", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, {"fwd_strip": "off"}),
+    ]
+    if hopper:
+        cases += [
+            ("sm90", (1, 300, 2, 128), (33,), torch.bfloat16, None),
+            ("sm90ws", (1, 40, 36, 2, 128), (9, 7), torch.float16, None),
+            ("sm90ws", (1, 6, 20, 18, 2, 64), (3, 5, 5), torch.bfloat16,
+             {"persistent": True, "fwd_copy": "cp_async"}),
+            ("sm90", (1, 40, 36, 2, 128), (9, 7), torch.bfloat16, {"fwd_schedule": "plain"}),
+            ("sm90ws", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "warp_specialized"}),
+        ]
+    return cases
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_plan_is_what_runs():
+    """For every kernel family, forward and backward, the plan fna.fused_plan reports is the one
+    the launch consumed (configuration, grid, shared memory, copy engine), and the result matches
+    the float64 oracle."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    seen = set()
+    for i, (family, shape, ks, dtype, tuning) in enumerate(_family_cases(hopper)):
+        plan = fna.fused_plan(shape, ks, dtype=str(dtype).replace("torch.", ""), tuning=tuning)
+        assert plan["family"] == family, (family, plan["config"])
+        g = torch.Generator(device="cuda").manual_seed(seed_of(f"plan-is-what-runs-{i}"))
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(ks)]
+        out = na(q, k, v, ks, backend="cuda-fused", tuning=tuning, allow_tf32=False)
+        ran = fna._C.last_fused_launch()
+        assert ran["forward"] == plan["config"]
+        assert ran["forward_grid"] == plan["grid"] and ran["forward_smem"] == plan["smem"]
+        assert ran["forward_tma"] == (plan["copy"] == "tma")
+        if tuning and tuning.get("persistent"):
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            assert plan["persistent"] and plan["grid"] <= sms
+        # Against the float32 forward (split TF32: float32-class accuracy), itself checked
+        # against the float64 oracle in the sm80 case.
+        if dtype == torch.float32:
+            ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1] * len(ks), dil=[1] * len(ks),
+                              causal=[False] * len(ks), add_k=None, add_v=None))["out"]
+            assert float(np.abs(np64(out) - ref).max()) < 1e-3, plan["config"]
+        else:
+            ref = na(q.detach().float(), k.detach().float(), v.detach().float(), ks,
+                     backend="cuda-fused", allow_tf32=False)
+            assert (out.float() - ref).abs().max().item() < 3e-2, plan["config"]
+        seen.add(family)
+        out.float().square().sum().backward()
+        ran = fna._C.last_fused_launch()
+        assert ran["backward"] == plan["backward_config"], (ran, plan["backward_config"])
+        assert ran["backward_tma"] == (plan["backward_copy"] == "tma")
+    assert seen >= ({"sm80", "strip", "box"} | ({"sm90", "sm90ws"} if hopper else set()))
+    # Every backward family, named through tuning, and the deterministic mode (sm80 only).
+    shape, ks = (1, 24, 20, 2, 64), (5, 7)
+    families = ["sm80"] + (["sm90", "sm90ws"] if hopper else [])
+    g = torch.Generator(device="cuda").manual_seed(seed_of("plan-is-what-runs-bwd"))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    grads = {}
+    for fam in families:
+        for det in ((False, True) if fam == "sm80" else (False,)):
+            tuning = {"bwd_kernel": fam}
+            plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning=tuning, deterministic=det)
+            assert plan["backward_family"] == fam and plan["backward_deterministic"] == det
+            out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, deterministic=det)
+            dq, dk, dv = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            grads[(fam, det)] = (dq.float(), dk.float(), dv.float())
+    base = grads[("sm80", True)]
+    for key, gr in grads.items():
+        for a, b in zip(gr, base):
+            assert (a - b).abs().max().item() <= 5e-2 * max(1.0, b.abs().max().item()), key
+    if hopper:
+        with pytest.raises(ValueError, match="deterministic"):
+            fna.fused_plan(shape, ks, dtype="bfloat16", tuning={"bwd_kernel": "sm90ws"},
+                           deterministic=True)
+    else:
+        with pytest.raises(NotImplementedError, match="compute capability 9.0"):
+            fna.fused_plan(shape, ks, dtype="bfloat16", tuning={"bwd_kernel": "sm90"})
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_tuning_errors_on_gpu():
+    """Tuning that contradicts the plan is an error naming the field, never ignored: a variant of
+    another family's kernel, a config together with a choice among configs, TMA where TMA cannot
+    load (additional keys)."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    f32 = (1, 40, 36, 2, 32), (7, 5)
+    with pytest.raises(ValueError, match="persistent='on'"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"persistent": True})
+    with pytest.raises(ValueError, match="fwd_spread"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"fwd_spread": "on"})
+    name = fna.fused_configs(2, "float32", 32)[0]
+    with pytest.raises(ValueError, match="give one or the other"):
+        fna.fused_plan(*f32, dtype="float32", config=name, tuning={"fwd_strip": "off"})
+    with pytest.raises(ValueError, match="bwd_copy"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"bwd_copy": "tma"})
+    if hopper:
+        g = torch.Generator(device="cuda").manual_seed(seed_of("tuning-errors"))
+        q, k, v = (torch.randn((1, 40, 36, 2, 128), device="cuda", dtype=torch.bfloat16,
+                               generator=g) for _ in range(3))
+        ak, av = (torch.randn((1, 5, 2, 128), device="cuda", dtype=torch.bfloat16, generator=g)
+                  for _ in range(2))
+        with pytest.raises(NotImplementedError, match="fwd_copy='tma'"):
+            fna.na2d(q, k, v, (9, 7), additional_keys=ak, additional_values=av,
+                     backend="cuda-fused", tuning={"fwd_copy": "tma"})
+    else:
+        with pytest.raises(ValueError, match="fwd_schedule"):
+            fna.fused_plan(*f32, dtype="bfloat16", tuning={"fwd_schedule": "plain"})
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_natten_tuning_keywords():
+    """NATTEN's tuning keywords pick what they name: tile shapes the configuration with those
+    tiles (forward and backward), kernel_schedule the Hopper schedule, run_persistent_kernel
+    persistent CTAs; keywords without a meaning here raise."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    g = torch.Generator(device="cuda").manual_seed(seed_of("natten-tuning"))
+    q, k, v = (torch.randn((1, 40, 36, 2, 128), device="cuda", dtype=torch.bfloat16,
+                           generator=g).requires_grad_() for _ in range(3))
+    out = fna.na2d(q, k, v, (9, 7), q_tile_shape=(8, 16), kv_tile_shape=(8, 8))
+    assert "_q8x16_kv8x8_" in fna._C.last_fused_launch()["forward"]
+    assert fna._C.last_fused_launch()["forward"].startswith(
+        "fna_fwd_sm90ws_" if hopper else "fna_fwd_sm80_")
+    out = fna.na2d(q, k, v, (9, 7), backward_q_tile_shape=(8, 8), backward_kv_tile_shape=(8, 16))
+    out.float().sum().backward()
+    assert "_kv8x16_q8x8_" in fna._C.last_fused_launch()["backward"]
+    if hopper:
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="non")
+        assert fna._C.last_fused_launch()["forward"].startswith("fna_fwd_sm90_")
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="coop", run_persistent_kernel=True)
+        assert fna._C.last_fused_launch()["forward"].startswith("fna_fwd_sm90ws_")
+    with pytest.raises(ValueError, match="pp"):
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="pp")
+    with pytest.raises(ValueError, match="backward_use_pt_reduction"):
+        fna.na2d(q, k, v, (9, 7), backward_use_pt_reduction=True)
+    with pytest.raises(ValueError, match="q_tile_shape"):
+        fna.na2d(q, k, v, (9, 7), q_tile_shape=(3, 5))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fna.na2d(q, k, v, (9, 7), q_tile=(8, 16))
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")

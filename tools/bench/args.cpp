@@ -27,6 +27,8 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --check N              queries checked against the reference (default 64; 0 = none)
   --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
   --backward-config NAME cuda-fused backward tile configuration (likewise)
+  --tuning K=V[,K=V..]   Options::tuning fields (keys: fna::tuning_keys; e.g. fwd_copy=cp_async),
+                         applied to every backend run: name the backend they concern (--backend)
   --allow-tf32           cuda-fused float32: plain TF32 products (default: split TF32)
   --deterministic        CUDA backward in a fixed order (bitwise reproducible)
   --sweep                run the built-in list of problems for the device, with a progress line
@@ -191,6 +193,26 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       if (cfg->backward_config.empty()) {
         *err = "--backward-config needs a configuration name";
         return false;
+      }
+    } else if (f == "--tuning") {
+      std::string text;
+      if (!value(&text)) return false;
+      size_t at = 0;
+      while (at < text.size()) {
+        size_t end = text.find(',', at);
+        if (end == std::string::npos) end = text.size();
+        const std::string pair = text.substr(at, end - at);
+        const size_t eq = pair.find('=');
+        const fna::Status st = eq == std::string::npos
+                                   ? fna::Status{fna::Code::invalid_argument,
+                                                 "--tuning entry '" + pair + "' is not key=value"}
+                                   : fna::set_tuning(&cfg->tuning, pair.substr(0, eq),
+                                                     pair.substr(eq + 1));
+        if (!st.ok()) {
+          *err = st.message;
+          return false;
+        }
+        at = end + 1;
       }
     } else if (f == "--allow-tf32") {
       cfg->allow_tf32 = true;

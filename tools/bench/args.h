@@ -23,6 +23,7 @@ struct BenchConfig {
   std::string json;          // write results as JSON lines here
   std::string config;        // cuda-fused tile configuration (Options::config); empty = heuristic
   std::string backward_config;  // cuda-fused backward tiles (Options::backward_config)
+  fna::Tuning tuning;           // Options::tuning (--tuning)
   bool allow_tf32 = false;   // Options::allow_tf32 (cuda-fused float32: plain TF32)
   bool deterministic = false;  // Options::deterministic
   std::string name = "custom";

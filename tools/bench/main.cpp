@@ -95,6 +95,7 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   }
   opt.allow_tf32 = cfg.allow_tf32;
   opt.deterministic = cfg.deterministic;
+  opt.tuning = cfg.tuning;
   const int repeats = backend == fna::Backend::reference ? 1 : cfg.repeats;
   const int warmup = backend == fna::Backend::reference ? 0 : cfg.warmup;
 
