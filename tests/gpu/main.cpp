@@ -13,7 +13,8 @@
 //
 //   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
 //                [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype float16|bfloat16|float32]
-//                [--config NAME] [--intensity I] [--only I] [--sanitize] [--verbose]
+//                [--config NAME] [--tuning K=V[,K=V..]] [--intensity I] [--only I] [--sanitize]
+//                [--verbose]
 // e.g. `fna-gpu-test --backend cuda-fused --filter fwd --dtype bf16 --dim 64 --cases 100`;
 // a failure prints its case index after '#': rerun it alone with the same flags plus --only I.
 #include <cuda_runtime.h>
@@ -47,6 +48,8 @@ struct Args {
   int64_t dim_v = 0;
   std::vector<fna::DType> dtypes;
   std::string config;
+  fna::Tuning tuning;        // --tuning: Options::tuning of the cuda-fused calls
+  bool config_sweeps = true; // the sweeps over every listed configuration (not under --tuning)
   int intensity = 0;    // 0 = mixed (mostly 1, every fourth case 2)
   bool sanitize = false;
   bool verbose = false;
@@ -57,7 +60,8 @@ struct Args {
   std::fprintf(stderr,
                "fna-gpu-test: %s\nusage: fna-gpu-test [--backend NAME] [--filter fwd,bwd,qk,av] "
                "[--cases N] [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype NAME] "
-               "[--config NAME] [--intensity I] [--only I] [--sanitize] [--verbose]\n",
+               "[--config NAME] [--tuning K=V,..] [--intensity I] [--only I] [--sanitize] "
+               "[--verbose]\n",
                msg);
   std::printf("0 passed, 1 failed\n");
   std::exit(2);
@@ -110,6 +114,22 @@ Args parse(int argc, char** argv) {
       a.dtypes.push_back(t);
     } else if (k == "--config") {
       a.config = value();
+    } else if (k == "--tuning") {
+      // Options::tuning for the cuda-fused calls (K=V[,K=V..]); the configuration sweeps, which
+      // name configurations, are skipped under it.
+      const std::string text = value();
+      size_t at = 0;
+      while (at < text.size()) {
+        size_t end = text.find(',', at);
+        if (end == std::string::npos) end = text.size();
+        const std::string pair = text.substr(at, end - at);
+        const size_t eq = pair.find('=');
+        if (eq == std::string::npos) usage(("--tuning entry " + pair + " is not key=value").c_str());
+        const fna::Status st = fna::set_tuning(&a.tuning, pair.substr(0, eq), pair.substr(eq + 1));
+        if (!st.ok()) usage(st.message.c_str());
+        at = end + 1;
+      }
+      a.config_sweeps = false;
     } else if (k == "--intensity") {
       a.intensity = std::atoi(value().c_str());
     } else if (k == "--only") {
@@ -322,6 +342,11 @@ int main(int argc, char** argv) {
     fna_gpu_test::RunConfig rc;
     rc.backend = backend;
     rc.config = args.config;
+    const fna::Tuning base_tuning = backend == fna::Backend::cuda_fused ? args.tuning : fna::Tuning{};
+    rc.tuning = base_tuning;
+    // The Hopper backward kernels accumulate dQ by atomics only.
+    const bool atomic_only = args.tuning.bwd_kernel == fna::BwdKernel::sm90 ||
+                             args.tuning.bwd_kernel == fna::BwdKernel::sm90ws;
     const fna_gpu_test::ErrorResults er = fna_gpu_test::run_error_paths(backend);
     passed += er.passed;
     failed += static_cast<int>(er.failures.size());
@@ -348,12 +373,13 @@ int main(int argc, char** argv) {
           if (args.only >= 0 && static_cast<int>(i) != args.only) continue;
           if (rc.allow_tf32 && cases[i].p.dtype != fna::DType::f32) continue;
           rc.use_stream = i % 2 == 1;
-          rc.deterministic = i % 4 == 0;
+          rc.deterministic = i % 4 == 0 && !atomic_only;
           // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
           // per chunk, the path large problems take (a tuning field of cuda-naive calls only:
           // explicit, or automatic for the unfused operators).
           const bool naive = backend == fna::Backend::cuda_naive ||
                              (backend == fna::Backend::automatic && fna_gpu_test::op_is_unfused(op));
+          rc.tuning = base_tuning;
           rc.tuning.naive_workspace_bytes = naive && i % 3 == 2 ? 1 : 0;
           const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
           if (o.verdict != Verdict::unsupported) worst = std::max(worst, o.ratio);
@@ -378,12 +404,12 @@ int main(int argc, char** argv) {
         }
       }
       rc.allow_tf32 = false;
-      rc.tuning.naive_workspace_bytes = 0;
+      rc.tuning = base_tuning;
     }
     // (Not with --config: the contrast problem has its own rank and head dim.)
     for (Op op : {Op::forward, Op::backward}) {
       if (!(fused_like && any_f32 && family_selected(args, op) && args.only < 0 &&
-            args.config.empty()))
+            args.config.empty() && args.config_sweeps))
         continue;
       const Outcome o = fna_gpu_test::run_tf32_contrast(op, tf32_contrast_case(), rc);
       const std::string what = std::string("tf32 contrast ") + fna_gpu_test::op_name(op);
@@ -407,7 +433,7 @@ int main(int argc, char** argv) {
     // three random cases of its rank and head dim; float32 also with allow_tf32. A Hopper-only
     // configuration on another device must answer `unsupported`, which is counted as such.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
-        args.only < 0 && args.config.empty()) {
+        args.only < 0 && args.config.empty() && args.config_sweeps) {
       const std::string row = "cuda-fused forward configs";
       tally[row];  // the row is listed even when every case is skipped
       int n = 0;
@@ -454,7 +480,7 @@ int main(int argc, char** argv) {
     // a box's windows) answers `unsupported`, counted as such.
     for (const char* family : {"box", "strip"})
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::forward) &&
-        args.only < 0 && args.config.empty() && (args.rank == 0 || args.rank == 2)) {
+        args.only < 0 && args.config.empty() && args.config_sweeps && (args.rank == 0 || args.rank == 2)) {
       const bool strip = std::string(family) == "strip";
       const std::string row = std::string("cuda-fused ") + family + " forward";
       tally[row];
@@ -498,7 +524,7 @@ int main(int argc, char** argv) {
     // Every listed backward configuration, on a random case of its rank and head dim (padded
     // 64, 128, 256; --rank / --dim / --dtype narrow it), float32 also with allow_tf32.
     if (backend == fna::Backend::cuda_fused && family_selected(args, Op::backward) &&
-        args.only < 0 && args.config.empty()) {
+        args.only < 0 && args.config.empty() && args.config_sweeps) {
       const std::string row = "cuda-fused backward configs";
       tally[row];  // the row is listed even when every case is skipped
       int n = 0;

@@ -555,20 +555,20 @@ def test_plan_is_what_runs():
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_tuning_errors_on_gpu():
-    """Tuning that contradicts the plan is an error naming the field, never ignored: a variant of
-    another family's kernel, a config together with a choice among configs, TMA where TMA cannot
-    load (additional keys)."""
+    """Tuning the plan cannot honour is an error naming the field, never ignored: a variant of
+    another family's kernel (unsupported), a config together with a choice among configs
+    (invalid), TMA where TMA cannot load (additional keys)."""
     import torch
     hopper = torch.cuda.get_device_capability() == (9, 0)
     f32 = (1, 40, 36, 2, 32), (7, 5)
-    with pytest.raises(ValueError, match="persistent='on'"):
+    with pytest.raises(NotImplementedError, match="persistent='on'"):
         fna.fused_plan(*f32, dtype="float32", tuning={"persistent": True})
-    with pytest.raises(ValueError, match="fwd_spread"):
+    with pytest.raises(NotImplementedError, match="fwd_spread"):
         fna.fused_plan(*f32, dtype="float32", tuning={"fwd_spread": "on"})
     name = fna.fused_configs(2, "float32", 32)[0]
     with pytest.raises(ValueError, match="give one or the other"):
         fna.fused_plan(*f32, dtype="float32", config=name, tuning={"fwd_strip": "off"})
-    with pytest.raises(ValueError, match="bwd_copy"):
+    with pytest.raises(NotImplementedError, match="bwd_copy"):
         fna.fused_plan(*f32, dtype="float32", tuning={"bwd_copy": "tma"})
     if hopper:
         g = torch.Generator(device="cuda").manual_seed(seed_of("tuning-errors"))

@@ -391,8 +391,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   }
   l.family = family;
   if (t.bwd_copy != CopyEngine::automatic && family != fused::BwdFamily::sm90ws)
-    return invalid("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but the "
-                   "plan runs " + std::string(fused::family_name(family)));
+    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but "
+                       "the plan runs " + std::string(fused::family_name(family)));
 
   // Tiles and walks.
   const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);

@@ -463,11 +463,12 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
   fp->scale_log2 = static_cast<float>(opt.scale * 1.4426950408889634);
 }
 
-// Tuning fields that only a family's kernel has: asked of another family, an error.
+// Tuning fields that only a family's kernel has: asked of a problem the plan gives another
+// family, `unsupported` naming the field (the call cannot run as asked; no fallback either).
 Status check_family_options(const Tuning& t, const fused::FwdPlan& plan) {
   auto needs = [&](const char* what, const char* family) {
-    return invalid(std::string("tuning ") + what + " needs the " + family +
-                   " forward, but the plan runs " + plan.config);
+    return unsupported(std::string("tuning ") + what + " needs the " + family +
+                       " forward, but the plan runs " + plan.config);
   };
   const FwdFamily f = plan.family;
   if (t.persistent == Switch::on && f != FwdFamily::sm90ws)
@@ -524,8 +525,8 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     // The strip forward's CTAs: row segments (the first axis) fastest, then strips.
     plan->walk[0] = 1, plan->walk[1] = 2, plan->walk[2] = 0;
     if (!t.fwd_walk.empty())
-      return invalid("tuning fwd_walk='" + t.fwd_walk + "': the strip forward (" + plan->config +
-                     ") walks row segments, then strips; it takes no walk");
+      return unsupported("tuning fwd_walk='" + t.fwd_walk + "': the strip forward (" +
+                         plan->config + ") walks row segments, then strips; it takes no walk");
   } else if (t.fwd_walk.empty()) {
     fused::walk_order(geo, cfg->q, dev.sms, plan->walk);
   } else if (!fused::lifted_walk(t.fwd_walk, p.rank, plan->walk)) {
