@@ -14,19 +14,19 @@ namespace {
 
 // Ten independent accumulators (zmm/ymm 3..12) per step, written in assembly so that no compiler
 // can shorten, contract differently or delete the loop.
-#define FNA_FMA(W, N) "vfmadd231ps %%" W "1, %%" W "2, %%" W #N "\n\t"
-#define FNA_FMA10(W)                                                                        \
-  FNA_FMA(W, 3) FNA_FMA(W, 4) FNA_FMA(W, 5) FNA_FMA(W, 6) FNA_FMA(W, 7) FNA_FMA(W, 8)    \
-  FNA_FMA(W, 9) FNA_FMA(W, 10) FNA_FMA(W, 11) FNA_FMA(W, 12)
+#define PEAK_FMA(W, N) "vfmadd231ps %%" W "1, %%" W "2, %%" W #N "\n\t"
+#define PEAK_FMA10(W)                                                                      \
+  PEAK_FMA(W, 3) PEAK_FMA(W, 4) PEAK_FMA(W, 5) PEAK_FMA(W, 6) PEAK_FMA(W, 7) PEAK_FMA(W, 8) \
+  PEAK_FMA(W, 9) PEAK_FMA(W, 10) PEAK_FMA(W, 11) PEAK_FMA(W, 12)
 constexpr int kChains = 10;
 void run16(long iters) {
   for (long k = 0; k < iters; ++k)
-    asm volatile(FNA_FMA10("zmm") ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+    asm volatile(PEAK_FMA10("zmm") ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
                  "xmm10", "xmm11", "xmm12");
 }
 void run8(long iters) {
   for (long k = 0; k < iters; ++k)
-    asm volatile(FNA_FMA10("ymm") ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+    asm volatile(PEAK_FMA10("ymm") ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
                  "xmm10", "xmm11", "xmm12");
 }
 

@@ -19,8 +19,23 @@ import fna  # noqa: E402
 from fna import _C  # noqa: E402
 from gpu_bench import PROBLEMS  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fwd_configs import timed  # noqa: E402
+
+def synced_ms(fn, reps, warmup):
+    """Median ms of `reps` calls, each from an idle GPU (its host time up to the first launch
+    included: the benchmark's way for a synchronized call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
 
 
 def per_call_us(fn, calls):
@@ -49,11 +64,11 @@ def main():
     layers = [
         ("fna.na2d", lambda: fna.na2d(q, k, v, 3, backend="cuda-fused")),
         ("torch.ops.fna.na_forward", lambda: torch.ops.fna.na_forward(
-            q, k, v, None, None, *sp, 0.125, "cuda-fused", "", False, False, "")),
+            q, k, v, None, None, *sp, 0.125, "cuda-fused", "", False, False, "", "")),
         ("_C.forward (outputs given)", lambda: _C.forward(
             q, k, v, out, lse, None, None, kernel_size=sp[0], stride=sp[1], dilation=sp[2],
             is_causal=sp[3], backend="cuda-fused", scale=0.125, stream=stream, config="",
-            deterministic=False, allow_tf32=False, backward_config="")),
+            deterministic=False, allow_tf32=False, backward_config="", tuning="")),
         ("torch.empty_like x2 (baseline)", lambda: (torch.empty_like(q), torch.empty_like(lse))),
     ]
     print(f"host cost per call, 1x8x8x1x64 bf16, {args.calls} calls each:")
@@ -72,7 +87,7 @@ def main():
                for _ in range(3))
     fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
     call = lambda: fn(q, k, v, kernel, backend="cuda-fused")  # noqa: E731
-    synced = timed(call, 30, warmup=5, sync=True)  # the benchmark's way: each call synchronized
+    synced = synced_ms(call, 30, warmup=5)  # the benchmark's way: each call synchronized
     n = 30
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
@@ -107,7 +122,7 @@ def main():
         q, k, v, out2, lse2, None, None, kernel_size=ks, stride=[1] * len(shape),
         dilation=[1] * len(shape), is_causal=[False] * len(shape), backend="cuda-fused",
         scale=D ** -0.5, stream=torch.cuda.current_stream().cuda_stream, config=cf,
-        deterministic=False, allow_tf32=False, backward_config="")
+        deterministic=False, allow_tf32=False, backward_config="", tuning="")
     print(f", _C.forward (outputs given) {host_us(c_call):.1f} us", end="")
     if cfg:
         print(f", _C.forward config given {host_us(lambda: c_call(cfg)):.1f} us", end="")

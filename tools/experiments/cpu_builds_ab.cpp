@@ -1,4 +1,4 @@
-// Two builds of the library in one process, calls alternating (see ab_builds.sh).
+// Two builds of the library in one process, calls alternating (see cpu_builds_ab.sh).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 // LD_PRELOAD timer of CUDA runtime calls: wraps the calls fna's host path makes, sums their wall
 // time and counts, prints them at exit (to stderr), so host cost can be attributed.
-//   gcc -shared -fPIC -O2 tools/gpu/cudart_timer.c -o /tmp/libcudart_timer.so -ldl
+//   gcc -shared -fPIC -O2 tools/experiments/cudart_timer.c -o /tmp/libcudart_timer.so -ldl
 //   LD_PRELOAD=/tmp/libcudart_timer.so /tmp/host_cost 2d-nat 100
 #define _GNU_SOURCE
 #include <dlfcn.h>

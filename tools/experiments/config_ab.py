@@ -1,7 +1,7 @@
 """Same-process A/B of cuda-fused forward configurations (and the heuristic's choice) on one
 standard problem and variant, in alternating rounds:
 
-    python3 tools/gpu/config_ab.py 3d-video causal0 heuristic fna_fwd_sm90_bf16_d128_q2x8x8_kv2x4x8_w8 \
+    python3 tools/experiments/config_ab.py 3d-video causal0 heuristic fna_fwd_sm90_bf16_d128_q2x8x8_kv2x4x8_w8 \
         [--rounds 4] [--reps 5]
 
 Prints per round each configuration's median ms, then the median over rounds.

@@ -3,7 +3,7 @@ variant, timed in alternating rounds in one process so that clock and thermal dr
 separate runs does not enter the ratio: the measurement behind issue 4's "causal on one axis >= 90%
 of the non-causal TFLOP/s" and "dilation 2 within 15% of the undilated time".
 
-    python3 tools/gpu/variant_ratio.py [--problems 2d-large,3d-video] [--variants causal0,dil2]
+    python3 tools/experiments/variant_ratio.py [--problems 2d-large,3d-video] [--variants causal0,dil2]
         [--rounds 5] [--reps 10] [--bwd]
 
 Prints per problem and variant: the median over rounds of each round's median ms, effective

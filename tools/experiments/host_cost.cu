@@ -1,10 +1,10 @@
 // Host time of one fna::forward call (C++ API, no Python) on a standard problem's shapes, with
 // the GPU idle before each call: what the call costs the CPU before its kernel can start.
-//   nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude tools/gpu/host_cost.cu build/gpu/libfna.a \
+//   nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude tools/experiments/host_cost.cu build/gpu/libfna.a \
 //       -cudart shared -ldl -lpthread -o /tmp/host_cost
 //   /tmp/host_cost [2d-nat|3d-video] [calls] [config]
-// With LD_PRELOAD of tools/gpu/cudart_timer.c's library, the CUDA runtime calls inside are timed;
-// tools/gpu/launch_cost.cu times bare launches the same way.
+// With LD_PRELOAD of tools/experiments/cudart_timer.c's library, the CUDA runtime calls inside are timed;
+// tools/experiments/launch_cost.cu times bare launches the same way.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 // useful FLOPs: 4 * T * 169 * 64 forward, 2.5x that backward) and the median B/A. With
 // POLL=<bytes>, a buffer of that size is swept before every call (4 MB evicts the L2: what the
 // kernels lose when their panels are not in L2).
-//   g++ -O3 -std=c++17 -Isrc tools/cpu_peak/tile_bench.cpp -o /tmp/fna_tile_bench
+//   g++ -O3 -std=c++17 -Iinclude -Isrc tools/experiments/cpu_tile_bench.cpp -o /tmp/fna_tile_bench
 //   /tmp/fna_tile_bench [blocks = 20] [0: forward, 1: backward]
 #include <x86intrin.h>
 
@@ -29,7 +29,7 @@ namespace {
 using namespace fna::cpu;
 
 // FMAs per TSC tick of 10 independent AVX-512 FMA chains (registers zeroed first: no denormals).
-#define FNA_FMA(N) "vfmadd231ps %%zmm1, %%zmm2, %%zmm" #N "\n\t"
+#define PEAK_FMA(N) "vfmadd231ps %%zmm1, %%zmm2, %%zmm" #N "\n\t"
 __attribute__((target("avx512f"))) double fma_per_tick() {
   asm volatile("vxorps %%zmm1, %%zmm1, %%zmm1\n\tvxorps %%zmm2, %%zmm2, %%zmm2\n\t"
                "vxorps %%zmm3, %%zmm3, %%zmm3\n\tvmovaps %%zmm3, %%zmm4\n\tvmovaps %%zmm3, %%zmm5\n\t"
@@ -39,12 +39,12 @@ __attribute__((target("avx512f"))) double fma_per_tick() {
                "xmm9", "xmm10", "xmm11", "xmm12");
   const unsigned long long t0 = __rdtsc();
   for (int k = 0; k < 20000; ++k)
-    asm volatile(FNA_FMA(3) FNA_FMA(4) FNA_FMA(5) FNA_FMA(6) FNA_FMA(7) FNA_FMA(8) FNA_FMA(9) FNA_FMA(10)
-                     FNA_FMA(11) FNA_FMA(12) ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+    asm volatile(PEAK_FMA(3) PEAK_FMA(4) PEAK_FMA(5) PEAK_FMA(6) PEAK_FMA(7) PEAK_FMA(8) PEAK_FMA(9) PEAK_FMA(10)
+                     PEAK_FMA(11) PEAK_FMA(12) ::: "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
                  "xmm10", "xmm11", "xmm12");
   return 200000.0 / static_cast<double>(__rdtsc() - t0);
 }
-#undef FNA_FMA
+#undef PEAK_FMA
 
 float* floats(size_t n) {
   float* p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));

@@ -4,7 +4,7 @@
 // median B/A of adjacent calls. Mode 0: forward, 1: backward, 2: A = forward, B = backward (the
 // backward / forward ratio). Any cpu field of Options::tuning can be compared (e.g. cpu_band,
 // cpu_panels, cpu_isa, cpu_strips, cpu_acc_rings). Build (CPU-only build dir build/bench-dev):
-//   g++ -O2 -std=c++17 -Iinclude -Isrc -Itools/bench tools/cpu_peak/ab.cpp tools/bench/buffers.cpp \
+//   g++ -O2 -std=c++17 -Iinclude -Isrc -Itools/bench tools/experiments/cpu_tuning_ab.cpp tools/bench/buffers.cpp \
 //       build/bench-dev/libfna.a -pthread -o /tmp/fna_ab
 //   /tmp/fna_ab 30 0 cpu_band=1 -      # [calls per setting] [mode] [A] [B] [threads]
 #include <algorithm>

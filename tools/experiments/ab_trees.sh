@@ -2,9 +2,10 @@
 # Same-machine A/B of two source trees (e.g. two commits' `git archive` tarballs) on the device:
 # builds both side by side, then runs a command in each in turn, ROUNDS times, so that the
 # machine's drift hits both alike.
-#   bash tools/gpu/ab_trees.sh A.tar B.tar "python3 tools/gpu/kernel_times.py 2d-nat" [ROUNDS]
-# The command runs in each tree's root with PYTHONPATH set to that tree's package; its output is
-# prefixed with A / B.
+#   bash tools/experiments/ab_trees.sh A.tar B.tar "python3 tools/experiments/kernel_times.py 2d-nat" [ROUNDS]
+# The command runs in each tree's root with PYTHONPATH set to that tree's package (so a script it
+# names must exist in both trees: for a tree older than tools/experiments/, give the script by an
+# absolute path); its output is prefixed with A / B.
 set -uo pipefail
 a_tar=$1 b_tar=$2 cmd=$3 rounds=${4:-3}
 for s in a b; do

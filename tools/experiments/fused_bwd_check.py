@@ -1,7 +1,7 @@
 """Fused backward on the device: agreement with cuda-naive on problems large enough to have
 interior (unmasked) tiles, then backward timings on the standard problems.
 
-    PYTHONPATH=python python3 tools/gpu/fused_bwd_check.py [--skip-check] [--skip-time]
+    PYTHONPATH=python python3 tools/experiments/fused_bwd_check.py [--skip-check] [--skip-time]
 
 The GPU suite (fna-gpu-test) checks against the CPU reference on small shapes, where every tile is
 a border tile; this covers the other half of the kernels. Effective TFLOP/s for the backward alone

@@ -1,7 +1,7 @@
 """Times the cuda-fused forward of every listed tile configuration on the standard problems (and
 the heuristic's pick), bf16 unless --dtype: the tuning table behind config.h.
 
-    python3 tools/gpu/fwd_configs.py [--problems 1d-long,2d-large] [--variants base,causal0]
+    python3 tools/experiments/fwd_configs.py [--problems 1d-long,2d-large] [--variants base,causal0]
         [--dtype bf16] [--reps 10]
 
 Prints per problem: config, ms, effective TFLOP/s (docs/semantics.md section 3), needed-pair fraction, and

@@ -1,11 +1,13 @@
 """Hot spots of one cuda-fused kernel launch by SASS instruction, from Nsight Compute's source
 page: run on the device after `tools/gpu/run.sh build`:
 
-    python3 tools/gpu/ncu_hot.py 2d-nat [fwd|bwd] [--top 40]
+    python3 tools/experiments/ncu_hot.py 2d-nat [fwd|bwd] [--top 40] [--tuning K=V,..] [--config NAME]
 
-Profiles the launch that tools/gpu/ncu_pipes.sh does (SourceCounters section), exports the SASS
-source page as CSV and prints warp-stall samples and executed instructions summed per opcode,
-then the instructions with the most samples. The raw CSV goes to $OUT/ncu_hot_<problem>_<what>.csv.
+Profiles the launch that tools/experiments/ncu_pipes.sh does (SourceCounters section), exports
+the SASS source page as CSV and prints warp-stall samples and executed instructions summed per
+opcode, then the instructions with the most samples. The raw CSV goes to
+$OUT/ncu_hot_<problem>_<what>.csv. Arguments it does not know (--tuning, --config,
+--backward-config) go to tools/experiments/profile_fwd.py.
 """
 import argparse
 import collections
@@ -22,7 +24,7 @@ def main():
     ap.add_argument("what", nargs="?", default="fwd")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--csv", help="summarize this exported CSV instead of profiling")
-    args = ap.parse_args()
+    args, extra = ap.parse_known_args()
     if args.csv:
         with open(args.csv) as f:
             return summarize(f.read(), args)
@@ -31,10 +33,10 @@ def main():
     rep = f"/tmp/ncu_hot_{args.problem}_{args.what}"
     if args.what == "bwd":
         sel = ["-k", "regex:dkdv", "--launch-skip", "1", "--launch-count", "1"]
-        prog = ["python3", "tools/gpu/profile_fwd.py", args.problem, "--bwd"]
+        prog = ["python3", "tools/experiments/profile_fwd.py", args.problem, "--bwd", *extra]
     else:
         sel = ["-k", "regex:fna_fwd", "--launch-skip", "2", "--launch-count", "1"]
-        prog = ["python3", "tools/gpu/profile_fwd.py", args.problem]
+        prog = ["python3", "tools/experiments/profile_fwd.py", args.problem, *extra]
     subprocess.run(["ncu", *sel, "--section", "SourceCounters", "-f", "-o", rep, *prog],
                    check=True, stdout=subprocess.DEVNULL)
     res = subprocess.run(["ncu", "-i", rep + ".ncu-rep", "--page", "source", "--csv",

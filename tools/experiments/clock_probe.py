@@ -1,7 +1,7 @@
 """SM clock and power while a kernel runs back to back: is a forward slow because of its code or
 because the GPU lowered its clock (power or thermal limits)?
 
-    python3 tools/gpu/clock_probe.py [--problems 2d-nat] [--variants base] [--seconds 4]
+    python3 tools/experiments/clock_probe.py [--problems 2d-nat] [--variants base] [--seconds 4]
         [--dense]
 
 For each (problem, variant) the cuda-fused forward runs back to back for --seconds while

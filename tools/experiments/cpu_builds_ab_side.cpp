@@ -1,4 +1,4 @@
-// One side of an A/B of two builds of the library in one process (see ab_builds.sh): compiled
+// One side of an A/B of two builds of the library in one process (see cpu_builds_ab.sh): compiled
 // once per build, with -Dfna=<a namespace of its own> and -DSIDE_FN=<this side's entry point>.
 #include <chrono>
 #include <cstdio>

@@ -2,7 +2,7 @@
 // every backend's host path: validation, tiling, workspace, launch configuration) on a machine
 // without a GPU. Kernels are not executed, so every device case FAILs (NaN outputs); what it
 // finds is host crashes (it found a division by a zero tile extent) without spending device time.
-//   gcc -shared -fPIC -O1 tools/gpu/cudart_shim.c -o /tmp/libcudart_shim.so
+//   gcc -shared -fPIC -O1 tools/experiments/cudart_shim.c -o /tmp/libcudart_shim.so
 //   LD_PRELOAD=/tmp/libcudart_shim.so ./build/<dir>/fna-gpu-test --backend cuda-fused --filter bwd
 // Attribute numbers: 75/76 compute capability major/minor, 97 opt-in shared memory per block.
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 (CUDA events, no profiler: --reps calls back to back, and the median of --reps calls each
 synchronized after, as the benchmark times), so that gaps between the kernels show up too:
 
-    python3 tools/gpu/kernel_times.py 2d-nat [--bwd] [--reps 10]
+    python3 tools/experiments/kernel_times.py 2d-nat [--bwd] [--reps 10]
 
 With --bwd the call is the benchmark's forward+backward step (`out.backward(dO)`, random dO).
 """

@@ -1,7 +1,7 @@
 """Times the cuda-fused forward+backward of the standard problems for the backward's heuristic
 and every listed backward tile configuration (bf16): the measurement behind the backward table.
 
-    python3 tools/gpu/bwd_configs.py [--problems 2d-large,3d-video] [--reps 5]
+    python3 tools/experiments/bwd_configs.py [--problems 2d-large,3d-video] [--reps 5]
 
 Prints per problem: backward config, forward+backward ms, effective TFLOP/s (3.5x the forward's
 FLOPs, docs/semantics.md section 3) and the largest dQ / dK / dV difference from the heuristic's gradients.

@@ -3,7 +3,7 @@
 // with cudaFuncSetAttribute called before every launch, and called once; one with 960 bytes of
 // parameters; one taking two TMA descriptors (CUtensorMap) as a __grid_constant__ parameter,
 // zeroed and encoded for a 128 MB tensor.
-//   nvcc -O2 -std=c++17 -arch=sm_90 tools/gpu/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
+//   nvcc -O2 -std=c++17 -arch=sm_90 tools/experiments/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -1,10 +1,12 @@
 """Same-process A/B of the box and strip forwards (fwd_box.cuh, fwd_strip.cuh) against the
-tiled kernels on rank-2 problems with small windows: for each problem, rounds alternate the
-settings of one environment variable (default FNA_BOX_PAIRS_RATIO=0, i.e. tiled only, against
-the default heuristic; `-` leaves the variable unset), printing each one's configuration, median
-forward ms and the ratio to the first. Run on the device after `tools/gpu/run.sh build`:
+tiled kernels on rank-2 problems with small windows (2d-nat and NAT / DiNAT-like stages): for
+each problem, rounds alternate the Options::tuning settings given (default "fwd_box=off;-": the
+tiled kernels only, against the default plan), printing each one's configuration, median forward
+ms and the ratio to the first. Run on the device after `tools/gpu/run.sh build`:
 
-    python3 tools/gpu/box_ab.py [--env FNA_FWD_STRIP=0,1] [--rounds 3] [--reps 10]
+    python3 tools/experiments/box_ab.py [--tuning "fwd_strip=off;fwd_strip=on"] [--rounds 3] [--reps 10]
+
+--tuning: settings separated by `;`, each K=V[,K=V..] (keys: fna.tuning_keys()) or `-` (defaults).
 """
 import argparse
 import os
@@ -16,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
 from fwd_configs import timed  # noqa: E402
+from tuning_ab import parse_tunings  # noqa: E402
 
 # (B, H, (L0, L1), D, (K0, K1), dilation): 2d-nat and neighbors (NAT / DiNAT-like stages).
 PROBLEMS = [
@@ -33,11 +36,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--env", default="FNA_BOX_PAIRS_RATIO=0,-",
-                    help="NAME=v1,v2,... (`-`: unset)")
+    ap.add_argument("--tuning", default="fwd_box=off;-",
+                    help="settings separated by ';', each K=V[,K=V..] or '-' (defaults)")
     args = ap.parse_args()
-    var, values = args.env.split("=", 1)
-    settings = [None if v == "-" else v for v in values.split(",")]
+    settings = parse_tunings(args.tuning)
+    width = max(len(label) for label, _ in settings)
     print(f"device: {torch.cuda.get_device_name()}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     for B, H, shape, D, kernel, dil in PROBLEMS:
@@ -45,22 +48,17 @@ def main():
                    for _ in range(3))
         res = {}
         for _ in range(args.rounds):
-            for setting in settings:
-                if setting is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = setting
-                fn = lambda: fna.na2d(q, k, v, kernel, dilation=dil, backend="cuda-fused")  # noqa: E731
-                name = fna.fused_plan(list(q.shape), kernel, dilation=dil)["config"]
-                res.setdefault((setting, name), []).append(timed(fn, args.reps))
-        os.environ.pop(var, None)
+            for label, tuning in settings:
+                fn = lambda: fna.na2d(q, k, v, kernel, dilation=dil, backend="cuda-fused",  # noqa: E731
+                                      tuning=tuning)
+                name = fna.fused_plan(list(q.shape), kernel, dilation=dil, tuning=tuning)["config"]
+                res.setdefault((label, name), []).append(timed(fn, args.reps))
         base = None
-        for (setting, name), ts in res.items():
+        for (label, name), ts in res.items():
             ms = statistics.median(ts)
             base = base or ms
             print(f"{B}x{H} {shape[0]}x{shape[1]} d{D} k{kernel[0]}x{kernel[1]} dil{dil[0]}  "
-                  f"{var}={'(unset)' if setting is None else setting:8s} {name:42s} {ms:8.3f} ms  "
-                  f"x{base / ms:.3f}", flush=True)
+                  f"{label:{width}s} {name:42s} {ms:8.3f} ms  x{base / ms:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,22 +3,28 @@
 # breakdown (every unit's throughput as a share of its peak, shared memory and the tensor pipe
 # included), the compute and memory workload sections, the warp stall reasons and the tensor
 # path's executed bf16 operations. Run on the device after `tools/gpu/run.sh build`:
-#   bash tools/gpu/ncu_pipes.sh 2d-large [bwd|fwd] [LOG]
+#   bash tools/experiments/ncu_pipes.sh 2d-large [bwd|fwd] [LOG] [--tuning K=V,..] [--config NAME]
 # bwd profiles the dK / dV kernel of the second forward+backward call, fwd the forward kernel of
-# the third call (tools/gpu/profile_fwd.py). The full report goes to LOG (default
-# $OUT/ncu_<problem>_<what>.txt); the lines that matter are printed. FNA_* switches pass through.
+# the third call (tools/experiments/profile_fwd.py; arguments from the first `--...` on go to it).
+# The full report goes to LOG (default $OUT/ncu_<problem>_<what>.txt); the lines that matter are
+# printed.
 set -uo pipefail
 prob=${1:-2d-large}
 what=${2:-bwd}
 OUT=${OUT:-/tmp/fna-out}
-log=${3:-$OUT/ncu_${prob}_${what}.txt}
+shift $(( $# < 2 ? $# : 2 ))
+log=$OUT/ncu_${prob}_${what}.txt
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then
+  log=$1
+  shift
+fi
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 if [ "$what" = bwd ]; then
   sel=(-k regex:dkdv --launch-skip 1 --launch-count 1)
-  args=(python3 tools/gpu/profile_fwd.py "$prob" --bwd)
+  args=(python3 tools/experiments/profile_fwd.py "$prob" --bwd "$@")
 else
   sel=(-k regex:fna_fwd --launch-skip 2 --launch-count 1)
-  args=(python3 tools/gpu/profile_fwd.py "$prob")
+  args=(python3 tools/experiments/profile_fwd.py "$prob" "$@")
 fi
 ncu "${sel[@]}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
