@@ -1,5 +1,5 @@
 """Before / after: the cuda-fused backend of two source trees on the standard problem set, timed in
-the same run (tools/gpu/ab_trees.sh builds both and runs this in each tree in turn, round after
+the same run (`bash tools/gpu/run.sh before-after` builds both and runs this in each tree in turn, round after
 round, so the machine's drift hits both alike).
 
     python3 bench/before_after.py run --tag after --out results.jsonl [--reps 10]

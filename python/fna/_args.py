@@ -170,7 +170,10 @@ def natten_tuning(fn, rank, kwargs, dtype, dim, hopper, deterministic, config, b
     for name in kwargs:
         if name not in NATTEN_TUNING_KWARGS:
             raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
-    given = {k: v for k, v in kwargs.items() if v is not None}
+    # NATTEN's defaults (None, False) ask for nothing; try_fuse_additional_kv is what fna always
+    # does (additional keys inside the fused kernel), and gives the same result when False.
+    given = {k: v for k, v in kwargs.items()
+             if v is not None and v is not False and k != "try_fuse_additional_kv"}
     if not given:
         return config, backward_config, tuning
     if hopper is None:
@@ -189,8 +192,6 @@ def natten_tuning(fn, rank, kwargs, dtype, dim, hopper, deterministic, config, b
     if "backward_kv_splits" in given:
         raise ValueError(f"{fn}: backward_kv_splits={given['backward_kv_splits']!r}: fna's "
                          "backward does not split the key/value axis")
-    # try_fuse_additional_kv: fna always attends to additional keys inside the fused kernel, which
-    # is what the keyword asks for when True and gives the same result when False.
     if "kernel_schedule" in given:
         ks = given["kernel_schedule"]
         if ks not in _SCHEDULES:

@@ -104,13 +104,47 @@ def test_bad_parameters(kwargs, message):
 
 
 def test_natten_tuning_keywords():
-    """NATTEN's tuning keywords are accepted (and ignored); unknown keywords are a TypeError."""
+    """NATTEN's tuning keywords at their defaults (None / False) and try_fuse_additional_kv ask for
+    nothing and are accepted anywhere; one that asks for something tunes cuda-fused, so with CPU
+    arrays it is an error naming it (never silently ignored); unknown keywords are a TypeError.
+    (What they select on the GPU: tests/python/test_gpu.py.)"""
     q, k, v = arrays()
-    out = fna.na2d(q, k, v, 3, backend="reference", q_tile_shape=(8, 8), kv_tile_shape=(8, 8),
-                   backward_kv_splits=(1, 1), run_persistent_kernel=False, torch_compile=False)
+    out = fna.na2d(q, k, v, 3, backend="reference", q_tile_shape=None, kv_tile_shape=None,
+                   backward_kv_splits=None, run_persistent_kernel=False, torch_compile=False,
+                   backward_use_pt_reduction=False, kernel_schedule=None,
+                   try_fuse_additional_kv=True)
     np.testing.assert_array_equal(out, fna.na2d(q, k, v, 3, backend="reference"))
+    for kw in (dict(q_tile_shape=(8, 8)), dict(run_persistent_kernel=True),
+               dict(kernel_schedule="coop"), dict(backward_kv_splits=(1, 1))):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))}.*needs CUDA tensors"):
+            fna.na2d(q, k, v, 3, backend="reference", **kw)
     with pytest.raises(TypeError, match="na2d\\(\\) got an unexpected keyword argument 'kernel'"):
         fna.na2d(q, k, v, 3, kernel=3)
+
+
+def test_tuning_keyword():
+    """tuning= holds Options::tuning fields: each key of fna.tuning_keys() exists; a field of the
+    backend that runs is honoured (every cpu_isa value matches the reference within the
+    criterion), one of another backend, an unknown key or a bad value is an error naming it."""
+    keys = fna.tuning_keys()
+    assert {"fwd_schedule", "fwd_copy", "persistent", "bwd_kernel", "cpu_isa", "cpu_band",
+            "naive_workspace_bytes"} <= set(keys)
+    q, k, v = arrays()
+    ref = fna.na2d(q, k, v, 3, backend="reference")
+    out = fna.na2d(q, k, v, 3, backend="cpu", tuning={"cpu_isa": "generic", "cpu_band": 1,
+                                                      "cpu_strips": False})
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="tuning cpu_isa='generic' concerns backend=cpu, but "
+                                         "backend=reference"):
+        fna.na2d(q, k, v, 3, backend="reference", tuning={"cpu_isa": "generic"})
+    with pytest.raises(ValueError, match="tuning key 'fwd_scedule' is not one of"):
+        fna.na2d(q, k, v, 3, backend="cpu", tuning={"fwd_scedule": "plain"})
+    with pytest.raises(ValueError, match="tuning cpu_isa='sse' is not one of"):
+        fna.na2d(q, k, v, 3, backend="cpu", tuning={"cpu_isa": "sse"})
+    with pytest.raises(ValueError, match="fwd_copy='tma' concerns backend=cuda-fused"):
+        fna.na2d(q, k, v, 3, backend="cpu", tuning={"fwd_copy": "tma"})
+    with pytest.raises(TypeError, match="tuning=.* must be a dict"):
+        fna.na2d(q, k, v, 3, tuning="cpu_isa=generic")
 
 
 def test_gqa_heads():

@@ -358,7 +358,7 @@ def test_eager_fast_path_matches_custom_op():
         sp = (list(p["ks"]), list(p["st"]), list(p["dil"]), list(p["causal"]))
         scale = p["q"].shape[-1] ** -0.5
         out_b, lse_b = torch.ops.fna.na_forward(b["q"], b["k"], b["v"], b["add_k"], b["add_v"],
-                                                *sp, scale, "cpu", "", True, False, "")
+                                                *sp, scale, "cpu", "", True, False, "", "")
         assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)
         assert not lse_a.requires_grad
         d_out = torch.from_numpy(rng.standard_normal(out_a.shape).astype(np.float32))
@@ -389,7 +389,7 @@ def opcheck_all(device, backend):
     ak, av = r(1, 2, 1, 4), r(1, 2, 1, 3)
     sp = ([3, 3], [1, 2], [1, 1], [True, False])
     ops = torch.ops.fna
-    fo = ("", False, False, "")  # config, deterministic, allow_tf32, backward_config
+    fo = ("", False, False, "", "")  # config, deterministic, allow_tf32, backward_config, tuning
     out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend, *fo)
     attn = ops.na_qk(q, k, ak, *sp, -1.0, backend)
     w = torch.softmax(attn.detach(), -1).requires_grad_(True)

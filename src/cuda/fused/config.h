@@ -96,7 +96,7 @@
 // tiles warp-specialized only. Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>
 // _w<warps> (the warp-specialized kernel's warps include its loader warpgroup).
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
-// where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/gpu/fwd_configs.py,
+// where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/experiments/fwd_configs.py,
 // TFLOP/s): at head dim 128, 128 queries x 64 keys (two CTAs per SM) ran 1d-long 318, 2d-large 243
 // (8x16 / 8x8), 3d-video 203 (2x8x8 / 2x4x8); 128-key tiles (one CTA per SM: S and O both take 64
 // registers) ran 236 / 190 / 155, and 256-query tiles (four warpgroups) 292 / 210 / 179, so
@@ -104,20 +104,20 @@
 // 44-45 against 40 for 8x16 / 8x16 and 35 for 8x16 / 8x8 (halo waste falls with the query tile);
 // 16x4 queries / 4x16 keys (needed pairs 0.391, 6.8 key tiles per query tile, against 0.319 and
 // 8.3) then ran 42.2 and 55.5 against 40.6 and 50.3 for 8x8 / 8x8 in two passes of
-// tools/gpu/fwd_configs.py (commit f93e010), and the heuristic picks it there.
+// tools/experiments/fwd_configs.py (commit f93e010), and the heuristic picks it there.
 // The warp-specialized kernel (fwd_sm90_ws.cuh, 2-D and 3-D 128-query tiles) with 128-key tiles at
 // head dim 128 (three K/V stages) ran 237 / 209 / 183 against 361 / 316 / 257 for the 64-key
 // tiles (commit eb06b1a), so those are not listed either. 192-query tiles (three compute
 // warpgroups, warp-specialized only) at rank 3: 3x8x8 / 2x4x8 reads 2/3 of 2x8x8's K / V per query
 // for 18-frame windows (both unions take ten 2-frame key tiles) and ran 3d-video in 50.25 ms against
-// 55.91 (causal0 39.48 against 42.68; H100, tools/gpu/config_ab.py, commit 8833ffb). At rank 2
+// 55.91 (causal0 39.48 against 42.68; H100, tools/experiments/config_ab.py, commit 8833ffb). At rank 2
 // (2d-large, 63x63 windows) a 192-query 8x24 / 8x8 tile computes 10% more pairs per query than
 // 8x16 / 8x8 and ran 6.822 / 6.264 / 6.628 ms against 6.628 / 6.142 / 6.180 (base / causal0 /
 // dil2, same tool, commit 1c97a77), so it is not listed. 3x8x8 queries over 1x8x8 key tiles: each
 // warpgroup (one frame) then needs exactly its own window's frames, where 2-frame key tiles give
 // the middle one 20 frames for 18; on 3d-video causal0 it ran 32.698 ms against 34.362 for
 // 3x8x8 / 2x4x8, on base 46.124 against 43.032 (its 8-row key tiles waste more at the borders of
-// the 48-row axis; H100, tools/gpu/config_ab.py in ABBA order, 2026-11-24). The heuristic's cost
+// the 48-row axis; H100, tools/experiments/config_ab.py in ABBA order, 2026-11-24). The heuristic's cost
 // (forward.cu cost_of: the slowest warpgroup per query tile) picks it for the causal problem only.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \

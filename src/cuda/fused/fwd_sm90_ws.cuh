@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
     wgmma::fence_proxy_async();
-    // This warpgroup's 64 rows (the whole tile's with FNA_FWD_WG_SKIP=0) need the run of key
+    // This warpgroup's 64 rows (the whole tile's with Tuning::fwd_wg_skip off) need the run of key
     // tiles [run.first, run.last) of the walk; those before and after it are waited for and
     // handed back unread (pass), and the mask is skipped on tiles inside all of the rows'
     // windows. (A run rather than a test per tile: ptxas serializes MMAs under a branch it cannot

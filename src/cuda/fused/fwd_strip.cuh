@@ -12,7 +12,7 @@
 // copies run ahead of the multiplications by as many bands as the ring has free. On sm_90 a band
 // is one TMA box per tensor (2 halo rows x pitch columns, issued by one lane, completing on the
 // barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
-// cp.async copies (FNA_FWD_STRIP_TMA=0 forces them).
+// cp.async copies (Tuning::fwd_copy = cp_async asks for them).
 //
 // Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
 // kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
