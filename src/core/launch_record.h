@@ -1,5 +1,5 @@
 // What the last cuda-fused launch of the calling thread ran, written by the fused launch paths
-// from the plan they consumed (src/cuda/fused/forward.cu, backward.cu). For tests: the plan that
+// from the plan they consumed (src/cuda/fused/plan/forward.cu, backward.cu). For tests: the plan that
 // fna::fused_plan reports is the kernel launched. Plain C++ (the Python bindings read it).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The fused kernels' tiling arithmetic (src/cuda/fused/tiling.cuh, host-callable) against brute
+// The fused kernels' tiling arithmetic (src/cuda/fused/kernel/common/tiling.cuh, host-callable) against brute
 // force over the SPEC neighbor relation (the support library's spec_is_neighbor, which shares
 // nothing with core/), on random small geometries (seeded) and several query / key tile shapes:
 //   - kv_span: every neighbor of every query of a query tile lies in the span's key tiles, every
@@ -8,10 +8,10 @@
 //   - rows_span / rows_walk / part_tiling_stats: the runs of key tiles that parts of a query tile
 //     (the warp-specialized forward's warpgroups) visit, and their sums;
 //   - needed_pairs: the needed (query, key) pairs;
-//   - box_plan (the box forward's limits, halo sizes and pair counts, fwd_box.h): every 4x4 box's
+//   - box_plan (the box forward's limits, halo sizes and pair counts, box_plan.h): every 4x4 box's
 //     keys, from the SPEC relation, lie in the 16-column x 4-row-chunk region the kernel walks and
 //     in its CTA's halo, and the counts add up;
-//   - strip_plan (the strip forward's ring, segments and copied rows, fwd_strip.h): the widest
+//   - strip_plan (the strip forward's ring, segments and copied rows, strip_plan.h): the widest
 //     16-column strip halo, the ring it affords, the refusal when a box's union does not fit it,
 //     segments that tile the rows, and the halo rows copied, from the SPEC relation;
 //   - axis_tile_pairs, the per-axis tile pairs behind the backward's tile choice and fused_plan:
@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/fused/fwd_box.h"
-#include "cuda/fused/fwd_strip.h"
-#include "cuda/fused/tiling.cuh"
+#include "cuda/fused/kernel/common/box_plan.h"
+#include "cuda/fused/kernel/common/strip_plan.h"
+#include "cuda/fused/kernel/common/tiling.cuh"
 #include "support/problem.h"
 
 namespace {

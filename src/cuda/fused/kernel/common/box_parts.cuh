@@ -1,0 +1,141 @@
+// The pieces of the box forward shared by the box kernel (fwd_box.cuh) and the strip kernel
+// (fwd_strip.cuh): the CTA traits, the swizzled box layout and border bits, and one 64-key chunk
+// of a warp's 4x4 query box (scores, mask, online softmax, P V). fwd_box.cuh describes the
+// algorithm.
+#pragma once
+
+
+#include <cmath>
+
+#include "cuda/common/mbarrier.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/kernel/common/box_plan.h"
+#include "cuda/fused/kernel/common/fwd_common.cuh"
+#include "cuda/fused/kernel/common/fwd_params.h"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, class QT>
+struct BoxTraits {
+  using Elem = typename T::type;
+  using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
+  // The names softmax_scores / FwdState read.
+  static constexpr bool kF32 = false;
+  static constexpr int kD = kD_;
+  static constexpr int kFirstAxis = 1;
+  static constexpr int kMT = 1;
+  static constexpr int kStepN = 64;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kQ = QT::kSize;
+  static constexpr int kWarps = kQ / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBoxes2 = QT::kExt[2] / kBoxExt;  // boxes along the fast axis
+  static constexpr int kChunks = kD / 8;                  // 16-byte chunks per row
+  static constexpr int kRowBytes = kD * 2;
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  // Up to three 4-warp CTAs per SM (small halos); larger CTAs take the registers they need.
+  static constexpr int kMinBlocks = kThreads <= 128 ? 3 : 1;
+  static_assert(QT::kExt[0] == 1 && QT::kExt[1] % kBoxExt == 0 && QT::kExt[2] % kBoxExt == 0 &&
+                    QT::kExt[1] <= 32 && kD == 64,
+                "box forward tiles");
+};
+
+// Byte offset of chunk `c` of shared-memory row `r`.
+__device__ __forceinline__ uint32_t box_sw(int r, int c) {
+  return uint32_t(r) * 128u + uint32_t(((c ^ r) & 7) << 4);
+}
+
+// Bits [lo, hi) of a 32-bit word (0 <= lo, hi <= 32).
+__device__ __forceinline__ unsigned box_bits(int lo, int hi) {
+  const unsigned below_hi = hi >= 32 ? ~0u : ((1u << (hi > 0 ? hi : 0)) - 1u);
+  const unsigned below_lo = lo >= 32 ? ~0u : ((1u << (lo > 0 ? lo : 0)) - 1u);
+  return below_hi & ~below_lo;
+}
+
+// One 64-key chunk of a warp's box (the box and strip forwards): S = Q K^T over union rows
+// 4 ch .. 4 ch + 3, whose 16 columns start at shared-memory row `row[a]` (K and V at sK / sV,
+// the lane's ldmatrix columns kcol / vcol and halves ksel / vsel), the mask from the thread's two
+// query rows' bit sets (rowbits over union rows, pat over its four columns), the online softmax
+// and O += P V. The ldmatrix addresses step by one XOR: box_sw(r, 2 kk + s) ==
+// box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
+// box_scores is its first half (S and the mask), box_update the second (softmax and P V), so a
+// caller can reuse Q's registers in between.
+template <class Tr>
+__device__ __forceinline__ void box_scores(float (&s)[1][8][4],
+                                           const uint32_t (&qf)[Tr::kD / 16][4],
+                                           const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
+                                           int ksel, int ch, const unsigned (&rowbits)[2],
+                                           const unsigned (&pat)[2]) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+  // S: n8 blocks 2a, 2a + 1 are columns 0-7 and 8-15 of union row 4 ch + a.
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    const uint32_t off = box_sw(row[a] + kcol, ksel);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t b[4];
+      mma::ldsm_x4(b, sK + (off ^ uint32_t(kk << 5)));
+      mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
+      mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
+    }
+  }
+  // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const unsigned rb = rowbits[r] >> (kBoxChunkRows * ch);
+    unsigned m = 0;
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a) m |= ((rb >> a) & 1u) ? pat[r] << (4 * a) : 0u;
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4],
+                                           const int (&row)[kBoxChunkRows], uint32_t sV, int vcol,
+                                           int vsel, float scale_log2) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+  softmax_update<Tr, true>(st, s, scale_log2);
+  // O += P V: k-step a is union row 4 ch + a (16 keys).
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    uint32_t pa[4];
+    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    const uint32_t off = box_sw(row[a] + vcol, vsel);
+#pragma unroll
+    for (int jd = 0; jd < kD / 16; ++jd) {
+      uint32_t b[4];
+      mma::ldsm_x4_trans(b, sV + (off ^ uint32_t(jd << 5)));
+      mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
+      mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
+                                          const int (&row)[kBoxChunkRows], uint32_t sK,
+                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
+                                          int ch, const unsigned (&rowbits)[2],
+                                          const unsigned (&pat)[2], float scale_log2) {
+  float s[1][8][4];
+  box_scores<Tr>(s, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+  box_update<Tr>(st, s, row, sV, vcol, vsel, scale_log2);
+}
+
+}  // namespace fused
+}  // namespace fna

@@ -1,0 +1,209 @@
+// The key/value tile a dK / dV CTA owns, shared by the mma.sync (bwd_dkdv_sm80.cuh) and the wgmma
+// (bwd_dkdv_sm90.cuh) kernels: its rows' places in global memory, its load, the inverse windows
+// of its keys (the border mask), the range of query tiles it visits, and the dK / dV store.
+#pragma once
+
+#include "cuda/fused/kernel/common/bwd_params.cuh"
+
+namespace fna {
+namespace bwd {
+
+// Element offsets of key row `row` of the CTA's tile in two tensors laid out like K (neighborhood
+// keys: strides t1, t2; additional keys: a1, a2); false when the row holds no key.
+__device__ __forceinline__ bool key_row(const Params& p, const Group& G, bool additional, int b,
+                                        int hkv, const int* kv0, int64_t n0, int row,
+                                        const TokStrides& t1, const TokStrides& t2,
+                                        const AddStrides& a1, const AddStrides& a2, int64_t& o1,
+                                        int64_t& o2) {
+  if (!additional) {
+    const uint32_t off = pack_offsets(p.tkv, row);
+    int i[kAxes], x[kAxes];
+    for (int a = 0; a < kAxes; ++a) i[a] = kv0[a] + unpack_offset(off, a);
+    const bool valid = to_global(p, G, i, x);
+    o1 = tok_offset(t1, b, x, hkv);
+    o2 = tok_offset(t2, b, x, hkv);
+    return valid;
+  }
+  o1 = b * a1.b + (n0 + row) * a1.n + hkv * a1.h;
+  o2 = b * a2.b + (n0 + row) * a2.n + hkv * a2.h;
+  return n0 + row < p.num_add;
+}
+
+// K (and with load_v, V) rows of the tile into shared memory: byte offset `sw(row, c)` of 16-byte
+// chunk c from sK / sV.
+template <typename E, int kKV, int kThreads, int kChunks, class Sw>
+__device__ __forceinline__ void load_kv_rows(const Params& p, const Group& G, bool additional,
+                                             int b, int hkv, const int* kv0, int64_t n0,
+                                             unsigned char* sK, unsigned char* sV, bool load_v,
+                                             Sw sw) {
+  const E* gK = static_cast<const E*>(additional ? p.add_k : p.k);
+  const E* gV = static_cast<const E*>(additional ? p.add_v : p.v);
+  for (int idx = threadIdx.x; idx < kKV * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    int64_t ok = 0, ov = 0;
+    const bool valid = key_row(p, G, additional, b, hkv, kv0, n0, row, p.sk, p.sv, p.sak, p.sav,
+                               ok, ov);
+    const uint32_t so = sw(row, c);
+    load_chunk(reinterpret_cast<E*>(sK + so), valid ? gK + ok : nullptr, c, p.dim, p.aligned, gK);
+    if (load_v)
+      load_chunk(reinterpret_cast<E*>(sV + so), valid ? gV + ov : nullptr, c, p.dim_v, p.aligned,
+                 gV);
+  }
+  cp_async_commit();
+}
+
+// The query tiles the key tile visits: per axis, queries qr[a] in nq[a] tiles of p.tq[a]
+// (additional mode: all tokens, nq = {tiles of kQ, 1, 1}); returns the tile count. In
+// neighborhood mode threads 0 .. kKV - 1 also write their key's inverse window per axis to
+// s_kinv (made visible by the caller's barrier).
+template <int kKV, int kQ>
+__device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group& G,
+                                                    bool additional, const int* kv0,
+                                                    int2* s_kinv, nbr::Range (&qr)[kAxes],
+                                                    int (&nq)[kAxes]) {
+  for (int a = 0; a < kAxes; ++a) nq[a] = 1;
+  if (additional) {
+    const int64_t n_tiles = (p.tokens + kQ - 1) / kQ;
+    nq[0] = int(n_tiles);
+    return n_tiles;
+  }
+  const int tid = threadIdx.x;
+  if (tid < kKV) {
+    const uint32_t off = pack_offsets(p.tkv, tid);
+    int i[kAxes];
+    bool valid = true;
+    for (int a = 0; a < kAxes; ++a) {
+      i[a] = kv0[a] + unpack_offset(off, a);
+      valid = valid && i[a] < G.len[a];
+    }
+    for (int a = 0; a < kAxes; ++a) {
+      const nbr::Range r =
+          valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
+      s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
+    }
+  }
+  int64_t n_tiles = 1;
+  for (int a = 0; a < kAxes; ++a) {
+    const int e = min(kv0[a] + p.tkv[a], G.len[a]);
+    qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
+    nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
+    n_tiles *= nq[a];
+  }
+  return n_tiles;
+}
+
+// Border mask of S^T (keys as rows, mma.sync C layout: this thread's rows wrow + lane / 4 and 8
+// below, columns n * 8 + 2 * (lane % 4) + j of the query sub-tile whose packed offsets start at
+// qoff): a key row keeps the queries of its inverse window on every axis. The windows are taken
+// relative to the query tile origin q0 once, so each element costs one unsigned compare per axis
+// ((unsigned)(o - lo) < len tests lo <= o < lo + len).
+template <int kNB>
+__device__ __forceinline__ void mask_key_rows(float (&s)[kNB][4], const int2* s_kinv,
+                                              const uint32_t* qoff, const int* q0, int wrow,
+                                              int lane) {
+  int lo[2][kAxes], len[2][kAxes];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a) {
+      const int2 r = s_kinv[row * kAxes + a];
+      lo[half][a] = r.x - q0[a];
+      len[half][a] = r.y - r.x;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t off = qoff[n * 8 + 2 * (lane & 3) + j];
+      int o[kAxes];
+#pragma unroll
+      for (int a = 0; a < kAxes; ++a) o[a] = unpack_offset(off, a);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        bool in = true;
+#pragma unroll
+        for (int a = 0; a < kAxes; ++a)
+          in = in && unsigned(o[a] - lo[half][a]) < unsigned(len[half][a]);
+        if (!in) s[n][2 * half + j] = -INFINITY;
+      }
+    }
+  }
+}
+
+// The border mask of a 64-query tile as bit sets (the Hopper kernel, bwd_dkdv_sm90.cuh): for
+// each axis a and bound v in [0, p.tq[a]], cm[a * 65 + v] holds the tile's queries (bit = row of
+// the tile) whose offset on axis a is below v, so the queries of a key row's window [lo, hi) on
+// that axis are cm[hi] & ~cm[lo]. Built once per CTA from the packed offsets (qoff, 64 rows).
+constexpr int kColMaskStride = 65;
+__device__ __forceinline__ void build_col_masks(const Params& p, const uint32_t* qoff,
+                                                uint64_t* cm) {
+  for (int i = threadIdx.x; i < kAxes * kColMaskStride; i += blockDim.x) {
+    const int a = i / kColMaskStride, v = i % kColMaskStride;
+    if (v > p.tq[a]) continue;
+    uint64_t m = 0;
+    for (int q = 0; q < 64; ++q)
+      if (unpack_offset(qoff[q], a) < v) m |= uint64_t(1) << q;
+    cm[i] = m;
+  }
+}
+
+// mask_key_rows for 64-query tiles by the bit sets of build_col_masks: per key row, one AND-NOT
+// of two table entries per axis, then one bit test and select per element.
+template <int kNB>
+__device__ __forceinline__ void mask_key_rows_bits(float (&s)[kNB][4], const int2* s_kinv,
+                                                   const uint64_t* cm, const Params& p,
+                                                   const int* q0, int wrow, int lane) {
+  static_assert(kNB == 8, "64-query tiles");
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+    uint64_t m = ~uint64_t(0);
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a) {
+      const int2 r = s_kinv[row * kAxes + a];
+      const int t = p.tq[a];
+      const int lo = min(max(r.x - q0[a], 0), t), hi = min(max(r.y - q0[a], 0), t);
+      m &= cm[a * kColMaskStride + hi] & ~cm[a * kColMaskStride + lo];
+    }
+    m >>= 2 * (lane & 3);  // bit n * 8 + j: this thread's column n * 8 + 2 * (lane % 4) + j
+    const uint32_t w[2] = {uint32_t(m), uint32_t(m >> 32)};
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (!(w[n >> 2] & (1u << ((n & 3) * 8 + j)))) s[n][2 * half + j] = -INFINITY;
+  }
+}
+
+// dK (times the softmax scale) and dV of this thread's two key rows (wrow + lane / 4 and 8 rows
+// below), from accumulators in the mma.sync C layout (n8 blocks of the head dim).
+template <bool kDk, bool kDv, int kDB, typename E>
+__device__ __forceinline__ void store_dkdv(const Params& p, const Group& G, bool additional,
+                                           int b, int hkv, const int* kv0, int64_t n0, int wrow,
+                                           int lane, const float (&acc_dk)[kDB][4],
+                                           const float (&acc_dv)[kDB][4]) {
+  E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
+  E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = wrow + (lane >> 2) + half * 8;
+    int64_t ok, ov;
+    if (!key_row(p, G, additional, b, hkv, kv0, n0, row, p.sdk, p.sdv, p.sdak, p.sdav, ok, ov))
+      continue;
+#pragma unroll
+    for (int n = 0; n < kDB; ++n) {
+      const int col = n * 8 + 2 * (lane & 3);
+      if (kDk)
+        store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
+                   acc_dk[n][2 * half + 1] * p.scale, p.aligned);
+      if (kDv)
+        store_pair(gdV + ov, col, p.dim_v, acc_dv[n][2 * half], acc_dv[n][2 * half + 1],
+                   p.aligned);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace fna

@@ -1,0 +1,211 @@
+// The pieces of the Hopper (wgmma, sm_90a) dK / dV kernels shared by the plain kernel
+// (bwd_dkdv_sm90.cuh) and the warp-specialized one (bwd_dkdv_sm90_ws.cuh): traits, the swizzled
+// layout, the query-tile setup and the products of one step (Sm90Step). bwd_dkdv_sm90.cuh
+// describes the algorithm.
+#pragma once
+
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/wgmma.cuh"
+#include "cuda/fused/kernel/common/bwd_dkdv_parts.cuh"
+#include "cuda/fused/kernel/common/bwd_ktile.cuh"
+#include "cuda/fused/kernel/common/bwd_params.cuh"
+#include "cuda/fused/kernel/common/bwd_qtiles.cuh"
+
+namespace fna {
+namespace bwd {
+
+template <typename T, int kD>
+struct DkdvSm90Traits {
+  using E = T;
+  // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
+  // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
+  // the noise of the runs: docs/benchmarks.md).
+  static constexpr int kBufs = 3;
+  using Tag = typename MmaTag<T>::type;
+  static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
+  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  static constexpr int kKVBytes = kKV * kD * 2;
+  static constexpr int kQBytes = kQ * kD * 2;
+  static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
+  static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
+  static constexpr int kOffDs = kOffO + kBufs * kQBytes;
+  static constexpr int kOffStat = kOffDs + kDsBytes;              // float2 [kBufs][kQ]
+  static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
+  static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
+  static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
+  static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
+  static constexpr int kOffCm = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [3][65]
+  static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
+  static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+  static_assert(kSmem <= 227 * 1024, "shared memory");
+};
+
+// Byte offset of row `row`, 16-byte chunk `c` in a tile of kRows rows stored as 64-column regions
+// of 128-byte rows with the 128-byte swizzle (wgmma.cuh).
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128(int row, int c) {
+  return uint32_t(c >> 3) * (kRows * 128) + uint32_t(row) * 128 + uint32_t(((c & 7) ^ (row & 7)) << 4);
+}
+
+// The dynamic shared memory from its first 1024-byte boundary (the swizzle pattern repeats every
+// 1024 bytes; the kernels' sizes include 1024 bytes of slack): pointer and shared address.
+__device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint32_t& base) {
+  const uint32_t raw = smem_u32(raw_ptr);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  base = raw + pad;
+  return raw_ptr + pad;
+}
+
+// Every thread of either dK / dV kernel: the query tiles of the CTA's key tile (qr, nq, and the
+// key rows' inverse windows in s_kinv), the query tile shape's row offsets (s_qoff) and the
+// column-mask sets (s_cm), all in shared memory after the two CTA barriers. Returns the steps:
+// query tiles x query heads per kv head.
+template <int kKV, int kQ>
+__device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group& G,
+                                                    bool additional, const int* kv0, int2* s_kinv,
+                                                    uint32_t* s_qoff, uint64_t* s_cm,
+                                                    nbr::Range (&qr)[kAxes], int (&nq)[kAxes]) {
+  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
+  const int tid = threadIdx.x;
+  if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
+  __syncthreads();
+  build_col_masks(p, s_qoff, s_cm);
+  __syncthreads();
+  return n_tiles * p.heads_per_kv;
+}
+
+// One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
+// (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
+// aQ / aO, all 128-byte swizzled.
+template <typename T, int kD>
+struct Sm90Step {
+  using Tag = typename MmaTag<T>::type;
+  using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
+  using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
+  static constexpr int kKV = 128, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
+
+  __device__ __forceinline__ static void zero_acc(float (&acc_dk)[kDB][4], float (&acc_dv)[kDB][4]) {
+#pragma unroll
+    for (int n = 0; n < kDB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[n][e] = 0.f, acc_dv[n][e] = 0.f;
+  }
+
+  // The end of a step: dV and dK (and every other product) complete, with their register
+  // operands (P^T, dS^T) fenced around the wait.
+  __device__ __forceinline__ static void wait_all(float (&acc_dv)[kDB][4], float (&acc_dk)[kDB][4],
+                                                  uint32_t (&ap)[kNB / 2][4],
+                                                  uint32_t (&ad)[kNB / 2][4]) {
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc_dv);
+    wgmma::fence_operands(acc_dk);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ad);
+  }
+
+  // S^T = K Q^T and dP^T = V dO^T over the head dim, waited for.
+  __device__ __forceinline__ static void sdp(float (&s)[kNB][4], float (&dp)[kNB][4], uint32_t aK,
+                                             uint32_t aV, uint32_t aQ, uint32_t aO) {
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::fence();
+    const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
+    const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+               dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
+               dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+    wgmma::commit();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+  }
+
+  // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum), in place (queries are columns), then
+  // both as register A operands (16 queries per k-step) and dS^T also into shared memory at `ds`
+  // for dQ, in the swizzled [key][query] layout (this thread's key rows wrow + lane / 4, + 8).
+  __device__ __forceinline__ static void softmax_pack(float (&s)[kNB][4], float (&dp)[kNB][4],
+                                                      const float2* stat, float scale_log2,
+                                                      uint32_t (&ap)[kNB / 2][4],
+                                                      uint32_t (&ad)[kNB / 2][4],
+                                                      unsigned char* ds, int wrow, int lane) {
+#pragma unroll
+    for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
+        const float pe = mma::fast_exp2(s[n][e] * scale_log2 - st.x);
+        s[n][e] = pe;
+        dp[n][e] = pe * (dp[n][e] - st.y);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
+      const int cb = (c & 7) * 2;
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
+    }
+  }
+
+  // acc += A^T B with A^T from registers (P^T or dS^T) and B = the [query][d] tile at aB read
+  // transposed (dO for dV, Q for dK), 16 queries per k-step; committed, not waited for.
+  __device__ __forceinline__ static void issue_acc(float (&acc)[kDB][4],
+                                                   const uint32_t (&a)[kNB / 2][4], uint32_t aB) {
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+    const uint64_t db = wgmma::desc_sw128(aB, kQ * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) MmaD::rs(acc, a[kk], db + (kk * 16 * 128) / 16, 1);
+    wgmma::commit();
+  }
+
+  // dQ block = dS K over the CTA's 128 keys for 64 head-dim columns: A = dS^T at aDs and B = the
+  // column block of K at aKblk, both read transposed; committed, not waited for.
+  __device__ __forceinline__ static void issue_dq(float (&dqa)[8][4], uint32_t aDs,
+                                                  uint32_t aKblk) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
+    wgmma::fence_operands(dqa);
+    wgmma::fence();
+    const uint64_t dds = wgmma::desc_sw128(aDs, kKV * 128, 1024);
+    const uint64_t dkb = wgmma::desc_sw128(aKblk, kKV * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kKV / 16; ++kk)
+      MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
+    wgmma::commit();
+    wgmma::fence_operands(dqa);
+  }
+};
+
+}  // namespace bwd
+}  // namespace fna

@@ -1,0 +1,96 @@
+// Device-side parameters of the fused forward kernel: built once on the host from the public
+// (Problem, ForwardArgs, Options) in forward.cu, passed by value to every instantiation.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/tma.h"
+#include "cuda/fused/kernel/common/problem_block.h"
+#include "cuda/fused/kernel/common/strip_plan.h"
+#include "cuda/fused/kernel/common/tiling.cuh"
+
+namespace fna {
+namespace fused {
+
+// The problem block (geometry, sizes, scale: problem_block.h) and the forward's tensors and tiles.
+struct FwdParams : ProblemBlock {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // null: not requested
+  const void* add_k;
+  const void* add_v;
+  // Strides in elements, lifted to [batch, axis 0, axis 1, axis 2, head] (unit stride on the last
+  // dim is a precondition); lifted axes have stride 0.
+  int64_t q_stride[5], k_stride[5], v_stride[5], o_stride[5], lse_stride[5];
+  // Additional keys / values: [batch, token, head].
+  int64_t add_k_stride[3], add_v_stride[3];
+  int q_tiles[kAxes];  // query tiles per axis over the largest group
+  int q_tiles_total;
+  int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
+};
+
+// TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the
+// warp-specialized Hopper forward's Q, K and V tiles, the strip forward's K and V bands.
+struct FwdTma {
+  tma::TokenMap q, k, v;
+  int on;
+};
+struct StripTma {
+  tma::TokenMap k, v;
+  int on;
+};
+
+// Everything a forward launcher needs beyond FwdParams, decided by the plan (plan.h) and
+// consumed as is: the launchers decide nothing.
+struct FwdLaunch {
+  int64_t ctas = 0;         // work items: batch x heads x dilation groups x query tiles (strips
+                            // x row segments for the strip forward)
+  unsigned grid = 0;        // CTAs launched: `ctas`, or one per SM when persistent
+  size_t smem = 0;          // dynamic shared memory per CTA (bytes)
+  bool persistent = false;  // warp-specialized: CTAs take work items from a counter
+  bool spread = false;      // plain Hopper: whole-row copies per warp instruction
+  bool wg_skip = false;     // warp-specialized: warpgroups visit only their own rows' key tiles
+  int halo_cap = 0;         // box forward: halo rows its shared memory holds
+  StripParams strip{};      // strip forward: strips, row segments, ring
+  FwdTma tma{};             // warp-specialized forward's maps
+  StripTma strip_tma{};     // strip forward's maps
+};
+
+// The launchers, one per kernel family (each a switch on `l`; they return the launch's error).
+// sm80: mma.sync (fwd_sm80.cuh; kMT 16-row m-tiles per warp).
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
+cudaError_t launch_fwd(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kRank, int kMT, class QT, class KT>
+size_t fwd_smem_bytes();
+
+// sm90 (plain) and sm90ws (warp-specialized): wgmma, sm_90a (fwd_sm90.cuh / fwd_sm90_ws.cuh),
+// built when FNA_WITH_SM90 is defined.
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90_smem_bytes();
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_smem_bytes();
+
+// The box forward of fwd_box.cuh (rank 2, 16-bit, mma.sync); its shared memory depends on the
+// problem (box_plan), the size below is a lower bound.
+template <class T, int kD, class QT>
+cudaError_t launch_fwd_box(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, class QT>
+size_t fwd_box_smem_bytes();
+
+// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side);
+// its shared memory comes from strip_plan, the size below is a lower bound.
+template <class T, int kD, int kPhases>
+cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kPhases>
+size_t fwd_strip_smem_bytes();
+
+}  // namespace fused
+}  // namespace fna

@@ -1,0 +1,44 @@
+// The problem as every fused kernel sees it: the block of parameters that the forward's FwdParams
+// and the backward's Params share (both derive from it), built once on the host by
+// problem_block() from the public fna::Problem, so forward and backward speak one vocabulary for
+// geometry and sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/fused/kernel/common/tiling.cuh"
+#include "fna/fna.h"
+
+namespace fna {
+namespace fused {
+
+struct ProblemBlock {
+  Geometry geo;          // lifted axes (leading unused ones: length 1, kernel 1, dilation 1)
+  int batch, heads, heads_kv, heads_per_kv, dim, dim_v, num_add;
+  int groups;            // dilation groups (the product of the dilations)
+  int64_t tokens;        // tokens of the grid (the product of the axis lengths)
+  float scale;           // softmax scale
+  float scale_log2;      // scale * log2(e): the softmax runs on exp2
+};
+
+// The block of problem `p` with softmax scale `scale` (sizes narrowed to int: the plans reject
+// problems whose sizes exceed the kernels' limits before any launch).
+inline ProblemBlock problem_block(const Problem& p, double scale) {
+  ProblemBlock b{};
+  b.geo = Geometry::lift(p.rank, p.shape, p.kernel_size, p.dilation, p.stride, p.is_causal);
+  b.batch = static_cast<int>(p.batch);
+  b.heads = static_cast<int>(p.heads);
+  b.heads_kv = static_cast<int>(p.heads_kv);
+  b.heads_per_kv = static_cast<int>(p.heads / p.heads_kv);
+  b.dim = static_cast<int>(p.dim);
+  b.dim_v = static_cast<int>(p.dim_v);
+  b.num_add = static_cast<int>(p.num_additional);
+  b.groups = b.geo.num_groups();
+  b.tokens = p.tokens();
+  b.scale = static_cast<float>(scale);
+  b.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return b;
+}
+
+}  // namespace fused
+}  // namespace fna

@@ -1,0 +1,133 @@
+// Host-side geometry of the strip forward (fwd_strip.cuh): which problems it takes, the ring of
+// halo rows a CTA keeps in shared memory, and the work items of the launch. Shared by the
+// launcher, the configuration choice (forward.cu) and the plan statistics.
+//
+// The strip forward multiplies exactly what the box forward does (box_plan.h: each warp's 4x4
+// query box against the union of the box's windows, in 64-key chunks), so box_plan's limits and
+// pair counts are its own. What differs is the CTA: it owns a strip of 16 query columns of one
+// (batch, head, dilation group) and walks its rows, a run of box rows at a time, while the
+// strip's halo rows stream through a ring in shared memory. Each halo row is
+// copied once per strip instead of once per query tile, and the per-CTA setup runs once per
+// strip.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+#include "cuda/fused/kernel/common/box_plan.h"
+
+namespace fna {
+namespace fused {
+
+constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes)
+constexpr int kStripBandRows = 2;   // halo rows per ring band (one mbarrier and hand-back count)
+constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
+
+// What the launch needs besides FwdParams (passed by value to the kernel).
+struct StripParams {
+  int strips;     // column strips per (batch, head, group), over the largest group
+  int segs;       // row segments per strip
+  int seg_rows;   // query rows per segment (a multiple of kBoxExt)
+  int ring_rows;  // halo rows the ring holds (a multiple of kStripBandRows, at least 16)
+  int pitch;      // key rows per ring row: the widest strip halo (columns)
+};
+
+struct StripPlan {
+  bool ok = false;
+  std::string why;  // when !ok: what rules the problem out
+  StripParams sp{};
+  size_t smem = 0;     // dynamic shared memory per CTA (bytes)
+  double items = 0;    // CTAs of one (batch, head)
+  double loaded = 0;   // K / V rows the CTAs copy per (batch, head)
+  int box_rows = 0;    // the most rows one box row's union spans (the ring holds at least 4 more)
+  BoxPlan box;         // the multiplied pairs and chunks (the box forward's)
+};
+
+// `rows_in_flight`: box rows the consumer warps work on side by side (the configuration's
+// phases); `sms`: the device's SM count (for the row segments); `smem_optin`: the most dynamic
+// shared memory a CTA may take; `heads_items`: batch x heads (work items scale with it).
+inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, int sms,
+                            int smem_optin, double heads_items) {
+  StripPlan sp;
+  const int q[kAxes] = {1, kBoxExt, kStripCols};
+  sp.box = box_plan(geo, q, dim);
+  if (!sp.box.ok) {
+    sp.why = sp.box.why;  // the strip forward multiplies the box forward's boxes
+    return sp;
+  }
+  const nbr::Axis& a1 = geo.axis[1];
+  const nbr::Axis& a2 = geo.axis[2];
+  // The widest strip halo, and the most rows a box's union spans.
+  int pitch = 1, box_rows = 1;
+  int max_len1 = 1, max_len2 = 1;
+  for (int g = 0; g < a2.dilation; ++g) {
+    const int len = nbr::group_length(a2, g);
+    max_len2 = std::max(max_len2, len);
+    for (int c0 = 0; c0 < len; c0 += kStripCols)
+      pitch = std::max(pitch, nbr::tile_union(a2, len, c0, std::min(c0 + kStripCols, len)).size());
+  }
+  for (int g = 0; g < a1.dilation; ++g) {
+    const int len = nbr::group_length(a1, g);
+    max_len1 = std::max(max_len1, len);
+    for (int r0 = 0; r0 < len; r0 += kBoxExt)
+      box_rows = std::max(box_rows, nbr::tile_union(a1, len, r0, std::min(r0 + kBoxExt, len)).size());
+  }
+  // Ring rows hold a multiple of 4 columns, so that a band (2 rows) is a multiple of 1024 bytes
+  // and each band's TMA box starts on the 128-byte swizzle's period.
+  pitch = (pitch + 3) / 4 * 4;
+  const size_t row_bytes = size_t(dim) * 2;
+  const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
+  // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
+  // barriers).
+  const size_t avail = size_t(smem_optin) > 2048 ? size_t(smem_optin) - 2048 : 0;
+  int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
+  ring -= ring % kStripBandRows;
+  // A box's union (up to box_rows rows, at any band offset) must fit the ring with a band to
+  // spare, or its warp would wait for a band the ring cannot take; the kernel's ring index
+  // arithmetic also assumes at least 16 rows.
+  const int need = std::max(16, box_rows + 2 * kStripBandRows);
+  if (ring < need) {
+    sp.why = "its ring of halo rows needs " + std::to_string(need * ring_row_bytes) +
+             " bytes of shared memory, the device has " + std::to_string(smem_optin);
+    return sp;
+  }
+  // Row segments: whole columns unless that leaves fewer than two CTAs per SM; a segment keeps at
+  // least two rounds of the consumers' box rows.
+  const int box_rows_total = (max_len1 + kBoxExt - 1) / kBoxExt;
+  const double per_seg = heads_items * double(a1.dilation) * double(a2.dilation) *
+                         double((max_len2 + kStripCols - 1) / kStripCols);
+  int segs = 1;
+  const int min_seg = 2 * rows_in_flight;
+  while (per_seg * segs < 2.0 * sms && box_rows_total / (segs + 1) >= min_seg) ++segs;
+  const int seg_box_rows = (box_rows_total + segs - 1) / segs;
+  segs = (box_rows_total + seg_box_rows - 1) / seg_box_rows;
+  sp.sp.strips = (max_len2 + kStripCols - 1) / kStripCols;
+  sp.sp.segs = segs;
+  sp.sp.seg_rows = seg_box_rows * kBoxExt;
+  sp.sp.ring_rows = ring;
+  sp.sp.pitch = pitch;
+  sp.box_rows = box_rows;
+  sp.smem = size_t(ring) * ring_row_bytes + 1024;
+  sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
+  // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
+  // strip's columns.
+  double loaded = 0;
+  for (int g1 = 0; g1 < a1.dilation; ++g1) {
+    const int len1 = nbr::group_length(a1, g1);
+    double rows = 0;
+    for (int r0 = 0; r0 < len1; r0 += sp.sp.seg_rows)
+      rows += nbr::tile_union(a1, len1, r0, std::min(r0 + sp.sp.seg_rows, len1)).size();
+    for (int g2 = 0; g2 < a2.dilation; ++g2) {
+      const int len2 = nbr::group_length(a2, g2);
+      for (int c0 = 0; c0 < len2; c0 += kStripCols)
+        loaded += rows * nbr::tile_union(a2, len2, c0, std::min(c0 + kStripCols, len2)).size();
+    }
+  }
+  sp.loaded = loaded;
+  sp.ok = true;
+  return sp;
+}
+
+}  // namespace fused
+}  // namespace fna

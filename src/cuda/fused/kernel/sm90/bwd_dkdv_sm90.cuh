@@ -1,0 +1,198 @@
+// dK / dV (and atomic dQ) kernel of the fused backward on Hopper's warpgroup MMAs (wgmma,
+// sm_90a): the algorithm of bwd_dkdv_sm80.cuh (one multi-dimensional key/value tile per CTA, the query
+// tiles of its inverse neighborhood, everything transposed with keys as rows), with the five
+// products issued per warpgroup:
+//   S^T  = K Q^T     wgmma m64n64, A = this warpgroup's 64 keys, B = the 64-query tile (both
+//   dP^T = V dO^T    K-major, from 128-byte-swizzled shared memory)
+//   mask, P^T = exp2(S^T scale - LSE), dS^T = P^T (dP^T - rowsum(dO O))   (registers, per thread
+//                    exactly as bwd_dkdv_sm80.cuh: the accumulator layout per warp is mma.sync's)
+//   dV += P^T dO     wgmma m64nD, A = P^T from registers, B = dO read transposed (MN-major)
+//   dK += dS^T Q     the same with dS^T and Q
+//   dQ  = dS K       wgmma m64n64 per 64 head-dim columns, A = dS^T staged in shared memory and
+//                    read transposed, B = K read transposed; added into the float32 dQ buffer
+//                    with vector atomics (warpgroup w takes the column blocks w, w + 2, ...).
+// CTA: 128 keys (two warpgroups, 8 warps) x query tiles of 64, the shapes the host tiling of the
+// 16-bit backward already uses (bwd_launch.cuh), 16-bit elements, head dims padded to 64 or 128,
+// atomic-dQ mode only (the deterministic mode keeps the mma.sync kernels). One CTA per SM (dK, dV,
+// S^T and dP^T take the 255 registers). Measured on an H100 (2026-11-22): half tiles (one
+// warpgroup, 64 keys, two CTAs per SM) ran forward+backward 15-17% slower, and dQ per warpgroup
+// over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
+//
+// The step is latency-bound (Nsight Compute, 2d-large: two warps per scheduler, 0.4 eligible, the
+// tensor pipe ~33% busy), so instructions on its path count: the border mask is one bit test per
+// element from per-CTA bit sets (mask_key_rows_bits), whole query rows take load_q_rows' unrolled
+// copy loop, and the dQ rows' indices are read before the wait for dQ. Together 1.06-1.12x
+// forward+backward on 2d-large and 1.04-1.07x on 3d-video (same-process A/B, H100,
+// docs/benchmarks.md). Measured and dropped there: dQ staged in shared memory and added by bulk
+// reductions (cp.reduce.async.bulk, no faster than the atomics), query tiles published on
+// mbarriers without the step's first barrier (1-2% alone, slower with the lean loads), the next
+// tile's load issued during S^T / dP^T (spills, 2-4% slower), per-CTA row offsets for the loads
+// and accumulators started by scale-d = 0 (both within 1%).
+//
+// dkdv_sm90_ws_kernel (bwd_dkdv_sm90_ws.cuh) is the same step (Sm90Step) in a warp-specialized
+// CTA: a data-movement warpgroup does the copies and the dQ reductions. The default at padded head
+// dim 128 (launch: use_bwd_sm90_ws).
+#pragma once
+
+#include "cuda/fused/kernel/common/bwd_sm90_parts.cuh"
+
+namespace fna {
+namespace bwd {
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = DkdvSm90Traits<T, kD>;
+  constexpr int kBufs = Tr::kBufs;
+  using E = T;
+  constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
+  constexpr int kNB = kQ / 8;  // n8 blocks of queries
+  constexpr int kDB = kD / 8;  // n8 blocks of the head dim
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  uint32_t base;
+  unsigned char* smem = smem_1024(smem_raw, base);
+  float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kOffStat);
+  uint32_t* s_qoff = reinterpret_cast<uint32_t*>(smem + Tr::kOffQoff);
+  int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
+  int64_t* s_tok = reinterpret_cast<int64_t*>(smem + Tr::kOffTok);
+  int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+
+  // ---- which tile this CTA owns (as bwd_dkdv_sm80.cuh) ----------------------------------------------
+  int b, hkv, kv0[kAxes] = {0, 0, 0};
+  Group G;
+  int64_t n0 = 0;
+  if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
+
+  // ---- the key/value tile, once; the query tiles it visits (bwd_ktile.cuh) --------------------
+  load_kv_rows<E, kKV, kThreads, kChunks>(p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK,
+                                          smem + Tr::kOffV, true,
+                                          [](int row, int c) { return sw128<kKV>(row, c); });
+  nbr::Range qr[kAxes];
+  int nq[kAxes];
+  uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
+  const int64_t n_iter =
+      sm90_query_setup<kKV, kQ>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+
+  // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
+  QWalk cur;
+  cur.start(p, additional, hkv, qr);
+  auto load_q_tile = [&](const QWalk& w, int buf) {
+    auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
+    load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), true>(
+        p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
+        smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
+        sw);
+  };
+
+  using Step = Sm90Step<T, kD>;
+  float acc_dk[kDB][4], acc_dv[kDB][4];
+  Step::zero_acc(acc_dk, acc_dv);
+  const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
+  const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
+  const int wrow = warp * 16;
+
+  // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
+  QWalk ahead = cur;
+  for (int i = 0; i < kBufs - 1; ++i)
+    if (i < n_iter) {
+      load_q_tile(ahead, i);
+      ahead.next(p, additional, qr, nq);
+    }
+  int buf = 0;
+  // Loads tile it + kBufs - 1 into the buffer of tile it - 1 (free: step it - 1 is complete in
+  // every warpgroup once the step's first barrier is passed).
+  auto prefetch = [&](int64_t it) {
+    if (it + kBufs - 1 < n_iter) {
+      const int next_buf = buf == 0 ? kBufs - 1 : buf - 1;  // (it + kBufs - 1) % kBufs
+      load_q_tile(ahead, next_buf);
+      ahead.next(p, additional, qr, nq);
+    }
+  };
+  for (int64_t it = 0; it < n_iter; ++it) {
+    // Tile it landed (the later tiles' groups may still be in flight).
+    if (it + 1 < n_iter)
+      mma::cp_async_wait<kBufs - 2>();
+    else
+      cp_async_wait_all();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    prefetch(it);
+    const uint32_t aDs = base + Tr::kOffDs;
+    const bool masked = !s_full[buf];
+    const int* q0 = cur.q0;
+    const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
+    const uint32_t aO = base + Tr::kOffO + buf * Tr::kQBytes;
+    const float2* stat = s_stat + buf * kQ;
+
+    // S^T = K Q^T and dP^T = V dO^T over the head dim.
+    float s[kNB][4], dp[kNB][4];
+    Step::sdp(s, dp, aK, aV, aQ, aO);
+
+    // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
+    if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
+
+    // P^T, dS^T; dS^T also to shared memory for dQ.
+    uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
+    Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
+
+    // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
+    // dV is issued before the barrier (it runs while the warpgroups meet there), dK after dQ, so
+    // that it runs while this warpgroup's dQ atomics are issued (measured 0-1.9% faster
+    // forward+backward than issuing both before the barrier, within noise: docs/benchmarks.md).
+    auto issue_dk = [&]() { Step::issue_acc(acc_dk, ad, aQ); };
+    Step::issue_acc(acc_dv, ap, aO);
+
+    // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
+    if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
+#pragma unroll 1
+    for (int cblk = wg; cblk < kD / 64; cblk += 2) {
+      float dqa[8][4];
+      Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
+      issue_dk();
+      // This thread's two query rows (row0, row0 + 8) and their flat indices.
+      const int row0 = (warp & 3) * 16 + (lane >> 2);
+      const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
+      wgmma::wait<1>();  // dV and dQ done; dK runs on
+      wgmma::fence_operands(dqa);
+      // The block's columns all exist (no padding): one address per row, constant offsets.
+      const bool whole = cblk * 64 + 64 <= p.dim;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t t = tok[half];
+        if (t < 0) continue;
+        const int col0 = cblk * 64 + 2 * (lane & 3);
+        float* dst = p.dq_accum + t * p.dq_row + col0;
+        if (whole) {
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
+                      make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
+        } else {
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            if (col0 + n * 8 < p.dim)
+              atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
+                        make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
+        }
+      }
+    }
+    // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
+    // and dS^T are overwritten after the next barrier.
+    Step::wait_all(acc_dv, acc_dk, ap, ad);
+    cur.next(p, additional, qr, nq);
+    buf = buf + 1 == kBufs ? 0 : buf + 1;
+  }
+
+  // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
+  store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
+#endif
+}
+
+}  // namespace bwd
+}  // namespace fna

@@ -1,0 +1,336 @@
+// The warp-specialized Hopper forward (sm_90a): the kernel of fwd_sm90.cuh's algorithm with a
+// loader warpgroup, its TMA maps, and the launchers of both kernels (instantiated by
+// fwd_sm90_inst.cu.in).
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/tma.cuh"
+#include "cuda/fused/kernel/common/sm90_fwd_parts.cuh"
+
+namespace fna {
+namespace fused {
+
+
+// The warp-specialized variant (128-query tiles): warpgroups 0 and 1 compute (64 query rows
+// each), warpgroup 2 loads. The loader loads Q, then each key/value tile into a ring of kStages
+// buffers: by TMA where fwd_tma_maps describes the problem (one thread issues a tile's boxes after
+// an arrive.expect_tx on the buffer's "full" mbarrier; docs/design.md "TMA loads"), else by
+// cp.async, each loader thread's cp.async.mbarrier.arrive counting on "full" once its copies have
+// landed (the compute threads fence the async proxy after waiting); the loader waits for the
+// compute warpgroups' arrives on the buffer's "empty" mbarrier before refilling it. With the loads and the per-tile barrier off the compute warps and the
+// registers moved to them (setmaxnreg: 224 each, 56 for the loader), each compute warpgroup
+// overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
+// O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
+// hands buffer j - 1 back. (Making the two compute warpgroups take turns issuing their MMAs,
+// FlashAttention-3's ping-pong, measured no faster here: 0.99 / 0.98 / 1.00x on 1d-long /
+// 2d-large / 3d-video, H100, 2026-11-22.) The compute threads compute their own rows' windows, so
+// all shared memory but the barriers holds tiles: at head dim 128 with 64-key tiles, Q and six
+// K/V stages take 224 KiB. Each compute warpgroup multiplies only the run of key tiles its own 64
+// rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
+// warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
+// causal axis more at its start) and skips the mask on tiles inside all of its rows' windows.
+// The fna_fwd_sm90ws_* configurations run it (the plan takes them for 2-D and 3-D tiles), one
+// CTA per query tile, or persistent (Tuning::persistent): one CTA per SM walks query tiles, so the next tile's Q
+// and first key tiles load while the current one finishes.
+template <class Tr>
+struct Sm90WsTraits {
+  static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
+  static constexpr int kThreads = Tr::kThreads + 128;
+  static constexpr int kFit = (226 * 1024 - Tr::kQBytes) / (2 * Tr::kTileBytes);
+  static constexpr int kStages = kFit < 6 ? kFit : 6;
+  static constexpr size_t kSmemBytes =
+      1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  // Registers after setmaxnreg: the CTA's 64K split between the loader and the compute
+  // warpgroups (multiples of 8).
+  static constexpr int kLoaderRegs = kConsumers == 2 ? 56 : 32;
+  static constexpr int kComputeRegs = kConsumers == 2 ? 224 : 160;
+  static_assert(kStages >= 3, "a stage ahead of the two the compute warpgroups hold");
+  static_assert(kConsumers == 2 || kConsumers == 3,
+                "the warp-specialized forward takes 128- or 192-query tiles");
+  static_assert(128 * kLoaderRegs + kConsumers * 128 * kComputeRegs <= 65536, "registers");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <class T, int kD, int kRank, class QT, class KT, bool kTma = false>
+__global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
+    fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter,
+                           const __grid_constant__ FwdTma tm, const int wg_rows) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  using Ws = Sm90WsTraits<Tr>;
+  using Elem = typename Tr::Elem;
+  constexpr int kStages = Ws::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_u32(smem_raw);
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t sQ = raw + pad;
+  const uint32_t sKV = sQ + Tr::kQBytes;
+  // full[s], empty[s], Q full, Q empty, tile id published [2]
+  __shared__ __align__(8) uint64_t bars[2 * kStages + 4];
+  __shared__ int s_tile[2];
+  const uint32_t bar0 = mma::smem_u32(bars);
+  auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
+  auto empty = [&](int stage) { return bar0 + 8u * uint32_t(kStages + stage); };
+  const uint32_t q_full = bar0 + 8u * uint32_t(2 * kStages);
+  const uint32_t q_empty = q_full + 8u;
+  auto tile_full = [&](int slot) { return q_full + 16u + 8u * uint32_t(slot); };
+
+  // With TMA loads (kTma: tm holds the maps) one loader thread arrives on "full" / "Q full" with
+  // the tiles' bytes.
+  constexpr bool use_tma = kTma;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar::init(full(i), use_tma ? 1 : 128);  // the loader's threads
+      mbar::init(empty(i), Tr::kThreads);      // the compute threads
+    }
+    mbar::init(q_full, use_tma ? 1 : 128);
+    mbar::init(q_empty, Tr::kThreads);
+    mbar::init(tile_full(0), 1);
+    mbar::init(tile_full(1), 1);
+  }
+  __syncthreads();
+  const Geometry& geo = p.geo;
+  // Persistent: the loader takes query tiles from `tile_counter` (one atomic add each, so tiles go
+  // out in order to whichever CTA is free: the running ones stay neighbors sharing K/V in L2, and
+  // uneven tiles balance) and publishes each number in s_tile[j % 2] on tile_full(j % 2); without
+  // a counter the CTA takes tile blockIdx.x alone. Both roles count key tiles `g` over all query
+  // tiles, so the stage ring and its phases carry on from one query tile to the next: the loader
+  // fetches the next tile's Q (once the compute warps' last S of the current tile is done: Q
+  // empty) and key tiles while the compute warps finish the current one. Slot j % 2 is rewritten
+  // only after Q empty of tile j - 1, by which time the compute warps have read tile j - 2's
+  // number. Every tile number, valid or not, passes Q full and Q empty once.
+
+  if (threadIdx.x >= Tr::kThreads) {
+    // Loader warpgroup.
+    mbar::regs_dec<Ws::kLoaderRegs>();
+    const int tid = threadIdx.x - Tr::kThreads;
+    // TMA: the loader's first warp alone walks the tiles (its lane 0 issues the copies).
+    if (use_tma && tid >= 32) return;
+    if (use_tma && tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.q.map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.k.map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.v.map)) : "memory");
+    }
+    int g = 0;  // key tiles so far
+    for (int j = 0;; ++j) {
+      if (j > 0) mbar::wait(q_empty, uint32_t(j - 1) & 1u);
+      if (tid == 0) {
+        s_tile[j & 1] = tile_counter != nullptr ? atomicAdd(tile_counter, 1)
+                                                : (j == 0 ? int(blockIdx.x) : num_ctas);
+        mbar::arrive(tile_full(j & 1));
+      }
+      if constexpr (use_tma)
+        __syncwarp();
+      else
+        asm volatile("bar.sync 1, 128;" ::: "memory");  // the loader's warps: s_tile written
+      const int blk = s_tile[j & 1];
+      if (blk >= num_ctas) break;
+      FwdTile ft;
+      const bool valid = fwd_tile<QT>(p, blk, ft);
+      if constexpr (use_tma) {
+        if (tid == 0) {
+          if (valid) {
+            tma::arrive_expect_tx(q_full, Tr::kQBytes);
+            int cq[4], og[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, ft.qo[a]);
+            tma::box_coords(tm.q, ft.b, og, ft.h, cq);
+#pragma unroll
+            for (int c = 0; c < kD / 64; ++c)
+              tma::load_box(sQ + c * Tr::kQ * 128, tm.q, 64 * c, cq, q_full);
+          } else {
+            mbar::arrive(q_full);
+          }
+        }
+      } else {
+        if (valid) copy_q_tile<Tr, QT, 128>(tid, p, ft, sQ);
+        mbar::arrive_cp_async(q_full);
+      }
+      if (!valid) continue;
+      const int hkv = ft.h / p.heads_per_kv;
+      const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+      const int n_nbr = span.total();
+      const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+      const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
+      const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+      KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
+      for (int it = 0; it < n_tiles; ++it, ++g) {
+        const int stage = g % kStages;
+        if (g >= kStages) mbar::wait(empty(stage), uint32_t((g / kStages) - 1) & 1u);
+        const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+        if constexpr (use_tma) {
+          // Neighborhood tiles only (tm.on needs num_add == 0).
+          if (tid == 0) {
+            tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
+            int ck[4], cv[4], og[kAxes];
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, cur.origin[a]);
+            tma::box_coords(tm.k, ft.b, og, hkv, ck);
+            tma::box_coords(tm.v, ft.b, og, hkv, cv);
+#pragma unroll
+            for (int c = 0; c < kD / 64; ++c) {
+              tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, ck, full(stage));
+              tma::load_box(sK + Tr::kTileBytes + c * Tr::kN * 128, tm.v, 64 * c, cv,
+                            full(stage));
+            }
+          }
+        } else {
+          copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
+          mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
+        }
+        cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+      }
+    }
+    mma::cp_async_commit();
+    mma::cp_async_wait<0>();
+    return;
+  }
+
+  // Compute warpgroups.
+  mbar::regs_inc<Ws::kComputeRegs>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
+  int g = 0;
+  for (int j = 0;; ++j) {
+    mbar::wait(tile_full(j & 1), uint32_t(j >> 1) & 1u);
+    const int blk = s_tile[j & 1];
+    if (blk >= num_ctas) break;
+    FwdTile ft;
+    if (!fwd_tile<QT>(p, blk, ft)) {
+      mbar::wait(q_full, uint32_t(j) & 1u);
+      mbar::arrive(q_empty);
+      continue;
+    }
+    KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+    const int n_nbr = span_r.total();
+    const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+    RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      rw[0][r] = row_window<QT>(geo, ft.gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
+    FwdState<Tr> st;
+    init_state(st);
+    // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
+    // and this thread's proxy fence.
+    mbar::wait(q_full, uint32_t(j) & 1u);
+    wgmma::fence_proxy_async();
+    // This warpgroup's 64 rows (the whole tile's with Tuning::fwd_wg_skip off) need the run of key
+    // tiles [run.first, run.last) of the walk; those before and after it are waited for and
+    // handed back unread (pass), and the mask is skipped on tiles inside all of the rows'
+    // windows. (A run rather than a test per tile: ptxas serializes MMAs under a branch it cannot
+    // prove warp-uniform, warning C7518, and such a version ran 3d-video 1.1-1.3x slower.)
+    const RowsSpan rs = wg_rows ? rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), (warp >> 2) * 64, 64)
+                                : rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), 0, Tr::kQ);
+    WalkRun run = rows_walk(span_r, rs, ext_of<KT>(), n_nbr, n_tiles);
+    // The same on every lane; broadcast so that ptxas sees it (the key-tile counter `g`, the
+    // stage and the MMA descriptors built from it stay in uniform registers).
+    run.first = __shfl_sync(0xffffffffu, run.first, 0);
+    run.last = __shfl_sync(0xffffffffu, run.last, 0);
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) {  // kv_tile's `inside`: within all of these rows' windows
+      span_r.inner_begin[ax] = __shfl_sync(0xffffffffu, rs.inner_begin[ax], 0);
+      span_r.inner_end[ax] = __shfl_sync(0xffffffffu, rs.inner_end[ax], 0);
+    }
+    auto pass = [&](int count) {
+      for (int i = 0; i < count; ++i, ++g) {
+        const int stage = g % kStages;
+        mbar::wait(full(stage), uint32_t(g / kStages) & 1u);  // the arrival counts for this round
+        mbar::arrive(empty(stage));
+      }
+    };
+    pass(run.first);
+    if (run.last > run.first) {
+      float s[1][Tr::kN / 8][4];
+      uint32_t a[Tr::kN / 16][4];
+      // The run's first tile: S, softmax, P.
+      KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, run.first);
+      int stage = g % kStages;
+      mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
+      wgmma::fence_proxy_async();
+      issue_s<Tr, T>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
+      wgmma::wait<0>();
+      wgmma::fence_operands(s[0]);
+      if (cur.inside) {
+        softmax_update<Tr, false>(st, s, p.scale_log2);
+      } else {
+        apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
+        softmax_update<Tr, true>(st, s, p.scale_log2);
+      }
+      pack_p<Tr, T>(s, a);
+      for (int it = run.first + 1; it < run.last; ++it) {
+        cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
+        const int prev = stage;
+        ++g;
+        stage = g % kStages;
+        mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
+        wgmma::fence_proxy_async();
+        const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
+        const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
+        issue_s<Tr, T>(s, sQw, sK);
+        issue_pv<Tr, T>(st, a, sVprev);
+        wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
+        wgmma::fence_operands(s[0]);
+        float alpha[1][2];
+        bool rescale;
+        if (cur.inside) {
+          rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
+        } else {
+          apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
+          rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
+        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(st.o[0]);
+        wgmma::fence_operands(a);
+        mbar::arrive(empty(prev));
+        rescale_o(st, rescale, alpha);
+        pack_p<Tr, T>(s, a);
+      }
+      // Every S of this query tile is done: Q's buffer may take the next tile's.
+      mbar::arrive(q_empty);
+      issue_pv<Tr, T>(st, a, sKV + (2 * stage + 1) * Tr::kTileBytes);
+      wgmma::wait<0>();
+      wgmma::fence_operands(st.o[0]);
+      wgmma::fence_operands(a);
+      mbar::arrive(empty(stage));
+      ++g;
+    } else {
+      mbar::arrive(q_empty);
+    }
+    store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+    pass(n_tiles - run.last);
+  }
+#endif
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_smem_bytes() {
+  return Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kSmemBytes;
+}
+
+// One CTA per work item, or persistent (l.persistent: l.grid CTAs take work items from a
+// counter, so the next tile's Q and first key tiles load while the current one finishes).
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
+  using Ws = Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>;
+  auto kernel = l.tma.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
+                         : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.smem));
+  if (err != cudaSuccess) return err;
+  detail::Workspace ws(stream);  // the persistent CTAs' work counter, freed in stream order
+  int* counter = nullptr;
+  if (l.persistent) {
+    if (!ws.allocate(sizeof(int), "forward tile counter").ok()) return cudaErrorMemoryAllocation;
+    counter = ws.as<int>();
+    err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<l.grid, Ws::kThreads, l.smem, stream>>>(p, static_cast<int>(l.ctas), counter, l.tma,
+                                                   l.wg_skip ? 1 : 0);
+  return cudaGetLastError();
+}
+
+}  // namespace fused
+}  // namespace fna

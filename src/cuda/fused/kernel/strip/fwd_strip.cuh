@@ -1,0 +1,409 @@
+// The strip forward: the box forward's warp work (fwd_box.cuh: a 4x4 query box against the
+// union of the box's windows, 64-key chunks, mma.sync) on a CTA that owns a strip of 16 query
+// columns of one (batch, head, dilation group) and walks its rows, instead of one query tile.
+//
+// The box forward copies each CTA tile's halo whole (200 KB for 16x16 queries with 13x13
+// windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
+// each halo row is copied by every tile that needs it. Here the strip's halo rows (the union of
+// its columns' windows on the last axis, every row its box rows need) stream through a ring in
+// shared memory, two halo rows per band, each ring slot with a "full" mbarrier (its copies
+// landed), an "empty" mbarrier (every warp handed its band back) and a count of the warps that
+// handed bands of it back, which elects the last one. A halo row is copied once per strip, and the
+// copies run ahead of the multiplications by as many bands as the ring has free. On sm_90 a band
+// is one TMA box per tensor (2 halo rows x pitch columns, issued by one lane, completing on the
+// barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
+// cp.async copies (Tuning::fwd_copy = cp_async asks for them).
+//
+// Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
+// kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
+// back every band below the row's union, a lane per band (an arrive on the slot's "empty"
+// barrier, then the count); a band is handed back only once it has been filled (waited on), so
+// the hand-backs of a slot follow the ring's generations, and the lane whose count is last waits
+// for the "empty" barrier and copies the band that reuses the slot (there is no producer warp:
+// it would round the CTA's register budget to the next four warps). No memory fence is on that
+// path: a fence waits for the thread's global loads in flight, the next box's Q, and with fences
+// the hand-backs took 11.5% of the warps' time (2d-nat, H100). A box row's union fits the ring
+// with a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest
+// box row in flight can always proceed. At 8 warps the next box's Q fragments wait in registers
+// through the current box; at 12 and 16 warps they are loaded during the last chunk (kPrefetchQ).
+//
+// Shared memory (1024-byte aligned): ring_rows x pitch K rows, then as many V rows, 128 bytes
+// each (head dim 64) with the box forward's XOR swizzle, which is TMA's 128-byte swizzle; ring
+// row y is rows y * pitch .. y * pitch + pitch - 1 (the strip's hn2 <= pitch halo columns first;
+// pitch % 4 == 0, so every band starts on the swizzle's 1024-byte period).
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/mbarrier.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/fused/kernel/common/box_parts.cuh"
+#include "cuda/fused/kernel/common/fwd_common.cuh"
+#include "cuda/fused/kernel/common/fwd_params.h"
+#include "cuda/fused/kernel/common/strip_plan.h"
+
+namespace fna {
+namespace fused {
+
+template <class T, int kD_, int kPhases_>
+struct StripTraits {
+  using Elem = typename T::type;
+  using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
+  // The names softmax_scores / FwdState / store_row read.
+  static constexpr bool kF32 = false;
+  static constexpr int kD = kD_;
+  static constexpr int kFirstAxis = 1;
+  static constexpr int kMT = 1;
+  static constexpr int kStepN = 64;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kPhases = kPhases_;
+  static constexpr int kBoxCols = kStripCols / kBoxExt;     // boxes across the strip
+  static constexpr int kWarps = kBoxCols * kPhases;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowBytes = kD * 2;
+  static_assert(kD == 64, "strip forward: head dim 64 (128-byte rows)");
+};
+
+// x, as a value the compiler cannot see through: what is computed from it is recomputed where
+// it is used instead of being held in registers (or spilled) from an earlier point.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// The ring position of a band: its slot and the parity of its generation, stepped one band at a
+// time (no division).
+struct RingCursor {
+  int band = 0, slot = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void next(int slots) {
+    ++band;
+    if (++slot == slots) {
+      slot = 0;
+      parity ^= 1u;
+    }
+  }
+  // n bands on (0 <= n <= slots).
+  __device__ __forceinline__ void advance(int n, int slots) {
+    band += n;
+    slot += n;
+    if (slot >= slots) {
+      slot -= slots;
+      parity ^= 1u;
+    }
+  }
+};
+
+
+template <class T, int kD, int kPhases, bool kTma>
+__global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
+    fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
+                         const __grid_constant__ StripTma tm) {
+  using Tr = StripTraits<T, kD, kPhases>;
+  using Elem = typename Tr::Elem;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kTma) {
+    __trap();  // the launcher takes TMA only on sm_90+
+    return;
+  }
+#endif
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bars[kStripMaxBands];
+  // Per slot, an "empty" barrier every warp arrives on as it hands a band of the slot back (its
+  // reads of the slot come first: the arrive releases them), and the number of warps that
+  // handed a band of it back (all generations), which elects the lane that copies the next one.
+  __shared__ __align__(8) uint64_t empty_bars[kStripMaxBands];
+  __shared__ int handed_back[kStripMaxBands];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // The work item: (batch, head, group, strip, segment), segments fastest, so neighboring CTAs
+  // share halo rows in L2.
+  FwdTile ft;
+  int seg, strip;
+  {
+    int flat = blockIdx.x;
+    seg = flat % sp.segs;
+    flat /= sp.segs;
+    strip = flat % sp.strips;
+    flat /= sp.strips;
+    const int grp = flat % p.groups;
+    flat /= p.groups;
+    ft.h = flat % p.heads;
+    ft.b = flat / p.heads;
+    ft.gr = Group::of(p.geo, grp);
+    ft.qo[0] = ft.qo[1] = ft.qo[2] = 0;
+  }
+  const Geometry& geo = p.geo;
+  const Group& gr = ft.gr;
+  const int len1 = gr.len[1], len2 = gr.len[2];
+  const int c0 = strip * kStripCols, r0 = seg * sp.seg_rows;
+  if (c0 >= len2 || r0 >= len1) return;
+  const int r1 = min(r0 + sp.seg_rows, len1);
+  const int hkv = ft.h / p.heads_per_kv;
+
+  // The strip's halo: columns h2 (every box row), rows h1 (the segment's union).
+  const nbr::Range h2 = nbr::tile_union(geo.axis[2], len2, c0, min(c0 + kStripCols, len2));
+  const nbr::Range h1 = nbr::tile_union(geo.axis[1], len1, r0, r1);
+  const int hn2 = h2.size(), y0 = h1.begin;
+  const int n_bands = (h1.size() + kStripBandRows - 1) / kStripBandRows;
+  const int slots = sp.ring_rows / kStripBandRows;
+  // Bands whose slot is reused (for band + slots): the first n_bands - slots.
+  const int n_release = n_bands - slots;
+
+  const uint32_t full0 = mma::smem_u32(full_bars), empty0 = mma::smem_u32(empty_bars);
+  if (threadIdx.x < slots) {
+    mbar::init(full0 + 8 * threadIdx.x, kTma ? 1 : 32);  // the TMA thread, or a warp's lanes
+    mbar::init(empty0 + 8 * threadIdx.x, Tr::kWarps);
+    handed_back[threadIdx.x] = 0;
+  }
+  __syncthreads();
+  // The ring starts 1024-byte aligned (the 128-byte swizzle of TMA is a function of the address;
+  // box_sw's is of the row, and a band is a multiple of 1024 bytes: pitch % 4 == 0).
+  const uint32_t raw = mma::smem_u32(smem_raw);
+  const uint32_t sK = raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t sV = sK + uint32_t(sp.ring_rows * sp.pitch) * Tr::kRowBytes;
+  const uint32_t band_bytes = uint32_t(kStripBandRows * sp.pitch) * Tr::kRowBytes;
+
+  // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
+  // x pitch columns per tensor (zeros past the axes' ends), completing on the slot's "full"
+  // barrier.
+  auto issue_tma = [&](int band, int slot) {
+    const uint32_t bar = full0 + 8 * slot;
+    tma::arrive_expect_tx(bar, 2 * band_bytes);
+    // This slot's previous band was read by ldmatrix; the "empty" barrier's wait ordered those
+    // reads before this thread's TMA writes (a read-then-write hazard needs no proxy fence, as
+    // in CUTLASS's TMA pipelines; a fence here would also wait for this thread's global loads
+    // in flight).
+    const int o[kAxes] = {0, (y0 + band * kStripBandRows) * geo.axis[1].dilation + gr.g[1],
+                          h2.begin * geo.axis[2].dilation + gr.g[2]};
+    int ck[4], cv[4];
+    tma::box_coords(tm.k, ft.b, o, hkv, ck);
+    tma::box_coords(tm.v, ft.b, o, hkv, cv);
+    tma::load_box(sK + slot * band_bytes, tm.k, 0, ck, bar);
+    tma::load_box(sV + slot * band_bytes, tm.v, 0, cv, bar);
+  };
+  // Copies band `band` into ring slot `slot` (the whole warp calls it) and arrives on the slot's
+  // "full" barrier: by TMA (lane 0), or lane l copies 16-byte chunk l % 8 of the band's halo row
+  // (l / 8) % 2, columns l / 16, l / 16 + 2, ... and arrives when its copies land.
+  auto issue_band = [&](int band, int slot) {
+    if constexpr (kTma) {
+      if (lane == 0) issue_tma(band, slot);
+      return;
+    }
+    const int sub = lane & 7, rr = (lane >> 3) & 1, x0 = lane >> 4;
+    const int y = y0 + band * kStripBandRows + rr;
+    if (y < h1.end) {
+      const int dil2 = geo.axis[2].dilation;
+      const int gy = y * geo.axis[1].dilation + gr.g[1];
+      const int gx = (h2.begin + x0) * dil2 + gr.g[2];
+      const bool kin = sub * 8 < p.dim, vin = sub * 8 < p.dim_v;
+      const Elem* k = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4] +
+                      int64_t(gy) * p.k_stride[2] + int64_t(gx) * p.k_stride[3] + sub * 8;
+      const Elem* v = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4] +
+                      int64_t(gy) * p.v_stride[2] + int64_t(gx) * p.v_stride[3] + sub * 8;
+      const int64_t kx = 2 * int64_t(dil2) * p.k_stride[3], vx = 2 * int64_t(dil2) * p.v_stride[3];
+      int row = (slot * kStripBandRows + rr) * sp.pitch + x0;
+      for (int x = x0; x < hn2; x += 2, row += 2, k += kx, v += vx) {
+        const uint32_t off = box_sw(row, sub);
+        mma::cp_async_16(sK + off, kin ? k : p.k, kin);
+        mma::cp_async_16(sV + off, vin ? v : p.v, vin);
+      }
+    }
+    mbar::arrive_cp_async(full0 + 8 * slot);
+  };
+  // The ring's first fill, bands spread over the warps.
+  for (int band = warp; band < min(slots, n_bands); band += Tr::kWarps) issue_band(band, band);
+
+  // Consumers. Fixed per warp: the box column, its union's columns and the thread's column
+  // patterns (the four columns t2, t2 + 1, t2 + 8, t2 + 9 of a 16-column chunk row).
+  const int phase = warp / Tr::kBoxCols;
+  const int qb2 = c0 + (warp % Tr::kBoxCols) * kBoxExt;
+  const bool col_active = qb2 < len2;
+  const int t2 = 2 * (lane & 3);
+  nbr::Range u2{0, 0};
+  unsigned pat[2] = {0u, 0u};
+  if (col_active) {
+    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBoxExt, len2));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q2 = qb2 + (((lane >> 2) + 8 * r) & 3);
+      if (q2 < len2) {
+        const nbr::Range w2 = nbr::window(geo.axis[2], len2, q2);
+        const unsigned cb = box_bits(w2.begin - u2.begin, w2.end - u2.begin) >> t2;
+        pat[r] = (cb & 3u) | ((cb >> 6) & 0xcu);
+      }
+    }
+  }
+  const int c_off = u2.begin - h2.begin;
+  const int kcol = min(c_off + (lane & 7) + ((lane >> 4) << 3), hn2 - 1);
+  const int vcol = min(c_off + (lane & 7) + (((lane >> 3) & 1) << 3), hn2 - 1);
+  const int ksel = (lane >> 3) & 1, vsel = lane >> 4;
+
+  RingCursor filled;    // the next band to wait "full" for
+  RingCursor released;  // the next band to hand back
+  // Waits until band `b` (and every band before it) is filled.
+  auto wait_filled = [&](int b) {
+    while (filled.band <= b) {
+      mbar::wait(full0 + 8 * filled.slot, filled.parity);
+      filled.next(slots);
+    }
+  };
+  // Hands back every band below `b` whose slot is reused, up to `slots` bands at a time, lane i
+  // the i-th: it arrives on the slot's "empty" barrier, and the lane whose count is last waits
+  // for that barrier (every warp's reads of the slot done) and copies band + slots into the
+  // slot. No fence: one would also wait for this thread's global loads in flight (the next
+  // box's Q).
+  auto release_below = [&](int b) {
+    b = min(b, n_release);
+    if (released.band >= b) return;
+    wait_filled(b - 1);
+    __syncwarp();
+    while (released.band < b) {
+      const int n = min(b - released.band, slots);
+      RingCursor mine = released;  // this lane's band (lanes past n: unused)
+      mine.advance(lane < n ? lane : 0, slots);
+      const int slot = mine.slot;
+      const uint32_t parity = mine.parity;
+      bool won = false;
+      if (lane < n) {
+        mbar::arrive(empty0 + 8 * slot);
+        won = atomicAdd(&handed_back[slot], 1) % Tr::kWarps == Tr::kWarps - 1;
+      }
+      if constexpr (kTma) {
+        if (won) {
+          mbar::wait(empty0 + 8 * slot, parity);
+          issue_tma(released.band + lane + slots, slot);
+        }
+      } else {
+        for (unsigned wins = __ballot_sync(0xffffffffu, won); wins != 0u; wins &= wins - 1u) {
+          const int i = __ffs(wins) - 1;
+          const int si = __shfl_sync(0xffffffffu, slot, i);
+          mbar::wait(empty0 + 8 * si, __shfl_sync(0xffffffffu, parity, i));
+          issue_band(released.band + i + slots, si);
+        }
+      }
+      released.advance(n, slots);
+    }
+  };
+
+  // Q of a box straight into A fragments (as the box forward), zeros past the axes' ends and D.
+  // The box's addresses are recomputed from the parameters (opaque: not hoisted out of the box
+  // loop), which costs a few integer instructions per box; held across the chunks at 16 warps
+  // (128 registers) they spill, and the spills miss L1 beside a 227 KB ring.
+  auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4]) {
+    const int b = opaque(ft.b), h = opaque(ft.h), qc = opaque(qb2);
+    const Elem* gQ = static_cast<const Elem*>(p.q) + b * p.q_stride[0] + h * p.q_stride[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = (lane >> 2) + 8 * r;
+      int c[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      const bool ok = qc < len2 && c[1] < r1 && c[2] < len2;
+      const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int col = kk * 16 + hh * 8 + t2;
+          qf[kk][r + 2 * hh] =
+              ok && col < p.dim ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
+        }
+    }
+  };
+  constexpr int kStep = kPhases * kBoxExt;
+  // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
+  // 16 warps (at most 168 / 128 registers per thread, where qn would spill) it is loaded into
+  // qf once the last chunk's S is computed, and flies during that chunk's softmax and P V.
+  constexpr bool kPrefetchQ = kPhases <= 2;
+  uint32_t qn[kD / 16][4], qf[kD / 16][4];
+  load_q(r0 + phase * kBoxExt, kPrefetchQ ? qn : qf);
+  for (int qb1 = r0 + phase * kBoxExt; qb1 < r1; qb1 += kStep) {
+    const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
+    const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
+    release_below(u_off / kStripBandRows);
+    if (!col_active) continue;
+    const bool more = qb1 + kStep < r1;
+    if constexpr (kPrefetchQ) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[kk][e] = qn[kk][e];
+      if (more) load_q(qb1 + kStep, qn);
+    }
+    unsigned rowbits[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBoxExt;
+      rowbits[r] = 0u;
+      if (q1 < r1) {
+        const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+        rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
+      }
+    }
+    // The union's first row in the ring (ring_rows >= 16 > 3 chunk rows, and a union spans at
+    // most 32 rows, so two conditional subtractions keep a chunk row inside the ring).
+    const int ring_base = u_off % sp.ring_rows;
+    const int un = u1.size();
+    const int n_chunks = (un + kBoxChunkRows - 1) / kBoxChunkRows;
+
+    FwdState<Tr> st;
+    init_state(st);
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
+      int row[kBoxChunkRows];
+#pragma unroll
+      for (int a = 0; a < kBoxChunkRows; ++a) {
+        int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
+        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+        row[a] = y * sp.pitch;
+      }
+      float sc[1][8][4];
+      box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+      if (!kPrefetchQ && more && ch == n_chunks - 1) load_q(qb1 + kStep, qf);
+      box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
+    }
+    FwdTile fo = ft;
+    fo.b = opaque(ft.b);
+    fo.h = opaque(ft.h);
+    const int qc = opaque(qb2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = row_sum(st, 0, r);
+      const int i = (lane >> 2) + 8 * r;
+      const int q[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      if (q[1] < r1) store_row<Tr, T>(st, p, fo, 0, r, l, q, lane);
+    }
+  }
+  release_below(n_release);
+}
+
+
+template <class T, int kD, int kPhases>
+cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
+  using Tr = StripTraits<T, kD, kPhases>;
+  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
+                               : fna_fwd_strip_kernel<T, kD, kPhases, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma);
+  return cudaGetLastError();
+}
+
+template <class T, int kD, int kPhases>
+size_t fwd_strip_smem_bytes() {
+  // A lower bound: a ring of 16 rows of a 16-column halo.
+  return size_t(16) * kStripCols * 2 * kD * 2;
+}
+
+// Instantiates one row of configs/forward.h's strip table (the build's generated files expand it).
+#define FNA_FWD_STRIP_INSTANTIATE(D, PH, DT)                                                    \
+  template cudaError_t launch_fwd_strip<mma::DT, D, PH>(const FwdParams&, const FwdLaunch&,    \
+                                                        cudaStream_t);                         \
+  template size_t fwd_strip_smem_bytes<mma::DT, D, PH>();
+
+}  // namespace fused
+}  // namespace fna

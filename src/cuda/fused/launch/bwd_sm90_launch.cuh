@@ -1,0 +1,60 @@
+// The launcher of the Hopper (wgmma, sm_90a) dK / dV kernels: the plan's family picks the plain
+// kernel (bwd_dkdv_sm90.cuh) or the warp-specialized one (bwd_dkdv_sm90_ws.cuh); dQ accumulated by
+// atomics, then converted. Instantiated by the build from FNA_BWD_SM90_INSTANCES.
+#pragma once
+
+#include "cuda/fused/kernel/common/bwd_common.cuh"
+#include "cuda/fused/kernel/sm90/bwd_dkdv_sm90.cuh"
+#include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_ws.cuh"
+#include "cuda/fused/plan/bwd_plan.h"
+#include "cuda/fused/launch/bwd_sm90.h"
+
+namespace fna {
+namespace bwd {
+
+// The plan's Hopper dK / dV kernel: plain (sm90) or warp-specialized (sm90ws; its neighborhood
+// launch by TMA when l.tma.on, the additional keys' launch, query tiles in flat token order, by
+// cp.async).
+template <typename T, int kD>
+Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  Status st;
+  if (l.family == fused::BwdFamily::sm90ws) {
+    using Tr = DkdvSm90WsTraits<T, kD>;
+    const BwdTma off{};  // on = 0
+    auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false>;
+    auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true> : plain;
+    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+    if (!st.ok()) return st;
+    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
+    st = launch_error("dkdv (sm90ws, atomic dq)");
+    if (!st.ok()) return st;
+    if (l.grid_add.x > 0) {
+      st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+      if (!st.ok()) return st;
+      plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
+      st = launch_error("dkdv (sm90ws, additional, atomic dq)");
+      if (!st.ok()) return st;
+    }
+  } else {
+    using Tr = DkdvSm90Traits<T, kD>;
+    auto kernel = dkdv_sm90_kernel<T, kD>;
+    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90, atomic dq)");
+    if (!st.ok()) return st;
+    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+    st = launch_error("dkdv (sm90, atomic dq)");
+    if (!st.ok()) return st;
+    if (l.grid_add.x > 0) {
+      kernel<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+      st = launch_error("dkdv (sm90, additional, atomic dq)");
+      if (!st.ok()) return st;
+    }
+  }
+  launch_dq_convert<T>(p, stream);
+  return launch_error("dq convert");
+}
+
+#define FNA_BWD_SM90_INSTANTIATE(T, D) \
+  template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t);
+
+}  // namespace bwd
+}  // namespace fna

@@ -1,0 +1,590 @@
+// Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
+// per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
+// kernel (bwd_dkdv_sm80.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
+// in deterministic mode, the dQ kernel (bwd_dq_sm80.cuh). float32 runs on the TF32 tensor cores: split
+// TF32 (float32 accuracy) by default, plain TF32 under Options::allow_tf32. Anything outside the
+// fast path (head dims > 256, a non-contiguous head dim, pre-sm_80, too little shared memory)
+// answers `unsupported`, so that `auto` falls back to the naive backend (unless
+// Options::backward_config names a configuration). Head dims are zero-padded to 64, 128 or 256
+// (max(D, D_v)); above 128 the dK/dV kernel runs as two passes (bwd_launch.cuh). Rows that are
+// not 16-byte aligned (or dims not multiples of 16 bytes) take element-wise loads and stores.
+// Tile shapes: Options::backward_config (the table below) or the heuristic (pick_tiles).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/neighborhood.h"
+#include "cuda/common/runtime.cuh"
+#include "cuda/fused/launch/bwd_launch.cuh"
+#include "cuda/fused/plan/bwd_plan.h"
+#include "cuda/fused/plan/plan.h"
+
+namespace fna {
+namespace bwd {
+
+FNA_BWD_INSTANCES(FNA_BWD_DECLARE)
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// One backward configuration: tile shapes lifted to kAxes (leading extents 1 below rank 3).
+struct BwdConfig {
+  fused::BwdFamily family;  // the dK / dV kernel
+  int rank;
+  DType dtype;
+  int dim;       // padded head dim (64, 128, 256)
+  int kv[kAxes]; // dK/dV kernel: the key tile it owns
+  int q[kAxes];  //   and the query tiles it visits
+  int dq_q[kAxes];   // dQ kernel (deterministic mode): the query tile it owns
+  int dq_kv[kAxes];  //   and the key tiles it visits
+  std::string name() const;
+};
+
+// stats = {LSE * log2(e), sum_d dO * O} per (batch, token, head) row, 2^log_tpr threads per row,
+// each reading 16 bytes of dO and of O per step. `dense`: O, dO and LSE laid out densely, so a
+// row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
+// bytes). kTf32 (plain TF32): dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum)
+// stays consistent (a query alone in its window gets dS = 0, not the rounding error of dP).
+template <typename T, bool kTf32 = false>
+__global__ void stats_kernel(const Params p, const T* o, TokStrides so, const float* lse,
+                             TokStrides sl, float2* stats, int log_tpr, bool dense, bool vec) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  const int tpr = 1 << log_tpr;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
+  const int lane = threadIdx.x & 31, sub = lane & (tpr - 1);
+  if (row >= int64_t(p.batch) * p.tokens * p.heads) return;  // whole rows: the shuffles' groups
+  const T* gdO;
+  const T* gO;
+  int64_t lse_off;
+  if (dense) {
+    gdO = static_cast<const T*>(p.d_o) + row * p.dim_v;
+    gO = o + row * p.dim_v;
+    lse_off = row;
+  } else {
+    const RowPlace r = row_place(p, row);
+    gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, r.b, r.x, r.h);
+    gO = o + tok_offset(so, r.b, r.x, r.h);
+    lse_off = tok_offset(sl, r.b, r.x, r.h);
+  }
+  float acc = 0.f;
+  for (int c = kPer * sub; c < p.dim_v; c += kPer * tpr) {
+    T a[kPer], b[kPer];
+    if (vec) {
+      *reinterpret_cast<uint4*>(a) = *reinterpret_cast<const uint4*>(gdO + c);
+      *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(gO + c);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const bool in = c + e < p.dim_v;
+        a[e] = in ? gdO[c + e] : T(0.f);
+        b[e] = in ? gO[c + e] : T(0.f);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      float x = float(a[e]);
+      if constexpr (kTf32) x = __uint_as_float(mma::to_tf32(x));
+      acc += x * float(b[e]);
+    }
+  }
+  // The row's threads are 2^log_tpr aligned lanes of one warp, all present.
+  const unsigned group = (tpr == 32 ? 0xffffffffu : ((1u << tpr) - 1u)) << (lane & ~(tpr - 1));
+  for (int m = tpr / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(group, acc, m);
+  if (sub == 0) stats[row] = make_float2(lse[lse_off] * kLog2e, acc);
+}
+
+// Strides of a [B, L.., H, D] TensorRef lifted to 3 axes. Returns false when the head dim is not
+// contiguous (no path reads that); clears *aligned when rows are not 16-byte aligned (cp.async).
+// `vec`: elements per 16-byte chunk (8 16-bit, 4 float).
+bool lift(const Problem& p, const TensorRef& t, TokStrides* s, bool* aligned, int vec) {
+  s->b = t.strides[0];
+  const int lead = kAxes - p.rank;  // lifted axes (tiling.cuh): the problem's are the last ones
+  for (int a = 0; a < kAxes; ++a) s->x[a] = a >= lead ? t.strides[1 + a - lead] : 0;
+  s->h = t.strides[p.rank + 1];
+  bool al = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % vec == 0 && s->h % vec == 0;
+  for (int a = 0; a < kAxes; ++a) al = al && s->x[a] % vec == 0;
+  *aligned = *aligned && al;
+  return t.strides[p.rank + 2] == 1;
+}
+bool lift_add(const TensorRef& t, AddStrides* s, bool* aligned, int vec) {
+  s->b = t.strides[0];
+  s->n = t.strides[1];
+  s->h = t.strides[2];
+  *aligned = *aligned && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && s->b % vec == 0 &&
+             s->n % vec == 0 && s->h % vec == 0;
+  return t.strides[3] == 1;
+}
+
+int next_pow2(int v) {
+  int r = 1;
+  while (r < v) r *= 2;
+  return r;
+}
+
+int log2_exact(int v) {
+  int e = 0;
+  while ((1 << e) < v) ++e;
+  return e;
+}
+
+// Tile shapes (powers of two, `own_rows` and `other_rows` in all) that minimize the tile pairs
+// visited. Ties go to the shape that overhangs the axes least, then to the later axes (contiguous
+// in memory; lifted axes lead, so they never win a tie).
+void pick_tiles_uncached(const Params& p, int own_rows, int other_rows, bool own_kv, int* own,
+                         int* other) {
+  const int eo = log2_exact(own_rows), et = log2_exact(other_rows);
+  for (int a = 0; a < kAxes; ++a) own[a] = other[a] = 1;  // a valid answer before the search
+  own[kAxes - 1] = own_rows;
+  other[kAxes - 1] = other_rows;
+  double pairs[kAxes][8][8];
+  for (int a = 0; a < kAxes; ++a)
+    for (int i = 0; i <= eo; ++i)
+      for (int j = 0; j <= et; ++j)
+        // Extents on an axis of length 1 only waste rows: never chosen, except on the last axis
+        // (always one of the problem's), which keeps every shape on it a candidate even when
+        // all lengths are 1.
+        pairs[a][i][j] = p.geo.axis[a].length == 1 && (i > 0 || j > 0) && a < kAxes - 1
+                             ? -1
+                             : fused::axis_tile_pairs(p.geo.axis[a], 1 << i, 1 << j, own_kv);
+  double best = -1;
+  long best_over = 0, best_pref = 0;
+  for (int i0 = 0; i0 <= eo; ++i0)
+    for (int i1 = 0; i0 + i1 <= eo; ++i1) {
+      const int io[kAxes] = {i0, i1, eo - i0 - i1};
+      for (int j0 = 0; j0 <= et; ++j0)
+        for (int j1 = 0; j0 + j1 <= et; ++j1) {
+          const int jo[kAxes] = {j0, j1, et - j0 - j1};
+          double cost = 1;
+          long over = 0, pref = 0;
+          bool skip = false;
+          for (int a = 0; a < kAxes; ++a) {
+            skip = skip || pairs[a][io[a]][jo[a]] < 0;
+            cost *= pairs[a][io[a]][jo[a]];
+            const int cap = next_pow2(nbr::group_length(p.geo.axis[a], 0));
+            over += std::max(0, (1 << io[a]) - cap) + std::max(0, (1 << jo[a]) - cap);
+            pref = pref * 16 + io[a] + jo[a];
+          }
+          if (skip) continue;
+          const bool better = best < 0 || cost < best ||
+                              (cost == best && (over < best_over ||
+                                                (over == best_over && pref > best_pref)));
+          if (better) {
+            best = cost, best_over = over, best_pref = pref;
+            for (int a = 0; a < kAxes; ++a) own[a] = 1 << io[a], other[a] = 1 << jo[a];
+          }
+        }
+    }
+}
+
+// Host time matters next to short kernels: the choice is cached per geometry.
+void pick_tiles(const Params& p, int own_rows, int other_rows, bool own_kv, int* own, int* other) {
+  std::vector<int> key = {own_rows, other_rows, own_kv ? 1 : 0};
+  for (int a = 0; a < kAxes; ++a) {
+    const nbr::Axis& x = p.geo.axis[a];
+    key.insert(key.end(), {x.length, x.kernel, x.dilation, x.stride, x.causal ? 1 : 0});
+  }
+  static std::mutex mu;
+  static std::map<std::vector<int>, std::vector<int>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      for (int a = 0; a < kAxes; ++a) own[a] = it->second[a], other[a] = it->second[kAxes + a];
+      return;
+    }
+  }
+  pick_tiles_uncached(p, own_rows, other_rows, own_kv, own, other);
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() > 4096) cache.clear();
+  cache[key] = {own[0], own[1], own[2], other[0], other[1], other[2]};
+}
+
+// Tile shapes of one kernel: `q` / `kv` (a configuration's, lifted to kAxes) or, when null, the
+// heuristic's.
+void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, const int* kv,
+               int64_t* n_tiles) {
+  if (q != nullptr)
+    for (int a = 0; a < kAxes; ++a) p->tq[a] = q[a], p->tkv[a] = kv[a];
+  else if (own_kv)
+    pick_tiles(*p, kv_rows, q_rows, true, p->tkv, p->tq);
+  else
+    pick_tiles(*p, q_rows, kv_rows, false, p->tq, p->tkv);
+  *n_tiles = 1;
+  for (int a = 0; a < kAxes; ++a) {
+    const int t = own_kv ? p->tkv[a] : p->tq[a];
+    p->tiles[a] = (nbr::group_length(p->geo.axis[a], 0) + t - 1) / t;
+    *n_tiles *= p->tiles[a];
+  }
+}
+
+// The order in which the CTAs take the owned tiles (tiling.cuh walk_order, or Tuning::bwd_walk),
+// with one CTA per SM resident (the dK / dV kernels' shared memory).
+void set_walk(Params* p, bool own_kv, int resident, const std::string& forced, int rank,
+              int (&order)[kAxes]) {
+  if (forced.empty() || !fused::lifted_walk(forced, rank, order))
+    fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, order);
+  fused::walk_divisors(p->tiles, order, p->tdiv);
+}
+
+// ---- backward configurations (Options::backward_config, fna::fused_backward_configs) ----------
+// The kernels' row counts are fixed per (dtype, padded head dim) (BwdShape, bwd_launch.cuh); a
+// configuration fixes how those rows spread over the axes, for both kernels: the dK/dV kernel's
+// owned key tile and visited query tile, and the deterministic dQ kernel's owned query tile and
+// visited key tile. The table is one shape per row count (16, 32, 64 or 128 rows) for each of a
+// few styles per rank, applied to all four tiles of a (dtype, head dim):
+//   rank 2: square (8x16: haloes closest to square windows), wide (4x32: long windows on the
+//           last, contiguous axis), tall (16x8: long windows on the first axis);
+//   rank 3: cube (4x4x8), slab (2x8x8: shallow first axis, as video windows often are).
+// Name: fna_bwd_<family>_<dtype>_d<padded dim>_kv<dK/dV keys>_q<dK/dV queries>_dqq<dQ queries>_dqkv<dQ
+// keys>, shapes over the problem's axes; the family is the dK / dV kernel (sm80: mma.sync, every
+// sm_80+ device; sm90 / sm90ws: the Hopper wgmma kernel, plain or warp-specialized, 16-bit head
+// dims up to 128 in the atomic-dQ mode, compute capability 9.0). The default (no backward_config)
+// is not one of these but the plan's: the heuristic's search over every power-of-two shape
+// (pick_tiles) and its family, which the table serves to override (and an autotuner to explore).
+struct BwdStyle {
+  int rank;
+  int shape[4][kAxes];  // for 16, 32, 64 and 128 rows, lifted to kAxes
+};
+constexpr BwdStyle kBwdStyles[] = {
+    {1, {{1, 1, 16}, {1, 1, 32}, {1, 1, 64}, {1, 1, 128}}},   // line
+    {2, {{1, 4, 4}, {1, 4, 8}, {1, 8, 8}, {1, 8, 16}}},       // square
+    {2, {{1, 2, 8}, {1, 2, 16}, {1, 4, 16}, {1, 4, 32}}},     // wide
+    {2, {{1, 4, 4}, {1, 8, 4}, {1, 8, 8}, {1, 16, 8}}},       // tall
+    {3, {{2, 2, 4}, {2, 4, 4}, {4, 4, 4}, {4, 4, 8}}},        // cube
+    {3, {{1, 4, 4}, {1, 4, 8}, {2, 4, 8}, {2, 8, 8}}},        // slab
+};
+
+int padded_dim(int64_t dmax) { return dmax <= 64 ? 64 : dmax <= 128 ? 128 : 256; }
+
+std::string BwdConfig::name() const {
+  auto shape = [&](const int* e) {
+    std::string s;
+    for (int ax = kAxes - rank; ax < kAxes; ++ax)
+      s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
+    return s;
+  };
+  const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
+  return std::string("fna_bwd_") + fused::family_name(family) + "_" + dt + "_d" +
+         std::to_string(dim) + "_kv" + shape(kv) + "_q" + shape(q) + "_dqq" + shape(dq_q) +
+         "_dqkv" + shape(dq_kv);
+}
+
+// Whether this build has the Hopper dK / dV kernels for (dtype, padded head dim).
+bool sm90_built(DType dtype, int dpad) {
+#if defined(FNA_WITH_SM90)
+  return dtype != DType::f32 && dpad <= 128;
+#else
+  (void)dtype, (void)dpad;
+  return false;
+#endif
+}
+
+// The configurations for (rank, dtype, max(D, D_v)); empty above 256.
+std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
+  std::vector<BwdConfig> out;
+  if (dmax < 1 || dmax > 256) return out;
+  const int dpad = padded_dim(dmax);
+  const TileRows tr = tile_rows(dpad, dtype == DType::f32);
+  auto copy = [](const BwdStyle& s, int rows, int* dst) {
+    const int i = rows == 16 ? 0 : rows == 32 ? 1 : rows == 64 ? 2 : 3;
+    for (int a = 0; a < kAxes; ++a) dst[a] = s.shape[i][a];
+  };
+  std::vector<fused::BwdFamily> families = {fused::BwdFamily::sm80};
+  if (sm90_built(dtype, dpad))
+    families.insert(families.end(), {fused::BwdFamily::sm90, fused::BwdFamily::sm90ws});
+  for (fused::BwdFamily f : families)
+    for (const BwdStyle& s : kBwdStyles) {
+      if (s.rank != rank) continue;
+      BwdConfig c{f, rank, dtype, dpad, {}, {}, {}, {}};
+      copy(s, tr.dkdv_keys, c.kv);
+      copy(s, tr.dkdv_queries, c.q);
+      copy(s, tr.dq_queries, c.dq_q);
+      copy(s, tr.dq_keys, c.dq_kv);
+      bool dup = false;  // styles that agree at these row counts
+      for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
+      if (!dup) out.push_back(c);
+    }
+  return out;
+}
+
+Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }
+Status unsupported(const std::string& why) {
+  return {Code::unsupported, "backend=cuda-fused backward: " + why};
+}
+
+// Everything the backward runs, decided once: tiles and walks of both kernels, the dK / dV
+// kernel's family, the dQ mode, grids, and the TMA maps. `p` carries the call's geometry, sizes
+// and strides (placeholders when planning without tensors); p_dkdv / p_dq receive the tiles.
+struct BwdPlan {
+  BwdConfig cfg{};  // the configuration that runs (Options::backward_config or the plan's)
+  int dpad = 64;
+  BwdLaunch launch;
+  int walk[kAxes] = {2, 1, 0};
+  Params p_dkdv{}, p_dq{};
+  TileRows rows{};
+};
+
+Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
+  detail::DeviceProps dev;
+  Status st = detail::device_props(opt.device_index, &dev);
+  if (!st.ok()) return st;
+  if (dev.cc_major < 8) return unsupported("needs sm_80 or newer (mma.sync bf16 / f16 / tf32)");
+  const Tuning& t = opt.tuning;
+  const int dpad = padded_dim(dmax);
+  plan->dpad = dpad;
+  BwdLaunch& l = plan->launch;
+  l.deterministic = opt.deterministic;
+  // The configuration named, or the plan's tiles (filled below) and family.
+  const BwdConfig* named = nullptr;
+  std::vector<BwdConfig> table;
+  if (!opt.backward_config.empty()) {
+    table = bwd_configs(pr.rank, pr.dtype, dmax);
+    for (const BwdConfig& c : table)
+      if (c.name() == opt.backward_config) named = &c;
+    if (named == nullptr)  // validate_options lists the valid names; this is a second guard
+      return invalid("backward_config='" + opt.backward_config +
+                     "' is not a cuda-fused backward configuration for this problem (see "
+                     "fna::fused_backward_configs)");
+  }
+  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad);
+  fused::BwdFamily family = fused::BwdFamily::sm80;
+  if (named != nullptr) {
+    family = named->family;
+    if (t.bwd_kernel != BwdKernel::automatic &&
+        static_cast<int>(t.bwd_kernel) - 1 != static_cast<int>(family))
+      return invalid("backward_config='" + opt.backward_config + "' names the " +
+                     fused::family_name(family) + " kernel, while tuning " + tuning_string(t) +
+                     " names another");
+  } else if (t.bwd_kernel != BwdKernel::automatic) {
+    family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
+  } else if (hopper_ok && !opt.deterministic) {
+    // The warp-specialized kernel at padded head dim 128, the plain one at 64 (where the
+    // warp-specialized one ran slower).
+    family = dpad == 128 ? fused::BwdFamily::sm90ws : fused::BwdFamily::sm90;
+  }
+  if (family != fused::BwdFamily::sm80) {
+    const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"
+                                              : "tuning bwd_kernel='" +
+                                                    std::string(fused::family_name(family)) + "'";
+    if (opt.deterministic)
+      return invalid(what + ": the Hopper dK / dV kernels accumulate dQ by atomics; "
+                            "deterministic=true runs the sm80 kernels");
+    if (!sm90_built(pr.dtype, dpad))
+      return unsupported(what + " needs 16-bit tensors, head dims up to 128 and a build for sm_90a");
+    if (!dev.hopper())
+      return unsupported(what + " needs compute capability 9.0, device " +
+                         std::to_string(opt.device_index) + " has " +
+                         std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  }
+  l.family = family;
+  if (t.bwd_copy != CopyEngine::automatic && family != fused::BwdFamily::sm90ws)
+    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but "
+                       "the plan runs " + std::string(fused::family_name(family)));
+
+  // Tiles and walks.
+  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  plan->rows = tr;
+  Params& pk = plan->p_dkdv;
+  Params& pq = plan->p_dq;
+  pk = pq = p;
+  int64_t n_dkdv = 0, n_dq = 0;
+  set_tiles(&pk, tr.dkdv_queries, tr.dkdv_keys, true, named ? named->q : nullptr,
+            named ? named->kv : nullptr, &n_dkdv);
+  if (l.deterministic)
+    set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
+              named ? named->dq_kv : nullptr, &n_dq);
+  if (!t.bwd_walk.empty() && static_cast<int>(t.bwd_walk.size()) != pr.rank)
+    return invalid("tuning bwd_walk='" + t.bwd_walk + "' must name each of the problem's " +
+                   std::to_string(pr.rank) + " axes once, fastest first");
+  set_walk(&pk, true, dev.sms, t.bwd_walk, pr.rank, plan->walk);
+  if (l.deterministic) {
+    int order[kAxes];
+    set_walk(&pq, false, dev.sms, t.bwd_walk, pr.rank, order);
+  }
+  const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.groups;
+  const int64_t y_dq = int64_t(p.batch) * p.heads * p.groups;
+  if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
+    return unsupported("batch * heads * dilation groups = " + std::to_string(y_dq) +
+                       " exceeds the grid");
+  l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
+  l.grid_add = dim3{unsigned((p.num_add + tr.dkdv_keys - 1) / tr.dkdv_keys),
+                    unsigned(p.batch * p.heads_kv)};
+  l.grid_dq = dim3{unsigned(n_dq), unsigned(y_dq)};
+  if (family == fused::BwdFamily::sm90ws && t.bwd_copy != CopyEngine::cp_async) {
+    std::string why;
+    l.tma = bwd_tma_maps(pk, &why);
+    if (!l.tma.on && t.bwd_copy == CopyEngine::tma)
+      return unsupported("tuning bwd_copy='tma': TMA cannot load this call's query tiles: " + why);
+  }
+  // The configuration that runs, by name.
+  plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
+  for (int a = 0; a < kAxes; ++a) {
+    plan->cfg.kv[a] = pk.tkv[a], plan->cfg.q[a] = pk.tq[a];
+    plan->cfg.dq_q[a] = l.deterministic ? pq.tq[a] : 1;
+    plan->cfg.dq_kv[a] = l.deterministic ? pq.tkv[a] : 1;
+  }
+  if (named != nullptr) plan->cfg = *named;
+  return Status::Ok();
+}
+
+// Geometry and sizes of a call in backward Params (strides and pointers set by the caller).
+Params base_params(const Problem& pr, const Options& opt) {
+  Params p{};
+  static_cast<fused::ProblemBlock&>(p) = fused::problem_block(pr, opt.scale);
+  return p;
+}
+
+// T: __half, __nv_bfloat16, or mma::F32 / mma::TF32 (float32 elements): the statistics, the
+// workspaces, and the plan's kernels.
+template <typename T>
+Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const BwdPlan& plan) {
+  using E = typename Elem<T>::type;
+  cudaStream_t stream = detail::stream_of(opt);
+  Params p = plan.p_dkdv;
+  const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+  detail::Workspace ws(stream);
+  Status st = ws.allocate(size_t(rows) * sizeof(float2), "backward statistics");
+  if (!st.ok()) return st;
+  p.stats = ws.as<float2>();
+
+  TokStrides so{}, sl{};
+  bool unused = true;
+  lift(pr, a.o, &so, &unused, 4);
+  sl.b = a.lse.strides[0];
+  const int lead = kAxes - pr.rank;
+  for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
+  sl.h = a.lse.strides[pr.rank + 1];
+
+  // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
+  // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
+  detail::Workspace ws_dq(stream);
+  if (!plan.launch.deterministic) {
+    p.dq_row = (p.dim + 7) / 8 * 8;
+    const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
+    st = ws_dq.allocate(bytes, "backward dQ accumulator");
+    if (!st.ok()) return st;
+    FNA_CUDA_TRY(cudaMemsetAsync(ws_dq.get(), 0, bytes, stream));
+    p.dq_accum = ws_dq.as<float>();
+  }
+  Params p_dq = plan.p_dq;
+  p_dq.stats = p.stats;
+
+  constexpr int kPer = 16 / int(sizeof(E));
+  const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
+  const bool dense = dense_rows(p, so, p.dim_v) && dense_rows(p, p.sdo, p.dim_v) &&
+                     dense_rows(p, sl, 1);
+  const bool vec = dense && p.dim_v % kPer == 0 && reinterpret_cast<uintptr_t>(a.o.data) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.d_o) % 16 == 0;
+  const int threads = 256;
+  const unsigned blocks = unsigned(((rows << log_tpr) + threads - 1) / threads);
+  stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(
+      p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl,
+      ws.as<float2>(), log_tpr, dense, vec);
+  FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
+  if (plan.dpad == 64) return launch_backward<T, 64>(p, p_dq, plan.launch, stream);
+  if (plan.dpad == 256) return launch_backward<T, 256>(p, p_dq, plan.launch, stream);
+  return launch_backward<T, 128>(p, p_dq, plan.launch, stream);
+}
+
+}  // namespace
+}  // namespace bwd
+
+namespace detail {
+
+std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int64_t dim) {
+  std::vector<std::string> names;
+  for (const bwd::BwdConfig& c : bwd::bwd_configs(rank, dtype, dim)) names.push_back(c.name());
+  return names;
+}
+
+Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt) {
+  using namespace bwd;
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
+  for (int ax = 0; ax < pr.rank; ++ax)
+    if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
+  Params p = base_params(pr, opt);
+  const int vec = pr.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
+  bool al = pr.dim % vec == 0 && pr.dim_v % vec == 0;
+  bool ok = lift(pr, a.q, &p.sq, &al, vec) && lift(pr, a.k, &p.sk, &al, vec) &&
+            lift(pr, a.v, &p.sv, &al, vec) && lift(pr, a.d_o, &p.sdo, &al, vec) &&
+            lift(pr, a.dq, &p.sdq, &al, vec) && lift(pr, a.dk, &p.sdk, &al, vec) &&
+            lift(pr, a.dv, &p.sdv, &al, vec) && a.o.strides[pr.rank + 2] == 1;
+  if (p.num_add > 0)
+    ok = ok && lift_add(a.add_k, &p.sak, &al, vec) && lift_add(a.add_v, &p.sav, &al, vec) &&
+         lift_add(a.d_add_k, &p.sdak, &al, vec) && lift_add(a.d_add_v, &p.sdav, &al, vec);
+  if (!ok) return unsupported("needs unit stride on the head dim of every tensor");
+  p.aligned = al;
+  p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.d_o = a.d_o.data;
+  p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
+  p.add_k = a.add_k.data, p.add_v = a.add_v.data;
+  p.d_add_k = a.d_add_k.data, p.d_add_v = a.d_add_v.data;
+
+  DeviceGuard guard;
+  Status st = guard.set(opt.device_index);
+  if (!st.ok()) return st;
+  BwdPlan plan;
+  if (!(st = make_bwd_plan(pr, opt, p, &plan)).ok()) return st;
+  LaunchRecord& rec = last_launch();
+  rec.backward = plan.cfg.name();
+  rec.backward_tma = plan.launch.tma.on != 0;
+  if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
+  // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
+  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, plan);
+  return run<__nv_bfloat16>(pr, a, opt, plan);
+}
+
+Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan* out) {
+  using namespace bwd;
+  // Dense placeholder tensors at an aligned address (the TMA maps are encoded, never used).
+  alignas(256) static char placeholder[256];
+  Params p = base_params(pr, opt);
+  auto dense = [&](int64_t heads, int64_t dim, TokStrides* s) {
+    s->h = dim;
+    s->x[2] = heads * dim;
+    s->x[1] = s->x[2] * p.geo.axis[2].length;
+    s->x[0] = s->x[1] * p.geo.axis[1].length;
+    s->b = s->x[0] * p.geo.axis[0].length;
+  };
+  dense(p.heads, p.dim, &p.sq);
+  dense(p.heads, p.dim_v, &p.sdo);
+  p.q = p.d_o = placeholder;
+  p.aligned = true;
+  BwdPlan plan;
+  Status st = make_bwd_plan(pr, opt, p, &plan);
+  if (!st.ok()) return st;
+  const Params& pk = plan.p_dkdv;
+  double visited = 1;
+  for (int a = 0; a < kAxes; ++a)
+    visited *= fused::axis_tile_pairs(pk.geo.axis[a], pk.tkv[a], pk.tq[a], true);
+  out->backward_config = plan.cfg.name();
+  out->backward_family = fused::family_name(plan.launch.family);
+  out->backward_copy = plan.launch.tma.on ? "tma" : "cp_async";
+  out->backward_deterministic = plan.launch.deterministic;
+  out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
+  out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
+  out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
+  out->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
+  const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
+  out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;
+  out->backward_walk = fused::walk_axes(pr.rank, plan.walk);
+  return Status::Ok();
+}
+
+}  // namespace detail
+}  // namespace fna

@@ -1,0 +1,54 @@
+// Host: the backward's launch plan (what make_bwd_plan in backward.cu decides and the launchers
+// consume) and the TMA maps of the warp-specialized dK / dV kernel's query tiles.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/tma.h"
+#include "cuda/fused/kernel/common/bwd_params.cuh"
+#include "cuda/fused/plan/plan.h"
+
+namespace fna {
+namespace bwd {
+
+// TMA maps of the query tiles' Q and dO (on = 0: cp.async copies instead).
+struct BwdTma {
+  tma::TokenMap q, o;
+  int on;
+};
+
+// The maps for the neighborhood launch of `p` (its query tile p.tq), or on = 0 with `why` where
+// TMA cannot load the tiles: tensors or dilations TMA cannot describe (tma::token_map).
+inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
+  BwdTma t{};
+  t.on = 0;
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
+  const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                          p.geo.axis[2].length, p.heads};
+  auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
+    out[0] = s.b;
+    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
+    out[4] = s.h;
+  };
+  int64_t sq[5], so[5];
+  strides(p.sq, sq);
+  strides(p.sdo, so);
+  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, dil, why) ||
+      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, dil, why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
+// Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).
+struct BwdLaunch {
+  fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
+  bool deterministic = false;  // dQ by its own kernel (sm80 only), else by atomics
+  dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
+  BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
+};
+
+}  // namespace bwd
+}  // namespace fna

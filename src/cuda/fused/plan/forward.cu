@@ -1,0 +1,725 @@
+// cuda-fused forward: the configuration table, the plan (every choice of what runs: the
+// configuration, its schedule, copy engine, walk, grid and shared memory), layout checks and the
+// launch, a call through the plan's table row. The kernels are instantiated from the same table
+// (configs/forward.h) by the files CMake generates.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/backends.h"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/runtime.cuh"
+#include "cuda/fused/configs/forward.h"
+#include "cuda/fused/kernel/common/box_plan.h"
+#include "cuda/fused/kernel/common/fwd_params.h"
+#include "cuda/fused/kernel/common/strip_plan.h"
+#include "cuda/fused/plan/fwd_tma.h"
+#include "cuda/fused/plan/plan.h"
+
+namespace fna {
+namespace detail {
+
+namespace {
+
+using fused::FwdFamily;
+using fused::FwdLaunch;
+using fused::FwdParams;
+using fused::kAxes;
+using fused::Tile;
+
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<mma::F16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<mma::BF16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<mma::F32> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<mma::TF32> {
+  static constexpr DType value = DType::f32;
+};
+
+// float32 entries exist twice, split TF32 (the default) and plain TF32 (Options::allow_tf32).
+template <class T>
+constexpr bool plain_tf32() {
+  return std::is_same<T, mma::TF32>::value;
+}
+
+struct FwdEntry {
+  int rank;
+  DType dtype;
+  bool tf32;  // float32 with plain TF32 products (Options::allow_tf32)
+  int dim;    // padded head dim the kernel is compiled for
+  int q[kAxes];
+  int kv[kAxes];  // the key tile; for the box / strip families the warp box
+  int warps;
+  FwdFamily family;
+  cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);
+  size_t (*smem)();  // the box / strip families: a lower bound (their plans size it)
+
+  int q_size() const { return q[0] * q[1] * q[2]; }
+  int kv_size() const { return kv[0] * kv[1] * kv[2]; }
+  bool boxes() const { return family == FwdFamily::box || family == FwdFamily::strip; }
+  bool wgmma() const { return family == FwdFamily::sm90 || family == FwdFamily::sm90ws; }
+  std::string name() const {
+    auto shape = [&](const int* e) {
+      std::string s;
+      for (int ax = kAxes - rank; ax < kAxes; ++ax)
+        s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
+      return s;
+    };
+    const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
+    return std::string("fna_fwd_") + fused::family_name(family) + "_" + dt + "_d" +
+           std::to_string(dim) + "_q" + shape(q) + (boxes() ? "_b" : "_kv") + shape(kv) + "_w" +
+           std::to_string(warps);
+  }
+};
+
+// The table rows of each family (configs/forward.h's tables, one X macro per family).
+#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                                     \
+  FwdEntry{R, DTypeOf<mma::DT>::value, plain_tf32<mma::DT>(), D, {Q0, Q1, Q2}, {K0, K1, K2},    \
+           (Q0) * (Q1) * (Q2) / (16 * (MT)), FwdFamily::sm80,                                  \
+           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,           \
+           &fused::fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+// The warp-specialized schedule adds a loader warpgroup to the compute warps.
+#define FNA_FWD_SM90_ENTRY_Sm90(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                               \
+  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
+           (Q0) * (Q1) * (Q2) / 16, FwdFamily::sm90,                                           \
+           &fused::launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,          \
+           &fused::fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+#define FNA_FWD_SM90_ENTRY_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                             \
+  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
+           (Q0) * (Q1) * (Q2) / 16 + 4, FwdFamily::sm90ws,                                     \
+           &fused::launch_fwd_sm90ws<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,        \
+           &fused::fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+#define FNA_FWD_SM90_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, S, DT) \
+  FNA_FWD_SM90_ENTRY_##S(R, D, Q0, Q1, Q2, K0, K1, K2, DT)
+#define FNA_FWD_BOX_ENTRY(D, Q1, Q2, DT)                                                       \
+  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, Q1, Q2},                                   \
+           {1, fused::kBoxExt, fused::kBoxExt}, (Q1) * (Q2) / 16, FwdFamily::box,              \
+           &fused::launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                                 \
+           &fused::fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
+#define FNA_FWD_STRIP_ENTRY(D, PH, DT)                                                         \
+  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, fused::kBoxExt*(PH), fused::kStripCols},  \
+           {1, fused::kBoxExt, fused::kBoxExt}, fused::kStripCols / fused::kBoxExt * (PH),     \
+           FwdFamily::strip, &fused::launch_fwd_strip<mma::DT, D, PH>,                         \
+           &fused::fwd_strip_smem_bytes<mma::DT, D, PH>},
+
+const std::vector<FwdEntry>& table() {
+  static const std::vector<FwdEntry> t{
+      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, BF16)
+      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, F16)
+      FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, BF16) FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, F16)
+#if defined(FNA_WITH_SM90)
+      FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
+#endif
+      FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16) FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)
+          FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, F32) FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, TF32)};
+  return t;
+}
+#undef FNA_FWD_ENTRY
+#undef FNA_FWD_SM90_ENTRY
+#undef FNA_FWD_SM90_ENTRY_Sm90
+#undef FNA_FWD_SM90_ENTRY_Sm90Ws
+#undef FNA_FWD_BOX_ENTRY
+#undef FNA_FWD_STRIP_ENTRY
+
+Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
+Status invalid(const std::string& msg) { return {Code::invalid_argument, msg}; }
+
+// Entries of one (rank, dtype, precision); `tf32` only matters for float32.
+bool matches(const FwdEntry& e, int rank, DType dtype, bool tf32) {
+  return e.rank == rank && e.dtype == dtype && e.tf32 == (tf32 && dtype == DType::f32);
+}
+
+// The smallest compiled head dim that holds max(D, D_v); 0 when none does.
+int dim_bucket(int rank, DType dtype, bool tf32, int64_t need) {
+  int best = 0;
+  for (const FwdEntry& e : table())
+    if (matches(e, rank, dtype, tf32) && e.dim >= need && (best == 0 || e.dim < best))
+      best = e.dim;
+  return best;
+}
+
+std::vector<const FwdEntry*> candidates(int rank, DType dtype, bool tf32, int64_t need) {
+  std::vector<const FwdEntry*> out;
+  const int bucket = dim_bucket(rank, dtype, tf32, need);
+  for (const FwdEntry& e : table())
+    if (matches(e, rank, dtype, tf32) && e.dim == bucket) out.push_back(&e);
+  return out;
+}
+
+fused::Geometry geometry_of(const Problem& p) {
+  return fused::Geometry::lift(p.rank, p.shape, p.kernel_size, p.dilation, p.stride, p.is_causal);
+}
+
+// The Hopper schedule the plan takes for a tile when the caller names none: 64-query tiles run
+// plain and 192-query tiles warp-specialized (the only kernels for them); 128-query tiles
+// warp-specialized at ranks 2 and 3, plain at rank 1 (configs/forward.h says why).
+FwdFamily default_schedule(const FwdEntry& e) {
+  if (e.q_size() == 192 || (e.q_size() == 128 && e.rank >= 2)) return FwdFamily::sm90ws;
+  return FwdFamily::sm90;
+}
+
+bool wg_skip_on(const Tuning& t) { return t.fwd_wg_skip != Switch::off; }
+
+// Work estimate of a configuration: every visited key tile costs kQ * kN score pairs, border
+// tiles about a quarter more for the mask, and each tile's copy and barrier about as much as 32
+// more query rows would on the mma.sync kernels (so smaller query tiles pay for re-reading K/V),
+// 64 on the wgmma kernels, whose per-tile waits for MMA completion cost more next to their faster
+// MMAs. The warp-specialized kernel's warpgroups take only their own rows' key tiles and end
+// together, so there the multiply-and-mask term is each query tile's slowest warpgroup
+// (tiling.cuh part_critical_tiles) as if all ran it; the per-tile term still counts every tile the
+// CTA loads.
+double cost_of(const FwdEntry& e, const fused::Geometry& geo, const Tuning& t) {
+  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
+  const double masked = s.visited - s.unmasked;
+  const double per_tile_rows = e.wgmma() ? 64.0 : 32.0;
+  double work = s.visited + 0.25 * masked;
+  if (e.family == FwdFamily::sm90ws && wg_skip_on(t))
+    work = fused::part_critical_tiles(geo, fused::Ext3{{e.q[0], e.q[1], e.q[2]}},
+                                      fused::Ext3{{e.kv[0], e.kv[1], e.kv[2]}}, 64, 0.25);
+  return (work * double(e.q_size()) + per_tile_rows * s.visited) * double(e.kv_size());
+}
+
+// Pairs a tiled configuration multiplies per (batch, head): visited key tiles x tile sizes.
+double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
+  return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
+}
+
+// Whether the box forward takes this problem on this device (its plan in `bp`); `why` says why
+// not.
+bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo, int smem_optin,
+                 fused::BoxPlan* bp, std::string* why) {
+  if (p.num_additional > 0) {
+    *why = "num_additional=" + std::to_string(p.num_additional) +
+           " (the box forward takes no additional keys)";
+    return false;
+  }
+  *bp = fused::box_plan(geo, e.q, e.dim);
+  if (!bp->ok) {
+    *why = bp->why;
+    return false;
+  }
+  if (bp->smem > static_cast<size_t>(smem_optin)) {
+    *why = "its halo needs " + std::to_string(bp->smem) + " bytes of shared memory, the device has " +
+           std::to_string(smem_optin);
+    return false;
+  }
+  return true;
+}
+
+// Whether the strip forward takes this problem on this device (its plan in `sp`).
+bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo,
+                   const DeviceProps& dev, fused::StripPlan* sp, std::string* why) {
+  if (p.num_additional > 0) {
+    *why = "num_additional=" + std::to_string(p.num_additional) +
+           " (the strip forward takes no additional keys)";
+    return false;
+  }
+  *sp = fused::strip_plan(geo, e.dim, e.q[1] / fused::kBoxExt, dev.sms, dev.smem_optin,
+                          double(p.batch) * double(p.heads));
+  if (!sp->ok) *why = sp->why;
+  return sp->ok;
+}
+
+// The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
+// and its chunks' 16 columns are on average at least 3/4 inside their boxes' unions (windows of
+// 9+ on the last axis): 13x13 and 11x11 windows (0.57 of the pairs) ran 1.02-1.09x faster with
+// it, 7x7 and 9x9 (0.75) 0.79-0.95x, 5x5 (half the columns outside the unions) 0.93x (H100, bf16,
+// head dim 64): its per-warp setup and halo copy cost as much as 4-5 chunks.
+constexpr double kBoxPairsRatio = 0.6;
+// The strip forward multiplies the box forward's pairs without re-copying a halo per CTA tile,
+// so it takes the box forward's place and, with a looser ratio, some of the tiled kernels':
+// 13x13 with dilation 2 (0.62 of the tiled choice's pairs) ran 1.063x over the tiled kernel,
+// 9x9 / 7x7 (0.75) 0.81-0.95x (H100, bf16, head dim 64).
+constexpr double kStripPairsRatio = 0.65;
+
+// The strip forward's query rows in flight (box rows x 4, 4 warps per box row) that the plan
+// takes: the most whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the
+// ring with four bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. With the
+// bands handed back without fences the copies' lookahead counts more than the warps: 12 warps
+// ran 2d-nat 0.416 ms against 0.426 for 16 and 0.467 for 8 (H100, bf16).
+int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
+  return sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows ? 1000 + e.q[1]
+                                                                          : -e.q[1];
+}
+
+// The vectorized path copies 16-byte row chunks: unit stride on the head dim, 16-byte aligned
+// base and every other stride a multiple of `vec` elements (16 bytes; dims of extent 1 never move
+// the pointer).
+Status check_rows(const char* name, const TensorRef& t, int ndim, const int64_t* extents,
+                  int vec) {
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
+    return unsupported(std::string(name) + " pointer is not 16-byte aligned");
+  if (t.strides[ndim - 1] != 1)
+    return unsupported(std::string(name) + " stride[" + std::to_string(ndim - 1) + "]=" +
+                       std::to_string(t.strides[ndim - 1]) + " (head dim) must be 1");
+  for (int d = 0; d < ndim - 1; ++d)
+    if (extents[d] > 1 && t.strides[d] % vec != 0)
+      return unsupported(std::string(name) + " stride[" + std::to_string(d) + "]=" +
+                         std::to_string(t.strides[d]) + " is not a multiple of " +
+                         std::to_string(vec) + " elements");
+  return Status::Ok();
+}
+
+// [B, L.., H] strides lifted to [B, axis 0, axis 1, axis 2, H].
+void lift_strides(const TensorRef& t, int rank, int64_t (&out)[5]) {
+  out[0] = t.strides[0];
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int src = ax - (kAxes - rank);
+    out[1 + ax] = src < 0 ? 0 : t.strides[1 + src];
+  }
+  out[4] = t.strides[1 + rank];
+}
+
+std::string join_names(const std::vector<const FwdEntry*>& es) {
+  std::string s;
+  for (const FwdEntry* e : es) s += (s.empty() ? "" : ", ") + e->name();
+  return s.empty() ? "(none)" : s;
+}
+
+// Options::config's entry (an error when it does not fit the call or the device).
+Status named_config(const Problem& p, const Options& opt, const fused::Geometry& geo,
+                    const DeviceProps& dev, const FwdEntry** out) {
+  const int64_t need = std::max(p.dim, p.dim_v);
+  const Tuning& t = opt.tuning;
+  if (t.fwd_schedule != FwdSchedule::automatic || t.fwd_strip != Switch::automatic ||
+      t.fwd_box != Switch::automatic)
+    return invalid("config='" + opt.config + "' names the forward configuration, while tuning " +
+                   tuning_string(t) + " would choose among configurations: give one or the other");
+  const FwdEntry* cfg = nullptr;
+  for (const FwdEntry& e : table())
+    if (e.name() == opt.config && matches(e, p.rank, p.dtype, opt.allow_tf32) && e.dim >= need)
+      cfg = &e;
+  if (cfg == nullptr)
+    return invalid("config='" + opt.config +
+                   "' is not a cuda-fused forward configuration for rank=" + std::to_string(p.rank) +
+                   ", dtype=" + dtype_name(p.dtype) + ", dim=" + std::to_string(need) +
+                   "; valid: " + join_names(candidates(p.rank, p.dtype, opt.allow_tf32, need)));
+  if (cfg->wgmma() && !dev.hopper())
+    return unsupported("config='" + opt.config + "' is a Hopper (wgmma) configuration: it needs "
+                       "compute capability 9.0, device " + std::to_string(opt.device_index) +
+                       " has " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  if (cfg->boxes()) {
+    fused::BoxPlan bp;
+    fused::StripPlan sp;
+    std::string why;
+    const bool ok = cfg->family == FwdFamily::box ? box_applies(*cfg, p, geo, dev.smem_optin, &bp, &why)
+                                                  : strip_applies(*cfg, p, geo, dev, &sp, &why);
+    if (!ok) return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
+  }
+  *out = cfg;
+  return Status::Ok();
+}
+
+// The heuristic's configuration: the cheapest tiled candidate (cost_of) that fits the device's
+// shared memory and runs on it (on compute capability 9.0 the wgmma kernels of the schedule the
+// caller names or default_schedule gives, else the mma.sync ones; ties to the earlier entry),
+// replaced by the box forward and then the strip forward where they multiply sufficiently fewer
+// pairs (or wherever they apply when Tuning asks for them).
+Status heuristic_config(const Problem& p, const Options& opt, const fused::Geometry& geo,
+                        const DeviceProps& dev, const FwdEntry** out) {
+  const int64_t need = std::max(p.dim, p.dim_v);
+  const Tuning& t = opt.tuning;
+  const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, opt.allow_tf32, need);
+  if (cands.empty())
+    return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
+  const bool named_schedule = t.fwd_schedule != FwdSchedule::automatic;
+  const FwdFamily want = t.fwd_schedule == FwdSchedule::plain ? FwdFamily::sm90 : FwdFamily::sm90ws;
+  if (named_schedule && !dev.hopper())
+    return invalid("tuning fwd_schedule names a Hopper (wgmma) schedule, but device " +
+                   std::to_string(opt.device_index) + " has compute capability " +
+                   std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  auto fits = [&](const FwdEntry* e) { return e->smem() <= static_cast<size_t>(dev.smem_optin); };
+  auto takes_wgmma = [&](const FwdEntry* e) {
+    return e->wgmma() && fits(e) && (named_schedule ? e->family == want : e->family == default_schedule(*e));
+  };
+  bool any90 = false;
+  if (dev.hopper())
+    for (const FwdEntry* e : cands) any90 = any90 || takes_wgmma(e);
+  if (named_schedule && !any90)
+    return unsupported("no " + std::string(fused::family_name(want)) + " configuration for rank=" +
+                       std::to_string(p.rank) + ", dtype=" + dtype_name(p.dtype) +
+                       ", dim=" + std::to_string(need) + " fits the device");
+  const FwdEntry* cfg = nullptr;
+  double best = 0;
+  for (const FwdEntry* e : cands) {
+    if (e->boxes() || !fits(e)) continue;
+    if (any90 ? !takes_wgmma(e) : e->wgmma()) continue;
+    const double c = cost_of(*e, geo, t);
+    if (cfg == nullptr || c < best) {
+      cfg = e;
+      best = c;
+    }
+  }
+  const double tiled = cfg != nullptr ? tiled_pairs(*cfg, geo) : 0;
+  if (!named_schedule) {
+    // The box forward: its entries share the warp box, so they multiply the same pairs; the one
+    // copying the fewest halo rows (the largest CTA tile whose halo fits the device) is taken.
+    // Only 16-warp CTA tiles: the smaller ones copy 1.4-2x the halo rows per query.
+    const FwdEntry* box = nullptr;
+    double box_loaded = 0;
+    for (const FwdEntry* e : cands) {
+      if (e->family != FwdFamily::box || t.fwd_box == Switch::off || e->warps < 16) continue;
+      fused::BoxPlan bp;
+      std::string why;
+      if (!box_applies(*e, p, geo, dev.smem_optin, &bp, &why)) continue;
+      const bool pays = bp.computed <= kBoxPairsRatio * tiled && bp.fast_fill >= 0.75;
+      if (cfg != nullptr && t.fwd_box != Switch::on && !pays) continue;
+      if (box == nullptr || bp.loaded < box_loaded) {
+        box = e;
+        box_loaded = bp.loaded;
+      }
+    }
+    if (box != nullptr) cfg = box;
+    // The strip forward where it applies and multiplies at most kStripPairsRatio of the tiled
+    // choice's pairs with its chunks' columns mostly inside their boxes' unions, or where the box
+    // forward was taken; among its entries the most rows in flight that fit its ring.
+    const FwdEntry* strip = nullptr;
+    int strip_score = 0;
+    for (const FwdEntry* e : cands) {
+      if (e->family != FwdFamily::strip || t.fwd_strip == Switch::off) continue;
+      fused::StripPlan sp;
+      std::string why;
+      if (!strip_applies(*e, p, geo, dev, &sp, &why)) continue;
+      const bool pays = box != nullptr || tiled == 0 ||
+                        (sp.box.computed <= kStripPairsRatio * tiled && sp.box.fast_fill >= 0.75);
+      if (t.fwd_strip != Switch::on && !pays) continue;
+      const int score = strip_rows_score(*e, sp);
+      if (strip == nullptr || score > strip_score) {
+        strip = e;
+        strip_score = score;
+      }
+    }
+    if (strip != nullptr) cfg = strip;
+  }
+  if (cfg == nullptr)
+    return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
+                       std::to_string(dev.smem_optin) + " bytes of shared memory per block");
+  *out = cfg;
+  return Status::Ok();
+}
+
+// FwdParams of a call (args null: dense placeholder tensors, for planning without a call).
+void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, FwdParams* fp) {
+  *fp = FwdParams{};
+  const fused::Geometry geo = geometry_of(p);
+  if (a != nullptr) {
+    fp->q = a->q.data;
+    fp->k = a->k.data;
+    fp->v = a->v.data;
+    fp->o = a->o.data;
+    fp->lse = static_cast<float*>(a->lse.data);
+    fp->add_k = a->add_k.data;
+    fp->add_v = a->add_v.data;
+    lift_strides(a->q, p.rank, fp->q_stride);
+    lift_strides(a->k, p.rank, fp->k_stride);
+    lift_strides(a->v, p.rank, fp->v_stride);
+    lift_strides(a->o, p.rank, fp->o_stride);
+    if (a->lse.data != nullptr) lift_strides(a->lse, p.rank, fp->lse_stride);
+    if (p.num_additional > 0)
+      for (int i = 0; i < 3; ++i) {
+        fp->add_k_stride[i] = a->add_k.strides[i];
+        fp->add_v_stride[i] = a->add_v.strides[i];
+      }
+  } else {
+    // Dense [B, L.., H, D] tensors at an aligned placeholder address (the TMA maps are encoded,
+    // never used).
+    alignas(256) static char placeholder[256];
+    auto dense = [&](int64_t heads, int64_t dim, int64_t (&st)[5]) {
+      const int64_t h = dim, x2 = heads * dim;
+      st[4] = h;
+      st[3] = x2;
+      st[2] = x2 * geo.axis[2].length;
+      st[1] = st[2] * geo.axis[1].length;
+      st[0] = st[1] * geo.axis[0].length;
+    };
+    fp->q = fp->k = fp->v = placeholder;
+    fp->o = placeholder;
+    dense(p.heads, p.dim, fp->q_stride);
+    dense(p.heads_kv, p.dim, fp->k_stride);
+    dense(p.heads_kv, p.dim_v, fp->v_stride);
+    dense(p.heads, p.dim_v, fp->o_stride);
+    if (p.num_additional > 0) fp->add_k = fp->add_v = placeholder;
+  }
+  static_cast<fused::ProblemBlock&>(*fp) = fused::problem_block(p, opt.scale);
+}
+
+// Tuning fields that only a family's kernel has: asked of a problem the plan gives another
+// family, `unsupported` naming the field (the call cannot run as asked; no fallback either).
+Status check_family_options(const Tuning& t, const fused::FwdPlan& plan) {
+  auto needs = [&](const char* what, const char* family) {
+    return unsupported(std::string("tuning ") + what + " needs the " + family +
+                       " forward, but the plan runs " + plan.config);
+  };
+  const FwdFamily f = plan.family;
+  if (t.persistent == Switch::on && f != FwdFamily::sm90ws)
+    return needs("persistent='on'", "warp-specialized Hopper (fna_fwd_sm90ws_*)");
+  if (t.fwd_wg_skip != Switch::automatic && f != FwdFamily::sm90ws)
+    return needs("fwd_wg_skip", "warp-specialized Hopper (fna_fwd_sm90ws_*)");
+  if (t.fwd_spread != Switch::automatic && f != FwdFamily::sm90)
+    return needs("fwd_spread", "plain Hopper (fna_fwd_sm90_*)");
+  if (t.fwd_copy != CopyEngine::automatic && f != FwdFamily::sm90ws && f != FwdFamily::strip)
+    return needs("fwd_copy", "warp-specialized Hopper or the strip");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused::FwdPlan* plan) {
+  // Elements per 16-byte chunk: head dims (and strides, checked by the caller) must be multiples.
+  const int vec = p.dtype == DType::f32 ? 4 : 8;
+  if (p.dim % vec != 0 || p.dim_v % vec != 0)
+    return unsupported("dim=" + std::to_string(p.dim) + ", dim_v=" + std::to_string(p.dim_v) +
+                       ": head dims must be multiples of " + std::to_string(vec) + " for " +
+                       dtype_name(p.dtype));
+  if (p.num_additional > (int64_t(1) << 30) || p.heads > (int64_t(1) << 30) ||
+      p.batch > (int64_t(1) << 30))
+    return unsupported("batch, heads and num_additional must each be below 2^30");
+  DeviceProps dev;
+  Status st = device_props(opt.device_index, &dev);
+  if (!st.ok()) return st;
+  if (dev.cc_major < 8)
+    return unsupported("needs compute capability 8.0 or newer (mma.sync bf16 / f16 / tf32)");
+  const fused::Geometry geo = geometry_of(p);
+  const FwdEntry* cfg = nullptr;
+  st = opt.config.empty() ? heuristic_config(p, opt, geo, dev, &cfg)
+                          : named_config(p, opt, geo, dev, &cfg);
+  if (!st.ok()) return st;
+  const Tuning& t = opt.tuning;
+  *plan = fused::FwdPlan{};
+  plan->family = cfg->family;
+  plan->config = cfg->name();
+  for (int ax = 0; ax < kAxes; ++ax) plan->q[ax] = cfg->q[ax], plan->kv[ax] = cfg->kv[ax];
+  plan->warps = cfg->warps;
+  plan->launcher = cfg->launch;
+  st = check_family_options(t, *plan);
+  if (!st.ok()) return st;
+
+  // Work items and the walk over them.
+  fused::FwdLaunch& l = plan->launch;
+  fp->q_tiles_total = 1;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    fp->q_tiles[ax] = fused::tiles_over(geo.max_group_length(ax), cfg->q[ax]);
+    fp->q_tiles_total *= fp->q_tiles[ax];
+  }
+  if (cfg->family == FwdFamily::strip) {
+    // The strip forward's CTAs: row segments (the first axis) fastest, then strips.
+    plan->walk[0] = 1, plan->walk[1] = 2, plan->walk[2] = 0;
+    if (!t.fwd_walk.empty())
+      return unsupported("tuning fwd_walk='" + t.fwd_walk + "': the strip forward (" +
+                         plan->config + ") walks row segments, then strips; it takes no walk");
+  } else if (t.fwd_walk.empty()) {
+    fused::walk_order(geo, cfg->q, dev.sms, plan->walk);
+  } else if (!fused::lifted_walk(t.fwd_walk, p.rank, plan->walk)) {
+    return invalid("tuning fwd_walk='" + t.fwd_walk + "' must name each of the problem's " +
+                   std::to_string(p.rank) + " axes once, fastest first");
+  }
+  fused::walk_divisors(fp->q_tiles, plan->walk, fp->q_div);
+  l.ctas = int64_t(p.batch) * p.heads * fp->groups * fp->q_tiles_total;
+  l.smem = cfg->smem();
+
+  // Per family: shared memory, the launch's flags, copy engine.
+  std::string why;
+  switch (cfg->family) {
+    case FwdFamily::sm80: break;
+    case FwdFamily::sm90:
+      l.spread = t.fwd_spread == Switch::automatic ? cfg->dim == 64 : t.fwd_spread == Switch::on;
+      break;
+    case FwdFamily::sm90ws:
+      l.wg_skip = wg_skip_on(t);
+      l.persistent = t.persistent == Switch::on;
+      if (t.fwd_copy != CopyEngine::cp_async) {
+        l.tma = fused::fwd_tma_maps(*fp, cfg->q, cfg->kv, &why);
+        if (!l.tma.on && t.fwd_copy == CopyEngine::tma)
+          return unsupported("tuning fwd_copy='tma': TMA cannot load this call's tiles: " + why);
+      }
+      plan->tma = l.tma.on != 0;
+      break;
+    case FwdFamily::box: {
+      const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
+      l.smem = bp.smem;
+      l.halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
+      break;
+    }
+    case FwdFamily::strip: {
+      const fused::StripPlan sp = fused::strip_plan(geo, cfg->dim, cfg->q[1] / fused::kBoxExt,
+                                                    dev.sms, dev.smem_optin,
+                                                    double(p.batch) * double(p.heads));
+      l.smem = sp.smem;
+      l.strip = sp.sp;
+      l.ctas = int64_t(p.batch) * p.heads * fp->groups * sp.sp.strips * sp.sp.segs;
+      // TMA bands where the device has TMA and the build has sm_90 code for the kernel (a build
+      // whose architectures stop below 9.0 runs Hopper through older PTX, without the TMA path).
+#if defined(FNA_WITH_SM90)
+      const bool tma_device = dev.cc_major >= 9;
+#else
+      const bool tma_device = false;
+#endif
+      if (t.fwd_copy == CopyEngine::tma && !tma_device)
+        return unsupported("tuning fwd_copy='tma' needs compute capability 9.0+ and a build for it");
+      if (t.fwd_copy != CopyEngine::cp_async && tma_device) {
+        l.strip_tma = fused::strip_tma_maps(*fp, sp.sp, &why);
+        if (!l.strip_tma.on && t.fwd_copy == CopyEngine::tma)
+          return unsupported("tuning fwd_copy='tma': TMA cannot load this call's bands: " + why);
+      }
+      plan->tma = l.strip_tma.on != 0;
+      break;
+    }
+  }
+  if (l.smem > static_cast<size_t>(dev.smem_optin))
+    return unsupported("config " + plan->config + " needs " + std::to_string(l.smem) +
+                       " bytes of shared memory per block, the device has " +
+                       std::to_string(dev.smem_optin));
+  if (l.ctas > 0x7fffffff)
+    return unsupported("batch * heads * dilation groups * tiles = " + std::to_string(l.ctas) +
+                       " exceeds the grid");
+  l.grid = static_cast<unsigned>(l.persistent ? std::min<int64_t>(l.ctas, dev.sms) : l.ctas);
+
+  // Tiling statistics.
+  const double needed = fused::needed_pairs(geo);
+  double computed = 0;
+  const double heads = double(p.batch) * double(p.heads);
+  if (cfg->boxes()) {
+    // Visited "tiles" are the warps' 64-key chunks, all masked (the strip forward multiplies the
+    // box forward's boxes).
+    const int q_box[kAxes] = {1, fused::kBoxExt, fused::kStripCols};
+    const fused::BoxPlan bp =
+        fused::box_plan(geo, cfg->family == FwdFamily::box ? cfg->q : q_box, cfg->dim);
+    plan->visited_tiles = bp.chunks * heads;
+    computed = bp.computed;
+  } else {
+    // The warp-specialized forward's warpgroups (64 rows) visit only their own run of key tiles
+    // when wg_skip is on (tiling.cuh rows_walk).
+    const fused::Ext3 qe{{cfg->q[0], cfg->q[1], cfg->q[2]}};
+    const fused::Ext3 ke{{cfg->kv[0], cfg->kv[1], cfg->kv[2]}};
+    const fused::TilingStats ts = l.wg_skip ? fused::part_tiling_stats(geo, qe, ke, 64)
+                                            : fused::tiling_stats(geo, cfg->q, cfg->kv);
+    plan->visited_tiles = ts.visited * heads;
+    plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
+    computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());
+  }
+  plan->needed_fraction = computed > 0 ? needed / computed : 0.0;
+  return Status::Ok();
+}
+
+LaunchRecord& last_launch() {
+  static thread_local LaunchRecord r;
+  return r;
+}
+
+std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
+  std::vector<std::string> names;
+  // float32: the split-TF32 entries (the plain TF32 ones carry the same names).
+  for (const FwdEntry* e : candidates(rank, dtype, false, dim)) names.push_back(e->name());
+  return names;
+}
+
+Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
+  FwdParams fp;
+  fill_params(p, nullptr, opt, &fp);
+  fused::FwdPlan plan;
+  Status st = make_fwd_plan(p, opt, &fp, &plan);
+  if (!st.ok()) return st;
+  *out = FusedPlan{};
+  out->config = plan.config;
+  out->family = fused::family_name(plan.family);
+  out->copy = plan.family == FwdFamily::sm90ws || plan.family == FwdFamily::strip
+                  ? (plan.tma ? "tma" : "cp_async")
+                  : "cp_async";
+  out->persistent = plan.launch.persistent;
+  out->spread = plan.launch.spread;
+  out->wg_skip = plan.launch.wg_skip;
+  out->q_tile.assign(plan.q + kAxes - p.rank, plan.q + kAxes);
+  out->kv_tile.assign(plan.kv + kAxes - p.rank, plan.kv + kAxes);
+  out->warps = plan.warps;
+  out->grid = plan.launch.grid;
+  out->smem = plan.launch.smem;
+  out->tuning = tuning_string(opt.tuning);
+  out->visited_tiles = plan.visited_tiles;
+  out->unmasked_fraction = plan.unmasked_fraction;
+  out->needed_fraction = plan.needed_fraction;
+  out->walk = fused::walk_axes(p.rank, plan.walk);
+  // The backward's plan; a problem the fused backward does not take leaves its fields empty.
+  FusedPlan bwd = *out;
+  if (cuda_fused_backward_plan(p, opt, &bwd).ok()) *out = bwd;
+  return Status::Ok();
+}
+
+Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  const int vec = p.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
+  // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte (16-bit
+  // pairs) or 8-byte (float32 pairs) stores.
+  int64_t ext[kMaxDims];
+  int n = 0;
+  ext[n++] = p.batch;
+  for (int i = 0; i < p.rank; ++i) ext[n++] = p.shape[i];
+  ext[n++] = p.heads;
+  ext[n++] = p.dim;
+  const int nd = n;
+  Status st = check_rows("query", a.q, nd, ext, vec);
+  if (!st.ok()) return st;
+  ext[nd - 1] = p.dim_v;
+  if (!(st = check_rows("output", a.o, nd, ext, vec)).ok()) return st;
+  ext[nd - 2] = p.heads_kv;
+  if (!(st = check_rows("value", a.v, nd, ext, vec)).ok()) return st;
+  ext[nd - 1] = p.dim;
+  if (!(st = check_rows("key", a.k, nd, ext, vec)).ok()) return st;
+  if (p.num_additional > 0) {
+    const int64_t add_ext[4] = {p.batch, p.num_additional, p.heads_kv, p.dim};
+    const int64_t add_ext_v[4] = {p.batch, p.num_additional, p.heads_kv, p.dim_v};
+    if (!(st = check_rows("additional_keys", a.add_k, 4, add_ext, vec)).ok()) return st;
+    if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v, vec)).ok()) return st;
+  }
+  DeviceGuard guard;
+  if (!(st = guard.set(opt.device_index)).ok()) return st;
+  FwdParams fp;
+  fill_params(p, &a, opt, &fp);
+  fused::FwdPlan plan;
+  if (!(st = make_fwd_plan(p, opt, &fp, &plan)).ok()) return st;
+  LaunchRecord& rec = last_launch();
+  rec.forward = plan.config;
+  rec.forward_tma = plan.launch.tma.on || plan.launch.strip_tma.on;
+  rec.forward_grid = plan.launch.grid;
+  rec.forward_smem = plan.launch.smem;
+  if (plan.launch.ctas == 0) return Status::Ok();
+  return cuda_status(plan.launcher(fp, plan.launch, stream_of(opt)),
+                     ("launching " + plan.config).c_str());
+}
+
+}  // namespace detail
+
+namespace fused {
+
+const char* family_name(FwdFamily f) {
+  switch (f) {
+    case FwdFamily::sm80: return "sm80";
+    case FwdFamily::sm90: return "sm90";
+    case FwdFamily::sm90ws: return "sm90ws";
+    case FwdFamily::box: return "box";
+    case FwdFamily::strip: return "strip";
+  }
+  return "?";
+}
+
+const char* family_name(BwdFamily f) {
+  switch (f) {
+    case BwdFamily::sm80: return "sm80";
+    case BwdFamily::sm90: return "sm90";
+    case BwdFamily::sm90ws: return "sm90ws";
+  }
+  return "?";
+}
+
+}  // namespace fused
+}  // namespace fna

@@ -1,0 +1,56 @@
+// Host: the TMA maps of the forward kernels that load by TMA (the plan builds them when it
+// chooses TMA copies; the kernels receive them as __grid_constant__ parameters).
+#pragma once
+
+#include <string>
+
+#include "cuda/common/tma.h"
+#include "cuda/fused/kernel/common/fwd_params.h"
+
+namespace fna {
+namespace fused {
+
+// The maps for a problem of `p` with query / key tiles of `qext` / `kvext` rows per axis (the
+// plan calls it when TMA copies are chosen), or on = 0 with `why` when TMA cannot load its tiles:
+// additional keys (their own tensors), or tensors or dilations TMA cannot describe
+// (tma::token_map).
+inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
+                           const int (&kvext)[kAxes], std::string* why) {
+  FwdTma t{};
+  t.on = 0;
+  if (p.num_add > 0) {
+    *why = "additional keys are loaded from their own tensors";
+    return t;
+  }
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
+  const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads};
+  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
+  if (!tma::token_map(&t.q, p.q, p.dim, lq, p.q_stride, qext, dil, why) ||
+      !tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, kvext, dil, why) ||
+      !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, kvext, dil, why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
+// The band maps for a strip plan (the plan calls it on sm_90+ devices when TMA copies are
+// chosen), or on = 0 where TMA cannot describe the bands (a dilation or tensor layout:
+// tma::token_map).
+inline StripTma strip_tma_maps(const FwdParams& p, const StripParams& sp, std::string* why) {
+  StripTma t{};
+  t.on = 0;
+  const int box[kAxes] = {1, kStripBandRows, sp.pitch};
+  const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
+  const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
+                         p.geo.axis[2].length, p.heads / p.heads_per_kv};
+  if (!tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, box, dil, why) ||
+      !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, box, dil, why))
+    return t;
+  t.on = 1;
+  return t;
+}
+
+}  // namespace fused
+}  // namespace fna
