@@ -26,6 +26,15 @@ constexpr int kBoxMaxRows = 32;   // box-union rows the row mask holds
 // unions span at most 32 rows has a halo of at most 32 - 4 + 32 = 60 rows.
 constexpr int kBoxMaxBands = 16;
 
+// The box forward's shared memory, one layout for the host (its size) and the kernel (its
+// offsets): the halo's K rows, then as many V rows (Q goes straight to registers).
+struct BoxSmem {
+  uint32_t row_bytes;  // one key row (the padded head dim's 16-bit elements)
+  uint32_t halo;       // rows of the largest CTA halo
+  FNA_HD uint32_t v_offset() const { return halo * row_bytes; }
+  FNA_HD size_t bytes() const { return 2 * size_t(halo) * row_bytes; }
+};
+
 struct BoxPlan {
   bool ok = false;
   std::string why;          // when !ok: what rules the problem out
@@ -84,9 +93,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
              ")";
     return bp;
   }
-  const size_t row_bytes = size_t(dim) * 2;
-  const size_t halo = size_t(bp.halo_rows[1]) * size_t(bp.halo_rows[2]);
-  bp.smem = 2 * halo * row_bytes;  // K and V (Q goes straight to registers)
+  bp.smem = BoxSmem{uint32_t(dim) * 2, uint32_t(bp.halo_rows[1] * bp.halo_rows[2])}.bytes();
   bp.chunks = chunks_ax[1] * chunks_ax[2];
   bp.computed = keys_ax[1] * keys_ax[2];
   bp.loaded = halo_ax[1] * halo_ax[2];

@@ -33,6 +33,17 @@ struct StripParams {
   int pitch;      // key rows per ring row: the widest strip halo (columns)
 };
 
+// The strip forward's shared memory, one layout for the host (its size) and the kernel (its
+// offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring of
+// ring_rows x pitch key rows, then the V ring; a band is kStripBandRows ring rows.
+struct StripSmem {
+  uint32_t row_bytes;  // one key row (the padded head dim's 16-bit elements)
+  int ring_rows, pitch;
+  FNA_HD uint32_t v_offset() const { return uint32_t(ring_rows * pitch) * row_bytes; }
+  FNA_HD uint32_t band_bytes() const { return uint32_t(kStripBandRows * pitch) * row_bytes; }
+  FNA_HD size_t bytes() const { return 2 * size_t(v_offset()) + 1024; }
+};
+
 struct StripPlan {
   bool ok = false;
   std::string why;  // when !ok: what rules the problem out
@@ -108,7 +119,7 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
   sp.box_rows = box_rows;
-  sp.smem = size_t(ring) * ring_row_bytes + 1024;
+  sp.smem = StripSmem{uint32_t(row_bytes), ring, pitch}.bytes();
   sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
   // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
   // strip's columns.

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   using Elem = typename Tr::Elem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sK = mma::smem_u32(smem_raw);
-  const uint32_t sV = sK + uint32_t(halo_cap) * Tr::kRowBytes;
+  const uint32_t sV = sK + BoxSmem{uint32_t(Tr::kRowBytes), uint32_t(halo_cap)}.v_offset();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   FwdTile ft;

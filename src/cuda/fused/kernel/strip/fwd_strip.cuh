@@ -164,8 +164,9 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   // box_sw's is of the row, and a band is a multiple of 1024 bytes: pitch % 4 == 0).
   const uint32_t raw = mma::smem_u32(smem_raw);
   const uint32_t sK = raw + ((1024u - (raw & 1023u)) & 1023u);
-  const uint32_t sV = sK + uint32_t(sp.ring_rows * sp.pitch) * Tr::kRowBytes;
-  const uint32_t band_bytes = uint32_t(kStripBandRows * sp.pitch) * Tr::kRowBytes;
+  const StripSmem layout{uint32_t(Tr::kRowBytes), sp.ring_rows, sp.pitch};
+  const uint32_t sV = sK + layout.v_offset();
+  const uint32_t band_bytes = layout.band_bytes();
 
   // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
   // x pitch columns per tensor (zeros past the axes' ends), completing on the slot's "full"
