@@ -11,7 +11,7 @@
 #include "core/backends.h"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/runtime.cuh"
-#include "cuda/fused/configs/forward.h"
+#include "cuda/fused/configs/forward_table.h"
 #include "cuda/fused/kernel/common/box_plan.h"
 #include "cuda/fused/kernel/common/fwd_params.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
@@ -23,115 +23,13 @@ namespace detail {
 
 namespace {
 
+using fused::FwdEntry;
 using fused::FwdFamily;
 using fused::FwdLaunch;
 using fused::FwdParams;
 using fused::kAxes;
 using fused::Tile;
 
-template <class T>
-struct DTypeOf;
-template <>
-struct DTypeOf<mma::F16> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct DTypeOf<mma::BF16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct DTypeOf<mma::F32> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct DTypeOf<mma::TF32> {
-  static constexpr DType value = DType::f32;
-};
-
-// float32 entries exist twice, split TF32 (the default) and plain TF32 (Options::allow_tf32).
-template <class T>
-constexpr bool plain_tf32() {
-  return std::is_same<T, mma::TF32>::value;
-}
-
-struct FwdEntry {
-  int rank;
-  DType dtype;
-  bool tf32;  // float32 with plain TF32 products (Options::allow_tf32)
-  int dim;    // padded head dim the kernel is compiled for
-  int q[kAxes];
-  int kv[kAxes];  // the key tile; for the box / strip families the warp box
-  int warps;
-  FwdFamily family;
-  cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);
-  size_t (*smem)();  // the box / strip families: a lower bound (their plans size it)
-
-  int q_size() const { return q[0] * q[1] * q[2]; }
-  int kv_size() const { return kv[0] * kv[1] * kv[2]; }
-  bool boxes() const { return family == FwdFamily::box || family == FwdFamily::strip; }
-  bool wgmma() const { return family == FwdFamily::sm90 || family == FwdFamily::sm90ws; }
-  std::string name() const {
-    auto shape = [&](const int* e) {
-      std::string s;
-      for (int ax = kAxes - rank; ax < kAxes; ++ax)
-        s += (ax > kAxes - rank ? "x" : "") + std::to_string(e[ax]);
-      return s;
-    };
-    const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
-    return std::string("fna_fwd_") + fused::family_name(family) + "_" + dt + "_d" +
-           std::to_string(dim) + "_q" + shape(q) + (boxes() ? "_b" : "_kv") + shape(kv) + "_w" +
-           std::to_string(warps);
-  }
-};
-
-// The table rows of each family (configs/forward.h's tables, one X macro per family).
-#define FNA_FWD_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, MT, DT)                                     \
-  FwdEntry{R, DTypeOf<mma::DT>::value, plain_tf32<mma::DT>(), D, {Q0, Q1, Q2}, {K0, K1, K2},    \
-           (Q0) * (Q1) * (Q2) / (16 * (MT)), FwdFamily::sm80,                                  \
-           &fused::launch_fwd<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,           \
-           &fused::fwd_smem_bytes<mma::DT, D, R, MT, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
-// The warp-specialized schedule adds a loader warpgroup to the compute warps.
-#define FNA_FWD_SM90_ENTRY_Sm90(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                               \
-  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
-           (Q0) * (Q1) * (Q2) / 16, FwdFamily::sm90,                                           \
-           &fused::launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,          \
-           &fused::fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
-#define FNA_FWD_SM90_ENTRY_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                             \
-  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
-           (Q0) * (Q1) * (Q2) / 16 + 4, FwdFamily::sm90ws,                                     \
-           &fused::launch_fwd_sm90ws<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,        \
-           &fused::fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
-#define FNA_FWD_SM90_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, S, DT) \
-  FNA_FWD_SM90_ENTRY_##S(R, D, Q0, Q1, Q2, K0, K1, K2, DT)
-#define FNA_FWD_BOX_ENTRY(D, Q1, Q2, DT)                                                       \
-  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, Q1, Q2},                                   \
-           {1, fused::kBoxExt, fused::kBoxExt}, (Q1) * (Q2) / 16, FwdFamily::box,              \
-           &fused::launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                                 \
-           &fused::fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
-#define FNA_FWD_STRIP_ENTRY(D, PH, DT)                                                         \
-  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, fused::kBoxExt*(PH), fused::kStripCols},  \
-           {1, fused::kBoxExt, fused::kBoxExt}, fused::kStripCols / fused::kBoxExt * (PH),     \
-           FwdFamily::strip, &fused::launch_fwd_strip<mma::DT, D, PH>,                         \
-           &fused::fwd_strip_smem_bytes<mma::DT, D, PH>},
-
-const std::vector<FwdEntry>& table() {
-  static const std::vector<FwdEntry> t{
-      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, BF16)
-      FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, F16)
-      FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, BF16) FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, F16)
-#if defined(FNA_WITH_SM90)
-      FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
-#endif
-      FNA_FWD_CONFIGS(FNA_FWD_ENTRY, BF16) FNA_FWD_CONFIGS(FNA_FWD_ENTRY, F16)
-          FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, F32) FNA_FWD_CONFIGS_F32(FNA_FWD_ENTRY, TF32)};
-  return t;
-}
-#undef FNA_FWD_ENTRY
-#undef FNA_FWD_SM90_ENTRY
-#undef FNA_FWD_SM90_ENTRY_Sm90
-#undef FNA_FWD_SM90_ENTRY_Sm90Ws
-#undef FNA_FWD_BOX_ENTRY
-#undef FNA_FWD_STRIP_ENTRY
 
 Status unsupported(const std::string& msg) { return {Code::unsupported, "backend=cuda-fused: " + msg}; }
 Status invalid(const std::string& msg) { return {Code::invalid_argument, msg}; }
@@ -144,7 +42,7 @@ bool matches(const FwdEntry& e, int rank, DType dtype, bool tf32) {
 // The smallest compiled head dim that holds max(D, D_v); 0 when none does.
 int dim_bucket(int rank, DType dtype, bool tf32, int64_t need) {
   int best = 0;
-  for (const FwdEntry& e : table())
+  for (const FwdEntry& e : fused::forward_table())
     if (matches(e, rank, dtype, tf32) && e.dim >= need && (best == 0 || e.dim < best))
       best = e.dim;
   return best;
@@ -153,7 +51,7 @@ int dim_bucket(int rank, DType dtype, bool tf32, int64_t need) {
 std::vector<const FwdEntry*> candidates(int rank, DType dtype, bool tf32, int64_t need) {
   std::vector<const FwdEntry*> out;
   const int bucket = dim_bucket(rank, dtype, tf32, need);
-  for (const FwdEntry& e : table())
+  for (const FwdEntry& e : fused::forward_table())
     if (matches(e, rank, dtype, tf32) && e.dim == bucket) out.push_back(&e);
   return out;
 }
@@ -298,7 +196,7 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
     return invalid("config='" + opt.config + "' names the forward configuration, while tuning " +
                    tuning_string(t) + " would choose among configurations: give one or the other");
   const FwdEntry* cfg = nullptr;
-  for (const FwdEntry& e : table())
+  for (const FwdEntry& e : fused::forward_table())
     if (e.name() == opt.config && matches(e, p.rank, p.dtype, opt.allow_tf32) && e.dim >= need)
       cfg = &e;
   if (cfg == nullptr)
