@@ -597,7 +597,7 @@ NB_MODULE(_C, m) {
   m.def("last_fused_launch", [] {
     nb::dict d;
 #if defined(FNA_WITH_CUDA_FUSED)
-    const fna::detail::LaunchRecord& r = fna::detail::last_launch();
+    const fna::detail::LaunchRecord r = fna::detail::last_launch();
     d["forward"] = r.forward;
     d["backward"] = r.backward;
     d["forward_tma"] = r.forward_tma;
@@ -606,7 +606,7 @@ NB_MODULE(_C, m) {
     d["forward_smem"] = r.forward_smem;
 #endif
     return d;
-  }, "What the last cuda-fused launch of this thread ran (for tests: the plan is what runs).");
+  }, "What the last cuda-fused launches ran (for tests: the plan is what runs).");
   m.def("version", [] { return std::string(fna::version()); });
   m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
 }

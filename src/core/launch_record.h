@@ -1,4 +1,4 @@
-// What the last cuda-fused launch of the calling thread ran, written by the fused launch paths
+// What the last cuda-fused launches of the process ran, written by the fused launch paths
 // from the plan they consumed (src/cuda/fused/plan/forward.cu, backward.cu). For tests: the plan that
 // fna::fused_plan reports is the kernel launched. Plain C++ (the Python bindings read it).
 #pragma once
@@ -16,8 +16,11 @@ struct LaunchRecord {
   unsigned forward_grid = 0;
   size_t forward_smem = 0;
 };
-// Defined with the fused backend (FNA_WITH_CUDA_FUSED).
-LaunchRecord& last_launch();
+// Defined with the fused backend (FNA_WITH_CUDA_FUSED); thread-safe (autograd runs the backward
+// on its own thread). A copy of the record, and the writers of its forward / backward halves.
+LaunchRecord last_launch();
+void record_forward_launch(const std::string& config, bool tma, unsigned grid, size_t smem);
+void record_backward_launch(const std::string& config, bool tma);
 
 }  // namespace detail
 }  // namespace fna

@@ -538,9 +538,7 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (!st.ok()) return st;
   BwdPlan plan;
   if (!(st = make_bwd_plan(pr, opt, p, &plan)).ok()) return st;
-  LaunchRecord& rec = last_launch();
-  rec.backward = plan.cfg.name();
-  rec.backward_tma = plan.launch.tma.on != 0;
+  record_backward_launch(plan.cfg.name(), plan.launch.tma.on != 0);
   if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
   // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
   if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, plan);

@@ -3,6 +3,7 @@
 // launch, a call through the plan's table row. The kernels are instantiated from the same table
 // (configs/forward.h) by the files CMake generates.
 #include <algorithm>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -511,9 +512,28 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   return Status::Ok();
 }
 
-LaunchRecord& last_launch() {
-  static thread_local LaunchRecord r;
-  return r;
+namespace {
+std::mutex launch_mu;
+LaunchRecord launch_record;
+}  // namespace
+
+LaunchRecord last_launch() {
+  std::lock_guard<std::mutex> lock(launch_mu);
+  return launch_record;
+}
+
+void record_forward_launch(const std::string& config, bool tma, unsigned grid, size_t smem) {
+  std::lock_guard<std::mutex> lock(launch_mu);
+  launch_record.forward = config;
+  launch_record.forward_tma = tma;
+  launch_record.forward_grid = grid;
+  launch_record.forward_smem = smem;
+}
+
+void record_backward_launch(const std::string& config, bool tma) {
+  std::lock_guard<std::mutex> lock(launch_mu);
+  launch_record.backward = config;
+  launch_record.backward_tma = tma;
 }
 
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
@@ -548,9 +568,17 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
-  // The backward's plan; a problem the fused backward does not take leaves its fields empty.
+  // The backward's plan; a problem the fused backward does not take leaves its fields empty,
+  // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;
-  if (cuda_fused_backward_plan(p, opt, &bwd).ok()) *out = bwd;
+  st = cuda_fused_backward_plan(p, opt, &bwd);
+  const Tuning& t = opt.tuning;
+  const bool asked = !opt.backward_config.empty() || t.bwd_kernel != BwdKernel::automatic ||
+                     t.bwd_copy != CopyEngine::automatic || !t.bwd_walk.empty();
+  if (st.ok())
+    *out = bwd;
+  else if (asked || st.code == Code::invalid_argument)
+    return st;
   return Status::Ok();
 }
 
@@ -585,11 +613,8 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
   fill_params(p, &a, opt, &fp);
   fused::FwdPlan plan;
   if (!(st = make_fwd_plan(p, opt, &fp, &plan)).ok()) return st;
-  LaunchRecord& rec = last_launch();
-  rec.forward = plan.config;
-  rec.forward_tma = plan.launch.tma.on || plan.launch.strip_tma.on;
-  rec.forward_grid = plan.launch.grid;
-  rec.forward_smem = plan.launch.smem;
+  record_forward_launch(plan.config, plan.launch.tma.on || plan.launch.strip_tma.on,
+                        plan.launch.grid, plan.launch.smem);
   if (plan.launch.ctas == 0) return Status::Ok();
   return cuda_status(plan.launcher(fp, plan.launch, stream_of(opt)),
                      ("launching " + plan.config).c_str());
