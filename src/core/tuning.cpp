@@ -157,8 +157,9 @@ std::string tuning_string(const Tuning& t) {
 namespace detail {
 
 // Every non-default field must concern the backend that runs the call, hold a known value, and
-// (walks) name each of the problem's axes once.
-Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved) {
+// (walks) name each of the problem's axes once; the unfused operators take none (no field
+// changes what they run).
+Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved, bool unfused) {
   Tuning& m = const_cast<Tuning&>(t);
   for (const Field& f : fields()) {
     const std::string v = value_text(f, t);
@@ -185,6 +186,8 @@ Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved) {
         return invalid(what + " must name each of the problem's " + std::to_string(p.rank) +
                        " axes once, fastest first");
     }
+    if (unfused)
+      return invalid(what + ": the unfused operators (qk / av) take no tuning");
     if (resolved != f.backend)
       return invalid(what + " concerns backend=" + backend_name(f.backend) + ", but backend=" +
                      backend_name(resolved) + " runs this call");

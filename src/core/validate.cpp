@@ -175,7 +175,7 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (!opt.config.empty() && r != Backend::cuda_fused)
     return invalid("config='" + opt.config + "' names a cuda-fused tile configuration, but backend=" +
                    backend_name(r) + " runs this call");
-  Status st = validate_tuning(p, opt.tuning, r);
+  Status st = validate_tuning(p, opt.tuning, r, unfused);
   if (!st.ok()) return st;
   *resolved = r;
   return Status::Ok();

@@ -25,7 +25,7 @@ void extents_lse(const Problem& p, int64_t* out, int* ndim);
 void extents_add(const Problem& p, int64_t dim, int64_t* out, int* ndim);
 
 // Options::tuning against the problem and the backend that runs the call (core/tuning.cpp).
-Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved);
+Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved, bool unfused);
 
 Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused);
 

@@ -105,7 +105,8 @@ TEST_P(CpuVsReference, Unfused) {
     SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
     fna::Problem p32 = c.p;
     p32.dtype = fna::DType::f32;
-    const fna::Options cpu = this->cpu(c, 2);
+    // The unfused operators take no tuning (their kernels do not depend on the ISA or panels).
+    const fna::Options cpu = cpu_options(c, 2, fna::Tuning{});
     const fna::Options ref = options_for(c, fna::Backend::reference);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     ProblemTensors got(c);
@@ -146,9 +147,10 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
     Case c = random_case(11000 + i, rank(), 1, lim);
     SCOPED_TRACE("case " + std::to_string(i) + " " + c.str());
     ProblemTensors t(c);
-    fna::Options o = cpu(c, 2);
-    o.scale = c.resolved_scale();
-    ASSERT_TRUE(fna::qk_forward(c.p, t.qk_args(), o).ok());
+    fna::Options o = cpu(c, 2);  // the forward below runs with the parameter's tuning
+    fna::Options unfused = cpu_options(c, 2, fna::Tuning{});  // the qk / av operators take none
+    o.scale = unfused.scale = c.resolved_scale();
+    ASSERT_TRUE(fna::qk_forward(c.p, t.qk_args(), unfused).ok());
     const int64_t S = c.p.window() + c.p.num_additional;
     std::vector<double> w = t.attn.to_double();
     for (size_t r = 0; r < w.size(); r += static_cast<size_t>(S)) {
@@ -158,7 +160,7 @@ TEST_P(CpuVsReference, UnfusedComposesToForward) {
       for (int64_t s = 0; s < S; ++s) w[r + s] = std::exp(w[r + s] - m) / sum;
     }
     t.attn.from_double(w);
-    ASSERT_TRUE(fna::av_forward(c.p, t.av_args(), o).ok());
+    ASSERT_TRUE(fna::av_forward(c.p, t.av_args(), unfused).ok());
     const std::vector<double> composed = t.o.to_double();
     t.poison_outputs();
     ASSERT_TRUE(fna::forward(c.p, t.forward_args(), o).ok());

@@ -174,6 +174,23 @@ TEST(TuningValidation, CpuFieldWithReferenceBackendIsRejected) {
   EXPECT_TRUE(contains(st.message, "naive_workspace_bytes")) << st.message;
 }
 
+// The unfused operators take no tuning (no field changes what they run): a field set for them is
+// an error naming it, on the backend the field belongs to as well.
+TEST(TuningValidation, UnfusedOperatorsTakeNone) {
+  const Case c = f32_case(31500, 2);
+  ProblemTensors t(c);
+  for (fna::Backend b : {fna::Backend::cpu, fna::Backend::reference}) {
+    fna::Options o = options_for(c, b);
+    o.tuning.cpu_isa = fna::CpuIsa::generic;
+    const fna::Status st = fna::qk_forward(c.p, t.qk_args(), o);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << st.message;
+    EXPECT_TRUE(contains(st.message, "cpu_isa")) << st.message;
+    EXPECT_TRUE(contains(st.message, "unfused")) << st.message;
+    o.tuning = fna::Tuning{};
+    EXPECT_TRUE(fna::qk_forward(c.p, t.qk_args(), o).ok());
+  }
+}
+
 TEST(TuningValidation, WalkMustNameEachAxisOnce) {
   for (int rank = 1; rank <= 3; ++rank) {
     const Case c = f32_case(32000 + rank, rank);

@@ -374,11 +374,10 @@ int main(int argc, char** argv) {
           if (rc.allow_tf32 && cases[i].p.dtype != fna::DType::f32) continue;
           rc.use_stream = i % 2 == 1;
           rc.deterministic = i % 4 == 0 && !atomic_only;
-          // Every third case makes cuda-naive split its workspace into one (batch, kv head) pair
-          // per chunk, the path large problems take (a tuning field of cuda-naive calls only:
-          // explicit, or automatic for the unfused operators).
-          const bool naive = backend == fna::Backend::cuda_naive ||
-                             (backend == fna::Backend::automatic && fna_gpu_test::op_is_unfused(op));
+          // Every third case makes cuda-naive's attention (forward / backward) split its
+          // workspace into one (batch, kv head) pair per chunk, the path large problems take (a
+          // tuning field of explicit cuda-naive calls; the unfused operators take no tuning).
+          const bool naive = backend == fna::Backend::cuda_naive && !fna_gpu_test::op_is_unfused(op);
           rc.tuning = base_tuning;
           rc.tuning.naive_workspace_bytes = naive && i % 3 == 2 ? 1 : 0;
           const Outcome o = fna_gpu_test::run_case(op, cases[i], rc);
