@@ -256,6 +256,7 @@ struct FusedPlan {
   bool backward_deterministic = false;
   std::vector<int> backward_kv_tile, backward_q_tile;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
+  int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
   double backward_visited_tiles = 0;
   double backward_needed_fraction = 0;
   std::vector<int> backward_walk;

@@ -86,7 +86,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     tiling efficiency), ``walk`` (the spatial axes in the order the CTAs take their tiles, fastest
     first); and for the backward ``backward_config``, ``backward_family``, ``backward_copy``,
     ``backward_deterministic``, ``backward_kv_tile`` / ``backward_q_tile`` (the dK / dV kernel's
-    key tile and the query tiles it visits), ``backward_grid``, ``backward_visited_tiles``,
+    key tile and the query tiles it visits), ``backward_grid``, ``backward_smem``,
+    ``backward_visited_tiles``,
     ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does
     not take the problem). Needs a CUDA device (the plan depends on its properties).
     """

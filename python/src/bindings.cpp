@@ -583,6 +583,7 @@ NB_MODULE(_C, m) {
     d["backward_kv_tile"] = list(plan.backward_kv_tile);
     d["backward_q_tile"] = list(plan.backward_q_tile);
     d["backward_grid"] = plan.backward_grid;
+    d["backward_smem"] = plan.backward_smem;
     d["backward_visited_tiles"] = plan.backward_visited_tiles;
     d["backward_needed_fraction"] = plan.backward_needed_fraction;
     d["backward_walk"] = list(plan.backward_walk);

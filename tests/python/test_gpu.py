@@ -551,6 +551,8 @@ def test_plan_is_what_runs():
             out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, deterministic=det)
             dq, dk, dv = torch.autograd.grad(out.float().square().sum(), (q, k, v))
             assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+            assert 0 < plan["backward_smem"] <= optin
             grads[(fam, det)] = (dq.float(), dk.float(), dv.float())
     base = grads[("sm80", True)]
     for key, gr in grads.items():

@@ -201,6 +201,8 @@ int run_one(const BenchConfig& cfg) {
   std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s, threads: %d\n",
               forward_flops(cfg.problem), cfg.device == fna::Device::cpu ? "cpu" : "cuda",
               cfg.threads);
+  if (!fna::tuning_string(cfg.tuning).empty())
+    std::printf("tuning: %s\n", fna::tuning_string(cfg.tuning).c_str());
   Buffers buf(cfg.problem, cfg.device, /*seed=*/1234);
   if (!buf.error().empty()) {
     std::fprintf(stderr, "fna-bench: %s\n", buf.error().c_str());

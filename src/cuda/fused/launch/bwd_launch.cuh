@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/backends.h"
@@ -91,6 +92,29 @@ struct DkdvLaunch {
   }
 };
 
+// The most dynamic shared memory one of the kernels launch_backward runs for `l` takes (bytes):
+// the plan checks it against the device before anything is queued.
+template <typename T, int kD>
+size_t backward_smem(const BwdLaunch& l) {
+#if defined(FNA_WITH_SM90)
+  if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
+    if (l.family != fused::BwdFamily::sm80) return dkdv_sm90_smem<T, kD>(l.family);
+  }
+#endif
+  using S = BwdShape<T, kD>;
+  size_t m = 0;
+  if constexpr (S::kSplit) {
+    m = std::max(DkdvLaunch<T, kD, false, kPassDv>::Tr::kSmem,
+                 l.deterministic ? DkdvLaunch<T, kD, false, kPassDk>::Tr::kSmem
+                                 : DkdvLaunch<T, kD, true, kPassDk>::Tr::kSmem);
+  } else {
+    m = l.deterministic ? DkdvLaunch<T, kD, false, kPassBoth>::Tr::kSmem
+                        : DkdvLaunch<T, kD, true, kPassBoth>::Tr::kSmem;
+  }
+  if (l.deterministic) m = std::max(m, size_t(DqTraits<T, kD, S::kDqWarps, S::kDqKeys>::kSmem));
+  return m;
+}
+
 // p_dkdv / p_dq carry their own tile shapes and tile counts; `l` is the plan's (family, mode,
 // grids, maps). In the atomic mode (!l.deterministic; p_dkdv.dq_accum set and zeroed) dQ is
 // accumulated with atomics in the dK / dV kernel, then converted; in the deterministic mode the dQ
@@ -150,11 +174,13 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
   return launch_error("dq");
 }
 
-#define FNA_BWD_DECLARE(T, D) \
-  extern template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&, \
-                                               cudaStream_t);
-#define FNA_BWD_INSTANTIATE(T, D) \
-  template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&, cudaStream_t);
+#define FNA_BWD_DECLARE(T, D)                                                                  \
+  extern template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&,  \
+                                               cudaStream_t);                                    \
+  extern template size_t backward_smem<T, D>(const BwdLaunch&);
+#define FNA_BWD_INSTANTIATE(T, D)                                                                \
+  template Status launch_backward<T, D>(const Params&, const Params&, const BwdLaunch&, cudaStream_t); \
+  template size_t backward_smem<T, D>(const BwdLaunch&);
 
 }  // namespace bwd
 }  // namespace fna

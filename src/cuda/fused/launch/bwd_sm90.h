@@ -18,6 +18,9 @@ namespace bwd {
 // p.dq_accum by atomics, then dQ converted; p's tiles must be 128 keys x 64 queries.
 template <typename T, int kD>
 Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream);
+// The dynamic shared memory of family f's kernel (bytes).
+template <typename T, int kD>
+size_t dkdv_sm90_smem(fused::BwdFamily f);
 
 
 }  // namespace bwd

@@ -53,8 +53,15 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
   return launch_error("dq convert");
 }
 
-#define FNA_BWD_SM90_INSTANTIATE(T, D) \
-  template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t);
+template <typename T, int kD>
+size_t dkdv_sm90_smem(fused::BwdFamily f) {
+  return f == fused::BwdFamily::sm90ws ? size_t(DkdvSm90WsTraits<T, kD>::kSmem)
+                                       : size_t(DkdvSm90Traits<T, kD>::kSmem);
+}
+
+#define FNA_BWD_SM90_INSTANTIATE(T, D)                                                    \
+  template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t); \
+  template size_t dkdv_sm90_smem<T, D>(fused::BwdFamily);
 
 }  // namespace bwd
 }  // namespace fna

@@ -335,6 +335,19 @@ struct BwdPlan {
   TileRows rows{};
 };
 
+// backward_smem (launch/bwd_launch.cuh) of the kernels instantiated for (dtype, padded dim).
+template <typename T>
+size_t smem_of(int dpad, const BwdLaunch& l) {
+  if (dpad == 64) return backward_smem<T, 64>(l);
+  if (dpad == 256) return backward_smem<T, 256>(l);
+  return backward_smem<T, 128>(l);
+}
+size_t smem_of(DType dtype, bool tf32, int dpad, const BwdLaunch& l) {
+  if (dtype == DType::f32) return tf32 ? smem_of<mma::TF32>(dpad, l) : smem_of<mma::F32>(dpad, l);
+  if (dtype == DType::f16) return smem_of<__half>(dpad, l);
+  return smem_of<__nv_bfloat16>(dpad, l);
+}
+
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
@@ -390,6 +403,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                          std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
   }
   l.family = family;
+  l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
+  if (l.smem > static_cast<size_t>(dev.smem_optin))
+    return unsupported(std::string(fused::family_name(family)) + " kernels need " +
+                       std::to_string(l.smem) + " bytes of shared memory per block, the device has " +
+                       std::to_string(dev.smem_optin));
   if (t.bwd_copy != CopyEngine::automatic && family != fused::BwdFamily::sm90ws)
     return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but "
                        "the plan runs " + std::string(fused::family_name(family)));
@@ -577,6 +595,7 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
+  out->backward_smem = static_cast<int64_t>(plan.launch.smem);
   out->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
   const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
   out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;

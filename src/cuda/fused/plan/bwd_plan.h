@@ -47,6 +47,7 @@ struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
   bool deterministic = false;  // dQ by its own kernel (sm80 only), else by atomics
   dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
+  size_t smem = 0;             // the most dynamic shared memory one of its kernels takes
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
 };
 

@@ -13,16 +13,9 @@
 namespace fna {
 namespace bwd {
 
-// Sets the dynamic shared memory of `kernel`, or reports that the device cannot hold it.
+// Sets the dynamic shared memory of `kernel` (the plan checked that the device holds it).
 template <typename Kernel>
 Status set_smem(Kernel kernel, size_t bytes, const char* name) {
-  int dev = 0, optin = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (bytes > size_t(optin))
-    return {Code::unsupported, std::string("backend=cuda-fused: ") + name + " needs " +
-                                   std::to_string(bytes) + " bytes of shared memory, device has " +
-                                   std::to_string(optin)};
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (err != cudaSuccess) return {Code::runtime_error, std::string(name) + ": " + cudaGetErrorString(err)};
