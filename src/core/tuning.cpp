@@ -22,27 +22,32 @@ const std::vector<std::string> kPanels = {"automatic", "rings", "shared"};
 
 enum class Kind { enumeration, integer, walk };
 
+// One field: its key, the backend it concerns, its kind, and how to read and write it (enums and
+// integers as int64; walks as the string member).
 struct Field {
   const char* key;
-  Backend backend;  // the backend the field concerns
+  Backend backend;
   Kind kind;
-  const std::vector<std::string>* names;  // enumerations
-  int* (*as_enum)(Tuning*);
-  int64_t* (*as_int)(Tuning*);
-  std::string* (*as_walk)(Tuning*);
+  const std::vector<std::string>* names;  // enumerations: the text of each value
+  int64_t (*get)(const Tuning&);
+  void (*set)(Tuning&, int64_t);
+  std::string Tuning::*walk;
 };
 
-template <class E>
-int* enum_ptr(E* e) {
-  return reinterpret_cast<int*>(e);
-}
-
-#define FNA_ENUM_FIELD(name, backend, names) \
-  Field { #name, backend, Kind::enumeration, &names, [](Tuning* t) { return enum_ptr(&t->name); }, nullptr, nullptr }
+#define FNA_ENUM_FIELD(name, backend, names)                                            \
+  Field {                                                                               \
+    #name, backend, Kind::enumeration, &names,                                          \
+        [](const Tuning& t) { return static_cast<int64_t>(t.name); },                   \
+        [](Tuning& t, int64_t v) { t.name = static_cast<decltype(t.name)>(v); }, nullptr \
+  }
+#define FNA_INT_FIELD(name, backend)                                                    \
+  Field {                                                                               \
+    #name, backend, Kind::integer, nullptr,                                             \
+        [](const Tuning& t) { return static_cast<int64_t>(t.name); },                   \
+        [](Tuning& t, int64_t v) { t.name = static_cast<decltype(t.name)>(v); }, nullptr \
+  }
 #define FNA_WALK_FIELD(name, backend) \
-  Field { #name, backend, Kind::walk, nullptr, nullptr, nullptr, [](Tuning* t) { return &t->name; } }
-
-int64_t* naive_ws(Tuning* t) { return &t->naive_workspace_bytes; }
+  Field { #name, backend, Kind::walk, nullptr, nullptr, nullptr, &Tuning::name }
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
@@ -57,11 +62,9 @@ const std::vector<Field>& fields() {
       FNA_ENUM_FIELD(bwd_kernel, Backend::cuda_fused, kBwdKernel),
       FNA_ENUM_FIELD(bwd_copy, Backend::cuda_fused, kCopy),
       FNA_WALK_FIELD(bwd_walk, Backend::cuda_fused),
-      Field{"naive_workspace_bytes", Backend::cuda_naive, Kind::integer, nullptr, nullptr,
-            &naive_ws, nullptr},
+      FNA_INT_FIELD(naive_workspace_bytes, Backend::cuda_naive),
       FNA_ENUM_FIELD(cpu_isa, Backend::cpu, kIsa),
-      // cpu_band is an int: no int64 accessor (get_int / set_tuning read and write it directly).
-      Field{"cpu_band", Backend::cpu, Kind::integer, nullptr, nullptr, nullptr, nullptr},
+      FNA_INT_FIELD(cpu_band, Backend::cpu),
       FNA_ENUM_FIELD(cpu_strips, Backend::cpu, kSwitch),
       FNA_ENUM_FIELD(cpu_panels, Backend::cpu, kPanels),
       FNA_ENUM_FIELD(cpu_acc_rings, Backend::cpu, kSwitch),
@@ -69,6 +72,7 @@ const std::vector<Field>& fields() {
   return f;
 }
 #undef FNA_ENUM_FIELD
+#undef FNA_INT_FIELD
 #undef FNA_WALK_FIELD
 
 Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }
@@ -79,27 +83,19 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// The value of an integer field (cpu_band is an int, the others int64).
-int64_t get_int(const Field& f, const Tuning& t) {
-  Tuning& m = const_cast<Tuning&>(t);
-  return f.as_int ? *f.as_int(&m) : int64_t(t.cpu_band);
-}
-
 // The field's value as text, or "" when it holds its default.
 std::string value_text(const Field& f, const Tuning& t) {
-  Tuning& m = const_cast<Tuning&>(t);
-  switch (f.kind) {
-    case Kind::enumeration: {
-      const int v = *f.as_enum(&m);
-      return v == 0 ? "" : (*f.names)[static_cast<size_t>(v)];
-    }
-    case Kind::integer: {
-      const int64_t v = get_int(f, t);
-      return v == 0 ? "" : std::to_string(v);
-    }
-    case Kind::walk: return *f.as_walk(&m);
-  }
-  return "";
+  if (f.kind == Kind::walk) return t.*f.walk;
+  const int64_t v = f.get(t);
+  if (v == 0) return "";
+  if (f.kind == Kind::integer) return std::to_string(v);
+  return v > 0 && v < static_cast<int64_t>(f.names->size()) ? (*f.names)[static_cast<size_t>(v)]
+                                                              : std::to_string(v);
+}
+
+// The largest value an integer field takes.
+int64_t int_cap(const Field& f) {
+  return std::string(f.key) == "cpu_band" ? 1024 : (int64_t(1) << 62);
 }
 
 }  // namespace
@@ -118,7 +114,7 @@ Status set_tuning(Tuning* t, const std::string& key, const std::string& value) {
       case Kind::enumeration:
         for (size_t i = 0; i < f.names->size(); ++i)
           if (value == (*f.names)[i]) {
-            *f.as_enum(t) = static_cast<int>(i);
+            f.set(*t, static_cast<int64_t>(i));
             return Status::Ok();
           }
         return invalid(what + " is not one of " + join(*f.names));
@@ -126,19 +122,16 @@ Status set_tuning(Tuning* t, const std::string& key, const std::string& value) {
         char* end = nullptr;
         errno = 0;
         const long long v = value.empty() ? -1 : std::strtoll(value.c_str(), &end, 10);
-        const int64_t cap = f.as_int ? (int64_t(1) << 62) : 1024;
+        const int64_t cap = int_cap(f);
         if (value.empty() || errno != 0 || *end != '\0' || v < 0 || v > cap)
           return invalid(what + " must be an integer in [0, " + std::to_string(cap) + "]");
-        if (f.as_int)
-          *f.as_int(t) = v;
-        else
-          t->cpu_band = static_cast<int>(v);
+        f.set(*t, v);
         return Status::Ok();
       }
       case Kind::walk:
         for (char c : value)
           if (c < '0' || c > '2') return invalid(what + " must be axis digits 0-2, fastest first");
-        *f.as_walk(t) = value;
+        t->*f.walk = value;
         return Status::Ok();
     }
   }
@@ -160,31 +153,27 @@ namespace detail {
 // (walks) name each of the problem's axes once; the unfused operators take none (no field
 // changes what they run).
 Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved, bool unfused) {
-  Tuning& m = const_cast<Tuning&>(t);
   for (const Field& f : fields()) {
     const std::string v = value_text(f, t);
     if (v.empty()) continue;
     const std::string what = std::string("tuning ") + f.key + "='" + v + "'";
-    if (f.kind == Kind::enumeration) {
-      const int e = *f.as_enum(&m);
-      if (e < 0 || e >= static_cast<int>(f.names->size()))
-        return invalid(std::string("tuning ") + f.key + "=" + std::to_string(e) +
-                       " is not one of " + join(*f.names));
-    }
-    if (f.kind == Kind::integer && get_int(f, t) < 0)
-      return invalid(what + " must be >= 0");
+    if (f.kind == Kind::enumeration &&
+        (f.get(t) < 0 || f.get(t) >= static_cast<int64_t>(f.names->size())))
+      return invalid(std::string("tuning ") + f.key + "=" + v + " is not one of " +
+                     join(*f.names));
+    if (f.kind == Kind::integer && (f.get(t) < 0 || f.get(t) > int_cap(f)))
+      return invalid(what + " must be an integer in [0, " + std::to_string(int_cap(f)) + "]");
     if (f.kind == Kind::walk) {
       int seen = 0;
+      bool ok = static_cast<int>(v.size()) == p.rank;
       for (char c : v) {
         const int ax = c - '0';
-        if (ax < 0 || ax >= p.rank || (seen & (1 << ax)))
-          return invalid(what + " must name each of the problem's " + std::to_string(p.rank) +
-                         " axes (0.." + std::to_string(p.rank - 1) + ") once, fastest first");
-        seen |= 1 << ax;
+        ok = ok && ax >= 0 && ax < p.rank && !(seen & (1 << ax));
+        if (ax >= 0 && ax < 30) seen |= 1 << ax;
       }
-      if (static_cast<int>(v.size()) != p.rank)
+      if (!ok)
         return invalid(what + " must name each of the problem's " + std::to_string(p.rank) +
-                       " axes once, fastest first");
+                       " axes (0.." + std::to_string(p.rank - 1) + ") once, fastest first");
     }
     if (unfused)
       return invalid(what + ": the unfused operators (qk / av) take no tuning");
