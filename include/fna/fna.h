@@ -215,7 +215,17 @@ bool cuda_available();                     // compiled with CUDA and a device is
 // Resolve `automatic` for a device; returns the backend that would run.
 Backend resolve_backend(Backend requested, Device device);
 // Validation alone (what every entry point runs first). Exposed for bindings and tests.
+// Sizes are bounded for every backend: batch, heads, heads_kv, dim, dim_v, num_additional and each
+// shape[i] at most 2^30 (the kernels hold them in 32-bit ints), kernel_size[i] * dilation[i] <=
+// shape[i] (checked without forming the product), and the largest tensor within 2^62 bytes.
 Status validate_problem(const Problem& p);
+// validate_problem, then the limits of backend `b`'s kernels beyond it: `unsupported`, naming the
+// size, its value and the limit (cuda-naive: window + num_additional <= 2^31 - 1, one attention
+// row's index is 32-bit; cuda-fused: the product of the dilations <= 2^31 - 1, the dilation
+// groups are counted in 32 bits). Every entry point checks the backend that runs the call before
+// any kernel runs; needs neither a device nor `b` compiled in, so every backend's limits can be
+// checked anywhere. `automatic`: validate_problem alone.
+Status validate_backend_limits(const Problem& p, Backend b);
 
 // Names of the cuda_fused tile configurations valid for (rank, dtype, head dim); empty without CUDA.
 // fna_fwd_sm80_* run on every sm_80+ device; fna_fwd_sm90_* (wgmma) only on compute capability 9.0.

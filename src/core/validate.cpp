@@ -4,22 +4,28 @@
 #include <cmath>
 #include <cstdint>
 #include <sstream>
+#include <utility>
 
 #include "core/backends.h"
 
 namespace fna {
 
-int64_t Problem::tokens() const {
+namespace {
+
+// prod(v[0..rank)), saturating at INT64_MAX (these run before validation too: the tensor checks
+// are built first, and a hostile shape must not wrap to a small product).
+int64_t saturating_product(const int64_t* v, int rank) {
   int64_t n = 1;
-  for (int i = 0; i < rank && i < kMaxRank; ++i) n *= shape[i];
+  for (int i = 0; i < rank && i < kMaxRank; ++i)
+    if (__builtin_mul_overflow(n, v[i], &n)) return INT64_MAX;
   return n;
 }
 
-int64_t Problem::window() const {
-  int64_t w = 1;
-  for (int i = 0; i < rank && i < kMaxRank; ++i) w *= kernel_size[i];
-  return w;
-}
+}  // namespace
+
+int64_t Problem::tokens() const { return saturating_product(shape, rank); }
+
+int64_t Problem::window() const { return saturating_product(kernel_size, rank); }
 
 namespace {
 
@@ -32,21 +38,42 @@ std::string str(const T& v) {
   return os.str();
 }
 
+// a * b, false where it overflows int64.
+bool mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+// Every size the kernels narrow to 32-bit int (heads, head dims, additional keys, per-axis
+// lengths and parameters) is at most this; products of them are checked separately.
+constexpr int64_t kMaxSize = int64_t(1) << 30;
+// The most bytes one tensor may span (its element count times the element size, and its largest
+// offset from the data pointer): far above any memory, far below int64 overflow.
+constexpr int64_t kMaxBytes = int64_t(1) << 62;
+
+Status size_in_range(const char* name, int64_t v, int64_t lo) {
+  if (v < lo || v > kMaxSize)
+    return invalid(std::string(name) + "=" + str(v) + " must be in [" + str(lo) + ", 2^30]");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate_problem(const Problem& p) {
   if (p.rank < 1 || p.rank > kMaxRank)
     return invalid("rank=" + str(p.rank) + " must be 1, 2 or 3");
-  if (p.batch < 1) return invalid("batch=" + str(p.batch) + " must be >= 1");
-  if (p.heads < 1) return invalid("heads=" + str(p.heads) + " must be >= 1");
-  if (p.heads_kv < 1) return invalid("heads_kv=" + str(p.heads_kv) + " must be >= 1");
+  // Sizes the kernels hold in 32-bit ints are bounded here, once for every backend, so that no
+  // narrowing can wrap (a head dim of 2^32 + 1 must not run as 1).
+  const std::pair<const char*, int64_t> sizes[] = {{"batch", p.batch}, {"heads", p.heads},
+                                                   {"heads_kv", p.heads_kv}, {"dim", p.dim},
+                                                   {"dim_v", p.dim_v}};
+  for (const auto& s : sizes) {
+    if (s.second < 1) return invalid(std::string(s.first) + "=" + str(s.second) + " must be >= 1");
+    if (Status st = size_in_range(s.first, s.second, 1); !st.ok()) return st;
+  }
   if (p.heads % p.heads_kv != 0)
     return invalid("heads=" + str(p.heads) + " is not a multiple of heads_kv=" + str(p.heads_kv) +
                    " (H % H_kv must be 0)");
-  if (p.dim < 1) return invalid("dim=" + str(p.dim) + " must be >= 1");
-  if (p.dim_v < 1) return invalid("dim_v=" + str(p.dim_v) + " must be >= 1");
   if (p.num_additional < 0)
     return invalid("num_additional=" + str(p.num_additional) + " must be >= 0");
+  if (Status st = size_in_range("num_additional", p.num_additional, 0); !st.ok()) return st;
   if (p.dtype != DType::f32 && p.dtype != DType::f16 && p.dtype != DType::bf16)
     return {Code::unsupported, "dtype=" + str(static_cast<int>(p.dtype)) +
                                    " is not one of float32, float16, bfloat16"};
@@ -60,12 +87,52 @@ Status validate_problem(const Problem& p) {
       return invalid("kernel_size" + ax + "=" + str(p.kernel_size[i]) + " must be >= 1");
     if (p.dilation[i] < 1)
       return invalid("dilation" + ax + "=" + str(p.dilation[i]) + " must be >= 1");
-    if (p.kernel_size[i] * p.dilation[i] > p.shape[i])
+    // K * d > L without forming K * d (which can wrap: 2^32 * 2^32 is 0 in int64); for positive
+    // integers K * d > L exactly when K > floor(L / d). Bounds K and d by L <= 2^30 too.
+    if (p.kernel_size[i] > p.shape[i] / p.dilation[i])
       return invalid("kernel_size" + ax + "=" + str(p.kernel_size[i]) + " * dilation" + ax + "=" +
                      str(p.dilation[i]) + " exceeds input length " + str(p.shape[i]));
     if (p.stride[i] < 1 || p.stride[i] > p.kernel_size[i])
       return invalid("stride" + ax + "=" + str(p.stride[i]) + " must be in [1, kernel_size" + ax +
                      "=" + str(p.kernel_size[i]) + "]");
+  }
+  // The largest tensors of a call (query / output [B, *shape, H, D or D_v], key / value with
+  // H_kv) must be addressable: their element counts and byte sizes may not overflow int64.
+  // (The window is at most the token count, so attention rows are checked with their tensors.)
+  int64_t elems = p.batch;
+  const int64_t dmax = std::max(p.dim, p.dim_v);
+  bool fits = true;
+  for (int i = 0; i < p.rank; ++i) fits = fits && mul(elems, p.shape[i], &elems);
+  fits = fits && mul(elems, p.heads, &elems) && mul(elems, dmax, &elems);
+  int64_t bytes = 0;
+  fits = fits && mul(elems, detail::dtype_size(p.dtype), &bytes) && bytes <= kMaxBytes;
+  if (!fits) {
+    std::string ext = "batch=" + str(p.batch);
+    for (int i = 0; i < p.rank; ++i) ext += " * shape[" + str(i) + "]=" + str(p.shape[i]);
+    return invalid(ext + " * heads=" + str(p.heads) + " * max(dim, dim_v)=" + str(dmax) +
+                   " elements of " + dtype_name(p.dtype) + " exceed 2^62 bytes");
+  }
+  return Status::Ok();
+}
+
+Status validate_backend_limits(const Problem& p, Backend b) {
+  Status st = validate_problem(p);
+  if (!st.ok()) return st;
+  constexpr int64_t kInt32Max = 2147483647;
+  if (b == Backend::cuda_naive) {
+    // make_geometry holds W + N_add (one row of attention weights) in an int.
+    const int64_t cols = p.window() + p.num_additional;  // window() <= tokens() <= 2^62
+    if (cols > kInt32Max)
+      return {Code::unsupported, "window=" + str(p.window()) + " + num_additional=" +
+                                     str(p.num_additional) + " = " + str(cols) +
+                                     " exceeds backend=cuda-naive's limit of 2^31 - 1"};
+  } else if (b == Backend::cuda_fused) {
+    // ProblemBlock::groups (Geometry::num_groups) is an int.
+    int64_t groups = 1;
+    for (int i = 0; i < p.rank; ++i) groups *= p.dilation[i];  // each <= 2^30, rank <= 3: no wrap
+    if (groups > kInt32Max)
+      return {Code::unsupported, "the product of the dilations (dilation groups) = " + str(groups) +
+                                     " exceeds backend=cuda-fused's limit of 2^31 - 1"};
   }
   return Status::Ok();
 }
@@ -108,12 +175,24 @@ Status check_tensor(const TensorCheck& t, const Options& opt) {
   if (addr % static_cast<std::uintptr_t>(t.elem_size) != 0)
     return invalid(std::string(t.name) + " pointer " + str(t.ref->data) +
                    " is not aligned to its element size " + str(t.elem_size));
+  // The farthest element from the data pointer, sum_d (extent_d - 1) * |stride_d| elements,
+  // times the element size: the backends form these offsets in int64, so a hostile stride (or an
+  // extent * stride product) that wraps is an error here, not a wild pointer there.
+  int64_t reach = 0;
   for (int d = 0; d < t.ndim; ++d) {
     const int64_t s = t.ref->strides[d];
     // Outputs must not alias themselves: every dimension of extent > 1 needs a positive stride.
     if (t.output && t.extents[d] > 1 && s < 1)
       return invalid(std::string(t.name) + " stride[" + str(d) + "]=" + str(s) +
                      " must be >= 1 for an output of extent " + str(t.extents[d]));
+    if (t.extents[d] <= 1) continue;
+    int64_t span = 0;
+    const bool ok = s != INT64_MIN && mul(t.extents[d] - 1, s < 0 ? -s : s, &span) &&
+                    mul(span, t.elem_size, &span) && span <= kMaxBytes &&
+                    !__builtin_add_overflow(reach, span, &reach) && reach <= kMaxBytes;
+    if (!ok)
+      return invalid(std::string(t.name) + " extent " + str(t.extents[d]) + " * stride[" + str(d) +
+                     "]=" + str(s) + " reaches beyond 2^62 bytes from its data pointer");
   }
   if (opt.device == Device::cuda) {
     Status st = cuda_check_pointer(t.ref->data, opt.device_index, t.name);
@@ -175,6 +254,14 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (!opt.config.empty() && r != Backend::cuda_fused)
     return invalid("config='" + opt.config + "' names a cuda-fused tile configuration, but backend=" +
                    backend_name(r) + " runs this call");
+  // The kernels' size limits, before any kernel runs. `auto` that resolved to cuda-fused falls
+  // back to cuda-naive for problems the fused kernels do not take (their plans answer
+  // `unsupported`), so it fails here only where neither backend can index the problem.
+  Status lim = validate_backend_limits(p, r);
+  if (!lim.ok() && opt.backend == Backend::automatic && r == Backend::cuda_fused) {
+    lim = validate_backend_limits(p, Backend::cuda_naive);
+  }
+  if (!lim.ok()) return lim;
   Status st = validate_tuning(p, opt.tuning, r, unfused);
   if (!st.ok()) return st;
   *resolved = r;

@@ -116,13 +116,17 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
 
 }  // namespace
 
+// make_geometry narrows sizes to int: the limits are checked here too, since `auto` reaches these
+// entry points as the fused backend's fallback without validating for cuda-naive.
 Status cuda_naive_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  FNA_TRY(validate_backend_limits(p, Backend::cuda_naive));
   DeviceGuard guard;
   FNA_TRY(guard.set(opt.device_index));
   return naive::dispatch_dtype(p.dtype, [&](auto t) { return forward_t<decltype(t)>(p, a, opt); });
 }
 
 Status cuda_naive_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  FNA_TRY(validate_backend_limits(p, Backend::cuda_naive));
   DeviceGuard guard;
   FNA_TRY(guard.set(opt.device_index));
   return naive::dispatch_dtype(p.dtype,

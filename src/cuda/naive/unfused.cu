@@ -77,6 +77,7 @@ Status av_backward_t(const Problem& p, const AVBackwardArgs& a, const Options& o
 
 #define FNA_NAIVE_ENTRY(op, Args)                                                        \
   Status cuda_naive_##op(const Problem& p, const Args& a, const Options& opt) {          \
+    FNA_TRY(validate_backend_limits(p, Backend::cuda_naive));                            \
     DeviceGuard guard;                                                                   \
     FNA_TRY(guard.set(opt.device_index));                                                \
     return naive::dispatch_dtype(p.dtype,                                                \

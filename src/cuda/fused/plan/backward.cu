@@ -440,8 +440,9 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   using namespace bwd;
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
-  for (int ax = 0; ax < pr.rank; ++ax)
-    if (pr.shape[ax] > (1 << 30)) return unsupported("shape too large");
+  // base_params narrows sizes to int (problem_block): the limits come first.
+  if (Status lim = validate_backend_limits(pr, Backend::cuda_fused); !lim.ok())
+    return {Code::unsupported, lim.message};
   Params p = base_params(pr, opt);
   const int vec = pr.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
   bool al = pr.dim % vec == 0 && pr.dim_v % vec == 0;

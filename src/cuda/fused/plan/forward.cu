@@ -382,9 +382,11 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     return unsupported("dim=" + std::to_string(p.dim) + ", dim_v=" + std::to_string(p.dim_v) +
                        ": head dims must be multiples of " + std::to_string(vec) + " for " +
                        dtype_name(p.dtype));
-  if (p.num_additional > (int64_t(1) << 30) || p.heads > (int64_t(1) << 30) ||
-      p.batch > (int64_t(1) << 30))
-    return unsupported("batch, heads and num_additional must each be below 2^30");
+  // problem_block narrows sizes to int: validate_problem bounds batch, heads, dims and
+  // num_additional by 2^30, validate_backend_limits the dilation groups (checked again here:
+  // `auto` reaches this plan without them and falls back to cuda-naive on `unsupported`).
+  if (Status lim = validate_backend_limits(p, Backend::cuda_fused); !lim.ok())
+    return {Code::unsupported, lim.message};
   DeviceProps dev;
   Status st = device_props(opt.device_index, &dev);
   if (!st.ok()) return st;
