@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -56,8 +57,9 @@ std::vector<std::string> split(const std::string& s) {
 bool to_int(const std::string& s, long long* v) {
   if (s.empty()) return false;
   char* end = nullptr;
+  errno = 0;
   *v = std::strtoll(s.c_str(), &end, 10);
-  return end && *end == '\0';
+  return end && *end == '\0' && errno != ERANGE;  // out of range: not silently LLONG_MAX
 }
 
 }  // namespace
@@ -102,6 +104,12 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       if (!value(&s)) return false;
       if (!to_int(s, out)) {
         *err = f + "=" + s + " is not an integer";
+        return false;
+      }
+      // Flags held in an int must fit one (the problem's sizes are checked by validate_problem).
+      const bool narrow = f == "--repeats" || f == "--warmup" || f == "--threads" || f == "--check";
+      if (narrow && (*out < -2147483647LL || *out > 2147483647LL)) {
+        *err = f + "=" + s + " is out of range";
         return false;
       }
       return true;
@@ -243,6 +251,12 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
   if (!parse_axes(dilation, p.rank, d, err, "--dilation")) return false;
   if (!parse_axes(stride, p.rank, st, err, "--stride")) return false;
   if (!parse_axes(causal, p.rank, c, err, "--causal")) return false;
+  for (int i = 0; i < p.rank; ++i) {
+    if (c[i] != 0 && c[i] != 1) {
+      *err = "--causal=" + causal + ": each entry must be 0 or 1 (got " + std::to_string(c[i]) + ")";
+      return false;
+    }
+  }
   for (int i = 0; i < p.rank; ++i) {
     p.kernel_size[i] = k[i];
     p.dilation[i] = d[i];

@@ -57,6 +57,33 @@ double Timer::stop_ms() {
   return now_ms() - t0_;
 }
 
+bool planned_bytes(const fna::Problem& p, fna::Device device, int64_t* bytes) {
+  bool ok = true;
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    ok = ok && !__builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    ok = ok && !__builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t e = fna::detail::dtype_size(p.dtype);
+  int64_t grid = p.batch;  // batch * tokens
+  for (int i = 0; i < p.rank; ++i) grid = mul(grid, p.shape[i]);
+  // The tensors of the constructor below: q, dq (H x D), o, do (H x D_v), k, dk (H_kv x D),
+  // v, dv (H_kv x D_v), lse (H, float32), and 4 additional ones (N_add x H_kv x D or D_v).
+  const int64_t dims = add(p.dim, p.dim_v);
+  const int64_t per_token = add(mul(mul(2, p.heads), dims), mul(mul(2, p.heads_kv), dims));
+  int64_t total = add(mul(mul(grid, per_token), e), mul(mul(grid, p.heads), 4));
+  if (p.num_additional > 0)
+    total = add(total, mul(mul(mul(p.batch, p.num_additional), mul(mul(2, p.heads_kv), dims)), e));
+  if (device == fna::Device::cuda) total = mul(total, 2);  // the host copies stay
+  if (ok) *bytes = total;
+  return ok;
+}
+
 Buffers::Buffers(const fna::Problem& p, fna::Device device, uint64_t seed)
     : p_(p), device_(device), rng_(seed) {
   const int64_t e = fna::detail::dtype_size(p.dtype);

@@ -34,6 +34,12 @@ class Timer {
   void* ev_[2] = {nullptr, nullptr};
 };
 
+// The bytes Buffers would allocate for problem `p` (every tensor: inputs, outputs, gradients;
+// on a CUDA device as much again on the device), computed without overflow: false where the
+// count exceeds int64. Checked before constructing Buffers, so that an absurd size is refused
+// with a message instead of failing in the allocator.
+bool planned_bytes(const fna::Problem& p, fna::Device device, int64_t* bytes);
+
 class Buffers {
  public:
   Buffers(const fna::Problem& p, fna::Device device, uint64_t seed);

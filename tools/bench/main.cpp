@@ -2,6 +2,7 @@
 // table: backend, forward ms, backward ms, effective TFLOP/s (docs/semantics.md section 3), max error against
 // the reference on a sample of queries, peak memory.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -155,21 +156,84 @@ void print_result(const Result& r) {
               r.bwd_ms, r.fwd_tflops, r.total_tflops, r.max_err, r.err_bound, r.peak_mb);
 }
 
-void write_json(const BenchConfig& cfg, const Result& r) {
-  if (cfg.json.empty()) return;
+// A JSON string literal: quotes, backslashes and control characters escaped.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A JSON number with 6 significant digits (%.6g: a max error of 3e-7 stays 3e-07, not 0.000000);
+// null for NaN / infinity, which JSON has no literal for.
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// Appends one result line to --json; false (with a message on stderr) if it cannot be written.
+bool write_json(const BenchConfig& cfg, const Result& r) {
+  if (cfg.json.empty()) return true;
   std::ofstream f(cfg.json, std::ios::app);
-  auto num = [](double v) { return std::isfinite(v) ? std::to_string(v) : std::string("null"); };
-  f << "{\"problem\":\"" << problem_string(cfg.problem) << "\",\"name\":\"" << cfg.name
-    << "\",\"backend\":\"" << r.backend << "\",\"fwd_ms\":" << num(r.fwd_ms)
-    << ",\"bwd_ms\":" << num(r.bwd_ms) << ",\"fwd_tflops\":" << num(r.fwd_tflops)
-    << ",\"fwd_bwd_tflops\":" << num(r.total_tflops) << ",\"max_err\":" << num(r.max_err)
-    << ",\"peak_mb\":" << num(r.peak_mb) << ",\"error\":\"" << r.error << "\"}\n";
+  f << "{\"problem\":" << json_string(problem_string(cfg.problem))
+    << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
+    << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
+    << ",\"fwd_tflops\":" << json_number(r.fwd_tflops)
+    << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
+    << ",\"max_err\":" << json_number(r.max_err) << ",\"peak_mb\":" << json_number(r.peak_mb)
+    << ",\"error\":" << json_string(r.error) << "}\n";
+  f.flush();
+  if (!f) {
+    std::fprintf(stderr, "fna-bench: cannot write --json file %s\n", cfg.json.c_str());
+    return false;
+  }
+  return true;
+}
+
+// The most bytes of tensors fna-bench allocates: the machine's memory, and at most 2^40.
+int64_t memory_limit_bytes() {
+  int64_t limit = int64_t(1) << 40;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && static_cast<int64_t>(pages) <= limit / page)
+    limit = static_cast<int64_t>(pages) * page;
+  return limit;
 }
 
 int run_one(const BenchConfig& cfg) {
   fna::Status st = fna::validate_problem(cfg.problem);
   if (!st.ok()) {
     std::fprintf(stderr, "fna-bench: %s\n", st.message.c_str());
+    return 2;
+  }
+  // Refuse sizes that cannot be allocated before allocating anything.
+  int64_t bytes = 0;
+  const int64_t limit = memory_limit_bytes();
+  if (!planned_bytes(cfg.problem, cfg.device, &bytes) || bytes > limit) {
+    std::fprintf(stderr,
+                 "fna-bench: the problem's tensors need %s bytes, more than the %lld bytes "
+                 "fna-bench allocates at most (the machine's memory, at most 2^40)\n",
+                 bytes > 0 ? std::to_string(bytes).c_str() : "over 2^63",
+                 static_cast<long long>(limit));
     return 2;
   }
   std::vector<fna::Backend> backends = cfg.backends;
@@ -220,7 +284,7 @@ int run_one(const BenchConfig& cfg) {
   for (fna::Backend b : backends) {
     Result r = run_backend(cfg, b, buf, ref_ptr);
     print_result(r);
-    write_json(cfg, r);
+    if (!write_json(cfg, r)) return 2;
     if (!r.error.empty()) ++failures;
     // A sanity bound, not the SPEC criterion (the test suites apply that): far above the
     // rounding of the output dtype, so only a wrong result trips it.
@@ -294,6 +358,14 @@ int main(int argc, char** argv) {
   if (help) {
     std::printf("%s", usage());
     return 0;
+  }
+  if (!cfg.json.empty()) {  // fail before any work if the results cannot be written
+    std::ofstream f(cfg.json, std::ios::app);
+    if (!f) {
+      std::fprintf(stderr, "fna-bench: cannot open --json file %s for appending\n",
+                   cfg.json.c_str());
+      return 2;
+    }
   }
   if (!cfg.sweep) return run_one(cfg);
   auto problems = sweep_problems(cfg);
