@@ -3,6 +3,9 @@
 // Straight from docs/semantics.md: for every query it scans ALL key tokens and tests membership with its own
 // evaluation of the SPEC formulas (it deliberately does not include core/neighborhood.h, so a bug
 // in the shared window arithmetic cannot hide), then does the math in float64. Slow by design.
+// Its softmax statistics (max, sum, LSE) stay float64 inside, forward and backward: the backward
+// recomputes them from Q and K rather than reading the float32 LSE (or O) it is given, so it is
+// the float64 gradient at any score magnitude (issue 28).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -162,6 +165,21 @@ void row_logits(const Views& vw, const std::vector<double>& q, int64_t b, int64_
   }
 }
 
+// A row's softmax statistics in float64: the max m and sum = sum_j exp(s_j - m). A weight is
+// exp(s_j - m) / sum, never exp(s_j - lse): lse = m + log(sum) loses log(sum) to rounding once
+// |m| is beyond ~1e15 (all-equal scores of 4e16 then weighed every key 1 instead of 1 / n).
+struct RowStats {
+  double m = -std::numeric_limits<double>::infinity(), sum = 0;
+  double weight(double s) const { return std::exp(s - m) / sum; }
+  double lse() const { return m + std::log(sum); }
+};
+RowStats row_stats(const std::vector<double>& logits) {
+  RowStats st;
+  for (double l : logits) st.m = std::max(st.m, l);
+  for (double l : logits) st.sum += std::exp(l - st.m);
+  return st;
+}
+
 }  // namespace
 
 Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
@@ -178,53 +196,57 @@ Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& 
         const int64_t hk = h / vw.group;
         vw.load_row(q, b, t, h, p.dim, &qr);
         row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
-        double m = -std::numeric_limits<double>::infinity();
-        for (double l : logits) m = std::max(m, l);
-        double sum = 0;
-        for (double l : logits) sum += std::exp(l - m);
-        const double row_lse = m + std::log(sum);
+        const RowStats st = row_stats(logits);
         acc.assign(static_cast<size_t>(p.dim_v), 0.0);
         for (size_t w = 0; w < logits.size(); ++w) {
           const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());
           vw.value(b, j, hk, &vr);
-          const double pw = std::exp(logits[w] - row_lse);
+          const double pw = st.weight(logits[w]);
           for (int64_t e = 0; e < p.dim_v; ++e) acc[e] += pw * vr[e];
         }
         const int64_t off = o.token_offset(b, t, h);
         for (int64_t e = 0; e < p.dim_v; ++e) o.store(off + e * o.se, acc[e]);
-        if (lse.present()) lse.store(lse.token_offset(b, t, h), row_lse);
+        if (lse.present()) lse.store(lse.token_offset(b, t, h), st.lse());
       }
   }
   return Status::Ok();
 }
 
+// Reads neither O nor LSE (see above): both are float32 roundings of what it recomputes.
 Status reference_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Views vw(p, a.k, a.v, a.add_k, a.add_v);
-  const Strided q = cpu::grid_view(a.q, p, p.dtype), o = cpu::grid_view(a.o, p, p.dtype);
+  const Strided q = cpu::grid_view(a.q, p, p.dtype);
   const Strided d_o = cpu::grid_view(a.d_o, p, p.dtype), dq = cpu::grid_view(a.dq, p, p.dtype);
-  const Strided lse = cpu::grid_view(a.lse, p, DType::f32, false);
   const Membership mem(p);
   KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim), dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
   std::vector<int64_t> keys, slots;
-  std::vector<double> qr, orow, dorow, kr, vr, logits, dqr;
+  std::vector<double> qr, dorow, kr, vr, logits, dp, dqr;
   for (int64_t t = 0; t < vw.N; ++t) {
     mem.neighbors(t, &keys, &slots);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
         const int64_t hk = h / vw.group;
         vw.load_row(q, b, t, h, p.dim, &qr);
-        vw.load_row(o, b, t, h, p.dim_v, &orow);
         vw.load_row(d_o, b, t, h, p.dim_v, &dorow);
-        const double row_lse = lse.load(lse.token_offset(b, t, h));
-        const double delta = dot(dorow, orow);  // D_i = rowsum(dO * O)
         row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
+        // The weights from the row's float64 statistics, recomputed (not from the float32 LSE
+        // input), and D_i = sum_j P_ij dP_ij in float64 (not rowsum(dO * O) of the rounded O):
+        // the gradient of the inputs Q, K, V alone, exact at any score magnitude.
+        const RowStats st = row_stats(logits);
+        dp.clear();
+        double delta = 0;
+        for (size_t w = 0; w < logits.size(); ++w) {
+          const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());
+          vw.value(b, j, hk, &vr);
+          dp.push_back(dot(dorow, vr));
+          delta += st.weight(logits[w]) * dp.back();
+        }
         dqr.assign(static_cast<size_t>(p.dim), 0.0);
         for (size_t w = 0; w < logits.size(); ++w) {
           const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());
           vw.key(b, j, hk, &kr);
-          vw.value(b, j, hk, &vr);
-          const double pw = std::exp(logits[w] - row_lse);
-          const double ds = pw * (dot(dorow, vr) - delta);
+          const double pw = st.weight(logits[w]);
+          const double ds = pw * (dp[w] - delta);
           double* dkj = dk.at(b, j, hk);
           double* dvj = dv.at(b, j, hk);
           for (int64_t e = 0; e < p.dim; ++e) {
