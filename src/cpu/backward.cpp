@@ -11,11 +11,11 @@ namespace cpu {
 using namespace driver;
 
 // Head gi of the KV group of tile ts.tg: points b's Q, dO, O, dQ at the caller's float32 rows or
-// at ts's buffers (Q, dO, O loaded), and fills its base-2 LSE. Returns whether dQ is written in
-// place (else the caller stores ts's buffer).
+// at ts's buffers (Q, dO, O loaded). Returns whether dQ is written in place (else the caller
+// stores ts's buffer). (The LSE is not read: the kernels recompute each row's statistics,
+// kernels_impl.h: backward_finish.)
 static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o, const Strided& o,
-                          const Strided& dq, const Strided& lse, TileScratch& ts, int64_t gi, int D, int Dv,
-                          BackwardTile* b) {
+                          const Strided& dq, TileScratch& ts, int64_t gi, int D, int Dv, BackwardTile* b) {
   const TileGeom& tg = ts.tg;
   const int T = tg.s.T, Dp = tg.s.Dp, Dvp = tg.s.Dvp;
   const int64_t h = tg.hk * plan.group + gi;
@@ -23,7 +23,6 @@ static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o
   float* dob = sized(ts.d_o, static_cast<int64_t>(T) * Dvp);
   float* ob = sized(ts.o, static_cast<int64_t>(T) * Dvp);
   float* dqb = sized(ts.dq, static_cast<int64_t>(T) * Dp);
-  float* lb = sized(ts.lse, T);
   const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &b->q_pitch);
   const float* dod = direct_rows<const float>(d_o, Dv, Dvp, plan, tg, h, &b->do_pitch);
   const float* od = direct_rows<const float>(o, Dv, Dvp, plan, tg, h, &b->o_pitch);
@@ -36,14 +35,11 @@ static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o
   if (!dod) b->do_pitch = Dvp;
   if (!od) b->o_pitch = Dvp;
   if (!dqd) b->dq_pitch = Dp;
-  const float* lse_row = static_cast<const float*>(lse.data) + lse.token_offset(tg.b, tg.q_token[0], h);
-  const int64_t lse_step = plan.ax[plan.la].dilation * lse.sl[lse.rank - 1];
   for (int t = 0; t < T; ++t) {
     const int64_t tok = tg.q_token[t];
     if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
     if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
     if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
-    lb[t] = lse_row[t * lse_step] * kLog2e;
   }
   return dqd != nullptr;
 }
@@ -179,7 +175,6 @@ static void backward_tile_setup(const Plan& plan, const Panels& panels, const Pa
   // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
   const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
   b->delta = sized(ts.delta, s.T);
-  b->lse2 = sized(ts.lse, s.T);
   b->p = sized(ts.work, s.T * plane);
   b->ds = sized(ts.work2, s.T * plane);
   b->p_add = sized(ts.p_add, static_cast<int64_t>(s.T) * A + 1);
@@ -200,7 +195,6 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
-  const Strided lse = grid_view(a.lse, p, DType::f32, false);
   const Strided add_k = add_view(a.add_k, p), add_v = add_view(a.add_v, p);
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
@@ -284,7 +278,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int64_t gi = 0; gi < plan.group; ++gi) {
         bool dq_direct[2] = {};
         for (int i = 0; i < m; ++i)
-          dq_direct[i] = backward_rows(plan, q, d_o, o, dq, lse, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
+          dq_direct[i] = backward_rows(plan, q, d_o, o, dq, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
         kern.backward(bt, m);
         for (int i = 0; i < m; ++i) {
           const TileGeom& tg = sc.tile[j0 + i].tg;

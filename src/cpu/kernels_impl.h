@@ -82,12 +82,15 @@ static inline float hmax(vf v) {
 }
 #undef FNA_CPU_FOLD
 
-// 2^x for x <= 0 (scores minus their max), relative error ~1e-7 (float rounding; 2e-9 before):
+// 2^x for x <= 0 (scores minus their max: callers guarantee the sign, see group_exp; x > 0
+// would overflow the exponent bits silently), relative error ~1e-7 (float rounding; 2e-9 before):
 // x = n + f with n integer, f in [-0.5, 0.5]; 2^f by a degree-6 minimax polynomial.
 static inline vf exp2v(vf x) {
 #if FNA_CPU_VW == 16
   // AVX-512: one rounding and one scaling instruction instead of four integer / float steps;
-  // scalef takes any n (2^n underflows to zero), so x needs no clamp.
+  // scalef takes any finite n (2^n underflows to zero); -inf (a difference of scores that
+  // overflowed) would make f = -inf - -inf = NaN, hence the clamp.
+  x = (vf)_mm512_maskz_max_ps(__mmask16(0xffff), (__m512)x, _mm512_set1_ps(-256.f));
   const vf n = (vf)_mm512_maskz_roundscale_ps(__mmask16(0xffff), (__m512)x,
                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
@@ -140,6 +143,15 @@ static double dot_f64(const float* a, const float* b, int n) {
   return out;
 }
 
+// sum (a[e] * mult) * b[e]: a score of an additional key, scaled the way tile_scores scales the
+// queries (mult = scale * log2(e) folded into the query operand, rounded, before the products).
+static float scaled_dot(const float* a, float mult, const float* b, int n) {  // n padded
+  const vf m = splat(mult);
+  vf acc = vf{};
+  for (int e = 0; e < n; e += kVW) acc += (ld(a + e) * m) * ld(b + e);
+  return hsum(acc);
+}
+
 static void axpy(float a, const float* x, float* y, int n) {  // n padded
   const vf b = splat(a);
   for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
@@ -175,9 +187,12 @@ static void group_max(const float* s, int64_t qstride, int R, int Wspan, const i
   for (int g = 0; g < NQ; ++g) m[g] = hmax(mv[g]);
 }
 
-// s <- 2^(s * scale - sub[g]) on query g's lanes, exact zeros on the others; l[g] = the sum.
+// s <- 2^(s - sub[g]) on query g's lanes, exact zeros on the others; l[g] = the sum. The scores
+// are already scaled (base 2; tile_scores) and sub[g] is the max of the same stored floats, so
+// s - sub[g] <= 0 exactly: no rounded max is subtracted from an unrounded (fused) product, whose
+// difference went positive at large scores (2^+512: inf, or a wrapped exponent; issue 28).
 template <int NQ>
-static void group_exp(float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi, float scale,
+static void group_exp(float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi,
                       const float* sub, float* l) {
   const vf zero = vf{};
   vf sum[NQ], sv[NQ];
@@ -187,7 +202,7 @@ static void group_exp(float* s, int64_t qstride, int R, int Wspan, const int* lo
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < NQ; ++g) {
         float* row = s + g * qstride + static_cast<int64_t>(r) * Wspan + c;
-        const vf p = gl.in[g] ? exp2v(ld(row) * scale - sv[g]) : zero;
+        const vf p = gl.in[g] ? exp2v(ld(row) - sv[g]) : zero;
         st(row, p);
         sum[g] += p;
       }
@@ -197,10 +212,10 @@ static void group_exp(float* s, int64_t qstride, int R, int Wspan, const int* lo
 
 // The two above for nq <= kGroup queries (max: m != nullptr, else exp).
 static void group_softmax_step(int nq, float* s, int64_t qstride, int R, int Wspan, const int* lo, const int* hi,
-                               float* m, float scale, const float* sub, float* l) {
+                               float* m, const float* sub, float* l) {
 #define FNA_CPU_STEP(NQ)                                                       \
   if (m) group_max<NQ>(s, qstride, R, Wspan, lo, hi, m);                       \
-  else group_exp<NQ>(s, qstride, R, Wspan, lo, hi, scale, sub, l);
+  else group_exp<NQ>(s, qstride, R, Wspan, lo, hi, sub, l);
   switch (nq) {
     case 1: FNA_CPU_STEP(1) break;
     case 2: FNA_CPU_STEP(2) break;
@@ -274,14 +289,15 @@ static inline vi interleave4_mask(int w) {
   return v;
 }
 static_assert(kDChunk % kVW == 0, "interleave4 writes whole vectors of d");
-static inline void interleave4(const float* x, int64_t xpitch, int dc, float* dst, int xs) {
+static inline void interleave4(const float* x, int64_t xpitch, int dc, float* dst, int xs, float mult) {
+  const vf mv = splat(mult);
   const vi m0 = interleave4_mask(0), m1 = interleave4_mask(1), m2 = interleave4_mask(2), m3 = interleave4_mask(3);
   for (int d = 0; d < dc; d += kVW) {
     const vf a0 = ld(x + d), a1 = ld(x + xpitch + d), a2 = ld(x + 2 * xpitch + d), a3 = ld(x + 3 * xpitch + d);
     const vf p = __builtin_shuffle(a0, a1, m0), q = __builtin_shuffle(a0, a1, m1);
     const vf r = __builtin_shuffle(a2, a3, m0), t = __builtin_shuffle(a2, a3, m1);
-    vf out[4] = {__builtin_shuffle(p, r, m2), __builtin_shuffle(p, r, m3), __builtin_shuffle(q, t, m2),
-                 __builtin_shuffle(q, t, m3)};
+    vf out[4] = {__builtin_shuffle(p, r, m2) * mv, __builtin_shuffle(p, r, m3) * mv,
+                 __builtin_shuffle(q, t, m2) * mv, __builtin_shuffle(q, t, m3) * mv};
     float* o = dst + static_cast<int64_t>(d) * xs;
     if (xs == 4) {
       for (int j = 0; j < 4; ++j) st(o + j * kVW, out[j]);
@@ -340,7 +356,9 @@ static int row_runs(const float* const* ra, const float* const* rb, int R, RowRu
   return n;
 }
 
-// side[k].buf[t0 * plane + g * R * Wspan ..] = scores of every group, for n <= 2 tiles of one
+// side[k].buf[t0 * plane + g * R * Wspan ..] = scores of every group (each query value times
+// `mult` first: the softmax's scale * log2(e), so that the scores come out scaled and in base 2
+// without a product left to fuse with the max's subtraction), for n <= 2 tiles of one
 // shape (the same last-axis window geometry: the same groups): box rows both tiles read (two
 // lines' windows overlap in all but a row or two) are loaded once for both tiles' queries,
 // 2 * kGroup FMAs per key vector instead of kGroup (which the split key loads needed).
@@ -348,10 +366,10 @@ static int row_runs(const float* const* ra, const float* const* rb, int R, RowRu
 // read (the batch's rows x the chunk's dims x the tile's columns) are reused from L1 / L2 while
 // the groups sweep over them, instead of being streamed once per group.
 static void tile_scores(const TileShape& s, const Group* grs, int ng, int D, int pitch, const ScoreSide* side,
-                        int n, int64_t plane, Hints* hints) {
+                        int n, int64_t plane, float mult, Hints* hints) {
   constexpr int kMaxRows = 256;
   if (n > 1 && s.R > kMaxRows) {  // (more rows than runs[] holds: each tile alone)
-    for (int k = 0; k < n; ++k) tile_scores(s, grs, ng, D, pitch, side + k, 1, plane, hints);
+    for (int k = 0; k < n; ++k) tile_scores(s, grs, ng, D, pitch, side + k, 1, plane, mult, hints);
     return;
   }
   RowRun runs[2 * kMaxRows];
@@ -366,10 +384,10 @@ static void tile_scores(const TileShape& s, const Group* grs, int ng, int D, int
         float* dst = xi + i * xs * kDChunk + k * nq;
         const float* x = side[k].xs + static_cast<int64_t>(grs[i].t0) * side[k].xpitch + d0;
         if (nq == 4)
-          interleave4(x, side[k].xpitch, dc, dst, xs);
+          interleave4(x, side[k].xpitch, dc, dst, xs, mult);
         else
           for (int g = 0; g < nq; ++g)
-            for (int d = 0; d < dc; ++d) dst[d * xs + g] = x[static_cast<int64_t>(g) * side[k].xpitch + d];
+            for (int d = 0; d < dc; ++d) dst[d * xs + g] = x[static_cast<int64_t>(g) * side[k].xpitch + d] * mult;
       }
     for (int u = 0; u < nr; ++u) {
       const RowRun& run = runs[u];
@@ -486,17 +504,16 @@ static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64
     int lo[kGroup], hi[kGroup];
     const int nq = group_lanes(s, gr, lo, hi);
     float* sg = sc + gr.t0 * plane;
-    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, m + gr.t0, 0.f, nullptr, nullptr);
+    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, m + gr.t0, nullptr, nullptr);
     for (int t = gr.t0; t < gr.t1; ++t) {
       float* ag = sadd + t * s.A;
       const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
-      m[t] *= a.scale_log2;
       for (int n = 0; n < s.A; ++n) {
-        ag[n] = dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2;
+        ag[n] = scaled_dot(x, a.scale_log2, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp);
         m[t] = ag[n] > m[t] ? ag[n] : m[t];
       }
     }
-    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, nullptr, a.scale_log2, m + gr.t0, l + gr.t0);
+    group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, nullptr, m + gr.t0, l + gr.t0);
     for (int t = gr.t0; t < gr.t1; ++t)
       for (int n = 0; n < s.A; ++n) {
         float* ag = sadd + t * s.A;
@@ -525,7 +542,7 @@ void forward_tiles(const ForwardTile* a, int n) {
   Hints hints(a[0].prefetch);
   ScoreSide side[2] = {};
   for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].scratch};
-  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, &hints);
+  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, a[0].scale_log2, &hints);
   for (int k = 0; k < n; ++k) forward_finish(a[k], grs, ng, plane, &hints);
   hints.finish();
 }
@@ -533,6 +550,10 @@ void forward_tiles(const ForwardTile* a, int n) {
 // A backward tile once P's scores and dP are in its scratch: dS, dQ = dS K, dK += scale dS^T Q,
 // dV += P^T dO. Masked lanes hold P = dS = 0, so the span-wide products add exact zeros (the box
 // panels have slack columns beyond M for the span's padding).
+// P is exp2(s - m) / l with the row's max m and sum l recomputed here, as the forward did (the
+// whole window is in the buffer), not exp2(s - LSE) from the saved float32 LSE: that LSE is only
+// good to |LSE| * 2^-24, which multiplies every weight by up to e^(|LSE| * 2^-24) (1e-4 at
+// scores ~1e3; 0 or inf beyond ~1e9). The LSE input is not read.
 static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int64_t plane, Hints* hints) {
   const TileShape& s = a.s;
   for (int t = 0; t < s.T; ++t)
@@ -542,29 +563,49 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
     int lo[kGroup], hi[kGroup];
-    float l[kGroup];
+    float m[kGroup], l[kGroup];
     const int nq = group_lanes(s, gr, lo, hi);
-    group_softmax_step(nq, a.p + gr.t0 * plane, qstride, s.R, gr.Wspan, lo, hi, nullptr, a.scale_log2,
-                       a.lse2 + gr.t0, l);
+    float* pg0 = a.p + gr.t0 * plane;
+    group_softmax_step(nq, pg0, qstride, s.R, gr.Wspan, lo, hi, m, nullptr, nullptr);
+    for (int t = gr.t0; t < gr.t1; ++t) {  // the additional keys' scores (into p_add)
+      float* pa = a.p_add + t * s.A;
+      const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
+      float& mt = m[t - gr.t0];
+      for (int n = 0; n < s.A; ++n) {
+        pa[n] = scaled_dot(x, a.scale_log2, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp);
+        mt = pa[n] > mt ? pa[n] : mt;
+      }
+    }
+    group_softmax_step(nq, pg0, qstride, s.R, gr.Wspan, lo, hi, nullptr, m, l);
     for (int t = gr.t0; t < gr.t1; ++t) {
-      float* pg = a.p + gr.t0 * plane + (t - gr.t0) * qstride;
+      float* pa = a.p_add + t * s.A;
+      float& lt = l[t - gr.t0];
+      for (int n = 0; n < s.A; ++n) {
+        pa[n] = exp2s(pa[n] - m[t - gr.t0]);
+        lt += pa[n];
+      }
+      const float inv = 1.f / lt;
+      for (int n = 0; n < s.A; ++n) pa[n] *= inv;
+      float* pg = pg0 + (t - gr.t0) * qstride;
       float* dg = a.ds + gr.t0 * plane + (t - gr.t0) * qstride;
-      const vf delta = splat(a.delta[t]);
-      for (int64_t c = 0; c < qstride; c += kVW) st(dg + c, ld(pg + c) * (ld(dg + c) - delta));
+      const vf delta = splat(a.delta[t]), vinv = splat(inv);
+      for (int64_t c = 0; c < qstride; c += kVW) {
+        const vf p = ld(pg + c) * vinv;
+        st(pg + c, p);
+        st(dg + c, p * (ld(dg + c) - delta));
+      }
     }
   }
   tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, a.dq_pitch, hints);
   tile_outer(s, grs, ng, a.ds, plane, a.q, a.q_pitch, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, hints);
   tile_outer(s, grs, ng, a.p, plane, a.d_o, a.do_pitch, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, hints);
   for (int t = 0; t < s.T; ++t) {
-    const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
     const float* y = a.d_o + static_cast<int64_t>(t) * a.do_pitch;
     float* dq = a.dq + static_cast<int64_t>(t) * a.dq_pitch;
     for (int n = 0; n < s.A; ++n) {
-      const float pn = exp2s(dot(x, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp) * a.scale_log2 - a.lse2[t]);
+      const float pn = a.p_add[t * s.A + n];
       const float dpn = dot(y, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
       const float dsn = pn * (dpn - a.delta[t]);
-      a.p_add[t * s.A + n] = pn;
       a.ds_add[t * s.A + n] = dsn;
       axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq, s.Dp);
     }
@@ -593,9 +634,9 @@ void backward_tiles(const BackwardTile* a, int n) {
   Hints hints(a[0].prefetch);
   ScoreSide side[2] = {};
   for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].p};
-  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, &hints);
+  tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, a[0].scale_log2, &hints);
   for (int k = 0; k < n; ++k) side[k] = {a[k].d_o, a[k].do_pitch, a[k].vt_rows, a[k].ds};
-  tile_scores(s, grs, ng, s.Dv, a[0].pitch, side, n, plane, &hints);  // dP
+  tile_scores(s, grs, ng, s.Dv, a[0].pitch, side, n, plane, 1.f, &hints);  // dP
   for (int k = 0; k < n; ++k) backward_finish(a[k], grs, ng, plane, &hints);
   hints.finish();
 }

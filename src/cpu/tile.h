@@ -72,7 +72,8 @@ struct ForwardTile {
   float* scratch;               // >= R * padded_window(max count) + A floats
 };
 
-// Backward for one query head: P from the saved LSE, dS, dQ; dK / dV are accumulated in place.
+// Backward for one query head: P (from the row's recomputed max and sum, not the saved float32
+// LSE: kernels_impl.h, backward_finish), dS, dQ; dK / dV are accumulated in place.
 struct BackwardTile {
   TileShape s;
   Prefetch prefetch;
@@ -83,7 +84,6 @@ struct BackwardTile {
   const float* d_o;             // [T][do_pitch]
   const float* o;               // [T][o_pitch] the forward's output
   float* delta;                 // scratch [T]: rowsum(dO * O)
-  const float* lse2;            // [T] LSE in base 2 (lse * log2(e))
   const float* const* kt_rows;  // [R] -> [D][pitch]
   const float* const* k_rows;   // [R] -> [M][Dp]
   const float* const* vt_rows;  // [R] -> [Dv][pitch]
@@ -96,7 +96,7 @@ struct BackwardTile {
   float* d_add_v;               // [A][Dvp] (accumulated)
   float* p;                     // scratch [T][R][Wp] probabilities
   float* ds;                    // scratch [T][R][Wp] dS
-  float* p_add;                 // scratch [T][A]
+  float* p_add;                 // scratch [T][A] (the additional keys' scores, then P)
   float* ds_add;                // scratch [T][A]
 };
 
