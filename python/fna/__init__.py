@@ -33,8 +33,24 @@ def cuda_available():
 
 
 def resolve_backend(backend=None, device="cpu"):
-    """The backend a call with ``backend`` (None = "auto") runs on ``device`` ("cpu"/"cuda")."""
-    return _C.resolve_backend("auto" if backend is None else backend, device)
+    """The backend a call with ``backend`` (None = "auto") runs on ``device``: "cpu", "cuda",
+    "cuda:N" or a ``torch.device``. A backend that cannot run on that device (``"cpu"`` on
+    ``"cuda"``, ``"cuda-naive"`` on ``"cpu"``) is a ValueError."""
+    from . import _args
+    backend = _args.backend_name(backend)
+    if _torch is not None and isinstance(device, _torch.device):
+        kind = device.type
+    elif isinstance(device, str):
+        kind = device.split(":", 1)[0]
+        if device.count(":") > 1 or (":" in device and not device.split(":", 1)[1].isdigit()):
+            raise ValueError(f"device={device!r} is not 'cpu' or 'cuda' (or 'cuda:N')")
+    else:
+        raise TypeError(f"device={device!r} must be a string ('cpu', 'cuda', 'cuda:N') or a "
+                        "torch.device")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not 'cpu' or 'cuda' (fna runs on CPU and CUDA "
+                         "devices)")
+    return _C.resolve_backend(backend, kind)
 
 
 def _dtype_name(dtype):

@@ -31,14 +31,26 @@ def _is_bool(v):
     return isinstance(v, (bool, np.bool_))
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _in_int64(name, value, items):
+    """The extension takes per-axis ints as int64: a larger one is a ValueError naming it (the
+    C++ API then checks each value against the problem)."""
+    for v in items:
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise ValueError(f"{name}={value!r}: {v} does not fit in a 64-bit integer")
+    return list(items)
+
+
 def per_axis(name, value, rank, boolean=False):
     """An int (bool for is_causal) applies to every axis; a tuple/list gives one per axis."""
     # The common spellings (plain ints / bools) without the numbers.Integral checks below.
     plain = bool if boolean else int
     if type(value) is plain:
-        return [value] * rank
+        return [value] * rank if boolean else _in_int64(name, value, [value] * rank)
     if type(value) in (tuple, list) and len(value) == rank and all(type(v) is plain for v in value):
-        return list(value)
+        return list(value) if boolean else _in_int64(name, value, value)
     if isinstance(value, (tuple, list)):
         items = tuple(value)
         if len(items) != rank:
@@ -52,7 +64,20 @@ def per_axis(name, value, rank, boolean=False):
             raise TypeError(f"{name}={value!r}: entries must be int")
     if boolean:
         return [bool(v) for v in items]
-    return [int(v) for v in items]
+    return _in_int64(name, value, [int(v) for v in items])
+
+
+def check_spatial(fn, sp):
+    """The per-axis checks of the C++ API that need no input shape (validate_problem's messages),
+    for callers that hold parameters before any tensor exists (the modules, at construction)."""
+    kernel_size, stride, dilation, _ = sp
+    for i, (k, s, d) in enumerate(zip(kernel_size, stride, dilation)):
+        if k < 1:
+            raise ValueError(f"{fn}: kernel_size[{i}]={k} must be >= 1")
+        if d < 1:
+            raise ValueError(f"{fn}: dilation[{i}]={d} must be >= 1")
+        if s < 1 or s > k:
+            raise ValueError(f"{fn}: stride[{i}]={s} must be in [1, kernel_size[{i}]={k}]")
 
 
 def spatial(rank, kernel_size, stride, dilation, is_causal):
@@ -247,6 +272,9 @@ def natten_tuning(fn, rank, kwargs, dtype, dim, hopper, deterministic, config, b
 
 
 def resolve_scale(scale, head_dim):
+    if head_dim < 1:
+        # The default scale is head_dim ** -0.5; the C++ API names the same error with a scale.
+        raise ValueError(f"dim={head_dim} (the head dim, query.shape[-1]) must be >= 1")
     if scale is None:
         return float(head_dim) ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -255,6 +283,11 @@ def resolve_scale(scale, head_dim):
     if not (math.isfinite(s) and s > 0.0):
         raise ValueError(f"scale={scale!r} must be a finite number > 0")
     return s
+
+
+def check_return_lse(fn, return_lse):
+    if not _is_bool(return_lse):
+        raise TypeError(f"{fn}: return_lse={return_lse!r} must be a bool")
 
 
 def check_rank(fn, rank, name, t, last="head_dim"):

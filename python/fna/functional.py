@@ -39,6 +39,7 @@ def _framework(fn, named):
             continue
         if _is_torch(t):
             k = "torch"
+            _check_torch_tensor(fn, name, t)
         elif isinstance(t, np.ndarray):
             k = "numpy"
         else:
@@ -50,6 +51,21 @@ def _framework(fn, named):
         elif k != kind:
             raise TypeError(f"{fn}: {name} is a {k} array but {first} is a {kind} array")
     return kind
+
+
+_TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16) if torch is not None else ()
+
+
+def _check_torch_tensor(fn, name, t):
+    """Before anything reads a torch tensor's shape: nested tensors (whose sizes torch refuses to
+    give) and dtypes fna has no kernels for, named the way torch names them."""
+    if t.is_nested:
+        raise TypeError(f"{fn}: {name} is a nested tensor; fna does not support nested tensors "
+                        "(pass a dense, padded tensor)")
+    if t.dtype not in _TORCH_DTYPES:
+        dt = str(t.dtype).replace("torch.", "")
+        raise TypeError(f"{fn}: {name} has dtype {dt}; fna supports float32, float16 and "
+                        f"bfloat16 ({dt} is unsupported)")
 
 
 # A plain bool, so the checks below stay traceable (no call into the extension under dynamo).
@@ -108,6 +124,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
     kind = _framework(fn, named)
+    _args.check_return_lse(fn, return_lse)
     for name, t in named[:3]:
         _args.check_rank(fn, rank, name, t)
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)

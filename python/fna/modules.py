@@ -23,6 +23,8 @@ class _NeighborhoodAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         sp = _args.spatial(self.rank, kernel_size, stride, dilation, is_causal)
+        # At construction, with the messages the first forward would give.
+        _args.check_spatial(name, sp)
         self.kernel_size, self.stride, self.dilation, self.is_causal = (tuple(x) for x in sp)
         self.scale = _args.resolve_scale(qk_scale, self.head_dim)
         self.backend = _args.backend_name(backend)

@@ -56,16 +56,33 @@ void check(const fna::Status& st) {
 }
 
 std::string dtype_str(nb::dlpack::dtype t) {
-  const char* code = "?";
-  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
-    case nb::dlpack::dtype_code::Int: code = "int"; break;
-    case nb::dlpack::dtype_code::UInt: code = "uint"; break;
-    case nb::dlpack::dtype_code::Float: code = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: code = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: code = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: return "bool";
+  std::string name;
+  switch (t.code) {
+    case 0: name = "int" + std::to_string(static_cast<int>(t.bits)); break;
+    case 1: name = "uint" + std::to_string(static_cast<int>(t.bits)); break;
+    case 2: name = "float" + std::to_string(static_cast<int>(t.bits)); break;
+    case 4: name = "bfloat" + std::to_string(static_cast<int>(t.bits)); break;
+    case 5: name = "complex" + std::to_string(static_cast<int>(t.bits)); break;
+    case 6: name = "bool"; break;
+    // DLPack's low-precision float codes (dlpack.h DLDataTypeCode, v1.1), which nanobind's enum
+    // does not name: torch exports its float8 types with these.
+    case 7: name = "float8_e3m4"; break;
+    case 8: name = "float8_e4m3"; break;
+    case 9: name = "float8_e4m3b11fnuz"; break;
+    case 10: name = "float8_e4m3fn"; break;
+    case 11: name = "float8_e4m3fnuz"; break;
+    case 12: name = "float8_e5m2"; break;
+    case 13: name = "float8_e5m2fnuz"; break;
+    case 14: name = "float8_e8m0fnu"; break;
+    case 15: name = "float6_e2m3fn"; break;
+    case 16: name = "float6_e3m2fn"; break;
+    case 17: name = "float4_e2m1fn"; break;
+    default:
+      name = "(DLPack type code " + std::to_string(static_cast<int>(t.code)) + ", " +
+             std::to_string(static_cast<int>(t.bits)) + " bits)";
   }
-  return code + std::to_string(static_cast<int>(t.bits));
+  if (t.lanes != 1) name += "x" + std::to_string(static_cast<int>(t.lanes));
+  return name;
 }
 
 bool to_dtype(nb::dlpack::dtype t, fna::DType* out) {
@@ -148,7 +165,8 @@ struct Call {
     fna::DType t;
     if (!to_dtype(a.dtype(), &t))
       raise(PyExc_TypeError, std::string(name) + " has dtype " + dtype_str(a.dtype()) +
-                                 "; fna supports float32, float16 and bfloat16");
+                                 "; fna supports float32, float16 and bfloat16 (" +
+                                 dtype_str(a.dtype()) + " is unsupported)");
     if (float32_only && t != fna::DType::f32)
       raise(PyExc_TypeError,
             std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; it must be float32");
@@ -223,7 +241,8 @@ void init_problem(Call& c, const char* name, const A& a, const Spatial& s) {
   p.dim = p.dim_v = static_cast<int64_t>(a.shape(rank + 2));
   if (!to_dtype(a.dtype(), &p.dtype))
     raise(PyExc_TypeError, std::string(name) + " has dtype " + dtype_str(a.dtype()) +
-                               "; fna supports float32, float16 and bfloat16");
+                               "; fna supports float32, float16 and bfloat16 (" +
+                               dtype_str(a.dtype()) + " is unsupported)");
   c.note_device(name, a);
 }
 
@@ -496,7 +515,12 @@ NB_MODULE(_C, m) {
     if (device == "cpu") d = fna::Device::cpu;
     else if (device == "cuda") d = fna::Device::cuda;
     else raise(PyExc_ValueError, "device='" + device + "' is not 'cpu' or 'cuda'");
-    return std::string(fna::backend_name(fna::resolve_backend(backend_arg(name), d)));
+    const fna::Backend r = fna::resolve_backend(backend_arg(name), d);
+    const bool cuda_backend = r == fna::Backend::cuda_naive || r == fna::Backend::cuda_fused;
+    if (cuda_backend != (d == fna::Device::cuda))
+      raise(PyExc_ValueError, std::string("backend ") + fna::backend_name(r) +
+                                  " cannot run on " + device + " tensors");
+    return std::string(fna::backend_name(r));
   }, nb::arg("backend"), nb::arg("device"), "The backend `backend` runs as on `device`.");
   m.def("cuda_available", &fna::cuda_available,
         "Compiled with CUDA and a device is visible.");
