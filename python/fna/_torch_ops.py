@@ -51,6 +51,52 @@ def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, 
        tuning=tuning)
 
 
+# ---- what fna's ops support of torch's autograd modes ----------------------------------------------
+# Reverse-mode autograd (first order) and torch.func.vmap (through the ops' batching fallback) are
+# supported. Higher-order or forward-mode derivatives have no formula here, so asking for one is an
+# error at the call that asks, never a silently dropped term: double backward (create_graph=True),
+# forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) and the other torch.func transforms
+# (grad, jacrev, ...: they need the same machinery).
+
+def _no_double_backward(op):
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"fna: double backward through {op} (create_graph=True) is not supported: its "
+            "backward has no derivative, so a second-order term would be silently dropped")
+
+
+def _functorch_transform():
+    """The innermost torch.func transform active (its name), or None."""
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+    interp = retrieve_current_functorch_interpreter()
+    return None if interp is None else interp.key().name
+
+
+def check_autograd_mode(fn, tensors):
+    """Raises for an autograd mode fna's ops do not support (see above); returns True under
+    torch.func.vmap (the caller must go through the custom ops, which vmap batches). While
+    torch.compile traces, the traced ops are checked by torch itself."""
+    if torch.compiler.is_compiling():
+        return False
+    wrapped = False
+    for t in tensors:
+        if t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
+            wrapped = True
+            break
+    if wrapped:
+        kind = _functorch_transform()
+        if kind is not None and kind != "Vmap":
+            raise RuntimeError(
+                f"{fn}: torch.func.{kind.lower()} is not supported by fna's ops (no forward-mode or "
+                "functorch derivative); use torch.autograd (and torch.func.vmap) instead")
+    if torch.autograd.forward_ad._current_level >= 0:
+        for t in tensors:
+            if t is not None and torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+                raise RuntimeError(f"{fn}: forward-mode AD (torch.autograd.forward_ad) is not "
+                                   "supported by fna's ops; the tangent would be dropped")
+    return wrapped
+
+
 def _sp(kernel_size, stride, dilation, is_causal):
     return (list(kernel_size), list(stride), list(dilation), list(is_causal))
 
@@ -151,6 +197,7 @@ def _na_grads(ctx, d_out, backward):
 
 
 def _na_backward(ctx, d_out, d_lse):
+    _no_double_backward("na*d")
     return _na_grads(ctx, d_out, torch.ops.fna.na_backward)
 
 
@@ -172,8 +219,8 @@ class _NaEager(torch.autograd.Function):
         return output
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_lse):
+        _no_double_backward("na*d")
         return _na_grads(ctx, d_out, _backward_impl)
 
 
@@ -238,6 +285,7 @@ def _qk_setup(ctx, inputs, output):
 
 
 def _qk_backward(ctx, d_attn):
+    _no_double_backward("na*d_qk")
     query, key, add_k = ctx.saved_tensors
     grads = torch.ops.fna.na_qk_backward(query, key, add_k, d_attn, *ctx.params)
     d_add_k = grads[2] if add_k is not None else None
@@ -291,6 +339,7 @@ def _av_setup(ctx, inputs, output):
 
 
 def _av_backward(ctx, d_out):
+    _no_double_backward("na*d_av")
     attn, value, add_v = ctx.saved_tensors
     grads = torch.ops.fna.na_av_backward(attn, value, add_v, d_out, *ctx.params)
     d_add_v = grads[2] if add_v is not None else None

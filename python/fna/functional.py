@@ -144,8 +144,11 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
                                tuning)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        out, lse = _torch_ops.na_forward_call(query, key, value, additional_keys,
-                                              additional_values, *sp, scale, backend, *opts)
+        inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
+        if _torch_ops.check_autograd_mode(fn, inputs[:5]):  # vmap: through the custom op
+            out, lse = torch.ops.fna.na_forward(*inputs)
+        else:
+            out, lse = _torch_ops.na_forward_call(*inputs)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
@@ -248,6 +251,7 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
                                _args.tuning_text(tuning))
     if kind == "torch":
         _check_devices(fn, backend, named)
+        _torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output))
         grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
                                           additional_keys, additional_values, *sp, scale, backend,
                                           *opts)
@@ -272,6 +276,7 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
+        _torch_ops.check_autograd_mode(fn, (query, key, additional_keys))
         return torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
     _numpy_backend(fn, backend)
     from . import _numpy
@@ -290,6 +295,7 @@ def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additio
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
+        _torch_ops.check_autograd_mode(fn, (attn, value, additional_values))
         return torch.ops.fna.na_av(attn, value, additional_values, *sp, backend)
     _numpy_backend(fn, backend)
     from . import _numpy

@@ -14,7 +14,7 @@
 //   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
 //                [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype float16|bfloat16|float32]
 //                [--config NAME] [--tuning K=V[,K=V..]] [--intensity I] [--only I] [--sanitize]
-//                [--verbose]
+//                [--no-sweeps] [--verbose]
 // e.g. `fna-gpu-test --backend cuda-fused --filter fwd --dtype bf16 --dim 64 --cases 100`;
 // a failure prints its case index after '#': rerun it alone with the same flags plus --only I.
 #include <cuda_runtime.h>
@@ -61,7 +61,7 @@ struct Args {
                "fna-gpu-test: %s\nusage: fna-gpu-test [--backend NAME] [--filter fwd,bwd,qk,av] "
                "[--cases N] [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype NAME] "
                "[--config NAME] [--tuning K=V,..] [--intensity I] [--only I] [--sanitize] "
-               "[--verbose]\n",
+               "[--no-sweeps] [--verbose]\n",
                msg);
   std::printf("0 passed, 1 failed\n");
   std::exit(2);
@@ -136,6 +136,8 @@ Args parse(int argc, char** argv) {
       a.only = std::atoi(value().c_str());
     } else if (k == "--sanitize") {
       a.sanitize = true;
+    } else if (k == "--no-sweeps") {
+      a.config_sweeps = false;  // random cases only (the racecheck / synccheck runs)
     } else if (k == "--verbose" || k == "-v") {
       a.verbose = true;
     } else {

@@ -83,7 +83,16 @@ for s in "${steps[@]}"; do
         > "$OUT/sanitize.log" 2>&1
       rc=$?
       tail -15 "$OUT/sanitize.log"
-      summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) ($(( $(date +%s) - t0 ))s)") ;;
+      summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) ($(( $(date +%s) - t0 ))s)")
+      # Shared-memory races and barrier misuse in the fused forward and backward kernels: a short
+      # subset (random cases only, one per rank), each kernel family the plans pick on it.
+      for tool in racecheck synccheck; do
+        t1=$(date +%s)
+        compute-sanitizer --tool $tool --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
+          --no-sweeps --cases 1 --backend cuda-fused --filter fwd,bwd > "$OUT/$tool.log" 2>&1
+        rc=$?
+        summary+=("$tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1) ($(( $(date +%s) - t1 ))s)")
+      done ;;
     pytest)
       python3 -X faulthandler -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
       rc=${PIPESTATUS[0]}
