@@ -645,3 +645,25 @@ def test_cuda_fused_backward_of_sum():
     ref = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     for a, b in zip(got, ref):
         assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("backend", [None, "cuda-naive", "cuda-fused"])
+def test_int_bounds_on_cuda(backend):
+    """Sizes the CUDA kernels narrow to int are refused before any kernel runs (issue 28): an
+    expanded head dim of 2^32 + 1 and 2^32 + 1 additional keys (zero-stride views: no memory) are
+    ValueErrors naming them, on every CUDA backend; the same call with small sizes runs."""
+    g = torch.Generator(device="cuda").manual_seed(seed_of("cuda-bounds", backend))
+    big = 2 ** 32 + 1
+    q1 = torch.randn(1, 8, 1, 1, device="cuda", generator=g)
+    v = torch.randn(1, 8, 1, 8, device="cuda", generator=g)
+    q = q1.expand(1, 8, 1, big)
+    with pytest.raises(ValueError, match=r"dim=4294967297 must be in \[1, 2\^30\]"):
+        fna.na1d(q, q, v, kernel_size=3, scale=0.5, backend=backend)
+    k8 = torch.randn(1, 8, 1, 8, device="cuda", generator=g)
+    ak = torch.randn(1, 1, 1, 8, device="cuda", generator=g).expand(1, big, 1, 8)
+    with pytest.raises(ValueError, match=r"num_additional=4294967297 must be in \[0, 2\^30\]"):
+        fna.na1d(k8, k8, v, kernel_size=3, additional_keys=ak, additional_values=ak,
+                 backend=backend)
+    out = fna.na1d(k8, k8, v, kernel_size=3, additional_keys=ak[:, :3].contiguous(),
+                   additional_values=ak[:, :3].contiguous(), backend=backend)
+    assert torch.isfinite(out).all()
