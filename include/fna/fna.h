@@ -97,8 +97,19 @@ enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2 };
 enum class BwdKernel : int { automatic = 0, sm80 = 1, sm90 = 2, sm90ws = 3 };
 enum class CpuIsa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3 };
 enum class CpuPanels : int { automatic = 0, rings = 1, shared = 2 };
+// How cuda-fused picks a configuration: `heuristic` (the plan's cost model, never times), or
+// `autotune` (the first call of a problem signature times the plan's candidate configurations on
+// the device and caches the fastest, in memory and, with autotune_cache_dir, on disk; later calls
+// and processes reuse it; inside CUDA graph capture it never times).
+enum class TuningMode : int { heuristic = 0, autotune = 1 };
 
 struct Tuning {
+  // cuda-fused: heuristic (default) or autotune (text: mode=auto), with the autotuner's disk cache
+  // directory ("" = memory only; the Python layer defaults it to the platform cache directory) and
+  // time budget per signature in ms (0 = 2000).
+  TuningMode mode = TuningMode::heuristic;
+  std::string autotune_cache_dir;
+  int64_t autotune_budget_ms = 0;
   // cuda-fused forward.
   Switch fwd_strip = Switch::automatic;      // strip forward (rank-2 small windows): on = wherever
                                              // it applies, off = never

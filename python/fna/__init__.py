@@ -85,6 +85,24 @@ def tuning_keys():
     return list(_C.tuning_keys())
 
 
+def set_default_tuning(tuning):
+    """Process-wide ``tuning`` for fused attention calls on CUDA tensors that pass none: e.g.
+    ``fna.set_default_tuning("auto")`` autotunes every new problem signature once (its choice
+    cached in memory and on disk, see ``fna.autotune_cache_dir()``); None restores the plan's
+    heuristic. Returns the previous value."""
+    from . import _args
+    _args.tuning_text(tuning)  # validates the form (keys and values are checked at the call)
+    prev, _args.DEFAULT_TUNING = _args.DEFAULT_TUNING, tuning
+    return prev
+
+
+def autotune_cache_dir():
+    """Where ``tuning="auto"`` keeps its choices: $FNA_CACHE_DIR, else $XDG_CACHE_HOME/fna/autotune,
+    else ~/.cache/fna/autotune (one small file per problem signature; safe to delete)."""
+    from . import _args
+    return _args.autotune_cache_dir()
+
+
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
                device_index=0, backward_config=None, deterministic=False, tuning=None):
@@ -142,5 +160,6 @@ __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
     "na_backward", "na_qk_backward", "na_av_backward", "backend_compiled", "cuda_available",
     "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "tuning_keys",
+    "set_default_tuning", "autotune_cache_dir",
     "version", "BACKENDS", *_MODULES,
 ]

@@ -142,19 +142,43 @@ def _tuning_value(key, value):
     raise TypeError(f"tuning[{key!r}]={value!r} must be a string, an int or a bool")
 
 
+# The process-wide tuning (fna.set_default_tuning): used by calls on CUDA tensors that pass none.
+DEFAULT_TUNING = None
+
+
+def autotune_cache_dir():
+    """The autotuner's disk cache: $FNA_CACHE_DIR, else $XDG_CACHE_HOME/fna, else ~/.cache/fna."""
+    import os
+    d = os.environ.get("FNA_CACHE_DIR")
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fna", "autotune")
+
+
 def tuning_text(tuning):
-    """``tuning=`` (None, or a dict of Options::tuning keys to values: strings such as "on",
-    "tma", "warp_specialized", ints, or bools for on / off) as "key=value,..." for the extension,
-    which validates keys and values and names the one it rejects."""
+    """``tuning=`` as "key=value,..." for the extension, which validates keys and values and names
+    the one it rejects. None; "heuristic" / "auto" (the autotuner, its cache in
+    autotune_cache_dir()); or a dict of Options::tuning keys to values (strings such as "on",
+    "tma", "warp_specialized", ints, or bools for on / off; "mode": "auto" takes the same cache
+    directory unless "autotune_cache_dir" names one)."""
     if tuning is None:
         return ""
+    if isinstance(tuning, str):
+        if tuning not in ("heuristic", "auto"):
+            raise ValueError(f"tuning={tuning!r} must be 'heuristic', 'auto', a dict "
+                             "(see fna.tuning_keys()) or None")
+        tuning = {"mode": tuning}
     if not isinstance(tuning, dict):
-        raise TypeError(f"tuning={tuning!r} must be a dict (see fna.tuning_keys()) or None")
+        raise TypeError(f"tuning={tuning!r} must be 'heuristic', 'auto', a dict "
+                        "(see fna.tuning_keys()) or None")
     pairs = []
     for key, value in tuning.items():
         if not isinstance(key, str):
             raise TypeError(f"tuning key {key!r} must be a string")
         pairs.append(f"{key}={_tuning_value(key, value)}")
+    if tuning.get("mode") == "auto" and "autotune_cache_dir" not in tuning:
+        pairs.append(f"autotune_cache_dir={autotune_cache_dir()}")
     return ",".join(pairs)
 
 

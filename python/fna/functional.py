@@ -135,6 +135,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
     config, deterministic, allow_tf32, backward_config, tuning = opts
+    if tuning is None and kind == "torch" and query.device.type == "cuda":
+        tuning = _args.DEFAULT_TUNING
     tuning = _args.tuning_text(tuning)
     if natten_kwargs:
         config, backward_config, tuning = _args.natten_tuning(

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/autotune.h"
 #include "core/launch_record.h"
 
 #include "fna/fna.h"
@@ -619,6 +620,13 @@ NB_MODULE(_C, m) {
      nb::arg("tuning") = "",
      "The cuda-fused plan for a problem: what runs, forward and backward, and how well it tiles.");
   m.def("tuning_keys", &fna::tuning_keys, "The keys Options::tuning accepts.");
+  m.def("autotune_clear_memory_cache", [] {
+#if defined(FNA_WITH_CUDA_FUSED)
+    fna::detail::autotune_clear_all();
+#else
+    fna::detail::autotune_clear_memory_cache();
+#endif
+  }, "Forgets the autotuner's in-process choices (the disk cache stays).");
   m.def("last_fused_launch", [] {
     nb::dict d;
 #if defined(FNA_WITH_CUDA_FUSED)

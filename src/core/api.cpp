@@ -12,6 +12,17 @@ namespace {
 
 using detail::TensorCheck;
 
+// Whether Options::tuning asks anything of the fused kernels beyond how to pick among them (the
+// autotuner's mode, cache and budget): then `auto` must not fall back to the naive kernels,
+// which would ignore it.
+bool tuning_binds_fused(const Tuning& t) {
+  Tuning rest = t;
+  rest.mode = TuningMode::heuristic;
+  rest.autotune_cache_dir.clear();
+  rest.autotune_budget_ms = 0;
+  return !tuning_string(rest).empty();
+}
+
 TensorCheck make(const char* name, const TensorRef& ref, const Problem& p, int role_heads,
                  int64_t dim, bool output, bool required, int64_t elem) {
   TensorCheck t{name, &ref, 0, {}, elem, output, required};
@@ -90,7 +101,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
       // `auto` falls back to the naive kernels for problems the fused tiles do not cover, unless
       // the caller named a fused configuration or tuning (which the naive kernels would ignore).
       if (st.code == Code::unsupported && opt.backend == Backend::automatic && opt.config.empty() &&
-          tuning_string(opt.tuning).empty())
+          !tuning_binds_fused(opt.tuning))
         return detail::cuda_naive_forward(p, a, o);
       return st;
     }
@@ -127,7 +138,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       st = detail::cuda_fused_backward(p, a, o);
       // As in the forward: no silent fallback from a named backward configuration.
       if (st.code == Code::unsupported && opt.backend == Backend::automatic &&
-          opt.backward_config.empty() && tuning_string(opt.tuning).empty())
+          opt.backward_config.empty() && !tuning_binds_fused(opt.tuning))
         return detail::cuda_naive_backward(p, a, o);
       return st;
     }

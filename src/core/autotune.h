@@ -69,6 +69,8 @@ Status autotune(const AutotuneRequest& req, AutotuneResult* out);
 
 // Clears the in-memory cache (tests).
 void autotune_clear_memory_cache();
+// The same and the fused backend's per-process memo of choices (defined with cuda-fused).
+void autotune_clear_all();
 
 // ---- the disk format (exposed for tests and tools) ----------------------------------------------
 // Stable 64-bit hash of a signature (FNV-1a).

@@ -19,8 +19,9 @@ const std::vector<std::string> kSchedule = {"automatic", "plain", "warp_speciali
 const std::vector<std::string> kBwdKernel = {"automatic", "sm80", "sm90", "sm90ws"};
 const std::vector<std::string> kIsa = {"automatic", "generic", "avx2", "avx512"};
 const std::vector<std::string> kPanels = {"automatic", "rings", "shared"};
+const std::vector<std::string> kMode = {"heuristic", "auto"};
 
-enum class Kind { enumeration, integer, walk };
+enum class Kind { enumeration, integer, walk, text };
 
 // One field: its key, the backend it concerns, its kind, and how to read and write it (enums and
 // integers as int64; walks as the string member).
@@ -48,9 +49,14 @@ struct Field {
   }
 #define FNA_WALK_FIELD(name, backend) \
   Field { #name, backend, Kind::walk, nullptr, nullptr, nullptr, &Tuning::name }
+#define FNA_TEXT_FIELD(name, backend) \
+  Field { #name, backend, Kind::text, nullptr, nullptr, nullptr, &Tuning::name }
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
+      FNA_ENUM_FIELD(mode, Backend::cuda_fused, kMode),
+      FNA_TEXT_FIELD(autotune_cache_dir, Backend::cuda_fused),
+      FNA_INT_FIELD(autotune_budget_ms, Backend::cuda_fused),
       FNA_ENUM_FIELD(fwd_strip, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(fwd_box, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(fwd_schedule, Backend::cuda_fused, kSchedule),
@@ -74,6 +80,7 @@ const std::vector<Field>& fields() {
 #undef FNA_ENUM_FIELD
 #undef FNA_INT_FIELD
 #undef FNA_WALK_FIELD
+#undef FNA_TEXT_FIELD
 
 Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }
 
@@ -85,7 +92,7 @@ std::string join(const std::vector<std::string>& v) {
 
 // The field's value as text, or "" when it holds its default.
 std::string value_text(const Field& f, const Tuning& t) {
-  if (f.kind == Kind::walk) return t.*f.walk;
+  if (f.kind == Kind::walk || f.kind == Kind::text) return t.*f.walk;
   const int64_t v = f.get(t);
   if (v == 0) return "";
   if (f.kind == Kind::integer) return std::to_string(v);
@@ -131,6 +138,11 @@ Status set_tuning(Tuning* t, const std::string& key, const std::string& value) {
       case Kind::walk:
         for (char c : value)
           if (c < '0' || c > '2') return invalid(what + " must be axis digits 0-2, fastest first");
+        t->*f.walk = value;
+        return Status::Ok();
+      case Kind::text:
+        if (value.find(',') != std::string::npos || value.find('\n') != std::string::npos)
+          return invalid(what + " must not hold ',' or a newline");
         t->*f.walk = value;
         return Status::Ok();
     }

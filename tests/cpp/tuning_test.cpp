@@ -20,6 +20,9 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
   static const std::vector<std::string> sw = {"automatic", "off", "on"};
   static const std::vector<std::string> copy = {"automatic", "tma", "cp_async"};
   static const std::map<std::string, std::vector<std::string>> v = {
+      {"mode", {"heuristic", "auto"}},
+      {"autotune_cache_dir", {"", "/tmp/fna-cache", "relative/dir"}},
+      {"autotune_budget_ms", {"0", "1", "2000"}},
       {"fwd_strip", sw},
       {"fwd_box", sw},
       {"fwd_schedule", {"automatic", "plain", "warp_specialized"}},
@@ -42,8 +45,9 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
 }
 
 bool is_walk(const std::string& key) { return key == "fwd_walk" || key == "bwd_walk"; }
+bool is_text(const std::string& key) { return is_walk(key) || key == "autotune_cache_dir"; }
 bool is_default(const std::string& key, const std::string& v) {
-  return is_walk(key) ? v.empty() : v == "automatic" || v == "0";
+  return is_text(key) ? v.empty() : v == "automatic" || v == "0" || v == "heuristic";
 }
 
 // Parses tuning_string's "key=value,..." back through set_tuning.

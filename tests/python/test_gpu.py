@@ -667,3 +667,55 @@ def test_int_bounds_on_cuda(backend):
     out = fna.na1d(k8, k8, v, kernel_size=3, additional_keys=ak[:, :3].contiguous(),
                    additional_values=ak[:, :3].contiguous(), backend=backend)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_autotune(tmp_path):
+    """tuning="auto": the first call of a signature times the candidates and caches the fastest on
+    disk (one file per direction); fna.fused_plan then reports what runs; a fresh process-level
+    cache reads the disk without timing; results match the heuristic's; inside CUDA graph capture
+    nothing is timed (no file appears) and the call still runs."""
+    import os
+    g = torch.Generator(device="cuda").manual_seed(seed_of("autotune"))
+    shape, ks = (1, 24, 40, 2, 64), (7, 9)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    tun = {"mode": "auto", "autotune_cache_dir": str(tmp_path / "c1")}
+    fna._C.autotune_clear_memory_cache()
+    out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tun)
+    out.float().square().sum().backward()
+    ran = fna._C.last_fused_launch()
+    files = sorted(os.listdir(tmp_path / "c1"))
+    assert len(files) == 2, files  # forward and backward signatures
+    plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning=tun)
+    assert plan["config"] == ran["forward"]
+    assert plan["config"] in fna.fused_configs(2, "bfloat16", 64)
+    grads = [t.grad.clone() for t in (q, k, v)]
+    ref = fna.na2d(q.detach(), k.detach(), v.detach(), ks, backend="cuda-fused")
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+    # A new process-level cache: the disk entries are read, nothing is timed (files unchanged).
+    stamps = [os.stat(tmp_path / "c1" / f).st_mtime_ns for f in files]
+    fna._C.autotune_clear_memory_cache()
+    for t in (q, k, v):
+        t.grad = None
+    out2 = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tun)
+    out2.float().square().sum().backward()
+    assert fna._C.last_fused_launch() == ran
+    assert [os.stat(tmp_path / "c1" / f).st_mtime_ns for f in files] == stamps
+    assert torch.equal(out2, out)
+    for a, b in zip(grads, (q.grad, k.grad, v.grad)):
+        assert (a.float() - b.float()).abs().max().item() <= 5e-2 * max(1.0, a.abs().max().item())
+    # Inside CUDA graph capture: never timed (no cache file), the plan's pick runs.
+    tun2 = {"mode": "auto", "autotune_cache_dir": str(tmp_path / "c2")}
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    heur = fna.fused_plan(shape, ks, dtype="bfloat16")["config"]
+    fna.na2d(qd, kd, vd, ks, backend="cuda-fused")  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out3 = fna.na2d(qd, kd, vd, ks, backend="cuda-fused", tuning=tun2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not (tmp_path / "c2").exists() or not os.listdir(tmp_path / "c2")
+    assert fna._C.last_fused_launch()["forward"] == heur
+    assert (out3.float() - ref.float()).abs().max().item() <= 2e-2

@@ -27,6 +27,7 @@
 #include "cuda/common/runtime.cuh"
 #include "cuda/fused/launch/bwd_launch.cuh"
 #include "cuda/fused/configs/backward_table.h"
+#include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/bwd_plan.h"
 #include "cuda/fused/plan/plan.h"
 
@@ -425,6 +426,69 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   return launch_backward<T, 128>(p, p_dq, plan.launch, stream);
 }
 
+// Runs the plan's backward for the call (the statistics, the workspaces and the kernels).
+Status run_plan(const Problem& pr, const BackwardArgs& a, const Options& opt, const BwdPlan& plan) {
+  // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
+  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, plan);
+  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, plan);
+  return run<__nv_bfloat16>(pr, a, opt, plan);
+}
+
+// Tuning::mode = autotune without a named backward configuration: the options the call runs
+// with, backward_config set to the autotuner's pick ("" = the plan's own). `a` is the call (timed
+// on its stream when timing is allowed; the final run overwrites what the timing wrote); null when
+// only planning (the cached choice, else the plan's, never timing).
+Status resolve_autotune(const Problem& pr, const Options& opt, const Params& p,
+                        const BackwardArgs* a, Options* out) {
+  *out = opt;
+  if (opt.tuning.mode != TuningMode::autotune || !opt.backward_config.empty()) return Status::Ok();
+  const std::string sig = detail::autotune_signature("bwd", pr, opt);
+  const std::string key = sig + "|" + opt.tuning.autotune_cache_dir;
+  std::string choice;
+  if (detail::AutotuneMemo::get().find(key, &choice)) {
+    out->backward_config = choice;
+    return Status::Ok();
+  }
+  Options h = opt;
+  h.tuning.mode = TuningMode::heuristic;
+  BwdPlan heur;
+  Status st = make_bwd_plan(pr, h, p, &heur);
+  if (!st.ok()) return st;
+  const std::string own = heur.cfg.name();  // the plan's own tiles (not a table row)
+  auto options_of = [&](const std::string& name) {
+    Options o = h;
+    if (name != own) o.backward_config = name;
+    return o;
+  };
+  std::vector<std::string> cands = {own};
+  for (const BwdConfig& c : bwd_configs(pr.rank, pr.dtype, std::max(pr.dim, pr.dim_v))) {
+    BwdPlan pl;
+    if (c.name() != own && make_bwd_plan(pr, options_of(c.name()), p, &pl).ok())
+      cands.push_back(c.name());
+  }
+  detail::AutotuneRequest r = detail::autotune_request(sig, opt);
+  r.candidates = cands;
+  const cudaStream_t stream = detail::stream_of(opt);
+  r.may_time = a != nullptr && detail::autotune_may_time(stream);
+  r.fits = [&](const std::string& name) {
+    BwdPlan pl;
+    return make_bwd_plan(pr, options_of(name), p, &pl).ok();
+  };
+  r.time_ms = [&](const std::string& name) {
+    const Options o = options_of(name);
+    BwdPlan pl;
+    if (!make_bwd_plan(pr, o, p, &pl).ok()) return -1.0;
+    return detail::autotune_time(stream, [&] { return run_plan(pr, *a, o, pl); });
+  };
+  detail::AutotuneResult res;
+  if (!(st = detail::autotune(r, &res)).ok()) return st;
+  choice = res.choice == own ? std::string() : res.choice;
+  if (a != nullptr || res.from_cache) detail::AutotuneMemo::get().put(key, choice);
+  out->backward_config = choice;
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace bwd
 
@@ -436,14 +500,14 @@ std::vector<std::string> cuda_fused_backward_configs(int rank, DType dtype, int6
   return names;
 }
 
-Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt) {
+Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Options& opt_in) {
   using namespace bwd;
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
   // base_params narrows sizes to int (problem_block): the limits come first.
   if (Status lim = validate_backend_limits(pr, Backend::cuda_fused); !lim.ok())
     return {Code::unsupported, lim.message};
-  Params p = base_params(pr, opt);
+  Params p = base_params(pr, opt_in);
   const int vec = pr.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
   bool al = pr.dim % vec == 0 && pr.dim_v % vec == 0;
   bool ok = lift(pr, a.q, &p.sq, &al, vec) && lift(pr, a.k, &p.sk, &al, vec) &&
@@ -461,24 +525,25 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   p.d_add_k = a.d_add_k.data, p.d_add_v = a.d_add_v.data;
 
   DeviceGuard guard;
-  Status st = guard.set(opt.device_index);
+  Status st = guard.set(opt_in.device_index);
   if (!st.ok()) return st;
+  if (p.batch == 0 || p.tokens == 0 || p.heads == 0) {
+    BwdPlan plan;
+    return make_bwd_plan(pr, opt_in, p, &plan);
+  }
+  Options opt;
+  if (!(st = resolve_autotune(pr, opt_in, p, &a, &opt)).ok()) return st;
   BwdPlan plan;
   if (!(st = make_bwd_plan(pr, opt, p, &plan)).ok()) return st;
   record_backward_launch(plan.cfg.name(), plan.launch.tma.on != 0);
-  if (p.batch == 0 || p.tokens == 0 || p.heads == 0) return Status::Ok();
-  // float32: split TF32 (float32 accuracy) by default, plain TF32 with Options::allow_tf32.
-  if (pr.dtype == DType::f32 && opt.allow_tf32) return run<mma::TF32>(pr, a, opt, plan);
-  if (pr.dtype == DType::f32) return run<mma::F32>(pr, a, opt, plan);
-  if (pr.dtype == DType::f16) return run<__half>(pr, a, opt, plan);
-  return run<__nv_bfloat16>(pr, a, opt, plan);
+  return run_plan(pr, a, opt, plan);
 }
 
-Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan* out) {
+Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedPlan* out) {
   using namespace bwd;
   // Dense placeholder tensors at an aligned address (the TMA maps are encoded, never used).
   alignas(256) static char placeholder[256];
-  Params p = base_params(pr, opt);
+  Params p = base_params(pr, opt_in);
   auto dense = [&](int64_t heads, int64_t dim, TokStrides* s) {
     s->h = dim;
     s->x[2] = heads * dim;
@@ -490,8 +555,11 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt, FusedPlan
   dense(p.heads, p.dim_v, &p.sdo);
   p.q = p.d_o = placeholder;
   p.aligned = true;
+  Options opt;
+  Status st = resolve_autotune(pr, opt_in, p, nullptr, &opt);
+  if (!st.ok()) return st;
   BwdPlan plan;
-  Status st = make_bwd_plan(pr, opt, p, &plan);
+  st = make_bwd_plan(pr, opt, p, &plan);
   if (!st.ok()) return st;
   const Params& pk = plan.p_dkdv;
   double visited = 1;

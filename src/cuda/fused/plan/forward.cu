@@ -17,6 +17,7 @@
 #include "cuda/fused/kernel/common/fwd_params.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
 #include "cuda/fused/plan/fwd_tma.h"
+#include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/plan.h"
 
 namespace fna {
@@ -515,9 +516,95 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
 }
 
 namespace {
+
+// Tuning::mode = autotune without a named configuration: the configuration the autotuner picks
+// for the call ("" = the plan's own pick). `call` holds the call's parameters (its tensors, timed
+// on its stream when timing is allowed); null when only planning (fused_plan: the cached choice,
+// else the plan's, never timing).
+Status autotuned_config(const Problem& p, const Options& opt, const FwdParams* call,
+                        std::string* out) {
+  out->clear();
+  const Tuning& t = opt.tuning;
+  if (t.fwd_schedule != FwdSchedule::automatic || t.fwd_strip != Switch::automatic ||
+      t.fwd_box != Switch::automatic)
+    return invalid("tuning mode='auto' chooses the forward configuration, while tuning " +
+                   tuning_string(t) + " would choose among configurations too: give one or the other");
+  const std::string sig = autotune_signature("fwd", p, opt);
+  const std::string key = sig + "|" + t.autotune_cache_dir;
+  if (AutotuneMemo::get().find(key, out)) return Status::Ok();
+  FwdParams fp;
+  if (call != nullptr)
+    fp = *call;
+  else
+    fill_params(p, nullptr, opt, &fp);
+  Options h = opt;
+  h.tuning.mode = TuningMode::heuristic;
+  fused::FwdPlan heur;
+  Status st = make_fwd_plan(p, h, &fp, &heur);
+  if (!st.ok()) return st;
+  // A candidate's plan (the heuristic's under its own name, the others as named configurations).
+  auto plan_of = [&](const std::string& name, FwdParams* f, fused::FwdPlan* pl) {
+    Options o = h;
+    if (name != heur.config) o.config = name;
+    *f = fp;
+    return make_fwd_plan(p, o, f, pl).ok();
+  };
+  std::vector<std::string> cands = {heur.config};
+  for (const FwdEntry* e : candidates(p.rank, p.dtype, opt.allow_tf32, std::max(p.dim, p.dim_v))) {
+    FwdParams f;
+    fused::FwdPlan pl;
+    if (e->name() != heur.config && plan_of(e->name(), &f, &pl)) cands.push_back(e->name());
+  }
+  AutotuneRequest r = autotune_request(sig, opt);
+  r.candidates = cands;
+  const cudaStream_t stream = stream_of(opt);
+  r.may_time = call != nullptr && autotune_may_time(stream);
+  r.fits = [&](const std::string& name) {
+    FwdParams f;
+    fused::FwdPlan pl;
+    return plan_of(name, &f, &pl);
+  };
+  r.time_ms = [&](const std::string& name) {
+    FwdParams f;
+    fused::FwdPlan pl;
+    if (!plan_of(name, &f, &pl)) return -1.0;
+    if (pl.launch.ctas == 0) return 0.0;
+    return autotune_time(stream, [&] {
+      return cuda_status(pl.launcher(f, pl.launch, stream), "autotuning the forward");
+    });
+  };
+  AutotuneResult res;
+  if (!(st = autotune(r, &res)).ok()) return st;
+  if (res.choice != heur.config) *out = res.choice;
+  // Planning without a call does not fix the choice: a later call may still time.
+  if (call != nullptr || res.from_cache) AutotuneMemo::get().put(key, *out);
+  return Status::Ok();
+}
+
+// The options a call runs with: under Tuning::mode = autotune, the autotuned configuration
+// named (the autotuner's fields, which a named configuration does not need, cleared).
+Status resolve_autotune(const Problem& p, const Options& opt, const FwdParams* call,
+                        Options* out) {
+  *out = opt;
+  if (opt.tuning.mode != TuningMode::autotune || !opt.config.empty()) return Status::Ok();
+  std::string choice;
+  Status st = autotuned_config(p, opt, call, &choice);
+  if (!st.ok()) return st;
+  out->config = choice;
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace {
 std::mutex launch_mu;
 LaunchRecord launch_record;
 }  // namespace
+
+void autotune_clear_all() {
+  autotune_clear_memory_cache();
+  AutotuneMemo::get().clear();
+}
 
 LaunchRecord last_launch() {
   std::lock_guard<std::mutex> lock(launch_mu);
@@ -545,11 +632,14 @@ std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) 
   return names;
 }
 
-Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
+Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) {
+  Options opt;
+  Status st = resolve_autotune(p, opt_in, nullptr, &opt);
+  if (!st.ok()) return st;
   FwdParams fp;
   fill_params(p, nullptr, opt, &fp);
   fused::FwdPlan plan;
-  Status st = make_fwd_plan(p, opt, &fp, &plan);
+  st = make_fwd_plan(p, opt, &fp, &plan);
   if (!st.ok()) return st;
   *out = FusedPlan{};
   out->config = plan.config;
@@ -584,7 +674,7 @@ Status cuda_fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
   return Status::Ok();
 }
 
-Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options& opt_in) {
   const int vec = p.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte chunk
   // Layout of every tensor the kernel reads with 16-byte copies or writes with 4-byte (16-bit
   // pairs) or 8-byte (float32 pairs) stores.
@@ -610,9 +700,11 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v, vec)).ok()) return st;
   }
   DeviceGuard guard;
-  if (!(st = guard.set(opt.device_index)).ok()) return st;
+  if (!(st = guard.set(opt_in.device_index)).ok()) return st;
   FwdParams fp;
-  fill_params(p, &a, opt, &fp);
+  fill_params(p, &a, opt_in, &fp);
+  Options opt;
+  if (!(st = resolve_autotune(p, opt_in, &fp, &opt)).ok()) return st;
   fused::FwdPlan plan;
   if (!(st = make_fwd_plan(p, opt, &fp, &plan)).ok()) return st;
   record_forward_launch(plan.config, plan.launch.tma.on || plan.launch.strip_tma.on,

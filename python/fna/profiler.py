@@ -1,0 +1,861 @@
+"""fna.profiler: the cuda-fused configurations of one problem, listed and timed (issue 31).
+
+    python -m fna.profiler --shape 128x128 --kernel 13 --heads 8 --dim 64 --batch 8 \\
+        --dtype bfloat16 [--dry-run] [--no-backward] [--csv FILE] [--json FILE]
+
+For the problem given on the command line it lists the forward and backward candidate
+configurations (``fna.fused_configs`` / ``fna.fused_backward_configs``) with their kernel family,
+tiles and tiling efficiency (``needed_fraction`` of ``fna.fused_plan``), and whether each can run
+the problem on this device; ``--dry-run`` stops there. Otherwise it times every candidate that
+can run and prints one table per direction, sorted by time, with the heuristic's pick (the plan's
+choice without a configuration) and the autotuned pick (``tuning="auto"``; "n/a" where this build
+has no autotuner) marked.
+
+Timing is GPU time, as bench/gpu_bench.py measures it: CUDA events around each call, each call
+queued behind a short GPU spin so its host work is not timed, the median of ``--reps`` calls after
+``--warmup`` calls. The forward rows time ``na*d(..., config=NAME)``. The backward rows time one
+training step, forward with the heuristic's forward configuration and then the backward with
+``backward_config=NAME`` (``torch.autograd.grad``), and report that step's time minus the time of
+the same forward alone (inputs requiring grad, so it records the graph as in the step): ``ms`` is
+the backward's share, ``f+b ms`` the whole step. Effective TFLOP/s count FLOPs as
+docs/semantics.md section 3.1 (forward ``2 * B * H * P * (D + D_v)``, ``P`` the attended
+(query, key) pairs, from ``fna.na1d_qk`` per axis where an axis is causal; backward 2.5x that).
+
+The timing function is injectable: :func:`profile` takes ``timer(fn) -> ms`` and a runner that
+makes the callables, so the table / CSV / JSON logic runs anywhere (tests use fakes).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+__all__ = ["Problem", "Candidate", "Candidates", "Row", "Report", "parse_args", "build_parser",
+           "list_candidates", "attended_pairs", "forward_flops", "gpu_timer", "TorchRunner",
+           "profile", "format_dry_run", "format_report", "write_csv", "write_json", "main"]
+
+PROG = "python -m fna.profiler"
+
+DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32",
+          "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+# Progress bar on stderr when a sweep has more candidates than this.
+PROGRESS_MIN = 5
+
+# GPU spin before each timed call (bench/gpu_bench.py HEAD_START_MS): longer than the host work
+# of one call, so the start event marks when the call's first kernel can begin.
+HEAD_START_MS = 3.0
+
+
+# ---- the problem ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Problem:
+    shape: tuple
+    kernel: tuple
+    dilation: tuple
+    stride: tuple
+    causal: tuple
+    batch: int = 1
+    heads: int = 1
+    heads_kv: int = 1
+    dim: int = 64
+    dim_v: int = 64
+    dtype: str = "bfloat16"
+    device: int = 0
+    allow_tf32: bool = False
+
+    @property
+    def rank(self):
+        return len(self.shape)
+
+    @property
+    def query_shape(self):
+        return (self.batch, *self.shape, self.heads, self.dim)
+
+    @property
+    def config_dim(self):
+        """The head dim the configuration lists are keyed by: max(D, D_v)."""
+        return max(self.dim, self.dim_v)
+
+    def plan_kwargs(self):
+        return dict(stride=self.stride, dilation=self.dilation, is_causal=self.causal,
+                    dtype=self.dtype, heads_kv=self.heads_kv, dim_v=self.dim_v,
+                    allow_tf32=self.allow_tf32, device_index=self.device)
+
+    def describe(self):
+        x = lambda t: "x".join(str(int(e)) for e in t)  # noqa: E731
+        return (f"{self.rank}-D {x(self.shape)}, kernel {x(self.kernel)}, dilation "
+                f"{x(self.dilation)}, stride {x(self.stride)}, causal {x(self.causal)}, batch "
+                f"{self.batch}, heads {self.heads} (kv {self.heads_kv}), dim {self.dim} "
+                f"(v {self.dim_v}), {self.dtype}" + (", allow_tf32" if self.allow_tf32 else "")
+                + f", device {self.device}")
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        for k in ("shape", "kernel", "dilation", "stride"):
+            d[k] = [int(e) for e in d[k]]
+        d["causal"] = [bool(e) for e in d["causal"]]
+        return d
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def _axes_text(text):
+    """"13" or "13x7" (also "13,7") -> tuple of ints, as fna-bench reads per-axis values."""
+    parts = text.replace("X", "x").replace(",", "x").split("x")
+    try:
+        vals = tuple(int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer or a list of integers such as 13x7") from None
+    if not 1 <= len(vals) <= 3:
+        raise argparse.ArgumentTypeError(f"{text!r} has {len(vals)} entries (1 to 3 axes)")
+    return vals
+
+
+def _positive(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _non_negative(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
+def _dtype(text):
+    if text.lower() not in DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of float32, float16, bfloat16 (or fp32, fp16, bf16)")
+    return DTYPES[text.lower()]
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="List and time the cuda-fused configurations of one neighborhood-attention "
+                    "problem: forward and backward, sorted by GPU time, with the heuristic's and "
+                    "the autotuner's picks marked.",
+        epilog="Per-axis values: '13' (every axis) or '13x7' (one per axis), as fna-bench.")
+    ap.add_argument("--shape", type=_axes_text, required=True,
+                    help="token grid, e.g. 128x128; its number of axes is the rank (1 to 3)")
+    ap.add_argument("--kernel", type=_axes_text, required=True, help="window per axis")
+    ap.add_argument("--dilation", type=_axes_text, default=(1,), help="per axis (default 1)")
+    ap.add_argument("--stride", type=_axes_text, default=(1,), help="per axis (default 1)")
+    ap.add_argument("--causal", type=_axes_text, default=(0,),
+                    help="per-axis causal flags 0 / 1, e.g. 1x0 (default 0)")
+    ap.add_argument("--batch", type=_positive, default=1)
+    ap.add_argument("--heads", type=_positive, required=True)
+    ap.add_argument("--heads-kv", type=_positive, default=None,
+                    help="key / value heads (GQA / MQA; default --heads)")
+    ap.add_argument("--dim", type=_positive, required=True, help="query / key head dim")
+    ap.add_argument("--dim-v", type=_positive, default=None, help="value head dim (default --dim)")
+    ap.add_argument("--dtype", type=_dtype, default="bfloat16",
+                    help="float32, float16 or bfloat16 (default bfloat16)")
+    ap.add_argument("--allow-tf32", action="store_true",
+                    help="float32: plain TF32 products (default: split TF32)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="list the candidates (family, tiles, needed_fraction, whether each runs "
+                         "here) without timing")
+    ap.add_argument("--backward", dest="backward", action=argparse.BooleanOptionalAction,
+                    default=True, help="also time the backward configurations (default: yes)")
+    ap.add_argument("--reps", type=_positive, default=10, help="timed calls per candidate (median)")
+    ap.add_argument("--warmup", type=_non_negative, default=3, help="untimed calls first")
+    ap.add_argument("--csv", metavar="FILE", default=None, help="write every row as CSV")
+    ap.add_argument("--json", metavar="FILE", default=None, help="write the report as JSON")
+    ap.add_argument("--device", type=_non_negative, default=0, help="CUDA device index")
+    ap.add_argument("--no-progress", dest="progress", action="store_false",
+                    help="no progress bar on stderr")
+    return ap
+
+
+def _per_axis(ap, flag, vals, rank):
+    if len(vals) == 1:
+        return vals * rank
+    if len(vals) != rank:
+        ap.error(f"argument {flag}: {'x'.join(map(str, vals))} has {len(vals)} entries for a "
+                 f"rank-{rank} problem (--shape has {rank} axes)")
+    return vals
+
+
+def parse_args(argv=None):
+    """(Problem, argparse.Namespace) from the command line; argparse errors (exit code 2, a
+    message naming the flag) for anything invalid."""
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    rank = len(a.shape)
+    for i, L in enumerate(a.shape):
+        if L < 1:
+            ap.error(f"argument --shape: axis {i} has length {L}; lengths must be >= 1")
+    kernel = _per_axis(ap, "--kernel", a.kernel, rank)
+    dilation = _per_axis(ap, "--dilation", a.dilation, rank)
+    stride = _per_axis(ap, "--stride", a.stride, rank)
+    causal = _per_axis(ap, "--causal", a.causal, rank)
+    for i in range(rank):
+        if kernel[i] < 1:
+            ap.error(f"argument --kernel: axis {i} is {kernel[i]}; must be >= 1")
+        if dilation[i] < 1:
+            ap.error(f"argument --dilation: axis {i} is {dilation[i]}; must be >= 1")
+        if kernel[i] * dilation[i] > a.shape[i]:
+            ap.error(f"argument --kernel: axis {i}: kernel {kernel[i]} * dilation {dilation[i]} "
+                     f"exceeds the length {a.shape[i]} of --shape")
+        if not 1 <= stride[i] <= kernel[i]:
+            ap.error(f"argument --stride: axis {i} is {stride[i]}; must be in [1, kernel "
+                     f"{kernel[i]}]")
+        if causal[i] not in (0, 1):
+            ap.error(f"argument --causal: axis {i} is {causal[i]}; flags are 0 or 1")
+    heads_kv = a.heads if a.heads_kv is None else a.heads_kv
+    if a.heads % heads_kv:
+        ap.error(f"argument --heads-kv: --heads {a.heads} is not a multiple of --heads-kv "
+                 f"{heads_kv}")
+    if a.allow_tf32 and a.dtype != "float32":
+        ap.error(f"argument --allow-tf32: applies to float32 only (--dtype is {a.dtype})")
+    prob = Problem(shape=tuple(a.shape), kernel=tuple(kernel), dilation=tuple(dilation),
+                   stride=tuple(stride), causal=tuple(bool(c) for c in causal), batch=a.batch,
+                   heads=a.heads, heads_kv=heads_kv, dim=a.dim,
+                   dim_v=a.dim if a.dim_v is None else a.dim_v, dtype=a.dtype, device=a.device,
+                   allow_tf32=a.allow_tf32)
+    return prob, a
+
+
+# ---- candidates ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Candidate:
+    direction: str            # "forward" or "backward"
+    name: str
+    family: str = ""
+    tiles: str = ""
+    needed_fraction: float | None = None
+    runs: bool = True
+    reason: str = ""          # why it cannot run here (runs False)
+    heuristic: bool = False
+
+
+@dataclasses.dataclass
+class Candidates:
+    forward: list
+    backward: list
+    heuristic_forward: str | None = None
+    heuristic_backward: str | None = None
+    heuristic_error: str = ""  # why the heuristic's plan is unknown (e.g. no device)
+
+
+def _tiles(*pairs):
+    return " ".join(f"{label}{'x'.join(str(int(e)) for e in t)}" for label, t in pairs if t)
+
+
+def _family_of(name):
+    # fna_fwd_<family>_... / fna_bwd_<family>_...
+    parts = name.split("_")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def _tiles_of(name):
+    # The tile fields of a name, after family, dtype and head dim: q8x16 kv8x8 (forward),
+    # q64 b16x16 (box / strip), kv8x16 q8x8 dqq8x8 dqkv8x8 (backward); not the warps (w12).
+    return " ".join(t for t in name.split("_")[5:]
+                    if t.startswith(("q", "kv", "b", "dqq", "dqkv")))
+
+
+def _reason(exc):
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {msg}"
+
+
+def list_candidates(problem, api=None, backward=True):
+    """The forward (and backward) candidates of `problem`: every configuration name of its rank,
+    dtype and head dim, each with the plan it would run (family, tiles, needed_fraction) or the
+    reason it cannot run here; the heuristic's picks marked. `api` provides fused_configs,
+    fused_backward_configs and fused_plan (default: the fna module)."""
+    if api is None:
+        import fna as api
+    qshape, ks, kw = problem.query_shape, problem.kernel, problem.plan_kwargs()
+    cands = Candidates(forward=[], backward=[])
+    try:
+        heur = api.fused_plan(qshape, ks, **kw)
+        cands.heuristic_forward = heur.get("config") or None
+        cands.heuristic_backward = heur.get("backward_config") or None
+    except Exception as exc:  # noqa: BLE001 - no device, or the fused kernels do not take it
+        cands.heuristic_error = _reason(exc)
+    for name in api.fused_configs(problem.rank, problem.dtype, problem.config_dim):
+        c = Candidate("forward", name, family=_family_of(name), tiles=_tiles_of(name),
+                      heuristic=name == cands.heuristic_forward)
+        try:
+            plan = api.fused_plan(qshape, ks, config=name, **kw)
+            c.family = plan.get("family") or c.family
+            c.tiles = _tiles(("q", plan.get("q_tile")), ("kv", plan.get("kv_tile"))) or c.tiles
+            c.needed_fraction = plan.get("needed_fraction")
+            if plan.get("config") and plan["config"] != name:
+                c.runs, c.reason = False, f"the plan runs {plan['config']} instead"
+        except Exception as exc:  # noqa: BLE001 - ValueError / NotImplementedError / no device
+            c.runs, c.reason = False, _reason(exc)
+        cands.forward.append(c)
+    if backward:
+        for name in api.fused_backward_configs(problem.rank, problem.dtype, problem.config_dim):
+            c = Candidate("backward", name, family=_family_of(name), tiles=_tiles_of(name),
+                          heuristic=name == cands.heuristic_backward)
+            try:
+                plan = api.fused_plan(qshape, ks, backward_config=name, **kw)
+                c.family = plan.get("backward_family") or c.family
+                c.tiles = _tiles(("kv", plan.get("backward_kv_tile")),
+                                 ("q", plan.get("backward_q_tile"))) or c.tiles
+                c.needed_fraction = plan.get("backward_needed_fraction")
+                if plan.get("backward_config") != name:
+                    c.runs = False
+                    c.reason = ("the fused backward does not take this problem"
+                                if not plan.get("backward_config")
+                                else f"the plan runs {plan['backward_config']} instead")
+            except Exception as exc:  # noqa: BLE001
+                c.runs, c.reason = False, _reason(exc)
+            cands.backward.append(c)
+    return cands
+
+
+# ---- FLOPs ---------------------------------------------------------------------------------------
+
+def attended_pairs(problem, api=None):
+    """Sum over queries of the neighborhood size (bench/gpu_bench.py attended_pairs): the window
+    is a product over axes, so the total is a product of per-axis sums; a non-causal axis holds
+    K keys per query, a causal one is counted from fna.na1d_qk's finite logits on the CPU."""
+    total = 1
+    for ax, L in enumerate(problem.shape):
+        K, d, s, c = (problem.kernel[ax], problem.dilation[ax], problem.stride[ax],
+                      problem.causal[ax])
+        if not c:
+            total *= L * K
+            continue
+        if api is None:
+            import fna as api
+        import numpy as np
+        q = np.ones((1, L, 1, 1), dtype=np.float32)
+        logits = api.na1d_qk(q, q, K, stride=s, dilation=d, is_causal=True)
+        total *= int(np.isfinite(np.asarray(logits)).sum())
+    return total
+
+
+def forward_flops(problem, pairs=None):
+    """docs/semantics.md 3.1: 2 * B * H * P * (D + D_v) (= 4 * B * H * P * D for D_v = D)."""
+    if pairs is None:
+        pairs = attended_pairs(problem)
+    return 2.0 * problem.batch * problem.heads * pairs * (problem.dim + problem.dim_v)
+
+
+# ---- timing --------------------------------------------------------------------------------------
+
+def gpu_timer(reps=10, warmup=3, budget_s=20.0, slow_s=2.0):
+    """timer(fn) -> ms: bench/gpu_bench.py's timed(), GPU time. The median of `reps` calls after
+    `warmup` calls; each call's start event is recorded behind a GPU spin of HEAD_START_MS, so the
+    call's host work overlaps the spin. A call slower than `slow_s` (the first warm-up) gets at
+    most two timed reps; past `budget_s` timing stops after 3 reps."""
+    import torch
+
+    def head_start():
+        # torch.cuda._sleep counts clock cycles: at 2 GHz (H100 / H200 boost ~1.98 GHz).
+        torch.cuda._sleep(int(2.0e9 * HEAD_START_MS * 1e-3))
+
+    def timer(fn):
+        w, r = warmup, reps
+        torch.cuda.synchronize()
+        t = time.time()
+        fn()
+        torch.cuda.synchronize()
+        if time.time() - t > slow_s:
+            w, r = min(w, 2), min(r, 2)
+        for _ in range(w - 1):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        t_end = time.time() + budget_s
+        for i in range(r):
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            head_start()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+            if time.time() > t_end and i >= min(2, r - 1):
+                break
+        return statistics.median(times)
+
+    return timer
+
+
+class TorchRunner:
+    """Makes the timed callables of a problem on a CUDA device (random inputs, allocated once):
+    forward(name), backward_baseline(forward_name), backward(name, forward_name), autotuned().
+    Each callable has run once (and checked that the launch ran the named configuration) when it
+    is returned."""
+
+    def __init__(self, problem):
+        import torch
+        import fna
+        if not torch.cuda.is_available():
+            raise RuntimeError("timing needs a CUDA device, but torch sees none")
+        self.torch, self.fna, self.p = torch, fna, problem
+        self.dev = torch.device("cuda", problem.device)
+        torch.cuda.set_device(self.dev)
+        dt = getattr(torch, problem.dtype)
+        g = torch.Generator(device=self.dev).manual_seed(0)
+        B, S, H, Hk = problem.batch, problem.shape, problem.heads, problem.heads_kv
+
+        def rnd(*shape):
+            return torch.randn(*shape, device=self.dev, dtype=dt, generator=g)
+
+        self.q = rnd(B, *S, H, problem.dim)
+        self.k = rnd(B, *S, Hk, problem.dim)
+        self.v = rnd(B, *S, Hk, problem.dim_v)
+        self.qg, self.kg, self.vg = (t.detach().clone().requires_grad_(True)
+                                     for t in (self.q, self.k, self.v))
+        self.go = rnd(B, *S, H, problem.dim_v)
+        self.na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[problem.rank]
+        self.kw = dict(kernel_size=problem.kernel, stride=problem.stride,
+                       dilation=problem.dilation, is_causal=problem.causal,
+                       backend="cuda-fused", allow_tf32=problem.allow_tf32)
+
+    def _launched(self, key):
+        return self.fna._C.last_fused_launch().get(key, "")
+
+    def forward(self, name):
+        torch = self.torch
+
+        def fn():
+            with torch.no_grad():
+                return self.na(self.q, self.k, self.v, config=name, **self.kw)
+
+        fn()
+        ran = self._launched("forward")
+        if ran != name:
+            raise RuntimeError(f"asked for {name}, the launch ran {ran or 'nothing'}")
+        return fn
+
+    def backward_baseline(self, forward_name):
+        """The forward of the backward step alone (inputs requiring grad: records the graph)."""
+        def fn():
+            return self.na(self.qg, self.kg, self.vg, config=forward_name, **self.kw)
+
+        fn()
+        return fn
+
+    def backward(self, name, forward_name):
+        torch = self.torch
+        inputs = (self.qg, self.kg, self.vg)
+
+        def fn():
+            out = self.na(*inputs, config=forward_name, backward_config=name, **self.kw)
+            return torch.autograd.grad(out, inputs, self.go)
+
+        fn()
+        ran = self._launched("backward")
+        if ran != name:
+            raise RuntimeError(f"asked for {name}, the launch ran {ran or 'nothing'}")
+        return fn
+
+    def autotuned(self, backward=True):
+        """The autotuner's picks: one call with tuning="auto" (its first call of a signature
+        times the candidates and caches the fastest), then what the launch ran. Returns
+        dict(forward=name or None, backward=name or None, note=why not)."""
+        torch = self.torch
+        inputs = (self.qg, self.kg, self.vg)
+        kw = dict(self.kw)
+        out, errors = None, []
+        for tuning in ("auto", {"mode": "auto"}):
+            try:
+                out = self.na(*inputs, tuning=tuning, **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - no autotuner in this build: n/a
+                errors.append(f"tuning={tuning!r}: {_reason(exc)}")
+        if out is None:
+            return dict(forward=None, backward=None,
+                        note="autotuner not available (" + "; ".join(errors) + ")")
+        res = dict(forward=self._launched("forward") or None, backward=None, note="")
+        if backward:
+            try:
+                torch.autograd.grad(out, inputs, self.go)
+                res["backward"] = self._launched("backward") or None
+            except Exception as exc:  # noqa: BLE001
+                res["note"] = f"autotuned backward failed: {_reason(exc)}"
+        torch.cuda.synchronize()
+        return res
+
+
+# ---- profiling -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Row:
+    direction: str
+    config: str
+    family: str
+    tiles: str
+    needed_fraction: float | None
+    ms: float | None = None          # forward: the call; backward: step minus forward
+    fb_ms: float | None = None       # backward rows: the whole forward + backward step
+    tflops: float | None = None
+    heuristic: bool = False
+    autotuned: bool | None = False   # None: no autotuned pick known (n/a)
+    status: str = "ok"               # "ok", "cannot run: ...", "failed: ..."
+    rank: int | None = None          # 1 = fastest of its direction
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Report:
+    problem: Problem
+    pairs: int
+    flops_forward: float
+    rows: list
+    heuristic: dict
+    autotuned: dict
+    backward_baseline_ms: float | None = None
+    device: str = ""
+    timing: str = ""
+
+    def direction(self, d):
+        return [r for r in self.rows if r.direction == d]
+
+    def to_dict(self):
+        return dict(problem=self.problem.to_dict(), pairs=self.pairs,
+                    flops_forward=self.flops_forward, flops_backward=2.5 * self.flops_forward,
+                    device=self.device, timing=self.timing, heuristic=self.heuristic,
+                    autotuned=self.autotuned, backward_baseline_ms=self.backward_baseline_ms,
+                    rows=[r.to_dict() for r in self.rows])
+
+
+TIMING_NOTE = ("GPU time (CUDA events behind a GPU spin), median of reps after warm-up; backward "
+               "ms = (forward + backward step) - (forward alone, heuristic configuration)")
+
+
+class Progress:
+    """A one-line progress bar on `stream`, shown when `total` > PROGRESS_MIN (and enabled)."""
+
+    def __init__(self, total, stream=None, enabled=True, width=20):
+        self.total, self.width = total, width
+        self.stream = sys.stderr if stream is None else stream
+        self.on = enabled and total > PROGRESS_MIN
+        self.done = 0
+        self._last = 0
+
+    def step(self, label):
+        if not self.on:
+            return
+        n = self.done
+        fill = self.width * n // max(self.total, 1)
+        line = f"[{'#' * fill}{'.' * (self.width - fill)}] {n}/{self.total} {label}"[:110]
+        pad = " " * max(0, self._last - len(line))
+        self.stream.write("\r" + line + pad)
+        self.stream.flush()
+        self._last = len(line)
+
+    def advance(self):
+        self.done += 1
+
+    def close(self):
+        if self.on:
+            self.step("done")
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _time_of(r):
+    """The time a row is ranked by: the call (forward), the whole step (backward)."""
+    if r.status != "ok":
+        return None
+    return r.fb_ms if r.direction == "backward" else r.ms
+
+
+def _rank_rows(rows):
+    """Timed rows sorted fastest first and numbered, then the others in their listing order."""
+    timed = sorted((r for r in rows if _time_of(r) is not None), key=_time_of)
+    for i, r in enumerate(timed, 1):
+        r.rank = i
+    return timed + [r for r in rows if _time_of(r) is None]
+
+
+def profile(problem, timer=None, runner=None, candidates=None, backward=True, reps=10, warmup=3,
+            pairs=None, progress=True, stream=None, autotuned=None):
+    """Times every candidate that can run `problem` and returns a Report.
+
+    timer: ``timer(fn) -> ms`` (default: :func:`gpu_timer` with `reps` / `warmup`). runner: makes
+    the callables (default: :class:`TorchRunner` on the problem's CUDA device). candidates: a
+    :class:`Candidates` (default: :func:`list_candidates`). autotuned: the autotuned picks
+    (default: ``runner.autotuned()``); a dict(forward=, backward=, note=). pairs: the attended
+    pairs (default: :func:`attended_pairs`)."""
+    if candidates is None:
+        candidates = list_candidates(problem, backward=backward)
+    if runner is None:
+        runner = TorchRunner(problem)
+    if timer is None:
+        timer = gpu_timer(reps, warmup)
+    if pairs is None:
+        pairs = attended_pairs(problem)
+    flops = forward_flops(problem, pairs)
+    if autotuned is None:
+        try:
+            autotuned = runner.autotuned(backward=backward)
+        except Exception as exc:  # noqa: BLE001 - the timing of the candidates stands
+            autotuned = dict(forward=None, backward=None, note=f"autotuned failed: {_reason(exc)}")
+    autotuned = dict(dict(forward=None, backward=None, note=""), **autotuned)
+
+    def auto_mark(direction, name):
+        pick = autotuned.get(direction)
+        return None if pick is None else pick == name
+
+    cands = list(candidates.forward) + (list(candidates.backward) if backward else [])
+    todo = [c for c in cands if c.runs]
+    bar = Progress(len(todo) + (1 if backward and candidates.backward else 0), stream=stream,
+                   enabled=progress)
+    rows = []
+    baseline_ms, baseline_err = None, ""
+    if backward and candidates.backward:
+        bar.step("backward baseline: forward of " + str(candidates.heuristic_forward))
+        try:
+            baseline_ms = timer(runner.backward_baseline(candidates.heuristic_forward))
+        except Exception as exc:  # noqa: BLE001
+            baseline_err = _reason(exc)
+        bar.advance()
+    for c in cands:
+        row = Row(c.direction, c.name, c.family, c.tiles, c.needed_fraction,
+                  heuristic=c.heuristic, autotuned=auto_mark(c.direction, c.name))
+        if not c.runs:
+            row.status = f"cannot run: {c.reason}"
+            rows.append(row)
+            continue
+        bar.step(c.name)
+        try:
+            if c.direction == "forward":
+                row.ms = timer(runner.forward(c.name))
+                row.tflops = flops / row.ms / 1e9 if row.ms > 0 else None
+            else:
+                row.fb_ms = timer(runner.backward(c.name, candidates.heuristic_forward))
+                if baseline_ms is not None:
+                    row.ms = row.fb_ms - baseline_ms
+                    row.tflops = 2.5 * flops / row.ms / 1e9 if row.ms > 0 else None
+        except Exception as exc:  # noqa: BLE001 - report it and carry on
+            row.status = f"failed: {_reason(exc)}"
+        bar.advance()
+        rows.append(row)
+    bar.close()
+    fwd = _rank_rows([r for r in rows if r.direction == "forward"])
+    bwd = _rank_rows([r for r in rows if r.direction == "backward"])
+    heuristic = dict(forward=candidates.heuristic_forward,
+                     backward=candidates.heuristic_backward, note=candidates.heuristic_error)
+    rep = Report(problem, pairs, flops, fwd + bwd, heuristic, autotuned,
+                 backward_baseline_ms=baseline_ms, timing=TIMING_NOTE)
+    if baseline_err:
+        rep.heuristic["note"] = (rep.heuristic["note"] + "; " if rep.heuristic["note"] else "") + \
+            f"backward baseline failed: {baseline_err}"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            rep.device = torch.cuda.get_device_name(problem.device)
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    return rep
+
+
+# ---- output --------------------------------------------------------------------------------------
+
+def _render(headers, rows, right=()):
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _f(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def _mark(v):
+    return "n/a" if v is None else ("yes" if v else "")
+
+
+def format_dry_run(problem, candidates):
+    """The candidate listing of --dry-run."""
+    out = [f"problem: {problem.describe()}"]
+    hf, hb = candidates.heuristic_forward, candidates.heuristic_backward
+    out.append(f"heuristic: forward {hf or '-'}, backward {hb or '-'}"
+               + (f" ({candidates.heuristic_error})" if candidates.heuristic_error else ""))
+    for label, cs in (("forward", candidates.forward), ("backward", candidates.backward)):
+        n_run = sum(c.runs for c in cs)
+        out.append("")
+        out.append(f"{label} candidates: {len(cs)} ({n_run} run here)")
+        if not cs:
+            continue
+        rows = [[c.name, c.family, c.tiles, _f(c.needed_fraction, ".3f"),
+                 "yes" if c.heuristic else "", "yes" if c.runs else f"cannot run: {c.reason}"]
+                for c in cs]
+        out.append(_render(["config", "family", "tiles", "needed", "heuristic", "runs here"],
+                           rows, right=(3,)))
+    return "\n".join(out)
+
+
+def format_report(report):
+    """The tables: per direction, sorted by time (fastest first), then what could not run."""
+    p = report.problem
+    out = [f"problem: {p.describe()}"]
+    if report.device:
+        out.append(f"device: {report.device}")
+    out.append(f"FLOPs: forward {report.flops_forward / 1e9:.3f} GFLOP "
+               f"({report.pairs} attended pairs per batch and head), backward 2.5x")
+    out.append(f"timing: {report.timing}")
+    h, a = report.heuristic, report.autotuned
+    out.append(f"heuristic: forward {h.get('forward') or '-'}, backward "
+               f"{h.get('backward') or '-'}" + (f" ({h['note']})" if h.get("note") else ""))
+    if a.get("forward") is None and a.get("backward") is None:
+        out.append("autotuned: n/a" + (f" ({a['note']})" if a.get("note") else ""))
+    else:
+        out.append(f"autotuned: forward {a.get('forward') or 'n/a'}, backward "
+                   f"{a.get('backward') or 'n/a'}" + (f" ({a['note']})" if a.get("note") else ""))
+    for d in ("forward", "backward"):
+        rows = report.direction(d)
+        if not rows:
+            continue
+        out.append("")
+        if d == "backward":
+            out.append(f"backward (forward {h.get('forward') or '-'}, alone "
+                       f"{_f(report.backward_baseline_ms, '.4f')} ms, subtracted):")
+            headers = ["#", "config", "family", "tiles", "needed", "ms", "f+b ms", "TFLOP/s",
+                       "heuristic", "autotuned", "status"]
+        else:
+            out.append("forward:")
+            headers = ["#", "config", "family", "tiles", "needed", "ms", "TFLOP/s", "heuristic",
+                       "autotuned", "status"]
+        cells = []
+        for r in rows:
+            c = [_f(r.rank, "d"), r.config, r.family, r.tiles, _f(r.needed_fraction, ".3f"),
+                 _f(r.ms, ".4f")]
+            if d == "backward":
+                c.append(_f(r.fb_ms, ".4f"))
+            c += [_f(r.tflops, ".1f"), _mark(r.heuristic), _mark(r.autotuned),
+                  "" if r.status == "ok" else r.status]
+            cells.append(c)
+        right = (0, 4, 5, 6, 7) if d == "backward" else (0, 4, 5, 6)
+        out.append(_render(headers, cells, right=right))
+    return "\n".join(out)
+
+
+CSV_FIELDS = ["direction", "rank", "config", "family", "tiles", "needed_fraction", "ms", "fb_ms",
+              "tflops", "heuristic", "autotuned", "status"]
+
+
+def _csv_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return v
+
+
+def write_csv(report, path):
+    """Every row (both directions, ranked first) as CSV; `autotuned` "n/a" where unknown."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in report.rows:
+            d = r.to_dict()
+            row = {k: _csv_value(d[k]) for k in CSV_FIELDS}
+            if r.autotuned is None:
+                row["autotuned"] = "n/a"
+            w.writerow(row)
+
+
+def write_json(report, path):
+    with open(path, "w") as f:
+        json.dump(report.to_dict(), f, indent=1)
+        f.write("\n")
+
+
+def _dry_report(problem, candidates):
+    """A Report without times (dry run), for --csv / --json."""
+    rows = [Row(c.direction, c.name, c.family, c.tiles, c.needed_fraction,
+                heuristic=c.heuristic, autotuned=None,
+                status="ok" if c.runs else f"cannot run: {c.reason}")
+            for c in list(candidates.forward) + list(candidates.backward)]
+    return Report(problem, 0, 0.0, rows,
+                  dict(forward=candidates.heuristic_forward,
+                       backward=candidates.heuristic_backward, note=candidates.heuristic_error),
+                  dict(forward=None, backward=None, note="dry run"), timing="dry run (not timed)")
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+def main(argv=None, api=None, runner=None, timer=None, autotuned=None):
+    """The command line; returns the exit code (0 ok, 1 nothing to profile / no device, 2 bad
+    arguments via argparse). api / runner / timer / autotuned: injected for tests."""
+    problem, args = parse_args(argv)
+    if api is None:
+        import fna as api
+
+    def fail(msg):
+        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        return 1
+
+    if not api.backend_compiled("cuda-fused"):
+        return fail("cuda-fused is not available: this build of fna has no fused CUDA kernels "
+                    "(it was built without a CUDA compiler), so there are no configurations to "
+                    "list or time")
+    if not api.fused_configs(problem.rank, problem.dtype, problem.config_dim):
+        return fail(f"cuda-fused has no configurations for rank {problem.rank}, {problem.dtype}, "
+                    f"head dim {problem.config_dim} (max of --dim and --dim-v)")
+    cands = list_candidates(problem, api=api, backward=args.backward)
+    if args.dry_run:
+        print(format_dry_run(problem, cands))
+        report = _dry_report(problem, cands)
+    else:
+        if runner is None:
+            try:
+                import torch
+            except ImportError:
+                return fail("timing needs torch (pip install torch); --dry-run works without it")
+            if not torch.cuda.is_available():
+                return fail("timing needs a CUDA device, but none is visible (--dry-run lists "
+                            "the candidates without one)")
+            if problem.device >= torch.cuda.device_count():
+                return fail(f"--device {problem.device}: only {torch.cuda.device_count()} CUDA "
+                            "device(s) visible")
+        if not any(c.runs for c in cands.forward + cands.backward):
+            print(format_dry_run(problem, cands))
+            return fail("no candidate configuration can run this problem here")
+        if runner is None:
+            runner = TorchRunner(problem)
+        report = profile(problem, timer=timer, runner=runner, candidates=cands,
+                         backward=args.backward, reps=args.reps, warmup=args.warmup,
+                         progress=args.progress, autotuned=autotuned)
+        print(format_report(report))
+    if args.csv:
+        write_csv(report, args.csv)
+        print(f"wrote {args.csv}")
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
