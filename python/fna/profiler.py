@@ -626,15 +626,17 @@ def profile(problem, timer=None, runner=None, candidates=None, backward=True, re
     bar = Progress(len(todo) + (1 if backward and candidates.backward else 0), stream=stream,
                    enabled=progress)
     rows = []
-    baseline_ms, baseline_err = None, ""
-    if backward and candidates.backward:
-        bar.step("backward baseline: forward of " + str(candidates.heuristic_forward))
-        try:
-            baseline_ms = timer(runner.backward_baseline(candidates.heuristic_forward))
-        except Exception as exc:  # noqa: BLE001
-            baseline_err = _reason(exc)
-        bar.advance()
+    baseline_ms, baseline_err, baseline_done = None, "", False
     for c in cands:
+        if c.direction == "backward" and not baseline_done:
+            # The forward of the backward step, alone: subtracted from each step's time.
+            baseline_done = True
+            bar.step("forward of the backward step: " + str(candidates.heuristic_forward))
+            try:
+                baseline_ms = timer(runner.backward_baseline(candidates.heuristic_forward))
+            except Exception as exc:  # noqa: BLE001
+                baseline_err = _reason(exc)
+            bar.advance()
         row = Row(c.direction, c.name, c.family, c.tiles, c.needed_fraction,
                   heuristic=c.heuristic, autotuned=auto_mark(c.direction, c.name))
         if not c.runs:
@@ -684,7 +686,9 @@ def _render(headers, rows, right=()):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    # The last column (status / reason) may be long: its rule spans its header only.
+    rule = ["-" * (w if i < len(widths) - 1 else len(headers[i])) for i, w in enumerate(widths)]
+    return "\n".join([line(headers), line(rule)] + [line(r) for r in rows])
 
 
 def _f(x, spec):
@@ -752,7 +756,7 @@ def format_report(report):
                  _f(r.ms, ".4f")]
             if d == "backward":
                 c.append(_f(r.fb_ms, ".4f"))
-            c += [_f(r.tflops, ".1f"), _mark(r.heuristic), _mark(r.autotuned),
+            c += [_f(r.tflops, ".2f"), _mark(r.heuristic), _mark(r.autotuned),
                   "" if r.status == "ok" else r.status]
             cells.append(c)
         right = (0, 4, 5, 6, 7) if d == "backward" else (0, 4, 5, 6)

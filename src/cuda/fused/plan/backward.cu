@@ -484,7 +484,7 @@ Status resolve_autotune(const Problem& pr, const Options& opt, const Params& p,
   detail::AutotuneResult res;
   if (!(st = detail::autotune(r, &res)).ok()) return st;
   choice = res.choice == own ? std::string() : res.choice;
-  if (a != nullptr || res.from_cache) detail::AutotuneMemo::get().put(key, choice);
+  if (res.timed || res.from_cache) detail::AutotuneMemo::get().put(key, choice);
   out->backward_config = choice;
   return Status::Ok();
 }

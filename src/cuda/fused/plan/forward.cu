@@ -576,8 +576,8 @@ Status autotuned_config(const Problem& p, const Options& opt, const FwdParams* c
   AutotuneResult res;
   if (!(st = autotune(r, &res)).ok()) return st;
   if (res.choice != heur.config) *out = res.choice;
-  // Planning without a call does not fix the choice: a later call may still time.
-  if (call != nullptr || res.from_cache) AutotuneMemo::get().put(key, *out);
+  // A choice made without timing (planning, graph capture) is not remembered: a later call times.
+  if (res.timed || res.from_cache) AutotuneMemo::get().put(key, *out);
   return Status::Ok();
 }
 
