@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the device machine: build fna for sm_90, then run the named steps.
 #   bash tools/gpu/run.sh [build] [test] [pytest] [sanitize] [bench] [bench-quick] [cli]
-#                         [before-after]
+#                         [before-after] [heuristic]
 # before-after: BEFORE_TAR (a `git archive` of the baseline commit) is built beside this tree
 # (once per machine, in /tmp/fna-before) and bench/before_after.py runs in both trees in turn,
 # AB_ROUNDS rounds (default 2), then prints the before / after table.
@@ -128,6 +128,10 @@ for s in "${steps[@]}"; do
       done
       python3 bench/before_after.py table "$OUT/before.jsonl" "$OUT/after.jsonl" | tee "$OUT/before_after.md"
       summary+=("before-after: $(tail -1 "$OUT/before_after.md") ($(( $(date +%s) - t0 ))s)") ;;
+    heuristic)
+      python3 bench/heuristic_quality.py --json "$OUT/heuristic.json" ${HQ_ARGS:-} 2>&1 \
+        | tee "$OUT/heuristic.md" | tail -70
+      summary+=("heuristic: rc=${PIPESTATUS[0]} $(grep -E '^(fwd|fb)_ratio' "$OUT/heuristic.md" | tr '\n' ' ') ($(( $(date +%s) - t0 ))s)") ;;
     cli)
       ./build/gpu/fna-bench --device cuda ${CLI_ARGS:-} 2>&1 | tee "$OUT/cli.log" | tail -20
       summary+=("cli: rc=${PIPESTATUS[0]}") ;;
