@@ -30,7 +30,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 import statistics
 import sys
 import time
@@ -161,8 +160,8 @@ def build_parser():
     ap.add_argument("--stride", type=_axes_text, default=(1,), help="per axis (default 1)")
     ap.add_argument("--causal", type=_axes_text, default=(0,),
                     help="per-axis causal flags 0 / 1, e.g. 1x0 (default 0)")
-    ap.add_argument("--batch", type=_positive, default=1)
-    ap.add_argument("--heads", type=_positive, required=True)
+    ap.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    ap.add_argument("--heads", type=_positive, required=True, help="query heads")
     ap.add_argument("--heads-kv", type=_positive, default=None,
                     help="key / value heads (GQA / MQA; default --heads)")
     ap.add_argument("--dim", type=_positive, required=True, help="query / key head dim")
@@ -430,7 +429,10 @@ class TorchRunner:
         self.na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[problem.rank]
         self.kw = dict(kernel_size=problem.kernel, stride=problem.stride,
                        dilation=problem.dilation, is_causal=problem.causal,
-                       backend="cuda-fused", allow_tf32=problem.allow_tf32)
+                       backend="cuda-fused", allow_tf32=problem.allow_tf32,
+                       # {} (not None): the plan's heuristic even where fna.set_default_tuning
+                       # set a process-wide tuning, which a named configuration would conflict with.
+                       tuning={})
 
     def _launched(self, key):
         return self.fna._C.last_fused_launch().get(key, "")
@@ -472,21 +474,16 @@ class TorchRunner:
 
     def autotuned(self, backward=True):
         """The autotuner's picks: one call with tuning="auto" (its first call of a signature
-        times the candidates and caches the fastest), then what the launch ran. Returns
-        dict(forward=name or None, backward=name or None, note=why not)."""
+        times the candidates and caches the fastest, in memory and in fna.autotune_cache_dir();
+        a signature already cached is not timed again), forward and backward, then what the
+        launches ran. Returns dict(forward=name or None, backward=name or None, note=why not)."""
         torch = self.torch
         inputs = (self.qg, self.kg, self.vg)
-        kw = dict(self.kw)
-        out, errors = None, []
-        for tuning in ("auto", {"mode": "auto"}):
-            try:
-                out = self.na(*inputs, tuning=tuning, **kw)
-                break
-            except Exception as exc:  # noqa: BLE001 - no autotuner in this build: n/a
-                errors.append(f"tuning={tuning!r}: {_reason(exc)}")
-        if out is None:
+        try:
+            out = self.na(*inputs, **dict(self.kw, tuning="auto"))
+        except Exception as exc:  # noqa: BLE001 - no autotuner in this build: n/a
             return dict(forward=None, backward=None,
-                        note="autotuner not available (" + "; ".join(errors) + ")")
+                        note=f"autotuner not available (tuning='auto': {_reason(exc)})")
         res = dict(forward=self._launched("forward") or None, backward=None, note="")
         if backward:
             try:
@@ -623,12 +620,13 @@ def profile(problem, timer=None, runner=None, candidates=None, backward=True, re
 
     cands = list(candidates.forward) + (list(candidates.backward) if backward else [])
     todo = [c for c in cands if c.runs]
-    bar = Progress(len(todo) + (1 if backward and candidates.backward else 0), stream=stream,
-                   enabled=progress)
+    # The backward steps' forward alone is timed once, before the first backward candidate.
+    need_baseline = any(c.direction == "backward" for c in todo)
+    bar = Progress(len(todo) + need_baseline, stream=stream, enabled=progress)
     rows = []
-    baseline_ms, baseline_err, baseline_done = None, "", False
+    baseline_ms, baseline_err, baseline_done = None, "", not need_baseline
     for c in cands:
-        if c.direction == "backward" and not baseline_done:
+        if c.direction == "backward" and c.runs and not baseline_done:
             # The forward of the backward step, alone: subtracted from each step's time.
             baseline_done = True
             bar.step("forward of the backward step: " + str(candidates.heuristic_forward))
