@@ -143,8 +143,10 @@ def test_tuning_keyword():
         fna.na2d(q, k, v, 3, backend="cpu", tuning={"cpu_isa": "sse"})
     with pytest.raises(ValueError, match="fwd_copy='tma' concerns backend=cuda-fused"):
         fna.na2d(q, k, v, 3, backend="cpu", tuning={"fwd_copy": "tma"})
-    with pytest.raises(TypeError, match="tuning=.* must be a dict"):
+    with pytest.raises(ValueError, match="tuning='cpu_isa=generic' must be 'heuristic', 'auto', a dict"):
         fna.na2d(q, k, v, 3, tuning="cpu_isa=generic")
+    with pytest.raises(TypeError, match="tuning=3 must be"):
+        fna.na2d(q, k, v, 3, tuning=3)
 
 
 def test_gqa_heads():

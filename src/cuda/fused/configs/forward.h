@@ -91,9 +91,8 @@
 // tile: Sm90 the plain kernel (fwd_sm90.cuh: every warp copies and computes; NATTEN's "non"
 // schedule), Sm90Ws the warp-specialized one (fwd_sm90_ws.cuh: a loader warpgroup feeds the compute
 // warpgroups; NATTEN's "coop"). 128-query tiles are listed with both; the plan takes the
-// warp-specialized one at ranks 2 and 3 (1.05x on 2d-large, 1.07x on 3d-video) and the plain one at
-// rank 1 (the warp-specialized ran 0.965x on 1d-long); 64-query tiles run plain only, 192-query
-// tiles warp-specialized only. Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>
+// warp-specialized one at every rank (plan/forward.cu default_schedule says why); 64-query tiles
+// run plain only, 192-query tiles warp-specialized only. Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>
 // _w<warps> (the warp-specialized kernel's warps include its loader warpgroup).
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
 // where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/experiments/fwd_configs.py,

@@ -257,6 +257,23 @@ size_t smem_of(DType dtype, bool tf32, int dpad, const BwdLaunch& l) {
   return smem_of<__nv_bfloat16>(dpad, l);
 }
 
+// Query tiles the dK / dV kernel's key tile visits on average with the plan's own tiles.
+double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
+  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  Params t = p;
+  int64_t n_tiles = 0;
+  set_tiles(&t, tr.dkdv_queries, tr.dkdv_keys, true, nullptr, nullptr, &n_tiles);
+  double visited = 1, key_tiles = 1;
+  for (int a = 0; a < kAxes; ++a) {
+    visited *= fused::axis_tile_pairs(t.geo.axis[a], t.tkv[a], t.tq[a], true);
+    double n = 0;
+    for (int g = 0; g < t.geo.axis[a].dilation; ++g)
+      n += (nbr::group_length(t.geo.axis[a], g) + t.tkv[a] - 1) / t.tkv[a];
+    key_tiles *= n;
+  }
+  return key_tiles > 0 ? visited / key_tiles : 0.0;
+}
+
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
@@ -293,9 +310,12 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   } else if (t.bwd_kernel != BwdKernel::automatic) {
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
   } else if (hopper_ok && !opt.deterministic) {
-    // The warp-specialized kernel at padded head dim 128, the plain one at 64 (where the
-    // warp-specialized one ran slower).
-    family = dpad == 128 ? fused::BwdFamily::sm90ws : fused::BwdFamily::sm90;
+    // The warp-specialized kernel at padded head dim 128 where each key tile visits many query
+    // tiles (its pipeline's fill and drain amortized: 1d-long, 2d-large, 3d-video), else the
+    // plain one (1.05-1.18x faster on small windows at 128, and at 64 everywhere; H200,
+    // bench/heuristic_quality.py).
+    family = dpad == 128 && bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
+                                                                          : fused::BwdFamily::sm90;
   }
   if (family != fused::BwdFamily::sm80) {
     const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"

@@ -64,10 +64,18 @@ fused::Geometry geometry_of(const Problem& p) {
 
 // The Hopper schedule the plan takes for a tile when the caller names none: 64-query tiles run
 // plain and 192-query tiles warp-specialized (the only kernels for them); 128-query tiles
-// warp-specialized at ranks 2 and 3, plain at rank 1 (configs/forward.h says why).
+// warp-specialized at every rank (since its TMA loads, 1.08-1.14x the plain kernel on 1-D
+// problems at head dims 64 and 128, and 1d-long 1.11x; H200, bench/heuristic_quality.py).
 FwdFamily default_schedule(const FwdEntry& e) {
-  if (e.q_size() == 192 || (e.q_size() == 128 && e.rank >= 2)) return FwdFamily::sm90ws;
-  return FwdFamily::sm90;
+  if (e.q_size() == 64) return FwdFamily::sm90;
+  return FwdFamily::sm90ws;
+}
+
+// 192-query tiles (three frames) pay off where the first axis's windows are deep enough that each
+// frame-warpgroup's run of key tiles is long (3d-video's 18 frames); on windows of 5-7 frames
+// the 2-frame tiles ran 1.08-1.39x faster (H200, bench/heuristic_quality.py random problems).
+bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
+  return e.q_size() != 192 || geo.axis[0].kernel >= 9;
 }
 
 bool wg_skip_on(const Tuning& t) { return t.fwd_wg_skip != Switch::off; }
@@ -242,7 +250,8 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
                    std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
   auto fits = [&](const FwdEntry* e) { return e->smem() <= static_cast<size_t>(dev.smem_optin); };
   auto takes_wgmma = [&](const FwdEntry* e) {
-    return e->wgmma() && fits(e) && (named_schedule ? e->family == want : e->family == default_schedule(*e));
+    return e->wgmma() && fits(e) && deep_enough(*e, geo) &&
+           (named_schedule ? e->family == want : e->family == default_schedule(*e));
   };
   bool any90 = false;
   if (dev.hopper())
