@@ -246,6 +246,7 @@ class Candidate:
     runs: bool = True
     reason: str = ""          # why it cannot run here (runs False)
     heuristic: bool = False
+    own: bool = False         # the plan's own backward tiles (not a listed name: run without one)
 
 
 @dataclasses.dataclass
@@ -325,6 +326,15 @@ def list_candidates(problem, api=None, backward=True):
             except Exception as exc:  # noqa: BLE001
                 c.runs, c.reason = False, _reason(exc)
             cands.backward.append(c)
+        # The plan's own backward tiles are not a listed configuration (the heuristic searches
+        # every tile shape): a candidate of their own, run without backward_config.
+        hb = cands.heuristic_backward
+        if hb and not any(c.name == hb for c in cands.backward):
+            cands.backward.insert(0, Candidate("backward", hb, family=heur.get("backward_family", ""),
+                                               tiles=_tiles(("kv", heur.get("backward_kv_tile")),
+                                                            ("q", heur.get("backward_q_tile"))),
+                                               needed_fraction=heur.get("backward_needed_fraction"),
+                                               heuristic=True, own=True))
     return cands
 
 
@@ -458,12 +468,13 @@ class TorchRunner:
         fn()
         return fn
 
-    def backward(self, name, forward_name):
+    def backward(self, name, forward_name, own=False):
         torch = self.torch
         inputs = (self.qg, self.kg, self.vg)
+        config = None if own else name  # the plan's own tiles: no backward_config
 
         def fn():
-            out = self.na(*inputs, config=forward_name, backward_config=name, **self.kw)
+            out = self.na(*inputs, config=forward_name, backward_config=config, **self.kw)
             return torch.autograd.grad(out, inputs, self.go)
 
         fn()
@@ -647,7 +658,8 @@ def profile(problem, timer=None, runner=None, candidates=None, backward=True, re
                 row.ms = timer(runner.forward(c.name))
                 row.tflops = flops / row.ms / 1e9 if row.ms > 0 else None
             else:
-                row.fb_ms = timer(runner.backward(c.name, candidates.heuristic_forward))
+                row.fb_ms = timer(runner.backward(c.name, candidates.heuristic_forward,
+                                                  own=c.own))
                 if baseline_ms is not None:
                     row.ms = row.fb_ms - baseline_ms
                     row.tflops = 2.5 * flops / row.ms / 1e9 if row.ms > 0 else None

@@ -489,7 +489,7 @@ def _family_cases(hopper):
             ("sm90ws", (1, 300, 2, 128), (33,), torch.bfloat16, None),
             ("sm90", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "plain"}),
             ("sm90ws", (1, 40, 36, 2, 128), (9, 7), torch.float16, None),
-            ("sm90ws", (1, 6, 20, 18, 2, 64), (3, 5, 5), torch.bfloat16,
+            ("sm90ws", (1, 6, 20, 18, 2, 128), (3, 5, 5), torch.bfloat16,
              {"persistent": True, "fwd_copy": "cp_async"}),
             ("sm90", (1, 40, 36, 2, 128), (9, 7), torch.bfloat16, {"fwd_schedule": "plain"}),
             ("sm90ws", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "warp_specialized"}),

@@ -155,7 +155,7 @@ class FakeRunner:
         self.calls.append(("baseline", forward_name))
         return lambda: "baseline"
 
-    def backward(self, name, forward_name):
+    def backward(self, name, forward_name, own=False):
         self.calls.append(("backward", name, forward_name))
         return lambda: name
 

@@ -91,9 +91,10 @@
 // tile: Sm90 the plain kernel (fwd_sm90.cuh: every warp copies and computes; NATTEN's "non"
 // schedule), Sm90Ws the warp-specialized one (fwd_sm90_ws.cuh: a loader warpgroup feeds the compute
 // warpgroups; NATTEN's "coop"). 128-query tiles are listed with both; the plan takes the
-// warp-specialized one at every rank (plan/forward.cu default_schedule says why); 64-query tiles
-// run plain only, 192-query tiles warp-specialized only. Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>
-// _w<warps> (the warp-specialized kernel's warps include its loader warpgroup).
+// warp-specialized one at head dim 128 and the plain one at 64 (plan/forward.cu default_schedule
+// says why); 64-query tiles run plain only, 192-query tiles warp-specialized only.
+// Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>_w<warps> (the
+// warp-specialized kernel's warps include its loader warpgroup).
 // Built only when FNA_CUDA_ARCHS names 90 (FNA_WITH_SM90); run only on compute capability 9.0,
 // where the heuristic prefers them. Measured on an H100 (bf16, 2026-11-22, tools/experiments/fwd_configs.py,
 // TFLOP/s): at head dim 128, 128 queries x 64 keys (two CTAs per SM) ran 1d-long 318, 2d-large 243

@@ -64,11 +64,13 @@ fused::Geometry geometry_of(const Problem& p) {
 
 // The Hopper schedule the plan takes for a tile when the caller names none: 64-query tiles run
 // plain and 192-query tiles warp-specialized (the only kernels for them); 128-query tiles
-// warp-specialized at every rank (since its TMA loads, 1.08-1.14x the plain kernel on 1-D
-// problems at head dims 64 and 128, and 1d-long 1.11x; H200, bench/heuristic_quality.py).
+// warp-specialized at head dim 128 (1d-long 1.11x the plain kernel since its TMA loads; 2d-large,
+// 3d-video), plain at head dim 64, where the warp-specialized pipeline's fixed costs weigh more
+// than its overlap (1d-small 1.24x, 3d-small 1.15x, smaller 2-D / 3-D windows 1.05-1.19x for the
+// plain kernel; H200, bench/heuristic_quality.py).
 FwdFamily default_schedule(const FwdEntry& e) {
-  if (e.q_size() == 64) return FwdFamily::sm90;
-  return FwdFamily::sm90ws;
+  if (e.q_size() == 192) return FwdFamily::sm90ws;
+  return e.q_size() == 128 && e.dim >= 128 ? FwdFamily::sm90ws : FwdFamily::sm90;
 }
 
 // 192-query tiles (three frames) pay off where the first axis's windows are deep enough that each
