@@ -607,33 +607,9 @@ Status resolve_autotune(const Problem& p, const Options& opt, const FwdParams* c
 
 }  // namespace
 
-namespace {
-std::mutex launch_mu;
-LaunchRecord launch_record;
-}  // namespace
-
 void autotune_clear_all() {
   autotune_clear_memory_cache();
   AutotuneMemo::get().clear();
-}
-
-LaunchRecord last_launch() {
-  std::lock_guard<std::mutex> lock(launch_mu);
-  return launch_record;
-}
-
-void record_forward_launch(const std::string& config, bool tma, unsigned grid, size_t smem) {
-  std::lock_guard<std::mutex> lock(launch_mu);
-  launch_record.forward = config;
-  launch_record.forward_tma = tma;
-  launch_record.forward_grid = grid;
-  launch_record.forward_smem = smem;
-}
-
-void record_backward_launch(const std::string& config, bool tma) {
-  std::lock_guard<std::mutex> lock(launch_mu);
-  launch_record.backward = config;
-  launch_record.backward_tma = tma;
 }
 
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
@@ -727,27 +703,4 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
 
 }  // namespace detail
 
-namespace fused {
-
-const char* family_name(FwdFamily f) {
-  switch (f) {
-    case FwdFamily::sm80: return "sm80";
-    case FwdFamily::sm90: return "sm90";
-    case FwdFamily::sm90ws: return "sm90ws";
-    case FwdFamily::box: return "box";
-    case FwdFamily::strip: return "strip";
-  }
-  return "?";
-}
-
-const char* family_name(BwdFamily f) {
-  switch (f) {
-    case BwdFamily::sm80: return "sm80";
-    case BwdFamily::sm90: return "sm90";
-    case BwdFamily::sm90ws: return "sm90ws";
-  }
-  return "?";
-}
-
-}  // namespace fused
 }  // namespace fna

@@ -1,0 +1,314 @@
+"""The cuda-fused plan on the GPU: the plan fna.fused_plan reports is what runs, for every kernel
+family, forward and backward; tuning= (every field the plan would otherwise choose, errors for
+what it cannot honour), NATTEN's tuning keywords, tile walks, the strip forward's choices, and the
+autotuner (tuning="auto"). Runs on the device (tools/gpu/run.sh pytest); skipped without a GPU."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fna  # noqa: E402
+from helpers import seed_of  # noqa: E402
+from test_torch import np64, oracle  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_walk():
+    """fna.fused_plan's tile walks: a permutation of the spatial axes, fastest first; 3d-video's
+    windows (18x24x24 on 30x48x80) cover most of axes 0 and 1, so both kernels walk 0, 1, 2 on a
+    GPU with H100-like SM counts, while 2d-large's square windows keep the default (last axis
+    fastest); tuning fwd_walk / bwd_walk set the walks, and a walk that does not name each axis
+    once is an error naming it."""
+    import torch
+    video = ((1, 30, 48, 80, 2, 128), (18, 24, 24))
+    large = ((1, 256, 256, 2, 128), (63, 63))
+    for shape, ks in (video, large, ((1, 300, 4, 32), (33,))):
+        plan = fna.fused_plan(shape, ks, dtype="bfloat16")
+        rank = len(ks)
+        assert sorted(plan["walk"]) == list(range(rank))
+        assert sorted(plan["backward_walk"]) == list(range(rank))
+    assert fna.fused_plan(*large, dtype="bfloat16")["walk"] == [1, 0]
+    assert fna.fused_plan(*large, dtype="bfloat16")["backward_walk"] == [1, 0]
+    plan = fna.fused_plan(*video, dtype="bfloat16", tuning={"fwd_walk": "102", "bwd_walk": "201"})
+    assert plan["walk"] == [1, 0, 2] and plan["backward_walk"] == [2, 0, 1]
+    assert plan["tuning"] == "fwd_walk=102,bwd_walk=201"
+    for bad in ("110", "01", "0123"):
+        with pytest.raises(ValueError, match=f"fwd_walk='{bad}'"):
+            fna.fused_plan(*video, dtype="bfloat16", tuning={"fwd_walk": bad})
+    if torch.cuda.get_device_properties(0).multi_processor_count < 100:
+        pytest.skip("the 3d-video walk is checked on GPUs with >= 100 SMs (the run of resident "
+                    "tiles the heuristic models)")
+    plan = fna.fused_plan(*video, dtype="bfloat16")
+    assert plan["walk"] == [0, 1, 2] and plan["backward_walk"] == [0, 1, 2]
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_strip():
+    """Small rank-2 windows at head dim 64 (2d-nat's 13x13, with and without dilation or causal)
+    take the strip forward, whose CTAs walk row segments, then strips (walk [0, 1]); tuning
+    fwd_strip off brings back the box forward (13x13) or the tiled kernels (dilation 2), and
+    fwd_box off too the tiled kernels; 7x7 windows keep the tiled kernels unless fwd_strip is on;
+    the strip and box forwards multiply the same pairs, so their outputs agree."""
+    import torch
+    shape = (2, 128, 128, 2, 64)
+    for dil, causal in (((1, 1), False), ((2, 2), False), ((1, 1), (True, False))):
+        plan = fna.fused_plan(shape, (13, 13), dilation=dil, is_causal=causal, dtype="bfloat16")
+        assert plan["config"].startswith("fna_fwd_strip_bf16_d64_"), plan["config"]
+        assert plan["family"] == "strip" and plan["walk"] == [0, 1]
+    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16")["family"] in ("sm80", "sm90", "sm90ws")
+    assert fna.fused_plan(shape, (7, 7), dtype="bfloat16",
+                          tuning={"fwd_strip": "on"})["family"] == "strip"
+    off = {"fwd_strip": "off"}
+    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16", tuning=off)["family"] == "box"
+    assert fna.fused_plan(shape, (13, 13), dtype="bfloat16",
+                          tuning={"fwd_strip": "off", "fwd_box": "off"})["family"] != "box"
+    assert fna.fused_plan(shape, (13, 13), dilation=(2, 2), dtype="bfloat16",
+                          tuning=off)["family"] != "strip"
+    g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip"))
+    q, k, v = (torch.randn((2, 70, 90, 2, 48), device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    strip = fna.na2d(q, k, v, (11, 13), config="fna_fwd_strip_bf16_d64_q8x16_b4x4_w8")
+    box = fna.na2d(q, k, v, (11, 13), config="fna_fwd_box_bf16_d64_q16x16_b4x4_w16")
+    ref = fna.na2d(q.float(), k.float(), v.float(), (11, 13), backend="cuda-fused")
+    assert (strip.float() - box.float()).abs().max().item() <= 1e-2
+    assert (strip.float() - ref).abs().max().item() <= 3e-2
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_fused_plan_strip_rows():
+    """The strip forward's rows in flight on 2d-nat: the heuristic takes the most whose halo rows
+    fit the ring with four bands to spare (12 warps where a block may opt in to 227 KB of shared
+    memory, as on Hopper); each of the 8 / 12 / 16-row configurations named explicitly computes
+    each 4x4 box exactly as the others (the same chunks in the same order), so their outputs are
+    bitwise equal."""
+    import torch
+    shape = (2, 128, 128, 2, 64)
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    default = fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"]
+    if optin >= 227 * 1024:
+        assert default == "fna_fwd_strip_bf16_d64_q12x16_b4x4_w12", default
+    g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip_rows"))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    out = fna.na2d(q, k, v, (13, 13), backend="cuda-fused")
+    ref = fna.na2d(q.float(), k.float(), v.float(), (13, 13), backend="cuda-fused")
+    assert (out.float() - ref).abs().max().item() <= 3e-2
+    ran = 0
+    for rows in (8, 12, 16):
+        name = f"fna_fwd_strip_bf16_d64_q{rows}x16_b4x4_w{rows}"
+        try:
+            forced = fna.na2d(q, k, v, (13, 13), config=name)
+        except NotImplementedError:
+            assert rows > 8 and optin < 227 * 1024  # its ring does not fit this device
+            continue
+        assert torch.equal(forced, out), rows
+        ran += 1
+    assert ran >= 1
+
+
+def _family_cases(hopper):
+    """(name, query shape, kernel, dtype, tuning) problems whose plans take each forward family."""
+    cases = [
+        ("sm80", (1, 40, 36, 2, 32), (7, 5), torch.float32, None),
+        ("strip", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, None),
+        ("box", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, {"fwd_strip": "off"}),
+    ]
+    if hopper:
+        cases += [
+            ("sm90ws", (1, 300, 2, 128), (33,), torch.bfloat16, None),
+            ("sm90", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "plain"}),
+            ("sm90ws", (1, 40, 36, 2, 128), (9, 7), torch.float16, None),
+            ("sm90ws", (1, 6, 20, 18, 2, 128), (3, 5, 5), torch.bfloat16,
+             {"persistent": True, "fwd_copy": "cp_async"}),
+            ("sm90", (1, 40, 36, 2, 128), (9, 7), torch.bfloat16, {"fwd_schedule": "plain"}),
+            ("sm90ws", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "warp_specialized"}),
+        ]
+    return cases
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_plan_is_what_runs():
+    """For every kernel family, forward and backward, the plan fna.fused_plan reports is the one
+    the launch consumed (configuration, grid, shared memory, copy engine), and the result matches
+    the float64 oracle."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    seen = set()
+    for i, (family, shape, ks, dtype, tuning) in enumerate(_family_cases(hopper)):
+        plan = fna.fused_plan(shape, ks, dtype=str(dtype).replace("torch.", ""), tuning=tuning)
+        assert plan["family"] == family, (family, plan["config"])
+        g = torch.Generator(device="cuda").manual_seed(seed_of(f"plan-is-what-runs-{i}"))
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(ks)]
+        out = na(q, k, v, ks, backend="cuda-fused", tuning=tuning, allow_tf32=False)
+        ran = fna._C.last_fused_launch()
+        assert ran["forward"] == plan["config"]
+        assert ran["forward_grid"] == plan["grid"] and ran["forward_smem"] == plan["smem"]
+        assert ran["forward_tma"] == (plan["copy"] == "tma")
+        if tuning and tuning.get("persistent"):
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            assert plan["persistent"] and plan["grid"] <= sms
+        # Against the float32 forward (split TF32: float32-class accuracy), itself checked
+        # against the float64 oracle in the sm80 case.
+        if dtype == torch.float32:
+            ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1] * len(ks), dil=[1] * len(ks),
+                              causal=[False] * len(ks), add_k=None, add_v=None))["out"]
+            assert float(np.abs(np64(out) - ref).max()) < 1e-3, plan["config"]
+        else:
+            ref = na(q.detach().float(), k.detach().float(), v.detach().float(), ks,
+                     backend="cuda-fused", allow_tf32=False)
+            assert (out.float() - ref).abs().max().item() < 3e-2, plan["config"]
+        seen.add(family)
+        out.float().square().sum().backward()
+        ran = fna._C.last_fused_launch()
+        assert ran["backward"] == plan["backward_config"], (ran, plan["backward_config"])
+        assert ran["backward_tma"] == (plan["backward_copy"] == "tma")
+    assert seen >= ({"sm80", "strip", "box"} | ({"sm90", "sm90ws"} if hopper else set()))
+    # Every backward family, named through tuning, and the deterministic mode (sm80 only).
+    shape, ks = (1, 24, 20, 2, 64), (5, 7)
+    families = ["sm80"] + (["sm90", "sm90ws"] if hopper else [])
+    g = torch.Generator(device="cuda").manual_seed(seed_of("plan-is-what-runs-bwd"))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    grads = {}
+    for fam in families:
+        for det in ((False, True) if fam == "sm80" else (False,)):
+            tuning = {"bwd_kernel": fam}
+            plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning=tuning, deterministic=det)
+            assert plan["backward_family"] == fam and plan["backward_deterministic"] == det
+            out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, deterministic=det)
+            dq, dk, dv = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+            assert 0 < plan["backward_smem"] <= optin
+            grads[(fam, det)] = (dq.float(), dk.float(), dv.float())
+    base = grads[("sm80", True)]
+    for key, gr in grads.items():
+        for a, b in zip(gr, base):
+            assert (a - b).abs().max().item() <= 5e-2 * max(1.0, b.abs().max().item()), key
+    if hopper:
+        with pytest.raises(ValueError, match="deterministic"):
+            fna.fused_plan(shape, ks, dtype="bfloat16", tuning={"bwd_kernel": "sm90ws"},
+                           deterministic=True)
+    else:
+        with pytest.raises(NotImplementedError, match="compute capability 9.0"):
+            fna.fused_plan(shape, ks, dtype="bfloat16", tuning={"bwd_kernel": "sm90"})
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_tuning_errors_on_gpu():
+    """Tuning the plan cannot honour is an error naming the field, never ignored: a variant of
+    another family's kernel (unsupported), a config together with a choice among configs
+    (invalid), TMA where TMA cannot load (additional keys)."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    f32 = (1, 40, 36, 2, 32), (7, 5)
+    with pytest.raises(NotImplementedError, match="persistent='on'"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"persistent": True})
+    with pytest.raises(NotImplementedError, match="fwd_spread"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"fwd_spread": "on"})
+    name = fna.fused_configs(2, "float32", 32)[0]
+    with pytest.raises(ValueError, match="give one or the other"):
+        fna.fused_plan(*f32, dtype="float32", config=name, tuning={"fwd_strip": "off"})
+    with pytest.raises(NotImplementedError, match="bwd_copy"):
+        fna.fused_plan(*f32, dtype="float32", tuning={"bwd_copy": "tma"})
+    if hopper:
+        g = torch.Generator(device="cuda").manual_seed(seed_of("tuning-errors"))
+        q, k, v = (torch.randn((1, 40, 36, 2, 128), device="cuda", dtype=torch.bfloat16,
+                               generator=g) for _ in range(3))
+        ak, av = (torch.randn((1, 5, 2, 128), device="cuda", dtype=torch.bfloat16, generator=g)
+                  for _ in range(2))
+        with pytest.raises(NotImplementedError, match="fwd_copy='tma'"):
+            fna.na2d(q, k, v, (9, 7), additional_keys=ak, additional_values=av,
+                     backend="cuda-fused", tuning={"fwd_copy": "tma"})
+    else:
+        with pytest.raises(ValueError, match="fwd_schedule"):
+            fna.fused_plan(*f32, dtype="bfloat16", tuning={"fwd_schedule": "plain"})
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_natten_tuning_keywords():
+    """NATTEN's tuning keywords pick what they name: tile shapes the configuration with those
+    tiles (forward and backward), kernel_schedule the Hopper schedule, run_persistent_kernel
+    persistent CTAs; keywords without a meaning here raise."""
+    import torch
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    g = torch.Generator(device="cuda").manual_seed(seed_of("natten-tuning"))
+    q, k, v = (torch.randn((1, 40, 36, 2, 128), device="cuda", dtype=torch.bfloat16,
+                           generator=g).requires_grad_() for _ in range(3))
+    out = fna.na2d(q, k, v, (9, 7), q_tile_shape=(8, 16), kv_tile_shape=(8, 8))
+    assert "_q8x16_kv8x8_" in fna._C.last_fused_launch()["forward"]
+    assert fna._C.last_fused_launch()["forward"].startswith(
+        "fna_fwd_sm90ws_" if hopper else "fna_fwd_sm80_")
+    out = fna.na2d(q, k, v, (9, 7), backward_q_tile_shape=(8, 8), backward_kv_tile_shape=(8, 16))
+    out.float().sum().backward()
+    assert "_kv8x16_q8x8_" in fna._C.last_fused_launch()["backward"]
+    if hopper:
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="non")
+        assert fna._C.last_fused_launch()["forward"].startswith("fna_fwd_sm90_")
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="coop", run_persistent_kernel=True)
+        assert fna._C.last_fused_launch()["forward"].startswith("fna_fwd_sm90ws_")
+    with pytest.raises(ValueError, match="pp"):
+        fna.na2d(q, k, v, (9, 7), kernel_schedule="pp")
+    with pytest.raises(ValueError, match="backward_use_pt_reduction"):
+        fna.na2d(q, k, v, (9, 7), backward_use_pt_reduction=True)
+    with pytest.raises(ValueError, match="q_tile_shape"):
+        fna.na2d(q, k, v, (9, 7), q_tile_shape=(3, 5))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fna.na2d(q, k, v, (9, 7), q_tile=(8, 16))
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_autotune(tmp_path):
+    """tuning="auto": the first call of a signature times the candidates and caches the fastest on
+    disk (one file per direction); fna.fused_plan then reports what runs; a fresh process-level
+    cache reads the disk without timing; results match the heuristic's; inside CUDA graph capture
+    nothing is timed (no file appears) and the call still runs."""
+    import os
+    g = torch.Generator(device="cuda").manual_seed(seed_of("autotune"))
+    shape, ks = (1, 24, 40, 2, 64), (7, 9)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    tun = {"mode": "auto", "autotune_cache_dir": str(tmp_path / "c1")}
+    fna._C.autotune_clear_memory_cache()
+    out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tun)
+    out.float().square().sum().backward()
+    ran = fna._C.last_fused_launch()
+    files = sorted(os.listdir(tmp_path / "c1"))
+    assert len(files) == 2, files  # forward and backward signatures
+    plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning=tun)
+    assert plan["config"] == ran["forward"]
+    assert plan["config"] in fna.fused_configs(2, "bfloat16", 64)
+    grads = [t.grad.clone() for t in (q, k, v)]
+    ref = fna.na2d(q.detach(), k.detach(), v.detach(), ks, backend="cuda-fused")
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+    # A new process-level cache: the disk entries are read, nothing is timed (files unchanged).
+    stamps = [os.stat(tmp_path / "c1" / f).st_mtime_ns for f in files]
+    fna._C.autotune_clear_memory_cache()
+    for t in (q, k, v):
+        t.grad = None
+    out2 = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tun)
+    out2.float().square().sum().backward()
+    assert fna._C.last_fused_launch() == ran
+    assert [os.stat(tmp_path / "c1" / f).st_mtime_ns for f in files] == stamps
+    assert torch.equal(out2, out)
+    for a, b in zip(grads, (q.grad, k.grad, v.grad)):
+        assert (a.float() - b.float()).abs().max().item() <= 5e-2 * max(1.0, a.abs().max().item())
+    # Inside CUDA graph capture: never timed (no cache file), the plan's pick runs.
+    tun2 = {"mode": "auto", "autotune_cache_dir": str(tmp_path / "c2")}
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    heur = fna.fused_plan(shape, ks, dtype="bfloat16")["config"]
+    fna.na2d(qd, kd, vd, ks, backend="cuda-fused")  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out3 = fna.na2d(qd, kd, vd, ks, backend="cuda-fused", tuning=tun2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not (tmp_path / "c2").exists() or not os.listdir(tmp_path / "c2")
+    assert fna._C.last_fused_launch()["forward"] == heur
+    assert (out3.float() - ref.float()).abs().max().item() <= 2e-2
