@@ -27,12 +27,8 @@ makes the callables, so the table / CSV / JSON logic runs anywhere (tests use fa
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import json
-import statistics
 import sys
-import time
 
 __all__ = ["Problem", "Candidate", "Candidates", "Row", "Report", "parse_args", "build_parser",
            "list_candidates", "attended_pairs", "forward_flops", "gpu_timer", "TorchRunner",
@@ -47,9 +43,6 @@ DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32",
 # Progress bar on stderr when a sweep has more candidates than this.
 PROGRESS_MIN = 5
 
-# GPU spin before each timed call (bench/gpu_bench.py HEAD_START_MS): longer than the host work
-# of one call, so the start event marks when the call's first kernel can begin.
-HEAD_START_MS = 3.0
 
 
 # ---- the problem ---------------------------------------------------------------------------------
@@ -367,143 +360,9 @@ def forward_flops(problem, pairs=None):
     return 2.0 * problem.batch * problem.heads * pairs * (problem.dim + problem.dim_v)
 
 
-# ---- timing --------------------------------------------------------------------------------------
+# ---- timing (fna._profiler_torch) ----------------------------------------------------------------
 
-def gpu_timer(reps=10, warmup=3, budget_s=20.0, slow_s=2.0):
-    """timer(fn) -> ms: bench/gpu_bench.py's timed(), GPU time. The median of `reps` calls after
-    `warmup` calls; each call's start event is recorded behind a GPU spin of HEAD_START_MS, so the
-    call's host work overlaps the spin. A call slower than `slow_s` (the first warm-up) gets at
-    most two timed reps; past `budget_s` timing stops after 3 reps."""
-    import torch
-
-    def head_start():
-        # torch.cuda._sleep counts clock cycles: at 2 GHz (H100 / H200 boost ~1.98 GHz).
-        torch.cuda._sleep(int(2.0e9 * HEAD_START_MS * 1e-3))
-
-    def timer(fn):
-        w, r = warmup, reps
-        torch.cuda.synchronize()
-        t = time.time()
-        fn()
-        torch.cuda.synchronize()
-        if time.time() - t > slow_s:
-            w, r = min(w, 2), min(r, 2)
-        for _ in range(w - 1):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        t_end = time.time() + budget_s
-        for i in range(r):
-            s = torch.cuda.Event(enable_timing=True)
-            e = torch.cuda.Event(enable_timing=True)
-            head_start()
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-            if time.time() > t_end and i >= min(2, r - 1):
-                break
-        return statistics.median(times)
-
-    return timer
-
-
-class TorchRunner:
-    """Makes the timed callables of a problem on a CUDA device (random inputs, allocated once):
-    forward(name), backward_baseline(forward_name), backward(name, forward_name), autotuned().
-    Each callable has run once (and checked that the launch ran the named configuration) when it
-    is returned."""
-
-    def __init__(self, problem):
-        import torch
-        import fna
-        if not torch.cuda.is_available():
-            raise RuntimeError("timing needs a CUDA device, but torch sees none")
-        self.torch, self.fna, self.p = torch, fna, problem
-        self.dev = torch.device("cuda", problem.device)
-        torch.cuda.set_device(self.dev)
-        dt = getattr(torch, problem.dtype)
-        g = torch.Generator(device=self.dev).manual_seed(0)
-        B, S, H, Hk = problem.batch, problem.shape, problem.heads, problem.heads_kv
-
-        def rnd(*shape):
-            return torch.randn(*shape, device=self.dev, dtype=dt, generator=g)
-
-        self.q = rnd(B, *S, H, problem.dim)
-        self.k = rnd(B, *S, Hk, problem.dim)
-        self.v = rnd(B, *S, Hk, problem.dim_v)
-        self.qg, self.kg, self.vg = (t.detach().clone().requires_grad_(True)
-                                     for t in (self.q, self.k, self.v))
-        self.go = rnd(B, *S, H, problem.dim_v)
-        self.na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[problem.rank]
-        self.kw = dict(kernel_size=problem.kernel, stride=problem.stride,
-                       dilation=problem.dilation, is_causal=problem.causal,
-                       backend="cuda-fused", allow_tf32=problem.allow_tf32,
-                       # {} (not None): the plan's heuristic even where fna.set_default_tuning
-                       # set a process-wide tuning, which a named configuration would conflict with.
-                       tuning={})
-
-    def _launched(self, key):
-        return self.fna._C.last_fused_launch().get(key, "")
-
-    def forward(self, name):
-        torch = self.torch
-
-        def fn():
-            with torch.no_grad():
-                return self.na(self.q, self.k, self.v, config=name, **self.kw)
-
-        fn()
-        ran = self._launched("forward")
-        if ran != name:
-            raise RuntimeError(f"asked for {name}, the launch ran {ran or 'nothing'}")
-        return fn
-
-    def backward_baseline(self, forward_name):
-        """The forward of the backward step alone (inputs requiring grad: records the graph)."""
-        def fn():
-            return self.na(self.qg, self.kg, self.vg, config=forward_name, **self.kw)
-
-        fn()
-        return fn
-
-    def backward(self, name, forward_name, own=False):
-        torch = self.torch
-        inputs = (self.qg, self.kg, self.vg)
-        config = None if own else name  # the plan's own tiles: no backward_config
-
-        def fn():
-            out = self.na(*inputs, config=forward_name, backward_config=config, **self.kw)
-            return torch.autograd.grad(out, inputs, self.go)
-
-        fn()
-        ran = self._launched("backward")
-        if ran != name:
-            raise RuntimeError(f"asked for {name}, the launch ran {ran or 'nothing'}")
-        return fn
-
-    def autotuned(self, backward=True):
-        """The autotuner's picks: one call with tuning="auto" (its first call of a signature
-        times the candidates and caches the fastest, in memory and in fna.autotune_cache_dir();
-        a signature already cached is not timed again), forward and backward, then what the
-        launches ran. Returns dict(forward=name or None, backward=name or None, note=why not)."""
-        torch = self.torch
-        inputs = (self.qg, self.kg, self.vg)
-        try:
-            out = self.na(*inputs, **dict(self.kw, tuning="auto"))
-        except Exception as exc:  # noqa: BLE001 - no autotuner in this build: n/a
-            return dict(forward=None, backward=None,
-                        note=f"autotuner not available (tuning='auto': {_reason(exc)})")
-        res = dict(forward=self._launched("forward") or None, backward=None, note="")
-        if backward:
-            try:
-                torch.autograd.grad(out, inputs, self.go)
-                res["backward"] = self._launched("backward") or None
-            except Exception as exc:  # noqa: BLE001
-                res["note"] = f"autotuned backward failed: {_reason(exc)}"
-        torch.cuda.synchronize()
-        return res
+from ._profiler_torch import TorchRunner, gpu_timer  # noqa: E402,F401  (re-exported)
 
 
 # ---- profiling -----------------------------------------------------------------------------------
@@ -686,123 +545,10 @@ def profile(problem, timer=None, runner=None, candidates=None, backward=True, re
     return rep
 
 
-# ---- output --------------------------------------------------------------------------------------
+# ---- output (fna._profiler_output) --------------------------------------------------------------
 
-def _render(headers, rows, right=()):
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    # The last column (status / reason) may be long: its rule spans its header only.
-    rule = ["-" * (w if i < len(widths) - 1 else len(headers[i])) for i, w in enumerate(widths)]
-    return "\n".join([line(headers), line(rule)] + [line(r) for r in rows])
-
-
-def _f(x, spec):
-    return "-" if x is None else format(x, spec)
-
-
-def _mark(v):
-    return "n/a" if v is None else ("yes" if v else "")
-
-
-def format_dry_run(problem, candidates):
-    """The candidate listing of --dry-run."""
-    out = [f"problem: {problem.describe()}"]
-    hf, hb = candidates.heuristic_forward, candidates.heuristic_backward
-    out.append(f"heuristic: forward {hf or '-'}, backward {hb or '-'}"
-               + (f" ({candidates.heuristic_error})" if candidates.heuristic_error else ""))
-    for label, cs in (("forward", candidates.forward), ("backward", candidates.backward)):
-        n_run = sum(c.runs for c in cs)
-        out.append("")
-        out.append(f"{label} candidates: {len(cs)} ({n_run} run here)")
-        if not cs:
-            continue
-        rows = [[c.name, c.family, c.tiles, _f(c.needed_fraction, ".3f"),
-                 "yes" if c.heuristic else "", "yes" if c.runs else f"cannot run: {c.reason}"]
-                for c in cs]
-        out.append(_render(["config", "family", "tiles", "needed", "heuristic", "runs here"],
-                           rows, right=(3,)))
-    return "\n".join(out)
-
-
-def format_report(report):
-    """The tables: per direction, sorted by time (fastest first), then what could not run."""
-    p = report.problem
-    out = [f"problem: {p.describe()}"]
-    if report.device:
-        out.append(f"device: {report.device}")
-    out.append(f"FLOPs: forward {report.flops_forward / 1e9:.3f} GFLOP "
-               f"({report.pairs} attended pairs per batch and head), backward 2.5x")
-    out.append(f"timing: {report.timing}")
-    h, a = report.heuristic, report.autotuned
-    out.append(f"heuristic: forward {h.get('forward') or '-'}, backward "
-               f"{h.get('backward') or '-'}" + (f" ({h['note']})" if h.get("note") else ""))
-    if a.get("forward") is None and a.get("backward") is None:
-        out.append("autotuned: n/a" + (f" ({a['note']})" if a.get("note") else ""))
-    else:
-        out.append(f"autotuned: forward {a.get('forward') or 'n/a'}, backward "
-                   f"{a.get('backward') or 'n/a'}" + (f" ({a['note']})" if a.get("note") else ""))
-    for d in ("forward", "backward"):
-        rows = report.direction(d)
-        if not rows:
-            continue
-        out.append("")
-        if d == "backward":
-            out.append(f"backward (forward {h.get('forward') or '-'}, alone "
-                       f"{_f(report.backward_baseline_ms, '.4f')} ms, subtracted):")
-            headers = ["#", "config", "family", "tiles", "needed", "ms", "f+b ms", "TFLOP/s",
-                       "heuristic", "autotuned", "status"]
-        else:
-            out.append("forward:")
-            headers = ["#", "config", "family", "tiles", "needed", "ms", "TFLOP/s", "heuristic",
-                       "autotuned", "status"]
-        cells = []
-        for r in rows:
-            c = [_f(r.rank, "d"), r.config, r.family, r.tiles, _f(r.needed_fraction, ".3f"),
-                 _f(r.ms, ".4f")]
-            if d == "backward":
-                c.append(_f(r.fb_ms, ".4f"))
-            c += [_f(r.tflops, ".2f"), _mark(r.heuristic), _mark(r.autotuned),
-                  "" if r.status == "ok" else r.status]
-            cells.append(c)
-        right = (0, 4, 5, 6, 7) if d == "backward" else (0, 4, 5, 6)
-        out.append(_render(headers, cells, right=right))
-    return "\n".join(out)
-
-
-CSV_FIELDS = ["direction", "rank", "config", "family", "tiles", "needed_fraction", "ms", "fb_ms",
-              "tflops", "heuristic", "autotuned", "status"]
-
-
-def _csv_value(v):
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    return v
-
-
-def write_csv(report, path):
-    """Every row (both directions, ranked first) as CSV; `autotuned` "n/a" where unknown."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        for r in report.rows:
-            d = r.to_dict()
-            row = {k: _csv_value(d[k]) for k in CSV_FIELDS}
-            if r.autotuned is None:
-                row["autotuned"] = "n/a"
-            w.writerow(row)
-
-
-def write_json(report, path):
-    with open(path, "w") as f:
-        json.dump(report.to_dict(), f, indent=1)
-        f.write("\n")
+from ._profiler_output import (  # noqa: E402,F401  (re-exported: the profiler's public output API)
+    format_dry_run, format_report, write_csv, write_json)
 
 
 def _dry_report(problem, candidates):
