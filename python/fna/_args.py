@@ -322,6 +322,17 @@ def check_rank(fn, rank, name, t, last="head_dim"):
         )
 
 
+def check_output_dims(fn, query, value):
+    """The sizes that shape the outputs fna allocates (batch, grid, heads, value head dim) within
+    the library's limits, checked before anything is allocated, so that a huge expanded (zero
+    stride) input is a clear error rather than an allocation failure. The C++ layer checks every
+    size again at its boundary."""
+    for name, v in (("batch", query.shape[0]), ("heads", query.shape[-2]),
+                    ("dim_v", value.shape[-1])):
+        if v > 2 ** 30:
+            raise ValueError(f"{fn}: {name}={v} must be in [1, 2^30]")
+
+
 def check_additional(name, t, batch, rank):
     if t.ndim != 4:
         raise ValueError(

@@ -127,6 +127,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     _args.check_return_lse(fn, return_lse)
     for name, t in named[:3]:
         _args.check_rank(fn, rank, name, t)
+    _args.check_output_dims(fn, query, value)
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
     if additional_keys is not None:
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)

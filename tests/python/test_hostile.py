@@ -185,3 +185,13 @@ def test_resolve_backend_devices():
         fna.resolve_backend(None, "cuda:x")
     with pytest.raises(ValueError, match=r"device=device\(type='meta'\) is not 'cpu' or 'cuda'"):
         fna.resolve_backend(None, torch.device("meta"))
+
+
+def test_huge_value_head_dim_is_an_error_before_allocating():
+    """The value head dim sizes the output fna allocates: an expanded (zero-stride) value with a
+    head dim past the limit is a ValueError naming dim_v, not an allocation failure."""
+    big = 2**32 + 1
+    q = randn(1, 8, 1, 4, seed=("hdv-alloc", 0))
+    v = randn(1, 8, 1, 1, seed=("hdv-alloc", 1)).expand(1, 8, 1, big)
+    with pytest.raises(ValueError, match=r"dim_v=4294967297 must be in \[1, 2\^30\]"):
+        fna.na1d(q, q, v, kernel_size=3, backend="cpu")
