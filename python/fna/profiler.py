@@ -548,7 +548,7 @@ def profile(problem, timer=None, runner=None, candidates=None, backward=True, re
 # ---- output (fna._profiler_output) --------------------------------------------------------------
 
 from ._profiler_output import (  # noqa: E402,F401  (re-exported: the profiler's public output API)
-    format_dry_run, format_report, write_csv, write_json)
+    CSV_FIELDS, format_dry_run, format_report, write_csv, write_json)
 
 
 def _dry_report(problem, candidates):
