@@ -13,6 +13,7 @@ const char* usage() {
   return R"(fna-bench: time one neighborhood-attention problem on each backend.
 
 usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in seconds on the CPU)
+  every flag that takes a value accepts --flag VALUE and --flag=VALUE
   --shape 128x128        token grid; its number of axes is the rank (1, 2 or 3)
   --batch N  --heads N  --heads-kv N  --dim N  --dim-v N
   --kernel 13x13         per-axis window (an int means every axis)
@@ -91,7 +92,24 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
   *help = false;
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
+    // --flag=value is the same as --flag value (the value may itself contain '=', e.g. --tuning).
+    std::string inline_value;
+    bool has_inline = false;
+    if (f.rfind("--", 0) == 0) {
+      const size_t eq = f.find('=');
+      if (eq != std::string::npos) {
+        inline_value = f.substr(eq + 1);
+        f = f.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    bool value_used = false;
     auto value = [&](std::string* out) {
+      value_used = true;
+      if (has_inline) {
+        *out = inline_value;
+        return true;
+      }
       if (i + 1 >= argc) {
         *err = f + " needs a value";
         return false;
@@ -230,6 +248,10 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       if (!value(&cfg->json)) return false;
     } else {
       *err = "unknown flag " + f + " (see --help)";
+      return false;
+    }
+    if (has_inline && !value_used) {
+      *err = f + " takes no value (got " + f + "=" + inline_value + ")";
       return false;
     }
   }
