@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,14 @@ double forward_flops(const fna::Problem& p) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The CPU worker threads the library runs with for Options::num_threads = `requested`: 0 means the
+// hardware concurrency (src/cpu/parallel.h resolve_threads; it further caps the count at the
+// number of tasks of a call, which this does not).
+int resolved_threads(int requested) {
+  const int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  return n < 1 ? 1 : n;
 }
 
 std::string problem_string(const fna::Problem& p) {
@@ -197,6 +206,7 @@ bool write_json(const BenchConfig& cfg, const Result& r) {
   std::ofstream f(cfg.json, std::ios::app);
   f << "{\"problem\":" << json_string(problem_string(cfg.problem))
     << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
+    << ",\"threads\":" << resolved_threads(cfg.threads)
     << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
     << ",\"fwd_tflops\":" << json_number(r.fwd_tflops)
     << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
@@ -262,9 +272,10 @@ int run_one(const BenchConfig& cfg) {
     return 2;
   }
   std::printf("problem: %s\n", problem_string(cfg.problem).c_str());
-  std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s, threads: %d\n",
+  std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s, threads: %d%s\n",
               forward_flops(cfg.problem), cfg.device == fna::Device::cpu ? "cpu" : "cuda",
-              cfg.threads);
+              resolved_threads(cfg.threads),
+              cfg.threads > 0 ? "" : " (hardware concurrency)");
   if (!fna::tuning_string(cfg.tuning).empty())
     std::printf("tuning: %s\n", fna::tuning_string(cfg.tuning).c_str());
   Buffers buf(cfg.problem, cfg.device, /*seed=*/1234);
