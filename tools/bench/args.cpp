@@ -24,7 +24,8 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --device cpu|cuda
   --backend LIST         comma list of cpu, reference, cuda-naive, cuda-fused (default: all compiled
                          backends for the device, reference excluded on cuda)
-  --mode fwd|bwd|both    forward only, or forward + backward (default both)
+  --mode fwd|bwd|both    time the forward only, the backward only (the forward runs once,
+                         untimed, for O and LSE), or both (default both)
   --repeats N  --warmup N  --threads N
   --check N              queries checked against the reference (default 64; 0 = none)
   --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
@@ -207,7 +208,8 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
     } else if (f == "--mode") {
       if (!value(&s)) return false;
       if (s == "fwd") { cfg->forward = true; cfg->backward = false; }
-      else if (s == "bwd" || s == "both") { cfg->forward = true; cfg->backward = true; }
+      else if (s == "bwd") { cfg->forward = false; cfg->backward = true; }
+      else if (s == "both") { cfg->forward = true; cfg->backward = true; }
       else { *err = "--mode=" + s + " is not fwd, bwd or both"; return false; }
     } else if (f == "--sweep") {
       cfg->sweep = true;

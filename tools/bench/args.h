@@ -12,8 +12,8 @@ struct BenchConfig {
   fna::Problem problem;
   std::vector<fna::Backend> backends;  // empty = every compiled backend of the device
   fna::Device device = fna::Device::cpu;
-  bool forward = true;
-  bool backward = true;
+  bool forward = true;   // time the forward (--mode fwd|both)
+  bool backward = true;  // time the backward (--mode bwd|both; bwd runs the forward once untimed)
   int repeats = 5;
   int warmup = 1;
   int threads = 0;

@@ -77,7 +77,7 @@ std::string problem_string(const fna::Problem& p) {
 
 struct Result {
   std::string backend;
-  double fwd_ms = NAN, bwd_ms = NAN, fwd_tflops = NAN, total_tflops = NAN;
+  double fwd_ms = NAN, bwd_ms = NAN, fwd_tflops = NAN, bwd_tflops = NAN, total_tflops = NAN;
   double max_err = NAN, err_bound = NAN;
   double peak_mb = NAN;
   std::string error;
@@ -110,7 +110,9 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   const int warmup = backend == fna::Backend::reference ? 0 : cfg.warmup;
 
   std::vector<double> times;
-  for (int it = 0; it < warmup + repeats; ++it) {
+  // --mode bwd: one untimed forward produces O and LSE for the backward.
+  const int fwd_runs = cfg.forward ? warmup + repeats : 1;
+  for (int it = 0; it < fwd_runs; ++it) {
     buf.poison_outputs();
     Timer t(cfg.device);
     fna::Status st = fna::forward(p, buf.forward_args(), opt);
@@ -119,11 +121,13 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
       r.error = st.message;
       return r;
     }
-    if (it >= warmup) times.push_back(ms);
+    if (cfg.forward && it >= warmup) times.push_back(ms);
   }
-  r.fwd_ms = median(times);
   const double flops = forward_flops(p);
-  r.fwd_tflops = flops / (r.fwd_ms * 1e-3) / 1e12;
+  if (cfg.forward) {
+    r.fwd_ms = median(times);
+    r.fwd_tflops = flops / (r.fwd_ms * 1e-3) / 1e12;
+  }
   if (ref != nullptr) {
     ErrorStat e = buf.compare_forward(*ref);
     r.max_err = e.max_err;
@@ -144,7 +148,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
     }
     if (!times.empty()) {
       r.bwd_ms = median(times);
-      r.total_tflops = 3.5 * flops / ((r.fwd_ms + r.bwd_ms) * 1e-3) / 1e12;
+      r.bwd_tflops = 2.5 * flops / (r.bwd_ms * 1e-3) / 1e12;
+      if (cfg.forward) r.total_tflops = 3.5 * flops / ((r.fwd_ms + r.bwd_ms) * 1e-3) / 1e12;
     }
   }
   r.peak_mb = cfg.device == fna::Device::cpu ? peak_rss_mb() : buf.device_peak_mb();
@@ -152,8 +157,18 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
 }
 
 void print_header() {
-  std::printf("%-11s %10s %10s %9s %9s %10s %8s %9s\n", "backend", "fwd ms", "bwd ms", "fwd TF/s",
-              "f+b TF/s", "max err", "(scale)", "peak MB");
+  std::printf("%-11s %10s %10s %9s %9s %9s %10s %8s %9s\n", "backend", "fwd ms", "bwd ms",
+              "fwd TF/s", "bwd TF/s", "f+b TF/s", "max err", "(scale)", "peak MB");
+}
+
+// One table cell: `v` printed with `spec` (a printf conversion) in `width` columns, "-" where it
+// was not measured (NaN: e.g. the forward under --mode bwd).
+std::string cell(const char* spec, int width, double v) {
+  char buf[64], out[80];
+  if (std::isfinite(v)) std::snprintf(buf, sizeof buf, spec, v);
+  else std::snprintf(buf, sizeof buf, "-");
+  std::snprintf(out, sizeof out, " %*s", width, buf);
+  return out;
 }
 
 void print_result(const Result& r) {
@@ -161,8 +176,11 @@ void print_result(const Result& r) {
     std::printf("%-11s %s\n", r.backend.c_str(), r.error.c_str());
     return;
   }
-  std::printf("%-11s %10.3f %10.3f %9.4f %9.4f %10.2e %8.1e %9.1f\n", r.backend.c_str(), r.fwd_ms,
-              r.bwd_ms, r.fwd_tflops, r.total_tflops, r.max_err, r.err_bound, r.peak_mb);
+  std::printf("%-11s%s%s%s%s%s%s%s%s\n", r.backend.c_str(), cell("%.3f", 10, r.fwd_ms).c_str(),
+              cell("%.3f", 10, r.bwd_ms).c_str(), cell("%.4f", 9, r.fwd_tflops).c_str(),
+              cell("%.4f", 9, r.bwd_tflops).c_str(), cell("%.4f", 9, r.total_tflops).c_str(),
+              cell("%.2e", 10, r.max_err).c_str(), cell("%.1e", 8, r.err_bound).c_str(),
+              cell("%.1f", 9, r.peak_mb).c_str());
 }
 
 // A JSON string literal: quotes, backslashes and control characters escaped.
@@ -207,8 +225,10 @@ bool write_json(const BenchConfig& cfg, const Result& r) {
   f << "{\"problem\":" << json_string(problem_string(cfg.problem))
     << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
     << ",\"threads\":" << resolved_threads(cfg.threads)
+    << ",\"mode\":" << json_string(cfg.forward && cfg.backward ? "both" : cfg.forward ? "fwd" : "bwd")
     << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
     << ",\"fwd_tflops\":" << json_number(r.fwd_tflops)
+    << ",\"bwd_tflops\":" << json_number(r.bwd_tflops)
     << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
     << ",\"max_err\":" << json_number(r.max_err) << ",\"peak_mb\":" << json_number(r.peak_mb)
     << ",\"error\":" << json_string(r.error) << "}\n";
