@@ -325,6 +325,10 @@ Status fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
   return detail::cuda_fused_plan(p, opt, out);
 }
 
-const char* version() { return "0.1.0"; }
+// The one version string: CMakeLists.txt's project(fna VERSION x.y.z), passed as a definition.
+#ifndef FNA_VERSION_STRING
+#error "FNA_VERSION_STRING is defined by CMakeLists.txt (from project(fna VERSION ...))"
+#endif
+const char* version() { return FNA_VERSION_STRING; }
 
 }  // namespace fna
