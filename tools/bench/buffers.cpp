@@ -3,7 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "core/backends.h"
 #include "core/dtype.h"
@@ -304,19 +310,103 @@ ErrorStat Buffers::compare_forward(const ReferenceSample& ref) {
   return e;
 }
 
-double Buffers::device_peak_mb() const {
-  double workspace = 0;
+double Buffers::tensor_mb() const {
+  if (device_ == fna::Device::cuda) return device_bytes_ / (1024.0 * 1024.0);
+  double bytes = 0;
+  for (const Tensor* t : all_) bytes += static_cast<double>(t->host.size());
+  return bytes / (1024.0 * 1024.0);
+}
+
+namespace {
+// Resident bytes of this process (/proc/self/statm's second field); NaN if unreadable.
+double resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  long long size = 0, resident = 0;
+  if (!(f >> size >> resident)) return NAN;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
+// VmHWM of /proc/self/status in bytes; NaN if absent.
+double resident_high_water_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) * 1024.0;
+  }
+  return NAN;
+}
+}  // namespace
+
+PeakMemory::PeakMemory(fna::Device device) : device_(device) {}
+
+void PeakMemory::start() {
+  if (device_ == fna::Device::cpu) {
+    // "5" resets the peak resident set size to the current one (Linux >= 4.0).
+    FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    exact_ = f != nullptr && std::fputs("5", f) >= 0;
+    if (f != nullptr && std::fclose(f) != 0) exact_ = false;
+    base_ = resident_bytes();
+    if (exact_ && !std::isfinite(resident_high_water_bytes())) exact_ = false;
+    return;
+  }
 #if defined(FNA_WITH_CUDA)
+  cudaDeviceSynchronize();
   cudaMemPool_t pool;
   int dev = 0;
   cudaGetDevice(&dev);
+  base_ = 0;
   if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
-    uint64_t high = 0;
-    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
-    workspace = static_cast<double>(high);
+    uint64_t used = 0, zero = 0;
+    cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);  // to the current use
+    base_ = static_cast<double>(used);
   }
+  size_t free = 0, total = 0;
+  cudaMemGetInfo(&free, &total);
+  free_base_ = static_cast<double>(free);
+  exact_ = true;
 #endif
-  return (device_bytes_ + workspace) / (1024.0 * 1024.0);
+}
+
+double PeakMemory::stop_mb() {
+  double bytes = NAN;
+  if (device_ == fna::Device::cpu) {
+    bytes = (exact_ ? resident_high_water_bytes() : resident_bytes()) - base_;
+  } else {
+#if defined(FNA_WITH_CUDA)
+    cudaDeviceSynchronize();
+    cudaMemPool_t pool;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    double pool_peak = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+      uint64_t high = 0;
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
+      pool_peak = std::max(0.0, static_cast<double>(high) - base_);
+    }
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    // Device memory held after the runs outside the pool's use (e.g. kept workspaces); the pool's
+    // own reserve is counted by its high-water mark, so only the excess is added.
+    const double held = std::max(0.0, free_base_ - static_cast<double>(free) - pool_peak);
+    bytes = pool_peak + held;
+#endif
+  }
+  if (!std::isfinite(bytes)) return NAN;
+  return std::max(0.0, bytes) / (1024.0 * 1024.0);
+}
+
+const char* PeakMemory::legend(fna::Device device, bool exact) {
+  if (device == fna::Device::cuda)
+    return "peak MB: per backend, the high-water mark of the stream-ordered pool (backend "
+           "workspaces) during its runs over the pool's use before them, plus device memory "
+           "still held after them (cudaMemGetInfo); the benchmark's tensors are not included";
+  return exact ? "peak MB: per backend, the process's peak resident memory during its runs "
+                 "(VmHWM, reset before them via /proc/self/clear_refs) minus its resident memory "
+                 "before them; the benchmark's tensors are not included"
+               : "peak MB: per backend, resident memory after its runs minus before them "
+                 "(/proc/self/statm; the peak could not be reset, so memory freed within the "
+                 "runs is missed); the benchmark's tensors are not included";
 }
 
 }  // namespace fna_bench

@@ -40,6 +40,29 @@ class Timer {
 // with a message instead of failing in the allocator.
 bool planned_bytes(const fna::Problem& p, fna::Device device, int64_t* bytes);
 
+// Peak memory of one backend's runs (issue 29), not the process's cumulative peak. CPU: the
+// process's resident-set high-water mark (VmHWM in /proc/self/status, reset to the current
+// resident set at start() by writing 5 to /proc/self/clear_refs) minus the resident set at
+// start(); where that reset is refused, the resident set after the runs minus that before
+// (/proc/self/statm), which misses memory freed before the runs end. CUDA: the high-water mark
+// of the default stream-ordered pool (reset at start()) over its use at start(), plus device
+// memory still held after the runs (cudaMemGetInfo). The benchmark's tensors, allocated before
+// start(), are not included.
+class PeakMemory {
+ public:
+  explicit PeakMemory(fna::Device device);
+  void start();
+  double stop_mb();               // MB (2^20 bytes) as described above; NaN if unmeasurable
+  bool exact() const { return exact_; }  // CPU: true when the high-water mark was reset
+  static const char* legend(fna::Device device, bool exact);
+
+ private:
+  fna::Device device_;
+  bool exact_ = false;
+  double base_ = 0;       // CPU: resident bytes; CUDA: pool bytes in use
+  double free_base_ = 0;  // CUDA: free device bytes at start()
+};
+
 class Buffers {
  public:
   Buffers(const fna::Problem& p, fna::Device device, uint64_t seed);
@@ -55,7 +78,7 @@ class Buffers {
   // Computes the reference for `samples` random queries; returns an error string on failure.
   std::string make_reference_sample(int samples, ReferenceSample* out);
   ErrorStat compare_forward(const ReferenceSample& ref);
-  double device_peak_mb() const;
+  double tensor_mb() const;  // MB of the tensors allocated (on the device for CUDA)
 
  private:
   struct Tensor {

@@ -1,7 +1,6 @@
 // fna-bench: times forward and backward of one problem (or a sweep) on each backend and prints a
 // table: backend, forward ms, backward ms, effective TFLOP/s (docs/semantics.md section 3), max error against
 // the reference on a sample of queries, peak memory.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,15 +78,10 @@ struct Result {
   std::string backend;
   double fwd_ms = NAN, bwd_ms = NAN, fwd_tflops = NAN, bwd_tflops = NAN, total_tflops = NAN;
   double max_err = NAN, err_bound = NAN;
-  double peak_mb = NAN;
+  double peak_mb = NAN;   // this backend's runs only (PeakMemory in buffers.h)
+  bool peak_exact = true;  // CPU: a true peak (VmHWM reset), not an after - before difference
   std::string error;
 };
-
-double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;
-}
 
 Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
                    const ReferenceSample* ref) {
@@ -109,6 +103,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   const int repeats = backend == fna::Backend::reference ? 1 : cfg.repeats;
   const int warmup = backend == fna::Backend::reference ? 0 : cfg.warmup;
 
+  PeakMemory mem(cfg.device);
+  mem.start();
   std::vector<double> times;
   // --mode bwd: one untimed forward produces O and LSE for the backward.
   const int fwd_runs = cfg.forward ? warmup + repeats : 1;
@@ -152,7 +148,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
       if (cfg.forward) r.total_tflops = 3.5 * flops / ((r.fwd_ms + r.bwd_ms) * 1e-3) / 1e12;
     }
   }
-  r.peak_mb = cfg.device == fna::Device::cpu ? peak_rss_mb() : buf.device_peak_mb();
+  r.peak_mb = mem.stop_mb();
+  r.peak_exact = mem.exact();
   return r;
 }
 
@@ -231,6 +228,10 @@ bool write_json(const BenchConfig& cfg, const Result& r) {
     << ",\"bwd_tflops\":" << json_number(r.bwd_tflops)
     << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
     << ",\"max_err\":" << json_number(r.max_err) << ",\"peak_mb\":" << json_number(r.peak_mb)
+    << ",\"peak_mb_measure\":"
+    << json_string(cfg.device == fna::Device::cuda ? "cuda_pool_high_water_plus_held"
+                   : r.peak_exact                  ? "rss_high_water_minus_start"
+                                                   : "rss_after_minus_before")
     << ",\"error\":" << json_string(r.error) << "}\n";
   f.flush();
   if (!f) {
@@ -312,8 +313,10 @@ int run_one(const BenchConfig& cfg) {
   }
   print_header();
   int failures = 0;
+  bool peak_exact = true;
   for (fna::Backend b : backends) {
     Result r = run_backend(cfg, b, buf, ref_ptr);
+    if (r.error.empty()) peak_exact = peak_exact && r.peak_exact;
     print_result(r);
     if (!write_json(cfg, r)) return 2;
     if (!r.error.empty()) ++failures;
@@ -330,10 +333,8 @@ int run_one(const BenchConfig& cfg) {
   if (ref_ptr)
     std::printf("max err: max |out - ref| over %d sampled queries x all heads (ref: float64 "
                 "reference); scale: max |ref|\n", cfg.check_samples);
-  std::printf("peak MB: %s\n", cfg.device == fna::Device::cpu
-                                   ? "the process's peak resident memory so far"
-                                   : "tensors + high-water mark of the stream-ordered pool "
-                                     "(backend workspaces)");
+  std::printf("%s (tensors: %.1f MB)\n", PeakMemory::legend(cfg.device, peak_exact),
+              buf.tensor_mb());
   return failures ? 1 : 0;
 }
 
