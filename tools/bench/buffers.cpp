@@ -337,6 +337,31 @@ double resident_high_water_bytes() {
 }
 }  // namespace
 
+std::string device_description(fna::Device device) {
+  if (device == fna::Device::cuda) {
+#if defined(FNA_WITH_CUDA)
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+      return "cuda:" + std::to_string(dev) + " " + prop.name + " (sm_" +
+             std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+#endif
+    return "cuda";
+  }
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        size_t b = line.find_first_not_of(" \t", colon + 1);
+        if (b != std::string::npos) return "cpu " + line.substr(b);
+      }
+    }
+  }
+  return "cpu";
+}
+
 PeakMemory::PeakMemory(fna::Device device) : device_(device) {}
 
 void PeakMemory::start() {

@@ -63,6 +63,10 @@ class PeakMemory {
   double free_base_ = 0;  // CUDA: free device bytes at start()
 };
 
+// The device the benchmark runs on, in words: the CPU model (/proc/cpuinfo) or the CUDA device's
+// name and compute capability.
+std::string device_description(fna::Device device);
+
 class Buffers {
  public:
   Buffers(const fna::Problem& p, fna::Device device, uint64_t seed);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -19,6 +20,29 @@
 
 namespace fna_bench {
 namespace {
+
+#ifndef FNA_GIT_COMMIT
+#define FNA_GIT_COMMIT "unknown"  // set by CMake at configure time (git rev-parse of the source tree)
+#endif
+
+// What a result was measured with: printed once as the output's header and written to every
+// --json / --csv record.
+struct RunInfo {
+  std::string version = fna::version();
+  std::string commit = FNA_GIT_COMMIT;
+  std::string date;    // UTC, ISO 8601
+  std::string device;  // device_description
+};
+RunInfo g_info;
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
 
 // Attended (query, key) pairs summed over all queries of one (batch, head): N*W for non-causal NA,
 // fewer with causal windows; plus N * N_add for additional keys.
@@ -220,6 +244,9 @@ bool write_json(const BenchConfig& cfg, const Result& r) {
   if (cfg.json.empty()) return true;
   std::ofstream f(cfg.json, std::ios::app);
   f << "{\"problem\":" << json_string(problem_string(cfg.problem))
+    << ",\"fna_version\":" << json_string(g_info.version)
+    << ",\"commit\":" << json_string(g_info.commit) << ",\"date\":" << json_string(g_info.date)
+    << ",\"device\":" << json_string(g_info.device)
     << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
     << ",\"threads\":" << resolved_threads(cfg.threads)
     << ",\"mode\":" << json_string(cfg.forward && cfg.backward ? "both" : cfg.forward ? "fwd" : "bwd")
@@ -399,6 +426,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  g_info.date = utc_now();
+  if (cfg.device == fna::Device::cpu || fna::cuda_available())
+    g_info.device = device_description(cfg.device);
+  else
+    g_info.device = "cuda (none visible)";
+  std::printf("fna-bench: fna %s, commit %s, device %s, date %s (UTC)\n", g_info.version.c_str(),
+              g_info.commit.c_str(), g_info.device.c_str(), g_info.date.c_str());
   if (!cfg.sweep) return run_one(cfg);
   auto problems = sweep_problems(cfg);
   int rc = 0, i = 0;
