@@ -100,9 +100,11 @@ std::string problem_string(const fna::Problem& p) {
 
 struct Result {
   std::string backend;
+  double fwd_min = NAN, fwd_max = NAN, bwd_min = NAN, bwd_max = NAN;  // spread over --repeats
   double fwd_ms = NAN, bwd_ms = NAN, fwd_tflops = NAN, bwd_tflops = NAN, total_tflops = NAN;
   double max_err = NAN, err_bound = NAN;
   double peak_mb = NAN;   // this backend's runs only (PeakMemory in buffers.h)
+  int repeats = 0;         // timed calls behind each median (the reference backend: 1)
   bool peak_exact = true;  // CPU: a true peak (VmHWM reset), not an after - before difference
   std::string error;
 };
@@ -126,6 +128,7 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   opt.tuning = cfg.tuning;
   const int repeats = backend == fna::Backend::reference ? 1 : cfg.repeats;
   const int warmup = backend == fna::Backend::reference ? 0 : cfg.warmup;
+  r.repeats = repeats;
 
   PeakMemory mem(cfg.device);
   mem.start();
@@ -146,6 +149,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
   const double flops = forward_flops(p);
   if (cfg.forward) {
     r.fwd_ms = median(times);
+    r.fwd_min = *std::min_element(times.begin(), times.end());
+    r.fwd_max = *std::max_element(times.begin(), times.end());
     r.fwd_tflops = flops / (r.fwd_ms * 1e-3) / 1e12;
   }
   if (ref != nullptr) {
@@ -168,6 +173,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
     }
     if (!times.empty()) {
       r.bwd_ms = median(times);
+      r.bwd_min = *std::min_element(times.begin(), times.end());
+      r.bwd_max = *std::max_element(times.begin(), times.end());
       r.bwd_tflops = 2.5 * flops / (r.bwd_ms * 1e-3) / 1e12;
       if (cfg.forward) r.total_tflops = 3.5 * flops / ((r.fwd_ms + r.bwd_ms) * 1e-3) / 1e12;
     }
@@ -178,8 +185,8 @@ Result run_backend(const BenchConfig& cfg, fna::Backend backend, Buffers& buf,
 }
 
 void print_header() {
-  std::printf("%-11s %10s %10s %9s %9s %9s %10s %8s %9s\n", "backend", "fwd ms", "bwd ms",
-              "fwd TF/s", "bwd TF/s", "f+b TF/s", "max err", "(scale)", "peak MB");
+  std::printf("%-11s %10s %10s %9s %9s %9s %10s %8s %9s %17s %17s\n", "backend", "fwd ms", "bwd ms",
+              "fwd TF/s", "bwd TF/s", "f+b TF/s", "max err", "(scale)", "peak MB", "fwd min/max ms", "bwd min/max ms");
 }
 
 // One table cell: `v` printed with `spec` (a printf conversion) in `width` columns, "-" where it
@@ -192,16 +199,27 @@ std::string cell(const char* spec, int width, double v) {
   return out;
 }
 
+// "min/max" of a time's repeats, or "-".
+std::string spread(double lo, double hi) {
+  char buf[64];
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return cell("%s", 17, NAN);
+  std::snprintf(buf, sizeof buf, "%.3f/%.3f", lo, hi);
+  char out[80];
+  std::snprintf(out, sizeof out, " %17s", buf);
+  return out;
+}
+
 void print_result(const Result& r) {
   if (!r.error.empty()) {
     std::printf("%-11s %s\n", r.backend.c_str(), r.error.c_str());
     return;
   }
-  std::printf("%-11s%s%s%s%s%s%s%s%s\n", r.backend.c_str(), cell("%.3f", 10, r.fwd_ms).c_str(),
+  std::printf("%-11s%s%s%s%s%s%s%s%s%s%s\n", r.backend.c_str(), cell("%.3f", 10, r.fwd_ms).c_str(),
               cell("%.3f", 10, r.bwd_ms).c_str(), cell("%.4f", 9, r.fwd_tflops).c_str(),
               cell("%.4f", 9, r.bwd_tflops).c_str(), cell("%.4f", 9, r.total_tflops).c_str(),
               cell("%.2e", 10, r.max_err).c_str(), cell("%.1e", 8, r.err_bound).c_str(),
-              cell("%.1f", 9, r.peak_mb).c_str());
+              cell("%.1f", 9, r.peak_mb).c_str(), spread(r.fwd_min, r.fwd_max).c_str(),
+              spread(r.bwd_min, r.bwd_max).c_str());
 }
 
 // A JSON string literal: quotes, backslashes and control characters escaped.
@@ -250,7 +268,10 @@ bool write_json(const BenchConfig& cfg, const Result& r) {
     << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
     << ",\"threads\":" << resolved_threads(cfg.threads)
     << ",\"mode\":" << json_string(cfg.forward && cfg.backward ? "both" : cfg.forward ? "fwd" : "bwd")
-    << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
+    << ",\"repeats\":" << r.repeats
+    << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"fwd_ms_min\":" << json_number(r.fwd_min)
+    << ",\"fwd_ms_max\":" << json_number(r.fwd_max) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
+    << ",\"bwd_ms_min\":" << json_number(r.bwd_min) << ",\"bwd_ms_max\":" << json_number(r.bwd_max)
     << ",\"fwd_tflops\":" << json_number(r.fwd_tflops)
     << ",\"bwd_tflops\":" << json_number(r.bwd_tflops)
     << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
