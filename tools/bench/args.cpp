@@ -21,13 +21,14 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --causal 0             per-axis causal flags, e.g. 1x0 (an int means every axis)
   --additional N         additional (global) keys/values per batch
   --dtype float32|float16|bfloat16
-  --device cpu|cuda
+  --device cpu|cuda      default: cuda where a CUDA device is visible (fna::cuda_available), else cpu
   --backend LIST         comma list of cpu, reference, cuda-naive, cuda-fused (default: all compiled
                          backends for the device, reference excluded on cuda)
   --mode fwd|bwd|both    time the forward only, the backward only (the forward runs once,
                          untimed, for O and LSE), or both (default both)
   --repeats N  --warmup N  --threads N
-  --check N              queries checked against the reference (default 64; 0 = none)
+  --check N              queries checked against the float64 reference (default: 64 on cpu; on
+                         cuda none unless asked, the reference being slow; 0 = none)
   --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
   --backward-config NAME cuda-fused backward tile configuration (likewise)
   --tuning K=V[,K=V..]   Options::tuning fields (keys: fna::tuning_keys; e.g. fwd_copy=cp_async),
@@ -184,6 +185,7 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
     } else if (f == "--check") {
       if (!int_value(&v)) return false;
       cfg->check_samples = static_cast<int>(v);
+      cfg->check_set = true;
     } else if (f == "--dtype") {
       if (!value(&s)) return false;
       if (s == "float32" || s == "fp32" || s == "f32") p.dtype = fna::DType::f32;
@@ -195,6 +197,7 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       if (s == "cpu") cfg->device = fna::Device::cpu;
       else if (s == "cuda") cfg->device = fna::Device::cuda;
       else { *err = "--device=" + s + " is not cpu or cuda"; return false; }
+      cfg->device_set = true;
     } else if (f == "--backend") {
       if (!value(&s)) return false;
       std::stringstream ss(s);

@@ -11,13 +11,15 @@ namespace fna_bench {
 struct BenchConfig {
   fna::Problem problem;
   std::vector<fna::Backend> backends;  // empty = every compiled backend of the device
-  fna::Device device = fna::Device::cpu;
+  fna::Device device = fna::Device::cpu;  // resolved in main: --device, else cuda if visible
+  bool device_set = false;                 // --device given (it wins over the default)
   bool forward = true;   // time the forward (--mode fwd|both)
   bool backward = true;  // time the backward (--mode bwd|both; bwd runs the forward once untimed)
   int repeats = 5;
   int warmup = 1;
   int threads = 0;
   int check_samples = 64;   // queries checked against the reference; 0 = no check
+  bool check_set = false;   // --check given (on CUDA the check runs only when asked)
   bool sweep = false;
   bool time_reference = false;
   std::string json;          // write results as JSON lines here

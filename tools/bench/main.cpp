@@ -341,8 +341,11 @@ int run_one(const BenchConfig& cfg) {
     return 2;
   }
   std::printf("problem: %s\n", problem_string(cfg.problem).c_str());
-  std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s, threads: %d%s\n",
+  std::printf("forward FLOPs: %.4g (docs/semantics.md section 3), device: %s%s, threads: %d%s\n",
               forward_flops(cfg.problem), cfg.device == fna::Device::cpu ? "cpu" : "cuda",
+              cfg.device_set              ? ""
+              : cfg.device == fna::Device::cuda ? " (default: a CUDA device is visible)"
+                                                : " (default: no CUDA device visible)",
               resolved_threads(cfg.threads),
               cfg.threads > 0 ? "" : " (hardware concurrency)");
   if (!fna::tuning_string(cfg.tuning).empty())
@@ -378,6 +381,9 @@ int run_one(const BenchConfig& cfg) {
       ++failures;
     }
   }
+  if (cfg.check_samples <= 0)
+    std::printf("max err: not checked (--check N compares N sampled queries with the float64 "
+                "reference)\n");
   if (ref_ptr)
     std::printf("max err: max |out - ref| over %d sampled queries x all heads (ref: float64 "
                 "reference); scale: max |ref|\n", cfg.check_samples);
@@ -447,6 +453,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // GPU by default where a CUDA device is visible; an explicit --device wins. On the GPU the
+  // float64 reference check is slow, so it runs only when --check asks for it.
+  if (!cfg.device_set) cfg.device = fna::cuda_available() ? fna::Device::cuda : fna::Device::cpu;
+  if (cfg.device == fna::Device::cuda && !cfg.check_set) cfg.check_samples = 0;
   g_info.date = utc_now();
   if (cfg.device == fna::Device::cpu || fna::cuda_available())
     g_info.device = device_description(cfg.device);
