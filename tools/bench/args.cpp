@@ -37,6 +37,10 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
   --deterministic        CUDA backward in a fixed order (bitwise reproducible)
   --sweep                run the built-in list of problems for the device, with a progress line
   --json FILE            append one JSON object per result line to FILE
+  --csv FILE             append one CSV row per result (backend) to FILE; a header row first when
+                         FILE is new or empty; same fields as --json
+  --name NAME            the label of the results in --json / --csv (default: custom; --sweep:
+                         the problem's name, NAME/ before it when given)
 )";
 }
 
@@ -251,6 +255,10 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       cfg->deterministic = true;
     } else if (f == "--json") {
       if (!value(&cfg->json)) return false;
+    } else if (f == "--csv") {
+      if (!value(&cfg->csv)) return false;
+    } else if (f == "--name") {
+      if (!value(&cfg->name)) return false;
     } else {
       *err = "unknown flag " + f + " (see --help)";
       return false;

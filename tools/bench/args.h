@@ -23,6 +23,7 @@ struct BenchConfig {
   bool sweep = false;
   bool time_reference = false;
   std::string json;          // write results as JSON lines here
+  std::string csv;           // append one CSV row per result here (a header row first if empty)
   std::string config;        // cuda-fused tile configuration (Options::config); empty = heuristic
   std::string backward_config;  // cuda-fused backward tiles (Options::backward_config)
   fna::Tuning tuning;           // Options::tuning (--tuning)

@@ -257,33 +257,91 @@ std::string json_number(double v) {
   return buf;
 }
 
+// One field of a result record (--json and --csv have the same fields, in the same order).
+struct Field {
+  const char* key;
+  std::string text;  // a string field's value
+  double number;     // a number field's value (NaN: null / empty)
+  bool is_number;
+};
+
+std::vector<Field> result_fields(const BenchConfig& cfg, const Result& r) {
+  auto str = [](const char* k, std::string v) { return Field{k, std::move(v), NAN, false}; };
+  auto num = [](const char* k, double v) { return Field{k, "", v, true}; };
+  const char* measure = cfg.device == fna::Device::cuda ? "cuda_pool_high_water_plus_held"
+                        : r.peak_exact                  ? "rss_high_water_minus_start"
+                                                        : "rss_after_minus_before";
+  return {str("problem", problem_string(cfg.problem)),
+          str("fna_version", g_info.version),
+          str("commit", g_info.commit),
+          str("date", g_info.date),
+          str("device", g_info.device),
+          str("name", cfg.name),
+          str("backend", r.backend),
+          num("threads", resolved_threads(cfg.threads)),
+          str("mode", cfg.forward && cfg.backward ? "both" : cfg.forward ? "fwd" : "bwd"),
+          num("repeats", r.repeats),
+          num("fwd_ms", r.fwd_ms),
+          num("fwd_ms_min", r.fwd_min),
+          num("fwd_ms_max", r.fwd_max),
+          num("bwd_ms", r.bwd_ms),
+          num("bwd_ms_min", r.bwd_min),
+          num("bwd_ms_max", r.bwd_max),
+          num("fwd_tflops", r.fwd_tflops),
+          num("bwd_tflops", r.bwd_tflops),
+          num("fwd_bwd_tflops", r.total_tflops),
+          num("max_err", r.max_err),
+          num("peak_mb", r.peak_mb),
+          str("peak_mb_measure", measure),
+          str("error", r.error)};
+}
+
 // Appends one result line to --json; false (with a message on stderr) if it cannot be written.
 bool write_json(const BenchConfig& cfg, const Result& r) {
   if (cfg.json.empty()) return true;
   std::ofstream f(cfg.json, std::ios::app);
-  f << "{\"problem\":" << json_string(problem_string(cfg.problem))
-    << ",\"fna_version\":" << json_string(g_info.version)
-    << ",\"commit\":" << json_string(g_info.commit) << ",\"date\":" << json_string(g_info.date)
-    << ",\"device\":" << json_string(g_info.device)
-    << ",\"name\":" << json_string(cfg.name) << ",\"backend\":" << json_string(r.backend)
-    << ",\"threads\":" << resolved_threads(cfg.threads)
-    << ",\"mode\":" << json_string(cfg.forward && cfg.backward ? "both" : cfg.forward ? "fwd" : "bwd")
-    << ",\"repeats\":" << r.repeats
-    << ",\"fwd_ms\":" << json_number(r.fwd_ms) << ",\"fwd_ms_min\":" << json_number(r.fwd_min)
-    << ",\"fwd_ms_max\":" << json_number(r.fwd_max) << ",\"bwd_ms\":" << json_number(r.bwd_ms)
-    << ",\"bwd_ms_min\":" << json_number(r.bwd_min) << ",\"bwd_ms_max\":" << json_number(r.bwd_max)
-    << ",\"fwd_tflops\":" << json_number(r.fwd_tflops)
-    << ",\"bwd_tflops\":" << json_number(r.bwd_tflops)
-    << ",\"fwd_bwd_tflops\":" << json_number(r.total_tflops)
-    << ",\"max_err\":" << json_number(r.max_err) << ",\"peak_mb\":" << json_number(r.peak_mb)
-    << ",\"peak_mb_measure\":"
-    << json_string(cfg.device == fna::Device::cuda ? "cuda_pool_high_water_plus_held"
-                   : r.peak_exact                  ? "rss_high_water_minus_start"
-                                                   : "rss_after_minus_before")
-    << ",\"error\":" << json_string(r.error) << "}\n";
+  const char* sep = "{";
+  for (const Field& fd : result_fields(cfg, r)) {
+    f << sep << json_string(fd.key) << ":"
+      << (fd.is_number ? json_number(fd.number) : json_string(fd.text));
+    sep = ",";
+  }
+  f << "}\n";
   f.flush();
   if (!f) {
     std::fprintf(stderr, "fna-bench: cannot write --json file %s\n", cfg.json.c_str());
+    return false;
+  }
+  return true;
+}
+
+// A CSV field (RFC 4180): quoted, with quotes doubled, where it holds a comma, quote or line break.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// Appends one result row to --csv (a header row first where the file is empty); false (with a
+// message on stderr) if it cannot be written. Numbers as in --json; not measured: empty.
+bool write_csv(const BenchConfig& cfg, const Result& r) {
+  if (cfg.csv.empty()) return true;
+  std::ofstream f(cfg.csv, std::ios::app);
+  const std::vector<Field> fields = result_fields(cfg, r);
+  if (f && f.tellp() == 0) {
+    for (size_t i = 0; i < fields.size(); ++i) f << (i ? "," : "") << fields[i].key;
+    f << "\r\n";
+  }
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const Field& fd = fields[i];
+    const std::string n = json_number(fd.number);
+    f << (i ? "," : "") << (fd.is_number ? (n == "null" ? "" : n) : csv_field(fd.text));
+  }
+  f << "\r\n";
+  f.flush();
+  if (!f) {
+    std::fprintf(stderr, "fna-bench: cannot write --csv file %s\n", cfg.csv.c_str());
     return false;
   }
   return true;
@@ -369,7 +427,7 @@ int run_one(const BenchConfig& cfg) {
     Result r = run_backend(cfg, b, buf, ref_ptr);
     if (r.error.empty()) peak_exact = peak_exact && r.peak_exact;
     print_result(r);
-    if (!write_json(cfg, r)) return 2;
+    if (!write_json(cfg, r) || !write_csv(cfg, r)) return 2;
     if (!r.error.empty()) ++failures;
     // A sanity bound, not the SPEC criterion (the test suites apply that): far above the
     // rounding of the output dtype, so only a wrong result trips it.
@@ -445,11 +503,13 @@ int main(int argc, char** argv) {
     std::printf("%s", usage());
     return 0;
   }
-  if (!cfg.json.empty()) {  // fail before any work if the results cannot be written
-    std::ofstream f(cfg.json, std::ios::app);
+  // Fail before any work if the results cannot be written.
+  for (const auto& [flag, path] : {std::make_pair("--json", cfg.json),
+                                   std::make_pair("--csv", cfg.csv)}) {
+    if (path.empty()) continue;
+    std::ofstream f(path, std::ios::app);
     if (!f) {
-      std::fprintf(stderr, "fna-bench: cannot open --json file %s for appending\n",
-                   cfg.json.c_str());
+      std::fprintf(stderr, "fna-bench: cannot open %s file %s for appending\n", flag, path.c_str());
       return 2;
     }
   }
@@ -473,7 +533,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     BenchConfig c = cfg;
     c.problem = p;
-    c.name = name;
+    c.name = cfg.name == "custom" ? name : cfg.name + "/" + name;  // --name prefixes the sweep's
     rc |= run_one(c);
   }
   return rc;
