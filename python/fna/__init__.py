@@ -5,11 +5,12 @@
 
 torch is optional: without it the NumPy path works; with it, the functions are autograd-enabled
 custom ops (``torch.ops.fna.*``) that ``torch.compile(fullgraph=True)`` traces, and the modules
-``NeighborhoodAttention1D/2D/3D`` are available. See docs/python.md.
+``NeighborhoodAttention1D/2D/3D`` are available. ``import fna`` does not import torch: fna's torch
+side loads with the first torch tensor it sees (see _compat). See docs/python.md.
 """
 
 from . import _C
-from ._compat import torch as _torch
+from . import _compat  # torch is imported lazily: see _compat
 from .functional import (
     na1d, na2d, na3d, na1d_qk, na2d_qk, na3d_qk, na1d_av, na2d_av, na3d_av,
     na_backward, na_qk_backward, na_av_backward,
@@ -38,7 +39,8 @@ def resolve_backend(backend=None, device="cpu"):
     ``"cuda"``, ``"cuda-naive"`` on ``"cpu"``) is a ValueError."""
     from . import _args
     backend = _args.backend_name(backend)
-    if _torch is not None and isinstance(device, _torch.device):
+    torch = _compat.torch_if_imported()  # a torch.device exists only once torch is imported
+    if torch is not None and isinstance(device, torch.device):
         kind = device.type
     elif isinstance(device, str):
         kind = device.split(":", 1)[0]
@@ -147,9 +149,10 @@ def version():
 
 
 def __getattr__(name):
-    # The modules need torch; import them on first use so `import fna` works without it.
+    # The modules need torch; import them on first use so `import fna` works without it (and
+    # does not import it).
     if name in _MODULES:
-        if _torch is None:
+        if _compat.load() is None:
             raise ImportError(f"fna.{name} needs torch, which is not installed")
         from . import modules
         return getattr(modules, name)

@@ -13,11 +13,7 @@ the CPU backends; for their gradients use :func:`na_backward`, :func:`na_qk_back
 
 import numpy as np
 
-from . import _args, _C
-from ._compat import torch
-
-if torch is not None:
-    from . import _torch_ops
+from . import _args, _C, _compat  # torch and _torch_ops: _compat.torch / .torch_ops, loaded lazily
 
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
@@ -28,7 +24,7 @@ __all__ = [
 # ---- framework selection -------------------------------------------------------------------------
 
 def _is_torch(x):
-    return torch is not None and isinstance(x, torch.Tensor)
+    return _compat.is_torch_tensor(x)  # loads fna's torch side the first time it is true
 
 
 def _framework(fn, named):
@@ -53,16 +49,14 @@ def _framework(fn, named):
     return kind
 
 
-_TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16) if torch is not None else ()
-
-
 def _check_torch_tensor(fn, name, t):
     """Before anything reads a torch tensor's shape: nested tensors (whose sizes torch refuses to
     give) and dtypes fna has no kernels for, named the way torch names them."""
     if t.is_nested:
         raise TypeError(f"{fn}: {name} is a nested tensor; fna does not support nested tensors "
                         "(pass a dense, padded tensor)")
-    if t.dtype not in _TORCH_DTYPES:
+    torch = _compat.torch
+    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         dt = str(t.dtype).replace("torch.", "")
         raise TypeError(f"{fn}: {name} has dtype {dt}; fna supports float32, float16 and "
                         f"bfloat16 ({dt} is unsupported)")
@@ -116,7 +110,7 @@ def _hopper(kind, query):
     """Whether torch CUDA tensors live on a compute capability 9.0 device (None: not CUDA)."""
     if kind != "torch" or query.device.type != "cuda":
         return None
-    return torch.cuda.get_device_capability(query.device) == (9, 0)
+    return _compat.torch.cuda.get_device_capability(query.device) == (9, 0)
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
@@ -148,10 +142,10 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     if kind == "torch":
         _check_devices(fn, backend, named)
         inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
-        if _torch_ops.check_autograd_mode(fn, inputs[:5]):  # vmap: through the custom op
-            out, lse = torch.ops.fna.na_forward(*inputs)
+        if _compat.torch_ops.check_autograd_mode(fn, inputs[:5]):  # vmap: through the custom op
+            out, lse = _compat.torch.ops.fna.na_forward(*inputs)
         else:
-            out, lse = _torch_ops.na_forward_call(*inputs)
+            out, lse = _compat.torch_ops.na_forward_call(*inputs)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
@@ -254,10 +248,10 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
                                _args.tuning_text(tuning))
     if kind == "torch":
         _check_devices(fn, backend, named)
-        _torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output))
-        grads = torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
-                                          additional_keys, additional_values, *sp, scale, backend,
-                                          *opts)
+        _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output))
+        grads = _compat.torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
+                                                  additional_keys, additional_values, *sp, scale,
+                                                  backend, *opts)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
@@ -279,8 +273,8 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        _torch_ops.check_autograd_mode(fn, (query, key, additional_keys))
-        return torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
+        _compat.torch_ops.check_autograd_mode(fn, (query, key, additional_keys))
+        return _compat.torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
     _numpy_backend(fn, backend)
     from . import _numpy
     return _numpy.qk(query, key, additional_keys, sp, backend)
@@ -298,8 +292,8 @@ def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additio
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        _torch_ops.check_autograd_mode(fn, (attn, value, additional_values))
-        return torch.ops.fna.na_av(attn, value, additional_values, *sp, backend)
+        _compat.torch_ops.check_autograd_mode(fn, (attn, value, additional_values))
+        return _compat.torch.ops.fna.na_av(attn, value, additional_values, *sp, backend)
     _numpy_backend(fn, backend)
     from . import _numpy
     return _numpy.av(attn, value, additional_values, sp, backend)
@@ -375,8 +369,8 @@ def na_qk_backward(d_attn, query, key, kernel_size, stride=1, dilation=1, is_cau
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        return tuple(torch.ops.fna.na_qk_backward(query, key, additional_keys, d_attn, *sp, -1.0,
-                                                  backend))
+        return tuple(_compat.torch.ops.fna.na_qk_backward(query, key, additional_keys, d_attn,
+                                                          *sp, -1.0, backend))
     _numpy_backend(fn, backend)
     from . import _numpy
     return tuple(_numpy.qk_backward(query, key, additional_keys, d_attn, sp, backend))
@@ -394,8 +388,8 @@ def na_av_backward(d_output, attn, value, kernel_size, stride=1, dilation=1, is_
     backend = _args.backend_name(backend)
     if kind == "torch":
         _check_devices(fn, backend, named)
-        return tuple(torch.ops.fna.na_av_backward(attn, value, additional_values, d_output, *sp,
-                                                  backend))
+        return tuple(_compat.torch.ops.fna.na_av_backward(attn, value, additional_values, d_output,
+                                                          *sp, backend))
     _numpy_backend(fn, backend)
     from . import _numpy
     return tuple(_numpy.av_backward(attn, value, additional_values, d_output, sp, backend))

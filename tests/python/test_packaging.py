@@ -1,8 +1,14 @@
-"""Packaging (issue 29): one version string, the typing marker and stub installed with the package."""
+"""Packaging (issue 29): one version string, the license metadata, the typing marker and stub
+installed with the package, and `import fna` without importing torch."""
 
 import ast
 import importlib.metadata
 import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 import fna
 from fna import _C
@@ -45,3 +51,59 @@ def test_stub_matches_extension():
             stubbed.add(node.target.id)
     defined = {n for n in dir(_C) if not n.startswith("_")}
     assert stubbed == defined, (sorted(defined - stubbed), sorted(stubbed - defined))
+
+
+def _run(code):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr
+
+
+def test_import_does_not_import_torch():
+    """`import fna` and the NumPy path leave torch unimported (it takes seconds)."""
+    _run("""
+        import sys
+        import numpy as np
+        import fna
+        assert "torch" not in sys.modules, "import fna imported torch"
+        q = np.random.default_rng(0).standard_normal((1, 6, 2, 4)).astype(np.float32)
+        fna.na1d(q, q, q, 3)
+        fna.na_backward(q, q, q, q, q, np.zeros((1, 6, 2), np.float32), 3)
+        fna.resolve_backend(None, "cpu")
+        fna.fused_configs(2, "bfloat16", 64)
+        assert "torch" not in sys.modules, "the NumPy path imported torch"
+        print("ok")
+    """)
+
+
+def test_torch_after_lazy_import():
+    """torch imported after fna: the first torch tensor loads fna's torch side (the custom ops),
+    eagerly and when the first call is inside torch.compile(fullgraph=True)."""
+    pytest.importorskip("torch")
+    _run("""
+        import fna
+        import torch
+        assert fna._compat.torch is None  # nothing loaded until a torch tensor is seen
+        q = torch.randn(1, 6, 6, 2, 8)
+        ref = torch.from_numpy(fna.na2d(q.numpy(), q.numpy(), q.numpy(), 3))
+        f = torch.compile(lambda a: fna.na2d(a, a, a, 3) * 2, backend="eager", fullgraph=True)
+        torch.testing.assert_close(f(q), ref * 2)
+        q.requires_grad_(True)
+        out = fna.na2d(q, q, q, 3)
+        torch.testing.assert_close(out.detach(), ref)
+        out.sum().backward()
+        assert q.grad.shape == q.shape
+        assert fna.resolve_backend(None, torch.device("cpu")) == "cpu"
+        assert fna.NeighborhoodAttention2D(16, 2, 3)(torch.randn(1, 6, 6, 16)).shape == (1, 6, 6, 16)
+        print("ok")
+    """)
+    _run("""
+        import torch
+        import fna
+        assert fna._compat.torch is torch  # torch imported first: the ops register at import fna
+        q = torch.randn(1, 6, 2, 8)
+        torch.testing.assert_close(fna.na1d(q, q, q, 3),
+                                   torch.from_numpy(fna.na1d(q.numpy(), q.numpy(), q.numpy(), 3)))
+        print("ok")
+    """)
