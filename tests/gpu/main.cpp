@@ -295,6 +295,14 @@ std::vector<Case> make_cases(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // No device at all: exit 77, which ctest (SKIP_RETURN_CODE) reports as skipped.
+  int device_count = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&device_count);
+  if (count_err != cudaSuccess || device_count == 0) {
+    std::printf("fna-gpu-test: no CUDA device visible: skipped (%s)\n",
+                count_err != cudaSuccess ? cudaGetErrorString(count_err) : "0 devices");
+    return 77;
+  }
   const Args args = parse(argc, argv);
   int passed = 0, failed = 0, unsupported = 0;
   if (!fna::cuda_available()) {
