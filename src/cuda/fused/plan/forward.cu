@@ -3,7 +3,6 @@
 // launch, a call through the plan's table row. The kernels are instantiated from the same table
 // (configs/forward.h) by the files CMake generates.
 #include <algorithm>
-#include <mutex>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -606,11 +605,6 @@ Status resolve_autotune(const Problem& p, const Options& opt, const FwdParams* c
 }
 
 }  // namespace
-
-void autotune_clear_all() {
-  autotune_clear_memory_cache();
-  AutotuneMemo::get().clear();
-}
 
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
   std::vector<std::string> names;

@@ -1,13 +1,21 @@
-// What the plans report of themselves outside a launch: the family names, and the record of the
-// last launches (core/launch_record.h) that the tests compare with fna::fused_plan.
+// What the plans report of themselves outside a launch: the family names, the record of the last
+// launches (core/launch_record.h) that the tests compare with fna::fused_plan, and the reset of
+// the autotuner's in-process choices.
 #include <mutex>
 #include <string>
 
+#include "core/autotune.h"
 #include "core/launch_record.h"
+#include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/plan.h"
 
 namespace fna {
 namespace detail {
+
+void autotune_clear_all() {
+  autotune_clear_memory_cache();
+  AutotuneMemo::get().clear();
+}
 
 namespace {
 std::mutex launch_mu;
