@@ -146,6 +146,9 @@ struct Tuning {
 // tma / cp_async, plain / warp_specialized, sm80 / sm90 / sm90ws, generic / avx2 / avx512,
 // rings / shared, integers, walk digits). An unknown key or value is invalid_argument, naming it.
 Status set_tuning(Tuning* t, const std::string& key, const std::string& value);
+// Sets the fields of "key=value,key=value" (tuning_string's form) through set_tuning; an entry
+// without '=' is invalid_argument naming it. Fields not named keep their values.
+Status parse_tuning(const std::string& text, Tuning* t);
 // The fields that differ from their defaults, as "key=value" joined by ","; "" for the defaults.
 std::string tuning_string(const Tuning& t);
 // Every key set_tuning accepts.

@@ -266,21 +266,11 @@ void num_additional(Call& c, const char* name, const std::optional<A>& a) {
   c.p.num_additional = static_cast<int64_t>(a->shape(1));
 }
 
-// Options::tuning from "key=value,key=value" (what the Python layer passes; each pair checked by
-// fna::set_tuning, which names the key and value it rejects).
+// Options::tuning from "key=value,key=value" (what the Python layer passes; fna::parse_tuning
+// names the entry, key or value it rejects).
 fna::Tuning parse_tuning(const std::string& text) {
   fna::Tuning t;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string pair = text.substr(at, end - at);
-    const size_t eq = pair.find('=');
-    if (eq == std::string::npos)
-      raise(PyExc_ValueError, "tuning entry '" + pair + "' is not key=value");
-    check(fna::set_tuning(&t, pair.substr(0, eq), pair.substr(eq + 1)));
-    at = end + 1;
-  }
+  check(fna::parse_tuning(text, &t));
   return t;
 }
 

@@ -150,6 +150,21 @@ Status set_tuning(Tuning* t, const std::string& key, const std::string& value) {
   return invalid("tuning key '" + key + "' is not one of " + join(tuning_keys()));
 }
 
+Status parse_tuning(const std::string& text, Tuning* t) {
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(at, end - at);
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos) return invalid("tuning entry '" + pair + "' is not key=value");
+    Status st = set_tuning(t, pair.substr(0, eq), pair.substr(eq + 1));
+    if (!st.ok()) return st;
+    at = end + 1;
+  }
+  return Status::Ok();
+}
+
 std::string tuning_string(const Tuning& t) {
   std::string s;
   for (const Field& f : fields()) {

@@ -117,18 +117,8 @@ Args parse(int argc, char** argv) {
     } else if (k == "--tuning") {
       // Options::tuning for the cuda-fused calls (K=V[,K=V..]); the configuration sweeps, which
       // name configurations, are skipped under it.
-      const std::string text = value();
-      size_t at = 0;
-      while (at < text.size()) {
-        size_t end = text.find(',', at);
-        if (end == std::string::npos) end = text.size();
-        const std::string pair = text.substr(at, end - at);
-        const size_t eq = pair.find('=');
-        if (eq == std::string::npos) usage(("--tuning entry " + pair + " is not key=value").c_str());
-        const fna::Status st = fna::set_tuning(&a.tuning, pair.substr(0, eq), pair.substr(eq + 1));
-        if (!st.ok()) usage(st.message.c_str());
-        at = end + 1;
-      }
+      const fna::Status st = fna::parse_tuning(value(), &a.tuning);
+      if (!st.ok()) usage(st.message.c_str());
       a.config_sweeps = false;
     } else if (k == "--intensity") {
       a.intensity = std::atoi(value().c_str());

@@ -232,22 +232,10 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
     } else if (f == "--tuning") {
       std::string text;
       if (!value(&text)) return false;
-      size_t at = 0;
-      while (at < text.size()) {
-        size_t end = text.find(',', at);
-        if (end == std::string::npos) end = text.size();
-        const std::string pair = text.substr(at, end - at);
-        const size_t eq = pair.find('=');
-        const fna::Status st = eq == std::string::npos
-                                   ? fna::Status{fna::Code::invalid_argument,
-                                                 "--tuning entry '" + pair + "' is not key=value"}
-                                   : fna::set_tuning(&cfg->tuning, pair.substr(0, eq),
-                                                     pair.substr(eq + 1));
-        if (!st.ok()) {
-          *err = st.message;
-          return false;
-        }
-        at = end + 1;
+      const fna::Status st = fna::parse_tuning(text, &cfg->tuning);
+      if (!st.ok()) {
+        *err = st.message;
+        return false;
       }
     } else if (f == "--allow-tf32") {
       cfg->allow_tf32 = true;
