@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/autotune.h"
 #include "core/backends.h"
 #include "core/validate.h"
 #include "fna/fna.h"
@@ -15,13 +16,7 @@ using detail::TensorCheck;
 // Whether Options::tuning asks anything of the fused kernels beyond how to pick among them (the
 // autotuner's mode, cache and budget): then `auto` must not fall back to the naive kernels,
 // which would ignore it.
-bool tuning_binds_fused(const Tuning& t) {
-  Tuning rest = t;
-  rest.mode = TuningMode::heuristic;
-  rest.autotune_cache_dir.clear();
-  rest.autotune_budget_ms = 0;
-  return !tuning_string(rest).empty();
-}
+bool tuning_binds_fused(const Tuning& t) { return !tuning_string(detail::kernel_tuning(t)).empty(); }
 
 TensorCheck make(const char* name, const TensorRef& ref, const Problem& p, int role_heads,
                  int64_t dim, bool output, bool required, int64_t elem) {

@@ -69,6 +69,9 @@ Status autotune(const AutotuneRequest& req, AutotuneResult* out);
 
 // Clears the in-memory cache (tests).
 void autotune_clear_memory_cache();
+// `t` without the autotuner's own fields (mode, cache directory, budget): the choices it makes of
+// the kernels, for signatures and for whether a call binds the fused backend.
+Tuning kernel_tuning(const Tuning& t);
 // The same and the fused backend's per-process memo of choices (defined with cuda-fused).
 void autotune_clear_all();
 

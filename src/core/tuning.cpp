@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/autotune.h"
 #include "core/validate.h"
 #include "fna/fna.h"
 
@@ -175,6 +176,14 @@ std::string tuning_string(const Tuning& t) {
 }
 
 namespace detail {
+
+Tuning kernel_tuning(const Tuning& t) {
+  Tuning rest = t;
+  rest.mode = TuningMode::heuristic;
+  rest.autotune_cache_dir.clear();
+  rest.autotune_budget_ms = 0;
+  return rest;
+}
 
 // Every non-default field must concern the backend that runs the call, hold a known value, and
 // (walks) name each of the problem's axes once; the unfused operators take none (no field

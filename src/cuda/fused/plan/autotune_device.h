@@ -45,10 +45,7 @@ inline std::string autotune_device_key(int device) {
 // field and option that changes what can run or how fast (the tuning fields other than the
 // autotuner's own).
 inline std::string autotune_signature(const char* dir, const Problem& p, const Options& opt) {
-  Tuning rest = opt.tuning;
-  rest.mode = TuningMode::heuristic;
-  rest.autotune_cache_dir.clear();
-  rest.autotune_budget_ms = 0;
+  const Tuning rest = kernel_tuning(opt.tuning);
   std::string s = std::string(dir) + "|" + autotune_device_key(opt.device_index) + "|" +
                   dtype_name(p.dtype) + (opt.allow_tf32 ? "+tf32" : "") +
                   (opt.deterministic ? "|det" : "") + "|b" + std::to_string(p.batch) + "|h" +
