@@ -4,6 +4,7 @@ installed with the package, and `import fna` without importing torch."""
 import ast
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,18 +15,49 @@ import fna
 from fna import _C
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _installed():
+    """The installed distribution `fna` was imported from, or None when it runs from a source
+    tree (PYTHONPATH=python, as the GPU script does) with no metadata of its own."""
+    try:
+        dist = importlib.metadata.distribution("fna")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    here = os.path.realpath(fna.__file__)
+    for f in dist.files or ():
+        if str(f).endswith("fna/__init__.py") and os.path.realpath(str(f.locate())) == here:
+            return dist
+    return None
+
+
+def _cmake_version():
+    with open(os.path.join(_ROOT, "CMakeLists.txt")) as f:
+        return re.search(r"project\(fna\s+VERSION\s+([0-9]+\.[0-9]+\.[0-9]+)", f.read()).group(1)
+
+
 def test_one_version():
     """CMakeLists.txt's project(fna VERSION ...) is the only place the version is written: the
-    package metadata (pyproject reads it), fna.__version__ and the C++ fna::version() agree."""
-    assert importlib.metadata.version("fna") == fna.__version__ == fna.version() == _C.version()
+    package metadata (pyproject reads it) of an installed copy, or CMakeLists.txt itself when fna
+    runs from the source tree, fna.__version__ and the C++ fna::version() agree."""
+    dist = _installed()
+    written = dist.version if dist is not None else _cmake_version()
+    assert written == fna.__version__ == fna.version() == _C.version()
     parts = fna.__version__.split(".")
     assert len(parts) == 3 and all(p.isdigit() for p in parts), fna.__version__
 
 
 def test_license_metadata():
-    meta = importlib.metadata.metadata("fna")
-    assert meta["License-Expression"] == "MIT"
-    files = [str(f) for f in importlib.metadata.distribution("fna").files or ()]
+    dist = _installed()
+    if dist is None:  # from the source tree: what the metadata will be built from
+        with open(os.path.join(_ROOT, "pyproject.toml")) as f:
+            assert re.search(r'^license = "MIT"$', f.read(), re.M)
+        with open(os.path.join(_ROOT, "LICENSE")) as f:
+            assert "MIT License" in f.read()
+        return
+    assert dist.metadata["License-Expression"] == "MIT"
+    files = [str(f) for f in dist.files or ()]
     assert any(f.endswith("licenses/LICENSE") for f in files), files
 
 

@@ -41,14 +41,18 @@ fi
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 
 # One cuda-fused part of the GPU suite (`fwd` / `bwd`) under Options::tuning K=V[,K=V..] (and any
-# further suite flags), logged to $OUT/LOG.log:  suite FILTER LOG TUNING [FLAGS...]
+# further suite flags), appended to $OUT/gpu_test_variants.log under a header naming LOG (the
+# device tool brings back only a few files):  suite FILTER LOG TUNING [FLAGS...]
 suite() {
   local filter=$1 log=$2 tuning=$3
   shift 3
+  echo "==== $log: --filter $filter --tuning '$tuning' $*" >> "$OUT/gpu_test_variants.log"
   ./build/gpu/fna-gpu-test --backend cuda-fused --filter "$filter" --tuning "$tuning" "$@" \
-    > "$OUT/$log.log" 2>&1
+    > "$OUT/.suite.log" 2>&1
   local rc=$?
-  summary+=("gpu-test $filter $tuning $*: rc=$rc $(tail -1 "$OUT/$log.log")")
+  cat "$OUT/.suite.log" >> "$OUT/gpu_test_variants.log"
+  summary+=("gpu-test $filter $tuning $*: rc=$rc $(tail -1 "$OUT/.suite.log")")
+  rm -f "$OUT/.suite.log"
 }
 
 for s in "${steps[@]}"; do
