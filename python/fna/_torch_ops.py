@@ -17,20 +17,23 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.dlpack import to_dlpack
 
 from . import _C
 
 
-# The tensors go to the extension as DLPack capsules from torch's C export: Tensor.__dlpack__
-# wraps it in Python-level checks (gradient, conjugate bit, layout, the current CUDA device) that
-# cost more than the export itself, and none of them applies here: the arrays are detached, the
-# extension takes real dtypes only and reads the device from each capsule (setting it around the
-# call). The raw current stream comes the same way, without a torch.cuda.Stream object.
+# The tensors go to the extension as DLPack capsules from torch's public exporter,
+# torch.utils.dlpack.to_dlpack (no torch-internal name is used for the data). Not
+# Tensor.__dlpack__: it wraps the same export in Python-level checks (gradient, conjugate bit,
+# layout, the current CUDA device) that cost more than the export itself and none of which
+# applies here: the arrays are detached, the extension takes real dtypes only and reads the device
+# from each capsule (setting it around the call). The raw current stream comes without a
+# torch.cuda.Stream object where torch has the getter.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent without CUDA
 
 
 def _export(t):
-    return torch._C._to_dlpack(t.detach())  # the op's inputs are never differentiated here
+    return to_dlpack(t.detach())  # the op's inputs are never differentiated here
 
 
 def _stream_of(device):

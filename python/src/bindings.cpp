@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -470,6 +471,10 @@ fna::DType dtype_arg(const std::string& name) {
 
 }  // namespace
 
+// The fna-bench CLI (tools/bench), linked into the extension so that the installed `fna-bench`
+// command (fna._bench) needs no second copy of the kernels.
+int fna_bench_main(int argc, char** argv);
+
 NB_MODULE(_C, m) {
   m.doc() = "fna: neighborhood attention (C++ core). Use the functions of the `fna` package.";
 
@@ -631,5 +636,21 @@ NB_MODULE(_C, m) {
     return d;
   }, "What the last cuda-fused launches ran (for tests: the plan is what runs).");
   m.def("version", [] { return std::string(fna::version()); });
+  m.def(
+      "bench_main",
+      [](std::vector<std::string> args) {
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        int rc;
+        {
+          nb::gil_scoped_release release;
+          rc = fna_bench_main(static_cast<int>(args.size()), argv.data());
+        }
+        std::fflush(stdout);
+        std::fflush(stderr);
+        return rc;
+      },
+      nb::arg("argv"), "Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code.");
   m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
 }

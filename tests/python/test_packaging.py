@@ -139,3 +139,33 @@ def test_torch_after_lazy_import():
                                    torch.from_numpy(fna.na1d(q.numpy(), q.numpy(), q.numpy(), 3)))
         print("ok")
     """)
+
+
+def test_installed_copy_when_asked():
+    """`make wheel-test` sets FNA_TEST_INSTALLED=1: the tests must then run against the wheel's
+    installed copy, never the source tree."""
+    if os.environ.get("FNA_TEST_INSTALLED") != "1":
+        pytest.skip("not a wheel test run (FNA_TEST_INSTALLED unset)")
+    dist = _installed()
+    assert dist is not None, f"fna was imported from {fna.__file__}, not an installed distribution"
+    assert not os.path.realpath(fna.__file__).startswith(os.path.join(_ROOT, "python") + os.sep)
+
+
+def test_bench_through_extension():
+    """The installed `fna-bench` command runs the C++ CLI through the extension (fna._bench):
+    a real run on a small CPU problem, its exit code and its table."""
+    res = subprocess.run(
+        [sys.executable, "-m", "fna._bench", "--device", "cpu", "--shape", "10x9", "--kernel", "3",
+         "--repeats", "1", "--backend", "cpu", "--dim", "8"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "shape=10x9" in res.stdout and "\ncpu " in res.stdout, res.stdout
+    bad = subprocess.run([sys.executable, "-m", "fna._bench", "--shape", "0x9"], capture_output=True,
+                         text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert bad.returncode == 2 and "fna-bench:" in bad.stderr, bad.stdout + bad.stderr
+    dist = _installed()
+    if dist is not None:  # the console script beside the interpreter
+        script = os.path.join(os.path.dirname(sys.executable), "fna-bench")
+        assert os.path.isfile(script), script

@@ -490,7 +490,9 @@ std::vector<std::pair<std::string, fna::Problem>> sweep_problems(const BenchConf
 }  // namespace
 }  // namespace fna_bench
 
-int main(int argc, char** argv) {
+// The whole CLI; the executable's main (cli.cpp) and the Python extension's fna-bench entry point
+// (fna._C.bench_main) both call it, so a wheel carries the kernels once.
+int fna_bench_main(int argc, char** argv) {
   using namespace fna_bench;
   BenchConfig cfg;
   std::string err;
