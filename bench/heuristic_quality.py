@@ -79,10 +79,10 @@ def run(p, args):
                kernel="x".join(map(str, p["ks"])), dil="x".join(map(str, p["dil"])),
                causal="".join("1" if c else "0" for c in p["causal"]), dtype=dt,
                heuristic=plan["config"], backward_heuristic=plan["backward_config"])
-    fwd = {}
+    fwd, plans = {}, {}
     for name in fna.fused_configs(rank, dt, p["D"]):
         try:
-            fna.fused_plan(qshape, dtype=dt, config=name, **kw)
+            plans[name] = fna.fused_plan(qshape, dtype=dt, config=name, **kw)
         except (ValueError, NotImplementedError):
             continue
         fwd[name] = timed(lambda: na(q, k, v, backend="cuda-fused", config=name, **kw),
@@ -93,6 +93,13 @@ def run(p, args):
     best = min(fwd, key=fwd.get)
     row.update(fwd_ms=fwd[plan["config"]], fwd_best=best, fwd_best_ms=fwd[best],
                fwd_ratio=fwd[plan["config"]] / fwd[best], fwd_candidates=len(fwd))
+    # Every candidate's time and plan (its tiles, grid and tiling statistics), for fitting the
+    # plan's cost model offline.
+    keep = ("family", "q_tile", "kv_tile", "warps", "grid", "smem", "visited_tiles",
+            "unmasked_fraction", "needed_fraction", "persistent", "spread", "wg_skip", "copy")
+    row.update(B=p["B"], H=p["H"], fwd_all=fwd,
+               fwd_plans={n: {k: plans[n].get(k) for k in keep} for n in plans},
+               heuristic_plan={k: plan.get(k) for k in keep})
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     go = torch.randn_like(q)
 
