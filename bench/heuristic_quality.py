@@ -21,18 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
-from gpu_bench import PROBLEMS, timed  # noqa: E402
+from gpu_bench import PROBLEMS, SMALL, timed  # noqa: E402
 
-SMALL = {
-    # name: (B, H, shape, D, kernel, dilation)
-    "nat-t": (32, 3, (56, 56), 32, (7, 7), (1, 1)),
-    "dinat-t": (32, 3, (56, 56), 32, (7, 7), (8, 8)),
-    "nat-late": (32, 12, (14, 14), 32, (7, 7), (1, 1)),
-    "2d-k3": (1, 16, (256, 256), 128, (3, 3), (1, 1)),
-    "2d-k7": (1, 16, (256, 256), 128, (7, 7), (1, 1)),
-    "3d-small": (2, 8, (16, 32, 32), 64, (3, 7, 7), (1, 1, 1)),
-    "1d-small": (8, 16, (8192,), 64, (65,), (1,)),
-}
 
 
 def problems(n_random, seed):

@@ -17,7 +17,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
-[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+# NEED_GTEST=0 (make wheel): no C++ tests are built, GoogleTest is not needed.
+[ "${NEED_GTEST:-1}" = 0 ] || [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 if [ ! -x "$VENV/bin/python" ] && ! "$BASE" -c "import ensurepip" >/dev/null 2>&1; then
   need_apt+=("python3-venv")
 fi

@@ -136,6 +136,48 @@ for s in "${steps[@]}"; do
       python3 bench/heuristic_quality.py --json "$OUT/heuristic.json" ${HQ_ARGS:-} 2>&1 \
         | tee "$OUT/heuristic.md" | tail -70
       summary+=("heuristic: rc=${PIPESTATUS[0]} $(grep -E '^(fwd|fb)_ratio' "$OUT/heuristic.md" | tr '\n' ' ') ($(( $(date +%s) - t0 ))s)") ;;
+    wheel)
+      # The release wheel with its CUDA fatbinary (make wheel: sm_80, 86, 89, 90a + PTX), built in
+      # a venv whose build tools come from wheels carried in build/carry (the machine has no
+      # network), then installed into a fresh venv: import without the CUDA toolkit's runtime on
+      # the library path and without torch, a CUDA call through torch, and the Python tests
+      # against the installed copy.
+      wv=/tmp/fna-wheel-venv
+      rm -rf "$wv" dist && python3 -m venv --system-site-packages "$wv" \
+        && "$wv/bin/pip" install -q --no-index --no-deps build/carry/*.whl > "$OUT/wheel.log" 2>&1
+      make wheel PYTHON=python3 VENV="$wv" JOBS=16 >> "$OUT/wheel.log" 2>&1
+      rc=$?
+      whl=$(ls dist/fna-*manylinux*.whl 2>/dev/null | head -1)
+      echo "wheel: rc=$rc $whl $(du -k "$whl" 2>/dev/null | cut -f1) KiB" | tee -a "$OUT/wheel.log"
+      if [ -n "$whl" ]; then
+        sv=/tmp/fna-smoke && rm -rf "$sv" && python3 -m venv --system-site-packages "$sv" \
+          && "$sv/bin/pip" install -q --no-index --no-deps "$whl" >> "$OUT/wheel.log" 2>&1
+        ( cd /tmp && env -u LD_LIBRARY_PATH -u PYTHONPATH "$sv/bin/python" -c "
+import sys; sys.modules['torch'] = None  # no torch
+import numpy as np, fna, os, subprocess
+so = [f for f in os.listdir(os.path.dirname(fna.__file__)) if f.startswith('_C')][0]
+deps = subprocess.run(['ldd', os.path.join(os.path.dirname(fna.__file__), so)], capture_output=True, text=True).stdout
+assert 'cudart' not in deps, deps
+assert fna.backend_compiled('cuda-fused') and fna.cuda_available(), 'no CUDA in the wheel / device'
+q = np.random.default_rng(0).standard_normal((1, 12, 12, 2, 16)).astype(np.float32)
+fna.na2d(q, q, q, 5)
+print('smoke (no torch, no libcudart on the path): ok', fna.__file__, so)
+" && env -u PYTHONPATH "$sv/bin/python" -c "
+import torch, fna
+q = torch.randn(2, 40, 40, 4, 64, device='cuda', dtype=torch.bfloat16)
+o = fna.na2d(q, q, q, 7, backend='cuda-fused')
+r = fna.na2d(q.float().cpu(), q.float().cpu(), q.float().cpu(), 7, backend='cpu')
+err = (o.float().cpu() - r).abs().max().item()
+assert err < 3e-2, err
+print('smoke (torch', torch.__version__, 'cuda-fused vs cpu): ok, max err', err)
+" ) >> "$OUT/wheel.log" 2>&1
+        rc=$((rc | $?))
+        ( cd tests/python && env -u PYTHONPATH FNA_TEST_INSTALLED=1 "$sv/bin/python" -m pytest -q -x . ) \
+          > "$OUT/wheel_pytest.log" 2>&1
+        rc=$((rc | $?))
+      fi
+      tail -4 "$OUT/wheel.log"
+      summary+=("wheel: rc=$rc $(grep '^wheel:' "$OUT/wheel.log" | tail -1 | cut -d' ' -f3-) $(grep -c ': ok' "$OUT/wheel.log")/2 smoke ok; installed pytest: $(tail -1 "$OUT/wheel_pytest.log") ($(( $(date +%s) - t0 ))s)") ;;
     cli)
       ./build/gpu/fna-bench --device cuda ${CLI_ARGS:-} 2>&1 | tee "$OUT/cli.log" | tail -20
       summary+=("cli: rc=${PIPESTATUS[0]}") ;;
