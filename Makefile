@@ -66,7 +66,7 @@ wheel:
 	rm -rf build/wheel dist/raw && mkdir -p dist
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
 	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel
-	$(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
 	@ls -l dist/fna-*manylinux*.whl
 
 # The wheel in a fresh virtual environment (torch, numpy and pytest from the base interpreter's
