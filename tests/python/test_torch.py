@@ -315,14 +315,23 @@ def test_heads_first_views():
     check_close(np64(out), np64(ref), what="heads-first view vs contiguous")
 
 
-def test_lse_only_backward():
-    """With only LSE used downstream, the (non-differentiable) LSE gives no gradient path: the
-    output's gradient is zero and backward raises nothing."""
+def test_lse_detached_and_summed_backward():
+    """A detached LSE adds nothing to the gradient (that of the output alone); lse.sum() hands the
+    op an expanded (all strides 0) LSE gradient, which gives the gradient of a dense one."""
     rng = np.random.default_rng(seed_of("lse-only"))
-    q = torch.from_numpy(rng.standard_normal((1, 7, 2, 4)).astype(np.float32)).requires_grad_()
+    x = torch.from_numpy(rng.standard_normal((1, 7, 2, 4)).astype(np.float32))
+    q = x.clone().requires_grad_()
     out, lse = fna.na1d(q, q, q, 3, return_lse=True)
     (out.sum() + lse.detach().sum()).backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    q2 = x.clone().requires_grad_()
+    fna.na1d(q2, q2, q2, 3).sum().backward()
+    check_close(np64(q.grad), np64(q2.grad), what="detached LSE adds nothing")
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fna.na1d(a, a, a, 3, return_lse=True)[1].sum().backward()
+    lse_b = fna.na1d(b, b, b, 3, return_lse=True)[1]
+    lse_b.backward(torch.ones_like(lse_b).contiguous())
+    assert torch.isfinite(a.grad).all() and float(a.grad.abs().max()) > 0
+    check_close(np64(a.grad), np64(b.grad), what="expanded vs dense LSE gradient")
 
 
 def test_broadcast_gradient():
