@@ -68,7 +68,7 @@ struct Problem {
 //   K, dK:          [B, L_0 .. L_{r-1}, H_kv, D  ]
 //   V, dV:          [B, L_0 .. L_{r-1}, H_kv, D_v]
 //   O, dO:          [B, L_0 .. L_{r-1}, H,    D_v]
-//   LSE:            [B, L_0 .. L_{r-1}, H]          (rank + 2 dims, float32)
+//   LSE, d_LSE:     [B, L_0 .. L_{r-1}, H]          (rank + 2 dims, float32)
 //   attn (unfused): [B, L_0 .. L_{r-1}, H, W + N_add]  (rank + 3 dims)
 //   additional K:   [B, N_add, H_kv, D  ]           (4 dims)
 //   additional V:   [B, N_add, H_kv, D_v]           (4 dims)
@@ -183,6 +183,11 @@ struct ForwardArgs {
 struct BackwardArgs {
   TensorRef q, k, v, o, d_o;
   TensorRef lse;                 // required: produced by forward
+  // Optional input [B, L.., H], float32 like lse: the gradient that flows into the forward's LSE
+  // (a loss that uses it, e.g. through attention merging). Null = zero. Since d LSE_i / d s_ij =
+  // P_ij for the scaled logits s_ij, it adds P_ij * d_lse_i to every dS_ij: every backend runs
+  // dS = P (dP - (rowsum(dO * O) - d_lse)).
+  TensorRef d_lse;
   TensorRef dq, dk, dv;          // outputs (overwritten, not accumulated)
   TensorRef add_k, add_v;        // required iff problem.num_additional > 0
   TensorRef d_add_k, d_add_v;    // outputs, required iff problem.num_additional > 0

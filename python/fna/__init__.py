@@ -15,6 +15,7 @@ from .functional import (
     na1d, na2d, na3d, na1d_qk, na2d_qk, na3d_qk, na1d_av, na2d_av, na3d_av,
     na_backward, na_qk_backward, na_av_backward,
 )
+from ._merge import merge_attentions
 
 __version__ = _C.version()
 
@@ -161,7 +162,8 @@ def __getattr__(name):
 
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
-    "na_backward", "na_qk_backward", "na_av_backward", "backend_compiled", "cuda_available",
+    "na_backward", "na_qk_backward", "na_av_backward", "merge_attentions", "backend_compiled",
+    "cuda_available",
     "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "tuning_keys",
     "set_default_tuning", "autotune_cache_dir",
     "version", "BACKENDS", *_MODULES,

@@ -27,11 +27,11 @@ def forward(q, k, v, add_k, add_v, sp, scale, backend, opts):
     return out, lse
 
 
-def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts):
+def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts, d_lse=None):
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     d_add_k = None if add_k is None else np.empty_like(add_k)
     d_add_v = None if add_v is None else np.empty_like(add_v)
-    _C.backward(q, k, v, o, d_o, lse, dq, dk, dv, add_k, add_v, d_add_k, d_add_v,
+    _C.backward(q, k, v, o, d_o, lse, dq, dk, dv, add_k, add_v, d_add_k, d_add_v, d_lse,
                 **_kw(sp, backend, scale, opts))
     return [dq, dk, dv] + ([] if add_k is None else [d_add_k, d_add_v])
 

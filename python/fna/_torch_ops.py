@@ -7,7 +7,8 @@ breaks. Parameters travel as lists of ints / bools, a float scale and a backend 
 
 Ops (namespace ``fna``):
   na_forward(q, k, v, add_k?, add_v?, ...) -> (out, lse)
-  na_backward(q, k, v, out, lse, d_out, add_k?, add_v?, ...) -> [dq, dk, dv(, d_add_k, d_add_v)]
+  na_backward(q, k, v, out, lse, d_out, d_lse?, add_k?, add_v?, ...)
+      -> [dq, dk, dv(, d_add_k, d_add_v)]      (d_lse: the gradient into lse; None = zero)
   na_qk(q, k, add_k?, ...) -> attn                 na_qk_backward(...) -> [dq, dk(, d_add_k)]
   na_av(attn, v, add_v?, ...) -> out               na_av_backward(...) -> [d_attn, dv(, d_add_v)]
 """
@@ -142,32 +143,32 @@ def _(query, key, value, additional_keys, additional_values, kernel_size, stride
 
 @torch.library.custom_op("fna::na_backward", mutates_args=())
 def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: Tensor,
-                d_output: Tensor, additional_keys: Optional[Tensor],
+                d_output: Tensor, d_lse: Optional[Tensor], additional_keys: Optional[Tensor],
                 additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                 dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                 config: str, deterministic: bool, allow_tf32: bool,
                 backward_config: str, tuning: str) -> List[Tensor]:
-    return _backward_impl(query, key, value, output, lse, d_output, additional_keys,
+    return _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                           additional_values, kernel_size, stride, dilation, is_causal, scale,
                           backend, config, deterministic, allow_tf32, backward_config, tuning)
 
 
-def _backward_impl(query, key, value, output, lse, d_output, additional_keys, additional_values,
-                   kernel_size, stride, dilation, is_causal, scale, backend, config,
-                   deterministic, allow_tf32, backward_config, tuning):
+def _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
+                   additional_values, kernel_size, stride, dilation, is_causal, scale, backend,
+                   config, deterministic, allow_tf32, backward_config, tuning):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     add = [] if additional_keys is None else [torch.empty_like(additional_keys),
                                               torch.empty_like(additional_values)]
     _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
-          additional_keys, additional_values, *(add or [None, None]),
+          additional_keys, additional_values, *(add or [None, None]), d_lse,
           sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale,
           opts=(config, deterministic, allow_tf32, backward_config, tuning))
     return grads + add
 
 
 @na_backward.register_fake
-def _(query, key, value, output, lse, d_output, additional_keys, additional_values, kernel_size,
-      stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
+def _(query, key, value, output, lse, d_output, d_lse, additional_keys, additional_values,
+      kernel_size, stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
       backward_config, tuning):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
@@ -182,11 +183,12 @@ def _na_setup(ctx, inputs, output):
     ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend,
                   config, deterministic, allow_tf32, backward_config, tuning)
-    # LSE is an auxiliary output: the C++ backward has no term for a gradient flowing into it.
-    ctx.mark_non_differentiable(lse)
+    # Both outputs are differentiable: a gradient into the LSE goes to the backward as d_lse.
+    # Unused outputs arrive as None (not zeros), so a loss on the output alone passes no d_lse.
+    ctx.set_materialize_grads(False)
 
 
-def _na_grads(ctx, d_out, backward):
+def _na_grads(ctx, d_out, d_lse, backward):
     query, key, value, out, lse, add_k, add_v = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
@@ -194,14 +196,14 @@ def _na_grads(ctx, d_out, backward):
         # e.g. out.sum().backward() hands an expanded (all-zero-stride) gradient; the fused
         # backward reads rows with unit stride on the head dim, so materialize it once.
         d_out = d_out.contiguous()
-    grads = backward(query, key, value, out, lse, d_out, add_k, add_v, *ctx.params)
+    grads = backward(query, key, value, out, lse, d_out, d_lse, add_k, add_v, *ctx.params)
     d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
     return (grads[0], grads[1], grads[2]) + d_add + (None,) * 11
 
 
 def _na_backward(ctx, d_out, d_lse):
     _no_double_backward("na*d")
-    return _na_grads(ctx, d_out, torch.ops.fna.na_backward)
+    return _na_grads(ctx, d_out, d_lse, torch.ops.fna.na_backward)
 
 
 na_forward.register_autograd(_na_backward, setup_context=_na_setup)
@@ -224,7 +226,7 @@ class _NaEager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, d_lse):
         _no_double_backward("na*d")
-        return _na_grads(ctx, d_out, _backward_impl)
+        return _na_grads(ctx, d_out, d_lse, _backward_impl)
 
 
 def na_forward_call(*inputs):

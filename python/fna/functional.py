@@ -31,7 +31,7 @@ def _framework(fn, named):
     """'torch' or 'numpy' for the arrays in `named` (name -> array or None); mixing is an error."""
     kind, first = None, None
     for name, t in named:
-        if t is None and name.startswith("additional"):
+        if t is None and (name.startswith("additional") or name == "d_lse"):  # optional arrays
             continue
         if _is_torch(t):
             k = "torch"
@@ -179,7 +179,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     attends to (one softmax with the neighborhood).
     backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused".
     Returns ``[B, X, Y, H, D_v]``, or ``(output, lse)`` with ``lse [B, X, Y, H]`` float32 (natural
-    log of the softmax denominator; not differentiable) when ``return_lse``.
+    log of the softmax denominator, scale applied) when ``return_lse``; with torch, both are
+    differentiable (a loss may use the LSE, e.g. through :func:`fna.merge_attentions`).
     config: name of a ``cuda-fused`` forward tile configuration (see :func:`fna.fused_configs`)
     instead of the heuristic's choice; an error on any other backend (no silent fallback).
     deterministic: the backward accumulates in a fixed order (bitwise reproducible; on the CPU
@@ -223,19 +224,20 @@ def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
                 backend=None, config=None, deterministic=False, allow_tf32=None,
-                backward_config=None, tuning=None):
+                backward_config=None, tuning=None, d_lse=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
-    parameters and additional keys/values). Returns ``(d_query, d_key, d_value)``, plus
-    ``(d_additional_keys, d_additional_values)`` when additional keys/values are given.
-    Works for NumPy arrays and torch tensors. config / deterministic / allow_tf32 /
-    backward_config / tuning: see :func:`na2d`.
+    parameters and additional keys/values). ``d_lse`` (optional, float32, the shape of ``lse``;
+    None = zero) is the gradient of the loss with respect to ``lse``. Returns
+    ``(d_query, d_key, d_value)``, plus ``(d_additional_keys, d_additional_values)`` when
+    additional keys/values are given. Works for NumPy arrays and torch tensors. config /
+    deterministic / allow_tf32 / backward_config / tuning: see :func:`na2d`.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
              ("output", output), ("lse", lse), ("additional_keys", additional_keys),
-             ("additional_values", additional_values)]
+             ("additional_values", additional_values), ("d_lse", d_lse)]
     kind = _framework(fn, named)
     rank = query.ndim - 3
     if rank not in (1, 2, 3):
@@ -248,15 +250,16 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
                                _args.tuning_text(tuning))
     if kind == "torch":
         _check_devices(fn, backend, named)
-        _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output))
-        grads = _compat.torch.ops.fna.na_backward(query, key, value, output, lse, d_output,
+        _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output,
+                                                   d_lse))
+        grads = _compat.torch.ops.fna.na_backward(query, key, value, output, lse, d_output, d_lse,
                                                   additional_keys, additional_values, *sp, scale,
                                                   backend, *opts)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
         grads = _numpy.backward(query, key, value, output, lse, d_output, additional_keys,
-                                additional_values, sp, scale, backend, opts)
+                                additional_values, sp, scale, backend, opts, d_lse)
     return tuple(grads)
 
 

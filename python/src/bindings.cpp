@@ -339,7 +339,8 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
 
 void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o, const In& lse,
               const Out& dq, const Out& dk, const Out& dv, const OptIn& add_k, const OptIn& add_v,
-              const OptOut& d_add_k, const OptOut& d_add_v, FNA_OPTION_PARAMS) {
+              const OptOut& d_add_k, const OptOut& d_add_v, const OptIn& d_lse,
+              FNA_OPTION_PARAMS) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
   kv_dims(c, "value", v, &c.p.dim_v);
@@ -358,6 +359,7 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
   a.o = c.ref("output", o, c.q(c.p.dim_v));
   a.d_o = c.ref("d_output", d_o, c.q(c.p.dim_v));
   a.lse = c.ref("lse", lse, c.lse(), true);
+  a.d_lse = c.opt_ref("d_lse", d_lse, c.lse(), true);
   a.dq = c.ref("d_query", dq, c.q(c.p.dim));
   a.dk = c.ref("d_key", dk, c.kv(c.p.dim));
   a.dv = c.ref("d_value", dv, c.kv(c.p.dim_v));
@@ -488,8 +490,10 @@ NB_MODULE(_C, m) {
         nb::arg("d_key"), nb::arg("d_value"), nb::arg("additional_keys").none() = nb::none(),
         nb::arg("additional_values").none() = nb::none(),
         nb::arg("d_additional_keys").none() = nb::none(),
-        nb::arg("d_additional_values").none() = nb::none(), FNA_OPTION_ARGS,
-        "Fused NA backward into preallocated gradients (overwritten, not accumulated).");
+        nb::arg("d_additional_values").none() = nb::none(), nb::arg("d_lse").none() = nb::none(),
+        FNA_OPTION_ARGS,
+        "Fused NA backward into preallocated gradients (overwritten, not accumulated); `d_lse` "
+        "(float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE.");
   m.def("qk_forward", &qk_forward, nb::arg("query"), nb::arg("key"), nb::arg("attn"),
         nb::arg("additional_keys").none() = nb::none(), FNA_OPTION_ARGS,
         "Unfused logits over the neighborhood (+ additional keys) into `attn`.");

@@ -113,6 +113,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       make("output", a.o, p, 0, p.dim_v, false, true, e),
       make("d_output", a.d_o, p, 0, p.dim_v, false, true, e),
       make_lse("lse", a.lse, p, false, true),
+      make_lse("d_lse", a.d_lse, p, false, false),
       make("d_query", a.dq, p, 0, p.dim, true, true, e),
       make("d_key", a.dk, p, 1, p.dim, true, true, e),
       make("d_value", a.dv, p, 1, p.dim_v, true, true, e),

@@ -11,11 +11,13 @@ namespace cpu {
 using namespace driver;
 
 // Head gi of the KV group of tile ts.tg: points b's Q, dO, O, dQ at the caller's float32 rows or
-// at ts's buffers (Q, dO, O loaded). Returns whether dQ is written in place (else the caller
-// stores ts's buffer). (The LSE is not read: the kernels recompute each row's statistics,
+// at ts's buffers (Q, dO, O loaded), and b's d_lse at the rows' LSE gradients (gathered; null
+// when d_lse is absent). Returns whether dQ is written in place (else the caller stores ts's
+// buffer). (The LSE is not read: the kernels recompute each row's statistics,
 // kernels_impl.h: backward_finish.)
 static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o, const Strided& o,
-                          const Strided& dq, TileScratch& ts, int64_t gi, int D, int Dv, BackwardTile* b) {
+                          const Strided& dq, const Strided& d_lse, TileScratch& ts, int64_t gi, int D,
+                          int Dv, BackwardTile* b) {
   const TileGeom& tg = ts.tg;
   const int T = tg.s.T, Dp = tg.s.Dp, Dvp = tg.s.Dvp;
   const int64_t h = tg.hk * plan.group + gi;
@@ -35,8 +37,11 @@ static bool backward_rows(const Plan& plan, const Strided& q, const Strided& d_o
   if (!dod) b->do_pitch = Dvp;
   if (!od) b->o_pitch = Dvp;
   if (!dqd) b->dq_pitch = Dp;
+  float* dlb = d_lse.present() ? sized(ts.d_lse, T) : nullptr;
+  b->d_lse = dlb;
   for (int t = 0; t < T; ++t) {
     const int64_t tok = tg.q_token[t];
+    if (dlb) dlb[t] = static_cast<float>(d_lse.load(d_lse.token_offset(tg.b, tok, h)));
     if (!qd) load_row(q, q.token_offset(tg.b, tok, h), D, Dp, qb + static_cast<int64_t>(t) * Dp);
     if (!dod) load_row(d_o, d_o.token_offset(tg.b, tok, h), Dv, Dvp, dob + static_cast<int64_t>(t) * Dvp);
     if (!od) load_row(o, o.token_offset(tg.b, tok, h), Dv, Dvp, ob + static_cast<int64_t>(t) * Dvp);
@@ -195,6 +200,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
   const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
+  const Strided d_lse = grid_view(a.d_lse, p, DType::f32, false);
   const Strided add_k = add_view(a.add_k, p), add_v = add_view(a.add_v, p);
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);
@@ -278,7 +284,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       for (int64_t gi = 0; gi < plan.group; ++gi) {
         bool dq_direct[2] = {};
         for (int i = 0; i < m; ++i)
-          dq_direct[i] = backward_rows(plan, q, d_o, o, dq, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
+          dq_direct[i] = backward_rows(plan, q, d_o, o, dq, d_lse, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
         kern.backward(bt, m);
         for (int i = 0; i < m; ++i) {
           const TileGeom& tg = sc.tile[j0 + i].tg;

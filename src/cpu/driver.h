@@ -12,7 +12,7 @@ namespace driver {
 // Per worker: the state of each tile of a work item (see Plan::per_item), and what they share.
 struct TileScratch {
   Floats add_k, add_v, q, o, d_o, dq, work, work2;
-  std::vector<float> lse, delta;
+  std::vector<float> lse, delta, d_lse;
   std::vector<float> d_add_k, d_add_v, p_add, ds_add;
   std::vector<int64_t> key_line, panel_ids;
   std::vector<const float*> r1, r2, r3;

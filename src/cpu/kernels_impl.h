@@ -556,9 +556,12 @@ void forward_tiles(const ForwardTile* a, int n) {
 // scores ~1e3; 0 or inf beyond ~1e9). The LSE input is not read.
 static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int64_t plane, Hints* hints) {
   const TileShape& s = a.s;
+  // D_i = rowsum(dO * O), less the gradient into the row's LSE (d LSE / d s_ij = P_ij, so it adds
+  // P_ij * d_lse_i to dS_ij).
   for (int t = 0; t < s.T; ++t)
     a.delta[t] = static_cast<float>(dot_f64(a.d_o + static_cast<int64_t>(t) * a.do_pitch,
-                                            a.o + static_cast<int64_t>(t) * a.o_pitch, s.Dvp));
+                                            a.o + static_cast<int64_t>(t) * a.o_pitch, s.Dvp) -
+                                    (a.d_lse ? static_cast<double>(a.d_lse[t]) : 0.0));
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;

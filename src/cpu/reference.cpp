@@ -212,11 +212,13 @@ Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& 
   return Status::Ok();
 }
 
-// Reads neither O nor LSE (see above): both are float32 roundings of what it recomputes.
+// Reads neither O nor LSE (see above): both are float32 roundings of what it recomputes. Reads
+// d_lse when given.
 Status reference_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Views vw(p, a.k, a.v, a.add_k, a.add_v);
   const Strided q = cpu::grid_view(a.q, p, p.dtype);
   const Strided d_o = cpu::grid_view(a.d_o, p, p.dtype), dq = cpu::grid_view(a.dq, p, p.dtype);
+  const Strided d_lse = cpu::grid_view(a.d_lse, p, DType::f32, false);
   const Membership mem(p);
   KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim), dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
   std::vector<int64_t> keys, slots;
@@ -241,6 +243,9 @@ Status reference_backward(const Problem& p, const BackwardArgs& a, const Options
           dp.push_back(dot(dorow, vr));
           delta += st.weight(logits[w]) * dp.back();
         }
+        // A gradient g into the row's LSE: d LSE / d s_j = P_j, so dS_j gains P_j * g, which is
+        // dS_j = P_j (dP_j - (D_i - g)).
+        if (d_lse.present()) delta -= d_lse.load(d_lse.token_offset(b, t, h));
         dqr.assign(static_cast<size_t>(p.dim), 0.0);
         for (size_t w = 0; w < logits.size(); ++w) {
           const int64_t j = w < keys.size() ? keys[w] : vw.N + static_cast<int64_t>(w - keys.size());

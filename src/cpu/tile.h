@@ -83,7 +83,8 @@ struct BackwardTile {
   const float* q;               // [T][q_pitch]
   const float* d_o;             // [T][do_pitch]
   const float* o;               // [T][o_pitch] the forward's output
-  float* delta;                 // scratch [T]: rowsum(dO * O)
+  float* delta;                 // scratch [T]: rowsum(dO * O) - d_lse
+  const float* d_lse = nullptr; // [T] the gradient into each query's LSE; null = zero
   const float* const* kt_rows;  // [R] -> [D][pitch]
   const float* const* k_rows;   // [R] -> [M][Dp]
   const float* const* vt_rows;  // [R] -> [Dv][pitch]

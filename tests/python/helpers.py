@@ -103,9 +103,10 @@ def _reduce_kv(g, H_kv):
 
 
 def dense_na(q, k, v, ks, st=None, dil=None, causal=None, scale=None, add_k=None, add_v=None,
-             d_out=None):
-    """Dense masked attention in float64. Returns dict with out, lse, and (if d_out) the grads
-    dq, dk, dv, d_add_k, d_add_v, all in the library's layouts."""
+             d_out=None, d_lse=None):
+    """Dense masked attention in float64. Returns dict with out, lse, and (if d_out or d_lse)
+    the grads dq, dk, dv, d_add_k, d_add_v of sum(d_out * out) + sum(d_lse * lse), all in the
+    library's layouts. (d LSE_i / d S_ij = P_ij, so d_lse adds P_ij * d_lse_i to dS_ij.)"""
     q = np.asarray(q, np.float64)
     r = q.ndim - 3
     shape = q.shape[1:1 + r]
@@ -133,12 +134,15 @@ def dense_na(q, k, v, ks, st=None, dil=None, causal=None, scale=None, add_k=None
     O = np.einsum("bhnm,bhmd->bhnd", P, V)
     res = {"out": _unflat(O, shape),
            "lse": np.moveaxis((m + np.log(den))[..., 0], 1, -1).reshape(q.shape[:-1])}
-    if d_out is None:
+    if d_out is None and d_lse is None:
         return res
-    dO = _flat(d_out, r)
+    dO = _flat(d_out, r) if d_out is not None else np.zeros_like(O)
     dV = np.einsum("bhnm,bhnd->bhmd", P, dO)
     dP = np.einsum("bhnd,bhmd->bhnm", dO, V)
-    dS = P * (dP - (dO * O).sum(axis=-1, keepdims=True))
+    delta = (dO * O).sum(axis=-1, keepdims=True)
+    if d_lse is not None:  # [B, *shape, H] -> [B, H, N, 1]
+        delta = delta - _flat(np.asarray(d_lse)[..., None], r)
+    dS = P * (dP - delta)
     dQ = scale * np.einsum("bhnm,bhmd->bhnd", dS, K)
     dK = scale * np.einsum("bhnm,bhnd->bhmd", dS, Q)
     N = Q.shape[2]

@@ -262,6 +262,17 @@ def test_backward_errors():
         fna.na_backward(out[:, :4], q, k, v, out, lse, 3)
     with pytest.raises(ValueError, match=r"kernel_size\[0\]=9"):
         fna.na_backward(out, q, k, v, out, lse, 9)
+    # d_lse: float32 of lse's shape, checked like lse.
+    with pytest.raises(TypeError, match="d_lse has dtype float16; it must be float32"):
+        fna.na_backward(out, q, k, v, out, lse, 3, d_lse=lse.astype(np.float16))
+    with pytest.raises(ValueError, match=r"d_lse has shape \(1, 8, 8\), expected \(1, 8, 8, 2\)"):
+        fna.na_backward(out, q, k, v, out, lse, 3, d_lse=lse[..., 0])
+    with pytest.raises(TypeError, match="na_backward: d_lse must be a torch.Tensor or a "
+                                        "numpy.ndarray, got list"):
+        fna.na_backward(out, q, k, v, out, lse, 3, d_lse=lse.tolist())
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="d_lse is a torch array but d_output is a numpy array"):
+        fna.na_backward(out, q, k, v, out, lse, 3, d_lse=torch.from_numpy(lse))
 
 
 # ---- the extension directly: shape safety, poisoned outputs, read-only memory ---------------------

@@ -420,3 +420,111 @@ def test_int_bounds_on_cuda(backend):
     out = fna.na1d(k8, k8, v, kernel_size=3, additional_keys=ak[:, :3].contiguous(),
                    additional_values=ak[:, :3].contiguous(), backend=backend)
     assert torch.isfinite(out).all()
+
+
+# ---- gradients through the LSE (BackwardArgs::d_lse) on the CUDA backends ------------------------
+
+@pytest.mark.parametrize("backend", [None, "cuda-naive"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_cuda_lse_gradient(backend, rank):
+    """A loss on the output and the LSE (return_lse=True), float32 on the GPU: gradients against
+    the float64 torch reference from the neighborhood mask (test_lse_gradient.py); random
+    problems and each feature (additional keys, causal, dilation, stride, GQA)."""
+    from test_lse_gradient import check_against_reference, fixed_problems
+    problems = {f"random {c}": random_problem(np.random.default_rng(seed_of("gpu-lse", rank, c)),
+                                              rank) for c in range(3)}
+    problems.update(fixed_problems(rank))
+    for name, p in problems.items():
+        rng = np.random.default_rng(seed_of("gpu-lse-w", backend, rank, name))
+        check_against_reference(p, backend, rng, f"{backend} rank {rank} {name}", device="cuda")
+
+
+def _fused_lse_problem(rng, rank, dtype):
+    """Head dim 64 (the fused tiles' own), GQA 4 / 2, three additional keys, causal first axis."""
+    shape, ks = {1: ((96,), [17]), 2: ((20, 24), [7, 5]), 3: ((6, 8, 10), [3, 5, 3])}[rank]
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    p = dict(q=f(2, *shape, 4, 64), k=f(2, *shape, 2, 64), v=f(2, *shape, 2, 64),
+             add_k=f(2, 3, 2, 64), add_v=f(2, 3, 2, 64), ks=ks, st=[1] * rank,
+             dil=[1] * rank, causal=[True] + [False] * (rank - 1))
+    # The values the kernels see: rounded to the dtype (the oracle takes the same values).
+    return {n: (torch.from_numpy(x).to(dtype).float().numpy() if isinstance(x, np.ndarray) else x)
+            for n, x in p.items()}
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_cuda_fused_d_lse(rank, dtype, deterministic):
+    """The fused backward (named explicitly) with d_lse, from the reference forward's O and LSE:
+    against the float64 oracle's gradients of sum(d_out * out) + sum(d_lse * lse) (float32:
+    split TF32, 2e-5 relative; bfloat16: 2e-2), where the d_lse term changes the gradients by
+    far more than the bound; a heads-first (strided) d_lse gives the same gradients."""
+    if not fna.fused_backward_configs(rank, dtype, 64):
+        pytest.skip(f"no cuda-fused backward configuration for rank {rank} {dtype}")
+    from helpers import dense_na
+    rng = np.random.default_rng(seed_of("gpu-fused-lse", rank, dtype))
+    p = _fused_lse_problem(rng, rank, TORCH_DTYPE[dtype])
+    tdt = TORCH_DTYPE[dtype]
+    dev = {n: torch.from_numpy(p[n]).to(tdt).cuda() for n in ("q", "k", "v", "add_k", "add_v")}
+    kw = dict(stride=p["st"], dilation=p["dil"], is_causal=p["causal"])
+    NA = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+    out, lse = NA(*(torch.from_numpy(p[n]).to(tdt) for n in ("q", "k", "v")), p["ks"],
+                  additional_keys=torch.from_numpy(p["add_k"]).to(tdt),
+                  additional_values=torch.from_numpy(p["add_v"]).to(tdt), backend="reference",
+                  return_lse=True, **kw)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    d_out = torch.from_numpy(d_out).to(tdt)
+    d_lse = torch.from_numpy(2.0 * rng.standard_normal(lse.shape).astype(np.float32))
+    args = (p["q"], p["k"], p["v"], p["ks"], p["st"], p["dil"], p["causal"], None, p["add_k"],
+            p["add_v"])
+    ref = dense_na(*args, d_out=d_out.float().numpy(), d_lse=d_lse.numpy())
+    without = dense_na(*args, d_out=d_out.float().numpy())
+    bound = 2e-5 if dtype == "float32" else 2e-2
+    names = ("dq", "dk", "dv", "d_add_k", "d_add_v")
+    change = max(np.abs(ref[n] - without[n]).max() / np.abs(ref[n]).max() for n in names)
+    assert change > 20 * bound, f"the d_lse term changes the gradients by only {change}"
+    hf = d_lse.movedim(-1, 1).contiguous().cuda()  # heads-first buffer
+    for d_lse_dev in (d_lse.cuda(), hf.movedim(1, -1)):
+        grads = fna.na_backward(d_out.cuda(), dev["q"], dev["k"], dev["v"], out.cuda(),
+                                lse.cuda(), p["ks"], additional_keys=dev["add_k"],
+                                additional_values=dev["add_v"], backend="cuda-fused",
+                                deterministic=deterministic, allow_tf32=False, d_lse=d_lse_dev,
+                                **kw)
+        for g, n in zip(grads, names):
+            err = float(np.abs(np64(g) - ref[n]).max() / np.abs(ref[n]).max())
+            assert err < bound, (f"{n}: relative error {err} (d_lse contiguous: "
+                                 f"{d_lse_dev.is_contiguous()})")
+
+
+@pytest.mark.parametrize("backend", ["cuda-naive", "cuda-fused"])
+def test_cuda_merge_attentions(backend):
+    """fna neighborhood attention on the GPU merged with plain attention over additional keys
+    equals the joint softmax (float64 reference), forward and gradients through the merge."""
+    if backend == "cuda-fused" and not fna.backend_compiled("cuda-fused"):
+        pytest.skip("cuda-fused not compiled")
+    from test_lse_gradient import NAMES, leaves_of, loss_of, torch_na
+    rng = np.random.default_rng(seed_of("gpu-merge", backend))
+    p = _fused_lse_problem(rng, 2, torch.float32)
+    t = leaves_of(p, device="cuda")
+    na_out, na_lse = fna.na2d(t["q"], t["k"], t["v"], p["ks"], is_causal=p["causal"],
+                              backend=backend, return_lse=True)
+    K = t["add_k"].repeat_interleave(2, 2).transpose(1, 2)       # [B, H, N_add, D]
+    V = t["add_v"].repeat_interleave(2, 2).transpose(1, 2)
+    Q = t["q"].reshape(2, -1, 4, 64).transpose(1, 2)
+    S = Q @ K.transpose(-1, -2) * 64 ** -0.5
+    add_out = (torch.softmax(S, -1) @ V).transpose(1, 2).reshape(na_out.shape)
+    add_lse = torch.logsumexp(S, -1).transpose(1, 2).reshape(na_lse.shape)
+    out, lse = fna.merge_attentions([na_out, add_out], [na_lse, add_lse])
+    w_out = torch.from_numpy(rng.standard_normal(out.shape))
+    w_lse = torch.from_numpy(rng.standard_normal(lse.shape))
+    got = torch.autograd.grad(loss_of(out, lse, w_out, w_lse), [t[n] for n in NAMES])
+    ref_t = {n: (t[n].detach().cpu().double().requires_grad_(True) if n in NAMES else t[n])
+             for n in t}
+    r_out, r_lse = torch_na(ref_t)
+    check_close(np64(out.cpu()), np64(r_out), what="merged output")
+    check_close(np64(lse.cpu()), np64(r_lse), what="merged lse")
+    ref = torch.autograd.grad(loss_of(r_out, r_lse, w_out, w_lse), [ref_t[n] for n in NAMES])
+    for g, r, n in zip(got, ref, NAMES):
+        err = float((g.cpu().double() - r).abs().max() / r.abs().max())
+        assert err < 2e-5, f"d{n}: relative error {err}"

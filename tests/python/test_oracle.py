@@ -71,3 +71,37 @@ def test_oracle_matches_torch_gradcheck():
     np.testing.assert_allclose(ref["out"], out.detach().numpy(), rtol=1e-12, atol=1e-12)
     for leaf, g in zip(leaves, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
         np.testing.assert_allclose(ref[g], leaf.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=g)
+
+
+def loss_with_lse(p, w, g, **moved):
+    x = dict(p, **moved)
+    res = dense_na(x["q"], x["k"], x["v"], x["ks"], x["st"], x["dil"], x["causal"], 0.7,
+                   x["add_k"], x["add_v"])
+    return float((res["out"] * w).sum() + (res["lse"] * g).sum())
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_oracle_lse_gradients_finite_differences(rank):
+    """The oracle's gradients of sum(w * out) + sum(g * lse) (its d_lse term) against float64
+    central differences; the LSE term alone must change them (else this would test nothing)."""
+    rng = np.random.default_rng(seed_of("oracle-fd-lse", rank))
+    p = problem(rng, rank)
+    w = rng.standard_normal(p["q"].shape[:-1] + (p["v"].shape[-1],))
+    g = 3.0 * rng.standard_normal(p["q"].shape[:-1])
+    args = (p["q"], p["k"], p["v"], p["ks"], p["st"], p["dil"], p["causal"], 0.7, p["add_k"],
+            p["add_v"])
+    ref = dense_na(*args, d_out=w, d_lse=g)
+    without = dense_na(*args, d_out=w)
+    assert np.abs(ref["dq"] - without["dq"]).max() > 1e-2
+    h = 1e-6
+    for name, gname in (("q", "dq"), ("k", "dk"), ("v", "dv"), ("add_k", "d_add_k"),
+                        ("add_v", "d_add_v")):
+        x = p[name]
+        fd = np.zeros_like(x)
+        for idx in np.ndindex(*x.shape):
+            xp, xm = x.copy(), x.copy()
+            xp[idx] += h
+            xm[idx] -= h
+            fd[idx] = (loss_with_lse(p, w, g, **{name: xp}) -
+                       loss_with_lse(p, w, g, **{name: xm})) / (2 * h)
+        np.testing.assert_allclose(ref[gname], fd, rtol=1e-6, atol=1e-7, err_msg=gname)

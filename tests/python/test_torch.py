@@ -65,7 +65,7 @@ def test_forward_and_autograd(backend, rank):
         t = to_torch(random_problem(rng, rank), requires_grad=True)
         out, lse = run_na(t, backend, return_lse=True)
         assert out.dtype == torch.float32 and lse.dtype == torch.float32
-        assert not lse.requires_grad
+        assert lse.requires_grad  # differentiable (test_lse_gradient.py checks its gradient)
         d_out = torch.from_numpy(rng.standard_normal(out.shape).astype(np.float32))
         out.backward(d_out)
         ref = oracle(t, d_out=d_out)
@@ -315,14 +315,23 @@ def test_heads_first_views():
     check_close(np64(out), np64(ref), what="heads-first view vs contiguous")
 
 
-def test_lse_only_backward():
-    """With only LSE used downstream, the (non-differentiable) LSE gives no gradient path: the
-    output's gradient is zero and backward raises nothing."""
+def test_lse_detached_and_summed_backward():
+    """A detached LSE adds nothing to the gradient (that of the output alone); lse.sum() hands the
+    op an expanded (all strides 0) LSE gradient, which gives the gradient of a dense one."""
     rng = np.random.default_rng(seed_of("lse-only"))
-    q = torch.from_numpy(rng.standard_normal((1, 7, 2, 4)).astype(np.float32)).requires_grad_()
+    x = torch.from_numpy(rng.standard_normal((1, 7, 2, 4)).astype(np.float32))
+    q = x.clone().requires_grad_()
     out, lse = fna.na1d(q, q, q, 3, return_lse=True)
     (out.sum() + lse.detach().sum()).backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    q2 = x.clone().requires_grad_()
+    fna.na1d(q2, q2, q2, 3).sum().backward()
+    check_close(np64(q.grad), np64(q2.grad), what="detached LSE adds nothing")
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fna.na1d(a, a, a, 3, return_lse=True)[1].sum().backward()
+    lse_b = fna.na1d(b, b, b, 3, return_lse=True)[1]
+    lse_b.backward(torch.ones_like(lse_b).contiguous())
+    assert torch.isfinite(a.grad).all() and float(a.grad.abs().max()) > 0
+    check_close(np64(a.grad), np64(b.grad), what="expanded vs dense LSE gradient")
 
 
 def test_broadcast_gradient():
@@ -342,8 +351,8 @@ def test_broadcast_gradient():
 def test_eager_fast_path_matches_custom_op():
     """Eager calls skip the custom op's dispatcher (fna._torch_ops.na_forward_call); outputs, LSE
     and gradients (deterministic backward) must be bitwise those of torch.ops.fna.na_forward with
-    its registered autograd, with and without autograd recording; the backward is
-    once-differentiable like the op's."""
+    its registered autograd, with and without autograd recording, a loss on the LSE included;
+    the backward is once-differentiable like the op's."""
     from fna import _torch_ops
     for case in range(4):
         rng = np.random.default_rng(seed_of("eager-fast-path", case))
@@ -360,10 +369,11 @@ def test_eager_fast_path_matches_custom_op():
         out_b, lse_b = torch.ops.fna.na_forward(b["q"], b["k"], b["v"], b["add_k"], b["add_v"],
                                                 *sp, scale, "cpu", "", True, False, "", "")
         assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)
-        assert not lse_a.requires_grad
+        assert lse_a.requires_grad and lse_b.requires_grad
         d_out = torch.from_numpy(rng.standard_normal(out_a.shape).astype(np.float32))
-        out_a.backward(d_out)
-        out_b.backward(d_out)
+        d_lse = torch.from_numpy(rng.standard_normal(lse_a.shape).astype(np.float32))
+        ((out_a * d_out).sum() + (lse_a * d_lse).sum()).backward()
+        ((out_b * d_out).sum() + (lse_b * d_lse).sum()).backward()
         for name in ("q", "k", "v", "add_k", "add_v"):
             if a[name] is not None:
                 assert torch.equal(a[name].grad, b[name].grad), name
@@ -395,8 +405,10 @@ def opcheck_all(device, backend):
     d = lambda x: x.detach()  # noqa: E731
     cases = [
         (ops.na_forward, (q, k, v, ak, av, *sp, 0.5, backend, *fo)),
-        (ops.na_backward, (d(q), d(k), d(v), d(out), d(lse), r(*out.shape, g=False), d(ak), d(av),
-                           *sp, 0.5, backend, *fo)),
+        (ops.na_backward, (d(q), d(k), d(v), d(out), d(lse), r(*out.shape, g=False), None, d(ak),
+                           d(av), *sp, 0.5, backend, *fo)),
+        (ops.na_backward, (d(q), d(k), d(v), d(out), d(lse), r(*out.shape, g=False),
+                           r(*lse.shape, g=False), d(ak), d(av), *sp, 0.5, backend, *fo)),
         (ops.na_qk, (q, k, ak, *sp, -1.0, backend)),
         (ops.na_qk_backward, (d(q), d(k), d(ak), r(*attn.shape, g=False), *sp, -1.0, backend)),
         (ops.na_av, (w, v, av, *sp, backend)),

@@ -202,9 +202,12 @@ __global__ void add_grad_kernel(Geometry g, int64_t p0, int64_t pairs, const TAt
 cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, float* ws,
                                    float* lse, const View& vlse, cudaStream_t stream);
 
-// Softmax backward in place over `rows` workspace rows: `s` holds the logits and becomes
-// P = softmax(s); `dp` holds dL/dP and becomes dL/dS = P * (dP - sum(P * dP)).
-cudaError_t launch_softmax_backward(const Geometry& g, int64_t rows, float* s, float* dp,
+// Softmax backward in place over the dense workspace rows of pairs [p0, p0 + rows / (N G)): `s`
+// holds the logits and becomes P = softmax(s); `dp` holds dL/dP and becomes
+// dL/dS = P * (dP - (sum(P * dP) - d_lse)), with d_lse the gradient into the row's LSE (a user
+// LSE view; null = zero).
+cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
+                                    float* dp, const float* d_lse, const View& vdlse,
                                     cudaStream_t stream);
 
 // Blocks for a grid-stride launch over `total` elements.

@@ -1,7 +1,8 @@
 // cuda-naive forward and backward: the unfused operator chain of the paper's section 3.1 over an
 // f32 workspace of attention weights.
 //   forward:  S = scale * PN(Q, K)           -> softmax (P, LSE) -> O = NN(P, V)
-//   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = softmax(S), dS = P (dP - rowsum(P dP))
+//   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = softmax(S),
+//             dS = P (dP - (rowsum(P dP) - d_lse))  (d_lse: the gradient into the LSE, or 0)
 //             dQ = scale * NN(dS, K), dK = scale * IN(dS, Q), dV = IN(P, dO)
 // The workspace holds all rows of a chunk of (batch, kv head) pairs; a chunk always holds whole
 // pairs, so the IN sums over every query (and every query head of the group) of its keys.
@@ -83,6 +84,7 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
              vdv = naive::user_view(a.dv, r, 1, true);
   const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v),
                 vdak = naive::add_view(a.d_add_k), vdav = naive::add_view(a.d_add_v);
+  const View vdlse = a.d_lse.data ? naive::user_view(a.d_lse, r, G, false) : View{};
   const float scale = static_cast<float>(opt.scale);
 
   const Chunks ch = plan_chunks(g, 2, opt);
@@ -99,7 +101,9 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
     // Masked slots of dP only ever meet P = 0, so any finite value does.
     FNA_TRY((naive::pn<T, float>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv, a.add_v.data, vav,
                                  g.dim_v, ws_ds, vw, 1.f, 0.f, stream)));
-    FNA_CUDA_TRY(naive::launch_softmax_backward(g, rows, ws_p, ws_ds, stream));
+    FNA_CUDA_TRY(naive::launch_softmax_backward(g, p0, rows, ws_p, ws_ds,
+                                                static_cast<const float*>(a.d_lse.data), vdlse,
+                                                stream));
     FNA_TRY((naive::nn<float, T>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data, vak, g.dim,
                                  a.dq.data, vdq, scale, stream)));
     FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.dk.data, vdk,

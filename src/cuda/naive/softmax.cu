@@ -45,7 +45,10 @@ __global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, flo
 // P is renormalized from the row itself rather than taken as exp(s - LSE): the forward's LSE was
 // rounded separately, and a row whose softmax is exactly one-hot (K = 1, or a causal row that
 // sees only its query) must give dS = 0 exactly, as the true gradient is.
-__global__ void softmax_backward_kernel(Geometry g, int64_t rows, float* ws_s, float* ws_dp) {
+// d_lse (a user LSE view; null = zero): the gradient into the row's LSE. d LSE / d s_j = P_j, so
+// it adds P_j * d_lse to dS_j, i.e. it is subtracted from sum(P * dP).
+__global__ void softmax_backward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws_s,
+                                        float* ws_dp, const float* d_lse, View vdlse) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock) {
@@ -64,6 +67,10 @@ __global__ void softmax_backward_kernel(Geometry g, int64_t rows, float* ws_s, f
       delta = fmaf(p, dp[c], delta);
     }
     delta = warp_sum(delta);
+    if (d_lse != nullptr) {
+      const Row row = decode_row(g, p0, r);
+      delta -= d_lse[vdlse.at(row.b, row.c, row.hkv, row.g, 0)];
+    }
     for (int c = lane; c < g.cols; c += 32) dp[c] = s[c] * (dp[c] - delta);
   }
 }
@@ -82,9 +89,11 @@ cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_softmax_backward(const Geometry& g, int64_t rows, float* s, float* dp,
+cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
+                                    float* dp, const float* d_lse, const View& vdlse,
                                     cudaStream_t stream) {
-  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, rows, s, dp);
+  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp, d_lse,
+                                                                     vdlse);
   return cudaGetLastError();
 }
 

@@ -274,6 +274,8 @@ NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
   const bool given = tf32 && !t.lse.empty() && !t.o.empty();
   const std::vector<double> lse_given = given ? t.lse.to_double() : std::vector<double>{};
   const std::vector<double> o_given = given ? t.o.to_double() : std::vector<double>{};
+  // The gradient into the LSE (d LSE / d s_j = P_j): dS = P (dP - (rowsum - d_lse)).
+  const std::vector<double> d_lse = t.d_lse.empty() ? std::vector<double>{} : t.d_lse.to_double();
   for (int64_t t_ = 0; t_ < d.N; ++t_) {
     const std::vector<int64_t> slots = d.slots(t_);
     const size_t S = slots.size();
@@ -294,6 +296,7 @@ NaiveBackward naive_backward(const ProblemTensors& t, bool tf32) {
           for (int64_t e = 0; e < d.Dv; ++e)
             rowsum += r.in(d.dO(b, t_, h)[e]) * static_cast<float>(ov[e]);
         }
+        if (!d_lse.empty()) rowsum -= static_cast<float>(d_lse[(b * d.N + t_) * d.H + h]);
         ds.assign(S, 0.0);
         for (size_t w = 0; w < S; ++w)
           if (slots[w] >= 0)

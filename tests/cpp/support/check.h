@@ -58,7 +58,7 @@ struct NaiveBackward {
 };
 // tf32: operands of the products rounded to TF32 (float32 problems).
 NaiveForward naive_forward(const ProblemTensors& t, bool tf32 = false);
-NaiveBackward naive_backward(const ProblemTensors& t, bool tf32 = false);  // from t.d_o
+NaiveBackward naive_backward(const ProblemTensors& t, bool tf32 = false);  // from t.d_o (and t.d_lse)
 std::vector<double> naive_qk(const ProblemTensors& t);     // attn logits (non-neighbors -inf)
 std::vector<double> naive_av(const ProblemTensors& t);     // o from t.attn
 NaiveBackward naive_qk_backward(const ProblemTensors& t);  // dq, dk, d_add_k from t.d_attn

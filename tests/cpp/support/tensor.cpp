@@ -178,6 +178,14 @@ ProblemTensors::ProblemTensors(const Case& cs) : c(cs) {
   poison_outputs();
 }
 
+void ProblemTensors::make_d_lse(double amplitude) {
+  const fna::Problem& p = c.p;
+  Rng rng(c.seed ^ 0xd15eull);
+  d_lse = HostTensor::make(fna::DType::f32, spatial(p, p.heads, -1), c.layout, p.rank + 1,
+                           rng.next());
+  d_lse.fill_random(rng.next(), amplitude);
+}
+
 void ProblemTensors::poison_outputs() {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (HostTensor* t : {&o, &lse, &dq, &dk, &dv, &d_add_k, &d_add_v})
@@ -211,6 +219,7 @@ fna::BackwardArgs ProblemTensors::backward_args() {
   a.add_v = add_v.ref();
   a.d_add_k = d_add_k.ref();
   a.d_add_v = d_add_v.ref();
+  a.d_lse = d_lse.ref();
   return a;
 }
 

@@ -63,10 +63,14 @@ struct ProblemTensors {
   HostTensor q, k, v, o, lse, add_k, add_v;   // forward
   HostTensor d_o, dq, dk, dv, d_add_k, d_add_v;  // backward
   HostTensor attn, d_attn;                    // unfused ops: [B, *shape, H, W + N_add]
+  HostTensor d_lse;                           // backward input, float32 like lse; empty = none
 
+  // Makes d_lse (the case's layout, random values of `amplitude`, never zero; its own seed, so
+  // the other tensors' values do not change).
+  void make_d_lse(double amplitude = 1.0);
   void poison_outputs();                      // NaN into o, lse, dq, dk, dv, d_add_*
   fna::ForwardArgs forward_args();
-  fna::BackwardArgs backward_args();         // needs o and lse from a forward
+  fna::BackwardArgs backward_args();         // needs o and lse from a forward; d_lse if made
   fna::QKArgs qk_args();
   fna::QKBackwardArgs qk_backward_args();
   fna::AVArgs av_args();

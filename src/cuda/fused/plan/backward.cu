@@ -1,5 +1,5 @@
 // Fused backward (backend cuda-fused): checks what the tensor-core path covers, computes the
-// per-query statistics {LSE * log2(e), rowsum(dO * O)}, picks tile shapes, and launches the dK/dV
+// per-query statistics {LSE * log2(e), rowsum(dO * O) - d_lse}, picks tile shapes, and launches the dK/dV
 // kernel (bwd_dkdv_sm80.cuh; it also accumulates dQ with atomics unless Options::deterministic) and,
 // in deterministic mode, the dQ kernel (bwd_dq_sm80.cuh). float32 runs on the TF32 tensor cores: split
 // TF32 (float32 accuracy) by default, plain TF32 under Options::allow_tf32. Anything outside the
@@ -41,14 +41,17 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 
-// stats = {LSE * log2(e), sum_d dO * O} per (batch, token, head) row, 2^log_tpr threads per row,
-// each reading 16 bytes of dO and of O per step. `dense`: O, dO and LSE laid out densely, so a
-// row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
+// stats = {LSE * log2(e), sum_d dO * O - d_lse} per (batch, token, head) row, 2^log_tpr threads
+// per row, each reading 16 bytes of dO and of O per step. d_lse (null = zero) is the gradient into
+// the row's LSE: d LSE / d s_j = P_j, so it adds P_j * d_lse to dS_j, and the kernels' dS =
+// P (dP - stats.y) take it in through stats.y. `dense`: O, dO, LSE and d_lse laid out densely, so
+// a row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
 // bytes). kTf32 (plain TF32): dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum)
-// stays consistent (a query alone in its window gets dS = 0, not the rounding error of dP).
+// stays consistent (a query alone in its window gets dS = d_lse, not the rounding error of dP).
 template <typename T, bool kTf32 = false>
 __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const float* lse,
-                             TokStrides sl, float2* stats, int log_tpr, bool dense, bool vec) {
+                             TokStrides sl, const float* d_lse, TokStrides sdl, float2* stats,
+                             int log_tpr, bool dense, bool vec) {
   constexpr int kPer = 16 / int(sizeof(T));
   const int tpr = 1 << log_tpr;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
@@ -56,16 +59,17 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
   if (row >= int64_t(p.batch) * p.tokens * p.heads) return;  // whole rows: the shuffles' groups
   const T* gdO;
   const T* gO;
-  int64_t lse_off;
+  int64_t lse_off, dlse_off;
   if (dense) {
     gdO = static_cast<const T*>(p.d_o) + row * p.dim_v;
     gO = o + row * p.dim_v;
-    lse_off = row;
+    lse_off = dlse_off = row;
   } else {
     const RowPlace r = row_place(p, row);
     gdO = static_cast<const T*>(p.d_o) + tok_offset(p.sdo, r.b, r.x, r.h);
     gO = o + tok_offset(so, r.b, r.x, r.h);
     lse_off = tok_offset(sl, r.b, r.x, r.h);
+    dlse_off = tok_offset(sdl, r.b, r.x, r.h);
   }
   float acc = 0.f;
   for (int c = kPer * sub; c < p.dim_v; c += kPer * tpr) {
@@ -91,7 +95,18 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
   // The row's threads are 2^log_tpr aligned lanes of one warp, all present.
   const unsigned group = (tpr == 32 ? 0xffffffffu : ((1u << tpr) - 1u)) << (lane & ~(tpr - 1));
   for (int m = tpr / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(group, acc, m);
-  if (sub == 0) stats[row] = make_float2(lse[lse_off] * kLog2e, acc);
+  if (sub == 0)
+    stats[row] = make_float2(lse[lse_off] * kLog2e, d_lse != nullptr ? acc - d_lse[dlse_off] : acc);
+}
+
+// Strides of a [B, L.., H] LSE-role TensorRef lifted to 3 axes.
+TokStrides lift_lse(const Problem& p, const TensorRef& t) {
+  TokStrides s{};
+  s.b = t.strides[0];
+  const int lead = kAxes - p.rank;
+  for (int a = 0; a < kAxes; ++a) s.x[a] = a >= lead ? t.strides[1 + a - lead] : 0;
+  s.h = t.strides[p.rank + 1];
+  return s;
 }
 
 // Strides of a [B, L.., H, D] TensorRef lifted to 3 axes. Returns false when the head dim is not
@@ -407,13 +422,12 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   if (!st.ok()) return st;
   p.stats = ws.as<float2>();
 
-  TokStrides so{}, sl{};
+  TokStrides so{};
   bool unused = true;
   lift(pr, a.o, &so, &unused, 4);
-  sl.b = a.lse.strides[0];
-  const int lead = kAxes - pr.rank;
-  for (int ax = 0; ax < kAxes; ++ax) sl.x[ax] = ax >= lead ? a.lse.strides[1 + ax - lead] : 0;
-  sl.h = a.lse.strides[pr.rank + 1];
+  const TokStrides sl = lift_lse(pr, a.lse);
+  const TokStrides sdl = lift_lse(pr, a.d_lse);  // (unused when d_lse is absent)
+  const float* d_lse = static_cast<const float*>(a.d_lse.data);
 
   // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
@@ -432,14 +446,14 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   constexpr int kPer = 16 / int(sizeof(E));
   const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
   const bool dense = dense_rows(p, so, p.dim_v) && dense_rows(p, p.sdo, p.dim_v) &&
-                     dense_rows(p, sl, 1);
+                     dense_rows(p, sl, 1) && (d_lse == nullptr || dense_rows(p, sdl, 1));
   const bool vec = dense && p.dim_v % kPer == 0 && reinterpret_cast<uintptr_t>(a.o.data) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.d_o) % 16 == 0;
   const int threads = 256;
   const unsigned blocks = unsigned(((rows << log_tpr) + threads - 1) / threads);
   stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(
-      p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl,
-      ws.as<float2>(), log_tpr, dense, vec);
+      p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl, d_lse,
+      sdl, ws.as<float2>(), log_tpr, dense, vec);
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (plan.dpad == 64) return launch_backward<T, 64>(p, p_dq, plan.launch, stream);
   if (plan.dpad == 256) return launch_backward<T, 256>(p, p_dq, plan.launch, stream);
