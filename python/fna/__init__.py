@@ -11,6 +11,7 @@ side loads with the first torch tensor it sees (see _compat). See docs/python.md
 
 from . import _C
 from . import _compat  # torch is imported lazily: see _compat
+from ._flops import flops
 from .functional import (
     na1d, na2d, na3d, na1d_qk, na2d_qk, na3d_qk, na1d_av, na2d_av, na3d_av,
     na_backward, na_qk_backward, na_av_backward,
@@ -108,7 +109,7 @@ def autotune_cache_dir():
 
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
-               device_index=0, backward_config=None, deterministic=False, tuning=None):
+               device_index=0, backward_config=None, deterministic=None, tuning=None):
     """Exactly what cuda-fused runs for a problem (the plan its launch consumes), forward and
     backward, and how well its tiles fit.
 
@@ -126,7 +127,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     key tile and the query tiles it visits), ``backward_grid``, ``backward_smem``,
     ``backward_visited_tiles``,
     ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does
-    not take the problem). Needs a CUDA device (the plan depends on its properties).
+    not take the problem). ``deterministic=None`` follows
+    ``torch.are_deterministic_algorithms_enabled()`` as a call on torch tensors does (False when
+    torch is not imported). Needs a CUDA device (the plan depends on its properties).
     """
     from . import _args
     rank = len(query_shape) - 3
@@ -134,6 +137,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
         raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
                          "1 to 3 spatial axes")
     ks, st, dil, causal = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    deterministic = _args.resolve_deterministic(
+        "fused_plan", deterministic, _compat.torch_if_imported() is not None, False)
     config, deterministic, allow_tf32, backward_config, tuning = _args.fused_options(
         config, deterministic, allow_tf32, False, backward_config, _args.tuning_text(tuning))
     return _C.fused_plan([int(x) for x in query_shape], _dtype_name(dtype), kernel_size=ks,
@@ -147,6 +152,7 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
 
 def version():
     return _C.version()
+
 
 
 def __getattr__(name):
@@ -165,6 +171,6 @@ __all__ = [
     "na_backward", "na_qk_backward", "na_av_backward", "merge_attentions", "backend_compiled",
     "cuda_available",
     "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "tuning_keys",
-    "set_default_tuning", "autotune_cache_dir",
+    "set_default_tuning", "autotune_cache_dir", "flops",
     "version", "BACKENDS", *_MODULES,
 ]

@@ -89,16 +89,87 @@ def spatial(rank, kernel_size, stride, dilation, is_causal):
     )
 
 
-def backend_name(backend):
+# NATTEN's names of its fused backends (``backend=`` of NATTEN 0.20+). Two name a kind of kernel
+# fna has, and run fna's cuda-fused backend steered onto that kind (natten_backend_options); the
+# others raise, saying what to use instead. No name is accepted and ignored.
+NATTEN_BACKENDS = {
+    "cutlass-fna": "cuda-fused",  # the mma.sync kernels (fna_fwd_sm80_*, fna_bwd_sm80_*)
+    "hopper-fna": "cuda-fused",   # the Hopper wgmma kernels (compute capability 9.0)
+}
+NATTEN_REFUSED = {
+    "blackwell-fna": "names NATTEN's Blackwell (compute capability 10.x) kernels, which fna does "
+                     "not have; use backend='cuda-fused' (fna's fused kernels: mma.sync on every "
+                     "sm_80+ GPU, wgmma on Hopper) or None (the best backend for the tensors' "
+                     "device)",
+    "flex-fna": "names NATTEN's FlexAttention backend (torch's flex_attention with a neighborhood "
+                "mask), which fna does not run; use backend=None (the best backend for the "
+                "tensors' device: cpu, or cuda-fused falling back to cuda-naive) or name one of "
+                "fna's",
+}
+
+
+def _backend_text(backend):
     if backend is None:
         return "auto"
     if not isinstance(backend, str):
         raise TypeError(f"backend={backend!r} must be a string or None")
     if backend == "automatic":
         return "auto"
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend in NATTEN_REFUSED:
+        raise ValueError(f"backend={backend!r} {NATTEN_REFUSED[backend]}")
+    if backend not in BACKENDS and backend not in NATTEN_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)} (or NATTEN's "
+                         f"{', '.join(NATTEN_BACKENDS)})")
     return backend
+
+
+def backend_name(backend, unfused=False):
+    """fna's backend for ``backend=`` (None / "automatic" -> "auto"; NATTEN's "cutlass-fna" /
+    "hopper-fna" -> "cuda-fused", see natten_backend_options). ``unfused``: for the qk / av
+    operators, which NATTEN's fused names cannot run."""
+    name = _backend_text(backend)
+    if name in NATTEN_BACKENDS:
+        if unfused:
+            raise ValueError(f"backend={name!r} names a fused backend (fna's cuda-fused), which "
+                             "has no unfused (qk / av) operators; use backend=None, 'cuda-naive' "
+                             "or 'cpu'")
+        return NATTEN_BACKENDS[name]
+    return name
+
+
+def natten_backend(backend):
+    """NATTEN's backend name in ``backend`` ("cutlass-fna" / "hopper-fna"), else None."""
+    name = _backend_text(backend)
+    return name if name in NATTEN_BACKENDS else None
+
+
+def resolve_deterministic(fn, deterministic, torch_tensors, backward_runs):
+    """``deterministic=`` as a bool. None follows ``torch.are_deterministic_algorithms_enabled()``
+    for torch tensors (False for NumPy). An explicit False while torch's flag is on and a backward
+    will run (the only non-deterministic part; `backward_runs`: a bool or a callable giving it) is
+    what torch does for its own non-deterministic ops: a RuntimeError, or a UserWarning (and False
+    as asked) under ``torch.use_deterministic_algorithms(True, warn_only=True)``."""
+    if deterministic is None:
+        if not torch_tensors:
+            return False
+        import torch
+        return bool(torch.are_deterministic_algorithms_enabled())
+    if not _is_bool(deterministic):
+        raise TypeError(f"deterministic={deterministic!r} must be a bool or None")
+    deterministic = bool(deterministic)
+    if not deterministic and torch_tensors:
+        import torch
+        if torch.are_deterministic_algorithms_enabled() and (
+                backward_runs() if callable(backward_runs) else backward_runs):
+            msg = (f"{fn}: deterministic=False asks for a backward that accumulates in run-to-run "
+                   "order, but torch.use_deterministic_algorithms(True) is set; pass "
+                   "deterministic=None (follow torch) or True")
+            if torch.is_deterministic_algorithms_warn_only_enabled():
+                import warnings
+                warnings.warn(msg, UserWarning, stacklevel=4)
+            else:
+                raise RuntimeError(msg)
+    return deterministic
 
 
 def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_config=None,
@@ -121,7 +192,7 @@ def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_con
         raise TypeError(f"backward_config={backward_config!r} must be a non-empty string "
                         "(a backward configuration name) or None")
     if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic={deterministic!r} must be a bool")
+        raise TypeError(f"deterministic={deterministic!r} must be a bool or None")
     if allow_tf32 is None:
         allow_tf32 = False
         if torch_tensors:
@@ -293,6 +364,126 @@ def natten_tuning(fn, rank, kwargs, dtype, dim, hopper, deterministic, config, b
         add = ",".join(f"{k}={v}" for k, v in extra.items())
         tuning = f"{tuning},{add}" if tuning else add
     return config, backward_config, tuning
+
+
+def _tuning_pairs(tuning):
+    """The "key=value,..." text as a dict (the extension validates keys and values)."""
+    return dict(item.split("=", 1) if "=" in item else (item, "") for item in tuning.split(",")
+                if item)
+
+
+def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tuning,
+                           pick_sm80=None, has_hopper_config=None, forward=True):
+    """NATTEN's backend ``name`` ("cutlass-fna" / "hopper-fna") as cuda-fused's options: returns
+    (config, backward_config, tuning) steering the plan onto that kind of kernel.
+
+    cutlass-fna (NATTEN's CUTLASS 2.x kernels for sm_80-class GPUs): fna's mma.sync kernels,
+    forward and backward: the tiled sm80 forward (the box and strip forwards off; on compute
+    capability 9.0, where the plan would take its wgmma kernels, the sm80 configuration
+    ``pick_sm80()`` names) and ``bwd_kernel=sm80``. hopper-fna (NATTEN's Hopper kernels): fna's
+    wgmma forward (box and strip off), which needs compute capability 9.0 and float16 / bfloat16;
+    the backward is the plan's (its Hopper backward where that applies). `hopper`: the tensors'
+    device has compute capability 9.0. A config / backward_config / tuning that contradicts the
+    name is a ValueError; none is overridden silently."""
+    keys = _tuning_pairs(tuning)
+    add = {}
+    if keys.get("mode") == "auto":
+        raise ValueError(f"{fn}: backend={name!r} fixes the kind of kernel, while tuning mode "
+                         "'auto' would time every kind; use backend='cuda-fused' with "
+                         "tuning='auto', or drop the tuning")
+    if name == "cutlass-fna":
+        if "fwd_schedule" in keys:
+            raise ValueError(f"{fn}: tuning fwd_schedule={keys['fwd_schedule']!r} names a Hopper "
+                             "(wgmma) schedule, but backend='cutlass-fna' runs fna's mma.sync "
+                             "(sm80) kernels")
+        if forward:
+            if config:
+                if not config.startswith("fna_fwd_sm80_"):
+                    raise ValueError(f"{fn}: config={config!r} is not an mma.sync configuration "
+                                     "(fna_fwd_sm80_*), which backend='cutlass-fna' runs")
+            elif hopper:
+                config = pick_sm80()
+            else:
+                add.update(fwd_box="off", fwd_strip="off")
+        if backward_config:
+            if not backward_config.startswith("fna_bwd_sm80_"):
+                raise ValueError(f"{fn}: backward_config={backward_config!r} is not an mma.sync "
+                                 "backward (fna_bwd_sm80_*), which backend='cutlass-fna' runs")
+        else:
+            add["bwd_kernel"] = "sm80"
+    else:
+        if not hopper:
+            raise ValueError(f"{fn}: backend='hopper-fna' runs fna's Hopper (wgmma) kernels, "
+                             "which need a device of compute capability 9.0; use "
+                             "backend='cuda-fused' (or 'cutlass-fna' for the mma.sync kernels)")
+        dtype_name = str(dtype).replace("torch.", "")
+        if dtype_name not in ("float16", "bfloat16"):
+            raise ValueError(f"{fn}: backend='hopper-fna' runs fna's Hopper (wgmma) kernels, which "
+                             f"take float16 / bfloat16; the tensors are {dtype_name}: use "
+                             "backend='cuda-fused'")
+        if forward:
+            if config:
+                if not config.startswith(("fna_fwd_sm90_", "fna_fwd_sm90ws_")):
+                    raise ValueError(f"{fn}: config={config!r} is not a Hopper configuration "
+                                     "(fna_fwd_sm90_* / fna_fwd_sm90ws_*), which "
+                                     "backend='hopper-fna' runs")
+            else:
+                if not has_hopper_config():
+                    raise ValueError(f"{fn}: backend='hopper-fna': fna has no Hopper (wgmma) "
+                                     "forward configuration for this rank, dtype and head dim "
+                                     "(fna.fused_configs lists them); use backend='cuda-fused'")
+                add.update(fwd_box="off", fwd_strip="off")
+    for key, value in add.items():
+        if key in keys and keys[key] != value:
+            raise ValueError(f"{fn}: tuning {key}={keys[key]!r} contradicts backend={name!r}, "
+                             f"which runs with {key}={value!r}")
+    extra = ",".join(f"{k}={v}" for k, v in add.items() if k not in keys)
+    if extra:
+        tuning = f"{tuning},{extra}" if tuning else extra
+    return config, backward_config, tuning
+
+
+def sm80_cost(plan):
+    """The plan's cost estimate of a tiled mma.sync forward configuration (cost_of in
+    src/cuda/fused/plan/forward.cu, from what fna.fused_plan reports of it): every visited key
+    tile costs q x kv score pairs, border tiles a quarter more for the mask, and each tile's copy
+    and barrier as much as 32 more query rows."""
+    q = math.prod(plan["q_tile"])
+    kv = math.prod(plan["kv_tile"])
+    visited = float(plan["visited_tiles"])
+    masked = visited * (1.0 - float(plan["unmasked_fraction"]))
+    return ((visited + 0.25 * masked) * q + 32.0 * visited) * kv
+
+
+def pick_sm80_config(fn, query_shape, sp, dtype_name, heads_kv, dim_v, allow_tf32, device_index,
+                     smem_optin):
+    """The mma.sync (fna_fwd_sm80_*) forward configuration the plan's heuristic would take for
+    the problem if the device were not a Hopper: the cheapest by :func:`sm80_cost` among those
+    that fit ``smem_optin`` bytes of shared memory (ties to the earlier name)."""
+    from . import _C
+    ks, st, dil, causal = sp
+    best, best_cost = None, 0.0
+    for name in _C.fused_configs(len(ks), dtype_name, max(query_shape[-1], dim_v)):
+        if not name.startswith("fna_fwd_sm80_"):
+            continue
+        try:
+            plan = _C.fused_plan(list(query_shape), dtype_name, kernel_size=list(ks),
+                                 stride=list(st), dilation=list(dil), is_causal=list(causal),
+                                 heads_kv=heads_kv, dim_v=dim_v, config=name,
+                                 allow_tf32=allow_tf32, device_index=device_index,
+                                 backward_config="", deterministic=False, tuning="")
+        except (ValueError, TypeError, RuntimeError):
+            continue  # a name this problem or device cannot run
+        if plan["smem"] > smem_optin:
+            continue
+        cost = sm80_cost(plan)
+        if best is None or cost < best_cost:
+            best, best_cost = name, cost
+    if best is None:
+        raise NotImplementedError(f"{fn}: backend='cutlass-fna': no mma.sync (fna_fwd_sm80_*) "
+                                  "forward configuration runs this problem on this device; use "
+                                  "backend='cuda-fused'")
+    return best
 
 
 def resolve_scale(scale, head_dim):

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.dlpack import to_dlpack
 
-from . import _C
+from . import _C, _flops
 
 
 # The tensors go to the extension as DLPack capsules from torch's public exporter,
@@ -233,7 +233,9 @@ def na_forward_call(*inputs):
     """torch.ops.fna.na_forward's result for `inputs` (its argument list), by the cheapest route:
     the custom op while torch.compile traces, else the implementation directly (through
     _NaEager when autograd records a graph)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        # Traced, or under a TorchDispatchMode (FlopCounterMode, FakeTensorMode, ...), which must
+        # see the op and its backward op.
         return torch.ops.fna.na_forward(*inputs)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:5]):
         return _NaEager.apply(*inputs)
@@ -352,3 +354,60 @@ def _av_backward(ctx, d_out):
 
 
 na_av.register_autograd(_av_backward, setup_context=_av_setup)
+
+
+# ---- FLOP counting -------------------------------------------------------------------------------
+# torch.utils.flop_counter formulas (docs/semantics.md 3.1), so that FlopCounterMode counts fna's
+# ops: the fused forward 2 * B * H * P * (D + D_v) and its backward 2.5x that (fna.flops); the
+# unfused qk / av 2 * B * H * P * D / D_v and their backwards twice that (dQ and dK; d_attn and dV).
+# P: the attended (query, key) pairs of one batch and head, additional keys included.
+
+def _pairs(shape, spatial_rank, kernel_size, stride, dilation, is_causal, additional_shape):
+    n_add = 0 if additional_shape is None else additional_shape[1]
+    return _flops.attended_pairs(shape[1:1 + spatial_rank], kernel_size, stride, dilation,
+                                 is_causal, n_add)
+
+
+def _register_flop_formulas():
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    def register(op):
+        def wrap(formula):
+            if op not in flop_registry:  # the module may be imported again (reload)
+                register_flop_formula(op)(formula)
+            return formula
+        return wrap
+
+    @register(torch.ops.fna.na_forward)
+    def _(q, k, v, add_k, add_v, kernel_size, stride, dilation, is_causal, *args, **kwargs):
+        pairs = _pairs(q, len(q) - 3, kernel_size, stride, dilation, is_causal, add_k)
+        return _flops.fused_forward(q[0], q[-2], pairs, q[-1], v[-1])
+
+    @register(torch.ops.fna.na_backward)
+    def _(q, k, v, out, lse, d_out, d_lse, add_k, add_v, kernel_size, stride, dilation,
+          is_causal, *args, **kwargs):
+        pairs = _pairs(q, len(q) - 3, kernel_size, stride, dilation, is_causal, add_k)
+        return _flops.fused_backward(q[0], q[-2], pairs, q[-1], v[-1])
+
+    @register(torch.ops.fna.na_qk)
+    def _(q, k, add_k, kernel_size, stride, dilation, is_causal, *args, **kwargs):
+        pairs = _pairs(q, len(q) - 3, kernel_size, stride, dilation, is_causal, add_k)
+        return 2 * q[0] * q[-2] * pairs * q[-1]
+
+    @register(torch.ops.fna.na_qk_backward)
+    def _(q, k, add_k, d_attn, kernel_size, stride, dilation, is_causal, *args, **kwargs):
+        pairs = _pairs(q, len(q) - 3, kernel_size, stride, dilation, is_causal, add_k)
+        return 4 * q[0] * q[-2] * pairs * q[-1]
+
+    @register(torch.ops.fna.na_av)
+    def _(attn, v, add_v, kernel_size, stride, dilation, is_causal, *args, **kwargs):
+        pairs = _pairs(attn, len(attn) - 3, kernel_size, stride, dilation, is_causal, add_v)
+        return 2 * attn[0] * attn[-2] * pairs * v[-1]
+
+    @register(torch.ops.fna.na_av_backward)
+    def _(attn, v, add_v, d_out, kernel_size, stride, dilation, is_causal, *args, **kwargs):
+        pairs = _pairs(attn, len(attn) - 3, kernel_size, stride, dilation, is_causal, add_v)
+        return 4 * attn[0] * attn[-2] * pairs * v[-1]
+
+
+_register_flop_formulas()

@@ -66,9 +66,10 @@ def _check_torch_tensor(fn, name, t):
 _CUDA_BUILT = _C.backend_compiled("cuda-naive")
 
 
-def _check_devices(fn, backend, named):
+def _check_devices(fn, backend, named, shown=None):
     """torch: every tensor on one device (CPU or CUDA); CUDA backends need CUDA tensors; CUDA
-    tensors need a build with CUDA."""
+    tensors need a build with CUDA. `shown`: the backend as the caller named it (a NATTEN name)."""
+    shown = backend if shown is None else shown
     first_name, first = None, None
     for name, t in named:
         if t is None:
@@ -84,7 +85,7 @@ def _check_devices(fn, backend, named):
             )
     if backend in _args.CUDA_BACKENDS and first.type != "cuda":
         raise ValueError(
-            f"{fn}: backend={backend!r} needs CUDA tensors, but {first_name} is on {first}"
+            f"{fn}: backend={shown!r} needs CUDA tensors, but {first_name} is on {first}"
         )
     if first.type == "cuda" and not _CUDA_BUILT:
         raise RuntimeError(
@@ -113,6 +114,63 @@ def _hopper(kind, query):
     return _compat.torch.cuda.get_device_capability(query.device) == (9, 0)
 
 
+def _records_grad(kind, tensors):
+    """A torch call whose result autograd records (so a backward may run)."""
+    if kind != "torch" or not _compat.torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def _natten_backend(fn, name, kind, named, query, value, sp, opts, forward=True):
+    """(config, backward_config, tuning) for NATTEN's backend `name` (see
+    _args.natten_backend_options): CUDA tensors only."""
+    config, deterministic, allow_tf32, backward_config, tuning = opts
+    if kind != "torch":
+        raise ValueError(f"{fn}: backend={name!r} runs fna's cuda-fused backend, which needs CUDA "
+                         "tensors; NumPy arrays live on the CPU")
+    first_name, first = next((n, t) for n, t in named if t is not None)
+    if first.device.type != "cuda":
+        raise ValueError(f"{fn}: backend={name!r} runs fna's cuda-fused backend, which needs CUDA "
+                         f"tensors, but {first_name} is on {first.device}")
+    _check_devices(fn, "cuda-fused", named, shown=name)
+    torch = _compat.torch
+    hopper = _hopper(kind, query)
+    dtype_name = str(query.dtype).replace("torch.", "")
+    dim = max(query.shape[-1], value.shape[-1])
+
+    def pick_sm80():
+        tf32 = (bool(torch.backends.cuda.matmul.allow_tf32) if allow_tf32 is None
+                else bool(allow_tf32))
+        dev = query.device.index
+        props = torch.cuda.get_device_properties(dev)
+        return _cutlass_config(fn, tuple(query.shape), tuple(map(tuple, sp)), dtype_name,
+                               _key_heads(named), value.shape[-1], tf32, dev,
+                               props.shared_memory_per_block_optin)
+
+    def has_hopper_config():
+        return any(n.startswith(("fna_fwd_sm90_", "fna_fwd_sm90ws_"))
+                   for n in _C.fused_configs(len(sp[0]), dtype_name, dim))
+
+    config, backward_config, tuning = _args.natten_backend_options(
+        fn, name, hopper, query.dtype, config or "", backward_config or "", tuning, pick_sm80,
+        has_hopper_config, forward=forward)
+    return config or None, backward_config or None, tuning
+
+
+def _key_heads(named):
+    return dict(named)["key"].shape[-2]
+
+
+_CUTLASS_CONFIGS = {}
+
+
+def _cutlass_config(fn, *problem):
+    """_args.pick_sm80_config, once per problem signature (it plans every candidate)."""
+    if problem not in _CUTLASS_CONFIGS:
+        _CUTLASS_CONFIGS[problem] = _args.pick_sm80_config(fn, *problem)
+    return _CUTLASS_CONFIGS[problem]
+
+
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, backend, return_lse, opts, natten_kwargs):
     named = [("query", query), ("key", key), ("value", value),
@@ -127,16 +185,27 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
     config, deterministic, allow_tf32, backward_config, tuning = opts
-    if tuning is None and kind == "torch" and query.device.type == "cuda":
-        tuning = _args.DEFAULT_TUNING
+    if (tuning is None and kind == "torch" and query.device.type == "cuda"
+            and natten_backend is None):
+        tuning = _args.DEFAULT_TUNING  # a NATTEN backend name picks its kernels itself
     tuning = _args.tuning_text(tuning)
+    deterministic = _args.resolve_deterministic(
+        fn, deterministic, kind == "torch", lambda: _records_grad(kind, [t for _, t in named]))
     if natten_kwargs:
+        hopper = _hopper(kind, query)
+        if natten_backend == "cutlass-fna" and hopper:
+            hopper = False  # tile shapes name mma.sync configurations
         config, backward_config, tuning = _args.natten_tuning(
             fn, rank, natten_kwargs, query.dtype, max(query.shape[-1], value.shape[-1]),
-            _hopper(kind, query), deterministic, config, backward_config, tuning)
+            hopper, deterministic, config, backward_config, tuning)
+    if natten_backend is not None:
+        config, backward_config, tuning = _natten_backend(
+            fn, natten_backend, kind, named, query, value, sp,
+            (config, deterministic, allow_tf32, backward_config, tuning))
     opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
                                tuning)
     if kind == "torch":
@@ -156,7 +225,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
+         config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
@@ -168,7 +237,7 @@ def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
+         config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
@@ -177,14 +246,20 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     is_causal: bool or a tuple of bools. scale: default ``D ** -0.5``.
     additional_keys / additional_values: ``[B, N_add, H_kv, D(_v)]`` tokens every query also
     attends to (one softmax with the neighborhood).
-    backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused".
+    backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused"; or NATTEN's
+    "cutlass-fna" (cuda-fused's mma.sync kernels) / "hopper-fna" (its Hopper wgmma kernels;
+    compute capability 9.0, 16-bit); NATTEN's "blackwell-fna" and "flex-fna" raise ValueError
+    saying what to use (docs/python.md).
     Returns ``[B, X, Y, H, D_v]``, or ``(output, lse)`` with ``lse [B, X, Y, H]`` float32 (natural
     log of the softmax denominator, scale applied) when ``return_lse``; with torch, both are
     differentiable (a loss may use the LSE, e.g. through :func:`fna.merge_attentions`).
     config: name of a ``cuda-fused`` forward tile configuration (see :func:`fna.fused_configs`)
     instead of the heuristic's choice; an error on any other backend (no silent fallback).
     deterministic: the backward accumulates in a fixed order (bitwise reproducible; on the CPU
-    for one thread count).
+    for one thread count). None (default): ``torch.are_deterministic_algorithms_enabled()`` at
+    this call for torch tensors, False for NumPy; an explicit False under
+    ``torch.use_deterministic_algorithms(True)`` where a backward will run is a RuntimeError
+    (a warning with ``warn_only=True``), as torch's own non-deterministic ops.
     allow_tf32: float32 on ``cuda-fused`` with plain TF32 products (~1e-3 relative) instead of
     split-TF32 (float32-class), forward and backward; None follows
     ``torch.backends.cuda.matmul.allow_tf32``.
@@ -213,7 +288,7 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
-         config=None, deterministic=False, allow_tf32=None, backward_config=None, tuning=None,
+         config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
          **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
@@ -223,7 +298,7 @@ def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
-                backend=None, config=None, deterministic=False, allow_tf32=None,
+                backend=None, config=None, deterministic=None, allow_tf32=None,
                 backward_config=None, tuning=None, d_lse=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
@@ -244,10 +319,17 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
         raise ValueError(f"{fn}: query has {query.ndim} dims; expected 4, 5 or 6")
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
+    tuning = _args.tuning_text(tuning)
+    deterministic = _args.resolve_deterministic(fn, deterministic, kind == "torch", True)
+    if natten_backend is not None:
+        config, backward_config, tuning = _natten_backend(
+            fn, natten_backend, kind, named[1:], query, value, sp,
+            (config, deterministic, allow_tf32, backward_config, tuning), forward=False)
     opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
-                               _args.tuning_text(tuning))
+                               tuning)
     if kind == "torch":
         _check_devices(fn, backend, named)
         _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output,
@@ -273,7 +355,7 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     if additional_keys is not None:
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
-    backend = _args.backend_name(backend)
+    backend = _args.backend_name(backend, unfused=True)
     if kind == "torch":
         _check_devices(fn, backend, named)
         _compat.torch_ops.check_autograd_mode(fn, (query, key, additional_keys))
@@ -292,7 +374,7 @@ def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additio
     if additional_values is not None:
         _args.check_additional("additional_values", additional_values, attn.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
-    backend = _args.backend_name(backend)
+    backend = _args.backend_name(backend, unfused=True)
     if kind == "torch":
         _check_devices(fn, backend, named)
         _compat.torch_ops.check_autograd_mode(fn, (attn, value, additional_values))
@@ -369,7 +451,7 @@ def na_qk_backward(d_attn, query, key, kernel_size, stride=1, dilation=1, is_cau
              ("additional_keys", additional_keys)]
     kind = _framework(fn, named)
     sp = _args.spatial(query.ndim - 3, kernel_size, stride, dilation, is_causal)
-    backend = _args.backend_name(backend)
+    backend = _args.backend_name(backend, unfused=True)
     if kind == "torch":
         _check_devices(fn, backend, named)
         return tuple(_compat.torch.ops.fna.na_qk_backward(query, key, additional_keys, d_attn,
@@ -388,7 +470,7 @@ def na_av_backward(d_output, attn, value, kernel_size, stride=1, dilation=1, is_
              ("additional_values", additional_values)]
     kind = _framework(fn, named)
     sp = _args.spatial(attn.ndim - 3, kernel_size, stride, dilation, is_causal)
-    backend = _args.backend_name(backend)
+    backend = _args.backend_name(backend, unfused=True)
     if kind == "torch":
         _check_devices(fn, backend, named)
         return tuple(_compat.torch.ops.fna.na_av_backward(attn, value, additional_values, d_output,

@@ -145,6 +145,68 @@ def test_cuda_module():
     torch.testing.assert_close(m.cpu()(x.detach().cpu()), y.detach().cpu(), rtol=1e-4, atol=1e-4)
 
 
+def test_cuda_module_natten_keywords():
+    """NATTEN 0.17 keywords on CUDA: rpb (the unfused ops on cuda-naive) and attention dropout in
+    eval mode give the CPU module's output and gradients; under FlopCounterMode the fused op is
+    counted as fna.flops says."""
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(seed_of("cuda-module-rpb"))
+    m = fna.NeighborhoodAttention2D(dim=32, num_heads=4, kernel_size=5, dilation=2,
+                                    rel_pos_bias=True, attn_drop=0.2)
+    with torch.no_grad():
+        m.rpb.normal_()
+    m.eval()  # dropout draws differ between the CPU and CUDA generators
+    x = torch.randn(2, 13, 11, 32)
+    y_cpu = m(x)
+    y_cpu.square().sum().backward()
+    g_cpu = m.rpb.grad.clone()
+    m.rpb.grad = None
+    mc = m.cuda()
+    y = mc(x.cuda())
+    y.square().sum().backward()
+    torch.testing.assert_close(y.cpu(), y_cpu, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mc.rpb.grad.cpu(), g_cpu, rtol=1e-4, atol=1e-4)
+    with FlopCounterMode(display=False) as mode:
+        mc(x.cuda())
+    counts = {str(k): v for k, v in mode.get_flop_counts()["Global"].items()}
+    assert counts["fna.na_qk"] > 0 and counts["fna.na_av"] > 0 and "fna.na_forward" not in counts
+    plain = fna.NeighborhoodAttention2D(dim=32, num_heads=4, kernel_size=5, dilation=2).cuda()
+    with FlopCounterMode(display=False) as mode:
+        plain(x.cuda())
+    counts = {str(k): v for k, v in mode.get_flop_counts()["Global"].items()}
+    assert counts["fna.na_forward"] == fna.flops((2, 13, 11, 4, 8), 5, dilation=2)
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_cuda_deterministic_flag():
+    """torch.use_deterministic_algorithms(True) reaches the fused backward: on a Hopper, where the
+    plan's bfloat16 backward at head dim 64 is a (non-deterministic) Hopper kernel, it runs the
+    deterministic sm80 one instead; gradients are bitwise reproducible."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    g = torch.Generator(device="cuda").manual_seed(seed_of("cuda-det-flag"))
+    q, k, v = (torch.randn(1, 40, 36, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        fna.na2d(q, k, v, (9, 7)).float().square().sum().backward()
+        free = fna._C.last_fused_launch()["backward"]
+        torch.use_deterministic_algorithms(True)
+        grads = []
+        for _ in range(2):
+            grads.append(torch.autograd.grad(fna.na2d(q, k, v, (9, 7)).float().square().sum(),
+                                             (q, k, v)))
+            assert fna._C.last_fused_launch()["backward"].startswith("fna_bwd_sm80_")
+        for a, b in zip(*grads):
+            assert torch.equal(a, b)
+        if hopper:
+            assert not free.startswith("fna_bwd_sm80_"), free
+        with pytest.raises(RuntimeError, match="deterministic=False"):
+            fna.na2d(q, k, v, (9, 7), deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
 def test_cuda_errors():
     q = torch.randn(1, 8, 8, 2, 16, device="cuda")
     with pytest.raises(ValueError, match="key is on cpu but query is on cuda:0"):

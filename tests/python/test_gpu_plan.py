@@ -263,6 +263,39 @@ def test_natten_tuning_keywords():
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+def test_natten_backend_names():
+    """NATTEN's backend names run the kernels they name: cutlass-fna the mma.sync (sm80) forward
+    and backward on every GPU, on a Hopper the sm80 configuration the plan's cost model prefers
+    among the sm80 ones (as on an sm_80 GPU); hopper-fna the wgmma forward on a Hopper and an error
+    elsewhere. Results equal cuda-fused's within bfloat16 rounding."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    g = torch.Generator(device="cuda").manual_seed(seed_of("natten-backends"))
+    shape, ks = (1, 40, 36, 2, 64), (9, 7)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    ref = fna.na2d(q.detach(), k.detach(), v.detach(), ks, backend="cuda-fused")
+    out = fna.na2d(q, k, v, ks, backend="cutlass-fna")
+    out.float().square().sum().backward()
+    ran = fna._C.last_fused_launch()
+    assert ran["forward"].startswith("fna_fwd_sm80_"), ran
+    assert ran["backward"].startswith("fna_bwd_sm80_"), ran
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+    if not hopper:  # the plan's own choice is already an sm80 configuration
+        assert ran["forward"] == fna.fused_plan(shape, ks, dtype="bfloat16")["config"]
+    if hopper:
+        fna.na2d(q, k, v, ks, backend="hopper-fna")
+        assert fna._C.last_fused_launch()["forward"].startswith(("fna_fwd_sm90_",
+                                                                 "fna_fwd_sm90ws_"))
+        with pytest.raises(ValueError, match="float16 / bfloat16"):
+            fna.na2d(q.float(), k.float(), v.float(), ks, backend="hopper-fna")
+    else:
+        with pytest.raises(ValueError, match="compute capability 9.0"):
+            fna.na2d(q, k, v, ks, backend="hopper-fna")
+    with pytest.raises(ValueError, match="Blackwell"):
+        fna.na2d(q, k, v, ks, backend="blackwell-fna")
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_autotune(tmp_path):
     """tuning="auto": the first call of a signature times the candidates and caches the fastest on
     disk (one file per direction); fna.fused_plan then reports what runs; a fresh process-level
