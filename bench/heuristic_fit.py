@@ -1,7 +1,7 @@
 """The cuda-fused forward heuristic's cost model, offline: what the plan's rule (forward.cu
-heuristic_config / model_cost) picks from a bench/heuristic_quality.py --json file that records every
-candidate's time and plan (fwd_all, fwd_plans), how often that pick is within 5% of the fastest, and
-(--fit) the model's parameters fitted again on the file, with held-out counts.
+heuristic_config / model_cost) picks from a bench/heuristic_quality.py --json file that records
+every candidate's time and plan (fwd_all, fwd_plans), how often that pick is within 5% of the
+fastest, and (--fit) the model's parameters fitted again on the file, with held-out counts.
 
     python3 bench/heuristic_fit.py heuristic.json [--fit] [--splits 5] [--loo] [--tol 1.05]
 
@@ -142,8 +142,9 @@ def fit(probs, start=None, iters=3000):
         rc = r - mu[ks]
         return float((w * rc**2).sum())
 
-    x0 = np.array([PARAMS[f][s] if s == "g" else math.log(max(PARAMS[f][s], 1e-3)) for f, s in ORDER]
-                  if start is None else start, dtype=float)
+    x0 = start if start is not None else [
+        PARAMS[f][s] if s == "g" else math.log(max(PARAMS[f][s], 1e-3)) for f, s in ORDER]
+    x0 = np.array(x0, dtype=float)
     x, fx = nelder_mead(loss, x0, iters, 0.5)
     x, fx = nelder_mead(loss, x, iters // 2, 0.1)
     return to_prm(x), x
@@ -189,10 +190,12 @@ def main():
     prm = PARAMS
     if args.fit:
         prm, _ = fit(probs)
-        print("fitted:", json.dumps({f: {k: round(v, 3) for k, v in d.items()} for f, d in prm.items()}))
+        rounded = {f: {k: round(v, 3) for k, v in d.items()} for f, d in prm.items()}
+        print("fitted:", json.dumps(rounded))
     hits, out = evaluate(probs, prm, args.tol)
     rec = sum(p["row"]["fwd_ratio"] <= args.tol for p in probs)
-    print("| problem | D | shape | kernel | pick | pick / best | recorded heuristic / best | best |")
+    print("| problem | D | shape | kernel | pick | pick / best | recorded heuristic / best "
+          "| best |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for p, c, r in out:
         r0 = p["row"]

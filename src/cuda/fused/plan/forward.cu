@@ -85,9 +85,9 @@ bool wg_skip_on(const Tuning& t) { return t.fwd_wg_skip != Switch::off; }
 // where each SM gets one CTA (grids up to the SM count: random-0/26/27/38/49) or long runs of key
 // tiles (1d-long, 2d-large, 3d-video), the former where two or more CTAs share an SM over short
 // runs (random-3/8/12/24 1.07-1.14x, 2d-k7 1.08x, 1d-small 1.25x). A per-tile cost apart from the
-// pairs makes fewer, larger key tiles win where they halve the tile count (3d-small 1.13x, random-1)
-// but not where they cut it by 1.5x (random-6/17). The box forward's many small CTAs and the
-// strip forward's few long ones compete by the same form (their chunks' pairs are fixed).
+// pairs makes fewer, larger key tiles win where they halve the tile count (3d-small 1.13x,
+// random-1) but not where they cut it by 1.5x (random-6/17). The box forward's many small CTAs
+// and the strip forward's few long ones compete by the same form (their chunks' pairs are fixed).
 // Fitted by bench/heuristic_fit.py --fit (least squares on log time, centred per problem and
 // weighted to the configurations near each one's best) on every candidate's time of the 61
 // problems of bench/heuristic_quality.py (H200, 2026-11-26, bf16 / fp16, head dims 64 / 128): its
@@ -216,7 +216,7 @@ double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
 
 // The strip forward's query rows in flight (box rows x 4, 4 warps per box row) that the plan
 // takes: 12 rows (3 box rows, 12 warps) wherever they fit, the fastest strip or within 2% of it on
-// all ten rank-2 head-dim-64 problems that run it (16 rows ran random-33 1.12x slower though their
+// all nine rank-2 head-dim-64 problems that run it (16 rows ran random-33 1.12x slower though their
 // halo fit the ring with four bands to spare; H200, bench/heuristic_quality.py); else the most
 // whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the ring with four
 // bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. With the bands handed back
@@ -354,9 +354,9 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
       std::string why;
       if (!box_applies(*e, p, geo, dev.smem_optin, &bp, &why)) continue;
       const double ctas = ctas_of(p, geo, e->q);
-      const double c = ctas <= 0 ? 0
-                                 : model_cost(kBoxModel, ctas, bp.chunks * heads / ctas, 0,
-                                              resident_ctas(e->family, bp.smem, e->warps, dev), dev);
+      const int resident = resident_ctas(e->family, bp.smem, e->warps, dev);
+      const double c =
+          ctas <= 0 ? 0 : model_cost(kBoxModel, ctas, bp.chunks * heads / ctas, 0, resident, dev);
       const bool pays = any90 ? c < best
                               : bp.computed <= kBoxPairsRatio * tiled && bp.fast_fill >= 0.75;
       if (cfg != nullptr && t.fwd_box != Switch::on && !pays) continue;
