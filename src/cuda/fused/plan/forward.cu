@@ -91,8 +91,8 @@ bool wg_skip_on(const Tuning& t) { return t.fwd_wg_skip != Switch::off; }
 // Fitted by bench/heuristic_fit.py --fit (least squares on log time, centred per problem and
 // weighted to the configurations near each one's best) on every candidate's time of the 61
 // problems of bench/heuristic_quality.py (H200, 2026-11-26, bf16 / fp16, head dims 64 / 128): its
-// pick is within 5% of the fastest on 58/61 (the former estimate: 44/61), 55.4/61 on halves held
-// out of the fit (5 random splits, both ways). The misses: random-36 (3-D, head dim 64, 144 CTAs:
+// pick is within 5% of the fastest on 58/61 (the former estimate: 44/61), 57/61 left out of the
+// fit one at a time, 55.4/61 on halves held out of it (5 random splits, both ways). The misses: random-36 (3-D, head dim 64, 144 CTAs:
 // warp-specialized 1.19x faster), random-44 / random-23 (rank-2 dilated, ~10-30 us: smaller plain
 // tiles, box 1.07-1.09x faster).
 struct CostModel {
