@@ -3,6 +3,7 @@
 // launch, a call through the plan's table row. The kernels are instantiated from the same table
 // (configs/forward.h) by the files CMake generates.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -61,17 +62,6 @@ fused::Geometry geometry_of(const Problem& p) {
   return fused::Geometry::lift(p.rank, p.shape, p.kernel_size, p.dilation, p.stride, p.is_causal);
 }
 
-// The Hopper schedule the plan takes for a tile when the caller names none: 64-query tiles run
-// plain and 192-query tiles warp-specialized (the only kernels for them); 128-query tiles
-// warp-specialized at head dim 128 (1d-long 1.11x the plain kernel since its TMA loads; 2d-large,
-// 3d-video), plain at head dim 64, where the warp-specialized pipeline's fixed costs weigh more
-// than its overlap (1d-small 1.24x, 3d-small 1.15x, smaller 2-D / 3-D windows 1.05-1.19x for the
-// plain kernel; H200, bench/heuristic_quality.py).
-FwdFamily default_schedule(const FwdEntry& e) {
-  if (e.q_size() == 192) return FwdFamily::sm90ws;
-  return e.q_size() == 128 && e.dim >= 128 ? FwdFamily::sm90ws : FwdFamily::sm90;
-}
-
 // 192-query tiles (three frames) pay off where the first axis's windows are deep enough that each
 // frame-warpgroup's run of key tiles is long (3d-video's 18 frames); on windows of 5-7 frames
 // the 2-frame tiles ran 1.08-1.39x faster (H200, bench/heuristic_quality.py random problems).
@@ -81,28 +71,93 @@ bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
 
 bool wg_skip_on(const Tuning& t) { return t.fwd_wg_skip != Switch::off; }
 
-// Work estimate of a configuration: every visited key tile costs kQ * kN score pairs, border
-// tiles about a quarter more for the mask, and each tile's copy and barrier about as much as 32
-// more query rows would on the mma.sync kernels (so smaller query tiles pay for re-reading K/V),
-// 64 on the wgmma kernels, whose per-tile waits for MMA completion cost more next to their faster
-// MMAs. The warp-specialized kernel's warpgroups take only their own rows' key tiles and end
-// together, so there the multiply-and-mask term is each query tile's slowest warpgroup
-// (tiling.cuh part_critical_tiles) as if all ran it; the per-tile term still counts every tile the
-// CTA loads.
-double cost_of(const FwdEntry& e, const fused::Geometry& geo, const Tuning& t) {
-  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
-  const double masked = s.visited - s.unmasked;
-  const double per_tile_rows = e.wgmma() ? 64.0 : 32.0;
-  double work = s.visited + 0.25 * masked;
-  if (e.family == FwdFamily::sm90ws && wg_skip_on(t))
-    work = fused::part_critical_tiles(geo, fused::Ext3{{e.q[0], e.q[1], e.q[2]}},
-                                      fused::Ext3{{e.kv[0], e.kv[1], e.kv[2]}}, 64, 0.25);
-  return (work * double(e.q_size()) + per_tile_rows * s.visited) * double(e.kv_size());
+// The forward's cost model: a configuration's time (microseconds on an H200, less a launch cost
+// common to every configuration, which does not move the choice) from its plan's grid and
+// visited tiles,
+//   ceil(m / o) * min(m, o)^share * (cta + n * (tile + pairs * q * kv * D / 64^3)),
+// m = ceil(CTAs / SMs) the busiest SM's CTAs, o the CTAs one SM holds (resident_ctas), n the key
+// tiles one CTA visits (the warp-specialized kernel: one warpgroup's run; box / strip: 64-key
+// chunks), q * kv * D the multiply-adds of one tile. Most problems' kernels run 10-90 us, where
+// fixed costs and occupancy decide, which the former work-only estimate (visited tiles x tile
+// sizes, a per-tile overhead) missed both ways: the plain kernel holds two to four CTAs per SM
+// (one's barriers and softmax overlap the others' MMAs: `share` < 1), the warp-specialized one a
+// single CTA that pays a pipeline fill per CTA but multiplies 1.5x faster; so the latter wins
+// where each SM gets one CTA (grids up to the SM count: random-0/26/27/38/49) or long runs of key
+// tiles (1d-long, 2d-large, 3d-video), the former where two or more CTAs share an SM over short
+// runs (random-3/8/12/24 1.07-1.14x, 2d-k7 1.08x, 1d-small 1.25x). A per-tile cost apart from the
+// pairs makes fewer, larger key tiles win where they halve the tile count (3d-small 1.13x,
+// random-1) but not where they cut it by 1.5x (random-6/17). The box forward's many small CTAs
+// and the strip forward's few long ones compete by the same form (their chunks' pairs are fixed).
+// Fitted by bench/heuristic_fit.py --fit (least squares on log time, centred per problem and
+// weighted to the configurations near each one's best) on every candidate's time of the 61
+// problems of bench/heuristic_quality.py (H200, 2026-11-26, bf16 / fp16, head dims 64 / 128): its
+// pick is within 5% of the fastest on 58/61 (the former estimate: 44/61), 57/61 left out of the
+// fit one at a time, 55.4/61 on halves held out of it (5 random splits, both ways). The misses: random-36 (3-D, head dim 64, 144 CTAs:
+// warp-specialized 1.19x faster), random-44 / random-23 (rank-2 dilated, ~10-30 us: smaller plain
+// tiles, box 1.07-1.09x faster).
+struct CostModel {
+  double cta;    // per CTA: prologue, pipeline fill, epilogue
+  double tile;   // per visited key tile (chunk): its copy's wait, barriers, softmax bookkeeping
+  double pairs;  // per 64^3 multiply-adds of a tile (both GEMMs)
+  double share;  // o resident CTAs of one SM take o^share as long as one
+};
+constexpr CostModel kPlainModel{0.0, 0.584, 0.527, 0.525};
+constexpr CostModel kWsModel{2.63, 0.284, 0.362, 0.0};
+constexpr CostModel kBoxModel{0.0, 0.257, 0.0, 0.0};
+constexpr CostModel kStripModel{1.40, 0.174, 0.0, 0.0};
+
+// CTAs of one configuration an SM holds: the plain Hopper kernel's launch bound (Sm90Traits
+// kMinBlocks: shared memory, 128 registers a thread, at most 4), the box forward's (3 CTAs of 4
+// warps); the warp-specialized kernel and the strip take all registers / shared memory.
+int resident_ctas(FwdFamily f, size_t smem, int warps, const DeviceProps& dev) {
+  const int by_smem = int((size_t(dev.smem_optin) + 1024) / (smem + 1024));
+  const int threads = 32 * warps;
+  int o = 1;
+  if (f == FwdFamily::sm90) o = std::min({4, by_smem, 65536 / (threads * 128)});
+  if (f == FwdFamily::box) o = std::min(by_smem, threads <= 128 ? 3 : 1);
+  return std::max(o, 1);
 }
 
-// Pairs a tiled configuration multiplies per (batch, head): visited key tiles x tile sizes.
-double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
-  return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
+double model_cost(const CostModel& m, double ctas, double tiles_per_cta, double tile_macs,
+                  int resident, const DeviceProps& dev) {
+  const double busiest = std::ceil(ctas / double(std::max(dev.sms, 1)));
+  const double waves = std::ceil(busiest / resident);
+  const double together = std::min(busiest, double(resident));
+  return waves * std::pow(together, m.share) *
+         (m.cta + tiles_per_cta * (m.tile + m.pairs * tile_macs / (64.0 * 64.0 * 64.0)));
+}
+
+double ctas_of(const Problem& p, const fused::Geometry& geo, const int (&q)[kAxes]) {
+  double tiles = 1;
+  for (int ax = 0; ax < kAxes; ++ax) tiles *= fused::tiles_over(geo.max_group_length(ax), q[ax]);
+  return double(p.batch) * double(p.heads) * geo.num_groups() * tiles;
+}
+
+// A tiled Hopper configuration's modelled time: its visited key tiles as the plan counts them
+// (make_fwd_plan: the warp-specialized kernel's warpgroups walk only their own rows' run).
+double tiled_cost(const FwdEntry& e, const Problem& p, const fused::Geometry& geo, const Tuning& t,
+                  const DeviceProps& dev) {
+  const double ctas = ctas_of(p, geo, e.q);
+  if (ctas <= 0) return 0;
+  const bool ws = e.family == FwdFamily::sm90ws;
+  const fused::Ext3 qe{{e.q[0], e.q[1], e.q[2]}}, ke{{e.kv[0], e.kv[1], e.kv[2]}};
+  const double visited = ws && wg_skip_on(t) ? fused::part_tiling_stats(geo, qe, ke, 64).visited
+                                             : fused::tiling_stats(geo, e.q, e.kv).visited;
+  const double per_cta = visited * double(p.batch) * double(p.heads) / ctas;
+  return model_cost(ws ? kWsModel : kPlainModel, ctas, per_cta,
+                    double(e.q_size()) * double(e.kv_size()) * double(e.dim),
+                    resident_ctas(e.family, e.smem(), e.warps, dev), dev);
+}
+
+// Work estimate of an mma.sync configuration (devices without wgmma, and head dim 32, which only
+// they compile): every visited key tile costs kQ * kN score pairs, border tiles about a quarter
+// more for the mask, and each tile's copy and barrier about as much as 32 more query rows would (so
+// smaller query tiles pay for re-reading K/V).
+double sm80_cost(const FwdEntry& e, const fused::Geometry& geo) {
+  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
+  const double masked = s.visited - s.unmasked;
+  return ((s.visited + 0.25 * masked) * double(e.q_size()) + 32.0 * s.visited) *
+         double(e.kv_size());
 }
 
 // Whether the box forward takes this problem on this device (its plan in `bp`); `why` says why
@@ -141,24 +196,34 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
   return sp->ok;
 }
 
-// The box forward replaces the tiled choice when it multiplies at most this fraction of its pairs
-// and its chunks' 16 columns are on average at least 3/4 inside their boxes' unions (windows of
-// 9+ on the last axis): 13x13 and 11x11 windows (0.57 of the pairs) ran 1.02-1.09x faster with
-// it, 7x7 and 9x9 (0.75) 0.79-0.95x, 5x5 (half the columns outside the unions) 0.93x (H100, bf16,
-// head dim 64): its per-warp setup and halo copy cost as much as 4-5 chunks.
+// Next to the mma.sync kernels (devices without wgmma) the box forward replaces the tiled choice
+// when it multiplies at most this fraction of its pairs and its chunks' 16 columns are on average
+// at least 3/4 inside their boxes' unions (windows of 9+ on the last axis): 13x13 and 11x11
+// windows (0.57 of the pairs) ran 1.02-1.09x faster with it, 7x7 and 9x9 (0.75) 0.79-0.95x, 5x5
+// (half the columns outside the unions) 0.93x (H100, bf16, head dim 64, against the wgmma
+// kernels; on Hopper the cost model decides instead).
 constexpr double kBoxPairsRatio = 0.6;
 // The strip forward multiplies the box forward's pairs without re-copying a halo per CTA tile,
-// so it takes the box forward's place and, with a looser ratio, some of the tiled kernels':
+// so there it takes the box forward's place and, with a looser ratio, some of the tiled kernels':
 // 13x13 with dilation 2 (0.62 of the tiled choice's pairs) ran 1.063x over the tiled kernel,
 // 9x9 / 7x7 (0.75) 0.81-0.95x (H100, bf16, head dim 64).
 constexpr double kStripPairsRatio = 0.65;
 
+// Pairs a tiled configuration multiplies per (batch, head): visited key tiles x tile sizes.
+double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
+  return fused::tiling_stats(geo, e.q, e.kv).visited * double(e.q_size()) * double(e.kv_size());
+}
+
 // The strip forward's query rows in flight (box rows x 4, 4 warps per box row) that the plan
-// takes: the most whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the
-// ring with four bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. With the
-// bands handed back without fences the copies' lookahead counts more than the warps: 12 warps
-// ran 2d-nat 0.416 ms against 0.426 for 16 and 0.467 for 8 (H100, bf16).
+// takes: 12 rows (3 box rows, 12 warps) wherever they fit, the fastest strip or within 2% of it on
+// all nine rank-2 head-dim-64 problems that run it (16 rows ran random-33 1.12x slower though their
+// halo fit the ring with four bands to spare; H200, bench/heuristic_quality.py); else the most
+// whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the ring with four
+// bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. With the bands handed back
+// without fences the copies' lookahead counts more than the warps: 12 warps ran 2d-nat 0.416 ms
+// against 0.426 for 16 and 0.467 for 8 (H100, bf16).
 int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
+  if (e.q[1] == 3 * fused::kBoxExt) return 2000;
   return sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows ? 1000 + e.q[1]
                                                                           : -e.q[1];
 }
@@ -231,11 +296,13 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
   return Status::Ok();
 }
 
-// The heuristic's configuration: the cheapest tiled candidate (cost_of) that fits the device's
-// shared memory and runs on it (on compute capability 9.0 the wgmma kernels of the schedule the
-// caller names or default_schedule gives, else the mma.sync ones; ties to the earlier entry),
-// replaced by the box forward and then the strip forward where they multiply sufficiently fewer
-// pairs (or wherever they apply when Tuning asks for them).
+// The heuristic's configuration: the candidate of the least modelled time (model_cost) among
+// those that fit the device's shared memory and run on it: on compute capability 9.0 the wgmma
+// kernels (both schedules, or the one the caller names), the box forward's 16-warp entry and the
+// strip forward's entry of strip_rows_score; elsewhere, and where no wgmma kernel is compiled for
+// the head dim, the mma.sync ones by their work (sm80_cost), replaced by the box or strip forward
+// under the pair-ratio rules. Ties go to the earlier entry. Tuning can ask for the box / strip
+// forward wherever they apply (then the strip, else the box, is taken) or rule them out.
 Status heuristic_config(const Problem& p, const Options& opt, const fused::Geometry& geo,
                         const DeviceProps& dev, const FwdEntry** out) {
   const int64_t need = std::max(p.dim, p.dim_v);
@@ -251,8 +318,7 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
                    std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
   auto fits = [&](const FwdEntry* e) { return e->smem() <= static_cast<size_t>(dev.smem_optin); };
   auto takes_wgmma = [&](const FwdEntry* e) {
-    return e->wgmma() && fits(e) && deep_enough(*e, geo) &&
-           (named_schedule ? e->family == want : e->family == default_schedule(*e));
+    return e->wgmma() && fits(e) && deep_enough(*e, geo) && (!named_schedule || e->family == want);
   };
   bool any90 = false;
   if (dev.hopper())
@@ -266,52 +332,71 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
   for (const FwdEntry* e : cands) {
     if (e->boxes() || !fits(e)) continue;
     if (any90 ? !takes_wgmma(e) : e->wgmma()) continue;
-    const double c = cost_of(*e, geo, t);
+    const double c = any90 ? tiled_cost(*e, p, geo, t, dev) : sm80_cost(*e, geo);
     if (cfg == nullptr || c < best) {
       cfg = e;
       best = c;
     }
   }
+  // The box and strip forwards (mma.sync, rank 2): on Hopper by the same model against the tiled
+  // choice; next to the mma.sync kernels by the pair-ratio rules (kBoxPairsRatio); wherever they
+  // apply when Tuning asks for them or nothing tiled fits.
   const double tiled = cfg != nullptr ? tiled_pairs(*cfg, geo) : 0;
+  const double heads = double(p.batch) * double(p.heads);
   if (!named_schedule) {
-    // The box forward: its entries share the warp box, so they multiply the same pairs; the one
-    // copying the fewest halo rows (the largest CTA tile whose halo fits the device) is taken.
-    // Only 16-warp CTA tiles: the smaller ones copy 1.4-2x the halo rows per query.
+    // The box forward: its 16-warp entry (the smaller CTA tiles copy 1.4-2x the halo rows per
+    // query; wherever the box forward ran fastest they ran 1.1-1.6x slower than it).
     const FwdEntry* box = nullptr;
-    double box_loaded = 0;
+    double box_cost = 0;
     for (const FwdEntry* e : cands) {
       if (e->family != FwdFamily::box || t.fwd_box == Switch::off || e->warps < 16) continue;
       fused::BoxPlan bp;
       std::string why;
       if (!box_applies(*e, p, geo, dev.smem_optin, &bp, &why)) continue;
-      const bool pays = bp.computed <= kBoxPairsRatio * tiled && bp.fast_fill >= 0.75;
+      const double ctas = ctas_of(p, geo, e->q);
+      const int resident = resident_ctas(e->family, bp.smem, e->warps, dev);
+      const double c =
+          ctas <= 0 ? 0 : model_cost(kBoxModel, ctas, bp.chunks * heads / ctas, 0, resident, dev);
+      const bool pays = any90 ? c < best
+                              : bp.computed <= kBoxPairsRatio * tiled && bp.fast_fill >= 0.75;
       if (cfg != nullptr && t.fwd_box != Switch::on && !pays) continue;
-      if (box == nullptr || bp.loaded < box_loaded) {
+      if (box == nullptr || c < box_cost) {
         box = e;
-        box_loaded = bp.loaded;
+        box_cost = c;
       }
     }
-    if (box != nullptr) cfg = box;
-    // The strip forward where it applies and multiplies at most kStripPairsRatio of the tiled
-    // choice's pairs with its chunks' columns mostly inside their boxes' unions, or where the box
-    // forward was taken; among its entries the most rows in flight that fit its ring.
+    if (box != nullptr) {
+      cfg = box;
+      best = box_cost;
+    }
+    // The strip forward: its entry of strip_rows_score, where it applies and pays.
     const FwdEntry* strip = nullptr;
     int strip_score = 0;
+    double strip_cost = 0;
+    fused::StripPlan strip_sp;
     for (const FwdEntry* e : cands) {
       if (e->family != FwdFamily::strip || t.fwd_strip == Switch::off) continue;
       fused::StripPlan sp;
       std::string why;
       if (!strip_applies(*e, p, geo, dev, &sp, &why)) continue;
-      const bool pays = box != nullptr || tiled == 0 ||
-                        (sp.box.computed <= kStripPairsRatio * tiled && sp.box.fast_fill >= 0.75);
-      if (t.fwd_strip != Switch::on && !pays) continue;
       const int score = strip_rows_score(*e, sp);
-      if (strip == nullptr || score > strip_score) {
-        strip = e;
-        strip_score = score;
-      }
+      if (strip != nullptr && score <= strip_score) continue;
+      const double ctas = heads * geo.num_groups() * double(sp.sp.strips) * double(sp.sp.segs);
+      strip = e;
+      strip_score = score;
+      strip_sp = sp;
+      strip_cost = ctas <= 0 ? 0
+                             : model_cost(kStripModel, ctas, sp.box.chunks * heads / ctas, 0,
+                                          resident_ctas(e->family, sp.smem, e->warps, dev), dev);
     }
-    if (strip != nullptr) cfg = strip;
+    if (strip != nullptr) {
+      const bool pays =
+          any90 ? strip_cost < best
+                : box != nullptr || tiled == 0 ||
+                      (strip_sp.box.computed <= kStripPairsRatio * tiled &&
+                       strip_sp.box.fast_fill >= 0.75);
+      if (cfg == nullptr || t.fwd_strip == Switch::on || pays) cfg = strip;
+    }
   }
   if (cfg == nullptr)
     return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
