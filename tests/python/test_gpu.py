@@ -520,8 +520,8 @@ def _fused_lse_problem(rng, rank, dtype):
 def test_cuda_fused_d_lse(rank, dtype, deterministic):
     """The fused backward (named explicitly) with d_lse, from the reference forward's O and LSE:
     against the float64 oracle's gradients of sum(d_out * out) + sum(d_lse * lse) (float32:
-    split TF32, 2e-5 relative; bfloat16: 2e-2), where the d_lse term changes the gradients by
-    far more than the bound; a heads-first (strided) d_lse gives the same gradients."""
+    split TF32, 2e-5 relative; bfloat16: 2e-2), where the d_lse term changes the gradients by at
+    least ten times the bound; a heads-first (strided) d_lse gives the same gradients."""
     if not fna.fused_backward_configs(rank, dtype, 64):
         pytest.skip(f"no cuda-fused backward configuration for rank {rank} {dtype}")
     from helpers import dense_na
@@ -545,7 +545,7 @@ def test_cuda_fused_d_lse(rank, dtype, deterministic):
     bound = 2e-5 if dtype == "float32" else 2e-2
     names = ("dq", "dk", "dv", "d_add_k", "d_add_v")
     change = max(np.abs(ref[n] - without[n]).max() / np.abs(ref[n]).max() for n in names)
-    assert change > 20 * bound, f"the d_lse term changes the gradients by only {change}"
+    assert change > 10 * bound, f"the d_lse term changes the gradients by only {change}"
     hf = d_lse.movedim(-1, 1).contiguous().cuda()  # heads-first buffer
     for d_lse_dev in (d_lse.cuda(), hf.movedim(1, -1)):
         grads = fna.na_backward(d_out.cuda(), dev["q"], dev["k"], dev["v"], out.cuda(),
