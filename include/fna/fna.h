@@ -160,7 +160,8 @@ struct Options {
   int device_index = 0;          // CUDA device ordinal
   void* stream = nullptr;        // cudaStream_t; null = the legacy default stream
   double scale = -1.0;           // attention scale; <= 0 means 1 / sqrt(D)
-  int num_threads = 0;           // CPU backends: 0 = hardware concurrency
+  int num_threads = 0;           // CPU backends' threads, in [0, kMaxThreads]; 0 = the process-
+                                 // wide count (set_num_threads; default: the cores available)
   // Backward in a fixed accumulation order, bitwise reproducible run to run: CUDA without
   // order-dependent atomics; cpu with a fixed task-to-thread assignment (for one num_threads).
   bool deterministic = false;
@@ -295,5 +296,20 @@ struct FusedPlan {
 Status fused_plan(const Problem& p, const Options& opt, FusedPlan* out);
 
 const char* version();
+
+// ---- CPU threads --------------------------------------------------------------------------------
+// The CPU backends run on a persistent thread pool, created on first use and grown when a call
+// asks for more threads; the calling thread is one of a call's workers. A call uses
+// Options::num_threads threads, or, where that is 0, the process-wide count below (never more
+// than its tasks). Concurrent calls from several host threads are safe: while one call holds
+// the pool, another starts threads of its own.
+constexpr int kMaxThreads = 1024;  // the most threads Options::num_threads / set_num_threads take
+// Sets the process-wide thread count for calls with Options::num_threads = 0; 0 restores the
+// default, the cores available to the process (its CPU affinity mask on Linux, else
+// std::thread::hardware_concurrency). Outside [0, kMaxThreads]: invalid_argument naming it.
+Status set_num_threads(int num_threads);
+// The thread count a call with Options::num_threads = 0 uses now (set_num_threads's value, or the
+// cores available to the process).
+int get_num_threads();
 
 }  // namespace fna

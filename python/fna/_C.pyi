@@ -64,9 +64,19 @@ def last_fused_launch() -> dict:
     What the last cuda-fused launches ran (for tests: the plan is what runs).
     """
 
+def set_num_threads(num_threads: int) -> None:
+    """
+    Process-wide CPU thread count for calls that pass num_threads=0 (0: the cores available).
+    """
+
+def get_num_threads() -> int:
+    """The CPU thread count of calls that pass num_threads=0."""
+
 def version() -> str: ...
 
 def bench_main(argv: list[str]) -> int:
     """Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code."""
+
+max_threads: int = ...
 
 backends: tuple[str, ...] = ...

@@ -100,6 +100,24 @@ def set_default_tuning(tuning):
     return prev
 
 
+def set_num_threads(num_threads):
+    """Process-wide number of CPU threads for calls that do not pass ``num_threads=`` (the CPU
+    backends; C++ ``fna::set_num_threads``). 0 restores the default, the cores available to the
+    process (its CPU affinity mask on Linux). The threads are a persistent pool, created on first
+    use and grown when a call asks for more. ``num_threads`` outside [0, 1024] is a ValueError,
+    a non-int a TypeError."""
+    from . import _args
+    if not _args._is_int(num_threads):
+        raise TypeError(f"num_threads={num_threads!r} must be an int")
+    _C.set_num_threads(_args.num_threads_value(num_threads))
+
+
+def get_num_threads():
+    """The number of CPU threads a call without ``num_threads=`` runs with (at most; never more
+    than its tasks): the value of :func:`set_num_threads`, or the cores available to the process."""
+    return _C.get_num_threads()
+
+
 def autotune_cache_dir():
     """Where ``tuning="auto"`` keeps its choices: $FNA_CACHE_DIR, else $XDG_CACHE_HOME/fna/autotune,
     else ~/.cache/fna/autotune (one small file per problem signature; safe to delete)."""
@@ -171,6 +189,6 @@ __all__ = [
     "na_backward", "na_qk_backward", "na_av_backward", "merge_attentions", "backend_compiled",
     "cuda_available",
     "resolve_backend", "fused_configs", "fused_backward_configs", "fused_plan", "tuning_keys",
-    "set_default_tuning", "autotune_cache_dir", "flops",
+    "set_default_tuning", "autotune_cache_dir", "flops", "set_num_threads", "get_num_threads",
     "version", "BACKENDS", *_MODULES,
 ]

@@ -12,6 +12,8 @@ import numbers
 
 import numpy as np
 
+from . import _C
+
 BACKENDS = ("auto", "reference", "cpu", "cuda-naive", "cuda-fused")
 CUDA_BACKENDS = ("cuda-naive", "cuda-fused")
 
@@ -201,6 +203,24 @@ def fused_options(config, deterministic, allow_tf32, torch_tensors, backward_con
     elif not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32={allow_tf32!r} must be a bool or None")
     return config, deterministic, allow_tf32, backward_config, tuning
+
+
+# fna::kMaxThreads: the most CPU threads num_threads= / fna.set_num_threads take.
+MAX_THREADS = _C.max_threads
+
+
+def num_threads_value(num_threads):
+    """``num_threads=`` as the extension takes it: None -> 0 (the process-wide count,
+    ``fna.get_num_threads()``); otherwise an int in [0, MAX_THREADS] (the C++ API's message)."""
+    if num_threads is None:
+        return 0
+    if not _is_int(num_threads):
+        raise TypeError(f"num_threads={num_threads!r} must be an int or None")
+    n = int(num_threads)
+    if not 0 <= n <= MAX_THREADS:
+        raise ValueError(f"num_threads={n} must be in [0, {MAX_THREADS}] (0: the process-wide "
+                         "count, fna.get_num_threads())")
+    return n
 
 
 def _tuning_value(key, value):

@@ -7,13 +7,13 @@ import numpy as np
 from . import _C
 
 
-def _kw(sp, backend, scale=-1.0, opts=("", False, False, "", "")):
+def _kw(sp, backend, scale=-1.0, opts=("", False, False, "", "", 0)):
     kernel_size, stride, dilation, is_causal = sp
-    config, deterministic, allow_tf32, backward_config, tuning = opts
+    config, deterministic, allow_tf32, backward_config, tuning, num_threads = opts
     return dict(kernel_size=kernel_size, stride=stride, dilation=dilation, is_causal=is_causal,
                 backend=backend, scale=scale, stream=0, config=config,
                 deterministic=deterministic, allow_tf32=allow_tf32,
-                backward_config=backward_config, tuning=tuning)
+                backward_config=backward_config, tuning=tuning, num_threads=num_threads)
 
 
 def _empty(shape, dtype):

@@ -45,14 +45,14 @@ def _stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "", "")):
+def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "", "", 0)):
     kernel_size, stride, dilation, is_causal = sp
     arrays = [None if a is None else _export(a) for a in arrays]
-    config, deterministic, allow_tf32, backward_config, tuning = opts
+    config, deterministic, allow_tf32, backward_config, tuning, num_threads = opts
     fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation, is_causal=is_causal,
        backend=backend, scale=scale, stream=_stream_of(device), config=config,
        deterministic=deterministic, allow_tf32=allow_tf32, backward_config=backward_config,
-       tuning=tuning)
+       tuning=tuning, num_threads=num_threads)
 
 
 # ---- what fna's ops support of torch's autograd modes ----------------------------------------------
@@ -116,26 +116,28 @@ def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optio
                additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                config: str, deterministic: bool, allow_tf32: bool,
-               backward_config: str, tuning: str) -> Tuple[Tensor, Tensor]:
+               backward_config: str, tuning: str, num_threads: int = 0) -> Tuple[Tensor, Tensor]:
     return _forward_impl(query, key, value, additional_keys, additional_values, kernel_size,
                          stride, dilation, is_causal, scale, backend, config, deterministic,
-                         allow_tf32, backward_config, tuning)
+                         allow_tf32, backward_config, tuning, num_threads)
 
 
 def _forward_impl(query, key, value, additional_keys, additional_values, kernel_size, stride,
                   dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-                  backward_config, tuning):
+                  backward_config, tuning, num_threads=0):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     _call(_C.forward, query.device, query, key, value, out, lse, additional_keys,
           additional_values, sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend,
-          scale=scale, opts=(config, deterministic, allow_tf32, backward_config, tuning))
+          scale=scale, opts=(config, deterministic, allow_tf32, backward_config, tuning,
+                             num_threads))
     return out, lse
 
 
 @na_forward.register_fake
 def _(query, key, value, additional_keys, additional_values, kernel_size, stride, dilation,
-      is_causal, scale, backend, config, deterministic, allow_tf32, backward_config, tuning):
+      is_causal, scale, backend, config, deterministic, allow_tf32, backward_config, tuning,
+      num_threads=0):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     return out, lse
@@ -147,29 +149,30 @@ def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: 
                 additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                 dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                 config: str, deterministic: bool, allow_tf32: bool,
-                backward_config: str, tuning: str) -> List[Tensor]:
+                backward_config: str, tuning: str, num_threads: int = 0) -> List[Tensor]:
     return _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                           additional_values, kernel_size, stride, dilation, is_causal, scale,
-                          backend, config, deterministic, allow_tf32, backward_config, tuning)
+                          backend, config, deterministic, allow_tf32, backward_config, tuning,
+                          num_threads)
 
 
 def _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                    additional_values, kernel_size, stride, dilation, is_causal, scale, backend,
-                   config, deterministic, allow_tf32, backward_config, tuning):
+                   config, deterministic, allow_tf32, backward_config, tuning, num_threads=0):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     add = [] if additional_keys is None else [torch.empty_like(additional_keys),
                                               torch.empty_like(additional_values)]
     _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
           additional_keys, additional_values, *(add or [None, None]), d_lse,
           sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale,
-          opts=(config, deterministic, allow_tf32, backward_config, tuning))
+          opts=(config, deterministic, allow_tf32, backward_config, tuning, num_threads))
     return grads + add
 
 
 @na_backward.register_fake
 def _(query, key, value, output, lse, d_output, d_lse, additional_keys, additional_values,
       kernel_size, stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-      backward_config, tuning):
+      backward_config, tuning, num_threads=0):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
         grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
@@ -178,11 +181,13 @@ def _(query, key, value, output, lse, d_output, d_lse, additional_keys, addition
 
 def _na_setup(ctx, inputs, output):
     (query, key, value, add_k, add_v, kernel_size, stride, dilation, is_causal, scale, backend,
-     config, deterministic, allow_tf32, backward_config, tuning) = inputs
+     config, deterministic, allow_tf32, backward_config, tuning, *rest) = inputs
+    num_threads = rest[0] if rest else 0  # (a default the op's caller may leave out)
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend,
-                  config, deterministic, allow_tf32, backward_config, tuning)
+                  config, deterministic, allow_tf32, backward_config, tuning, num_threads)
+    ctx.num_inputs = len(inputs)
     # Both outputs are differentiable: a gradient into the LSE goes to the backward as d_lse.
     # Unused outputs arrive as None (not zeros), so a loss on the output alone passes no d_lse.
     ctx.set_materialize_grads(False)
@@ -198,7 +203,7 @@ def _na_grads(ctx, d_out, d_lse, backward):
         d_out = d_out.contiguous()
     grads = backward(query, key, value, out, lse, d_out, d_lse, add_k, add_v, *ctx.params)
     d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
-    return (grads[0], grads[1], grads[2]) + d_add + (None,) * 11
+    return (grads[0], grads[1], grads[2]) + d_add + (None,) * (ctx.num_inputs - 5)
 
 
 def _na_backward(ctx, d_out, d_lse):

@@ -188,7 +188,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
-    config, deterministic, allow_tf32, backward_config, tuning = opts
+    config, deterministic, allow_tf32, backward_config, tuning, num_threads = opts
     if (tuning is None and kind == "torch" and query.device.type == "cuda"
             and natten_backend is None):
         tuning = _args.DEFAULT_TUNING  # a NATTEN backend name picks its kernels itself
@@ -206,8 +206,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         config, backward_config, tuning = _natten_backend(
             fn, natten_backend, kind, named, query, value, sp,
             (config, deterministic, allow_tf32, backward_config, tuning))
-    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
-                               tuning)
+    opts = (*_args.fused_options(config, deterministic, allow_tf32, kind == "torch",
+                                 backward_config, tuning), _args.num_threads_value(num_threads))
     if kind == "torch":
         _check_devices(fn, backend, named)
         inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
@@ -226,19 +226,20 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         **natten_tuning):
+         num_threads=None, **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
+               natten_tuning)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         **natten_tuning):
+         num_threads=None, **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -272,6 +273,9 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive``); validated, echoed by
     :func:`fna.fused_plan`; a key that concerns another backend than the one that runs is an
     error.
+    num_threads: CPU threads for this call (forward, and the backward through autograd); None or
+    0: the process-wide count (:func:`fna.set_num_threads`, default: the cores available to the
+    process). Ignored on CUDA tensors.
     NATTEN's tuning keywords map onto these: ``q_tile_shape`` / ``kv_tile_shape`` pick the forward
     configuration with those tiles, ``backward_q_tile_shape`` / ``backward_kv_tile_shape`` the
     backward one (the dK / dV kernel's query and key tiles), ``kernel_schedule`` "non" / "coop"
@@ -283,23 +287,25 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     """
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
+               natten_tuning)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         **natten_tuning):
+         num_threads=None, **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
-               (config, deterministic, allow_tf32, backward_config, tuning), natten_tuning)
+               (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
+               natten_tuning)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
                 backend=None, config=None, deterministic=None, allow_tf32=None,
-                backward_config=None, tuning=None, d_lse=None):
+                backward_config=None, tuning=None, d_lse=None, num_threads=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
@@ -307,7 +313,7 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     None = zero) is the gradient of the loss with respect to ``lse``. Returns
     ``(d_query, d_key, d_value)``, plus ``(d_additional_keys, d_additional_values)`` when
     additional keys/values are given. Works for NumPy arrays and torch tensors. config /
-    deterministic / allow_tf32 / backward_config / tuning: see :func:`na2d`.
+    deterministic / allow_tf32 / backward_config / tuning / num_threads: see :func:`na2d`.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
@@ -328,8 +334,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
         config, backward_config, tuning = _natten_backend(
             fn, natten_backend, kind, named[1:], query, value, sp,
             (config, deterministic, allow_tf32, backward_config, tuning), forward=False)
-    opts = _args.fused_options(config, deterministic, allow_tf32, kind == "torch", backward_config,
-                               tuning)
+    opts = (*_args.fused_options(config, deterministic, allow_tf32, kind == "torch",
+                                 backward_config, tuning), _args.num_threads_value(num_threads))
     if kind == "torch":
         _check_devices(fn, backend, named)
         _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output,

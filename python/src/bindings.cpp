@@ -20,6 +20,7 @@
 
 #include "core/autotune.h"
 #include "core/launch_record.h"
+#include "core/validate.h"
 
 #include "fna/fna.h"
 
@@ -276,14 +277,15 @@ fna::Tuning parse_tuning(const std::string& text) {
 }
 
 void set_options(Call& c, const std::string& backend, double scale, uintptr_t stream,
-                 int num_threads, bool deterministic, const std::string& config, bool allow_tf32,
+                 int64_t num_threads, bool deterministic, const std::string& config, bool allow_tf32,
                  const std::string& backward_config, const std::string& tuning) {
   // Problem errors first: the role extents checked next are only meaningful for a valid problem.
   check(fna::validate_problem(c.p));
   check(fna::parse_backend(backend, &c.opt.backend));
   c.opt.scale = scale;
   c.opt.stream = reinterpret_cast<void*>(stream);
-  c.opt.num_threads = num_threads;
+  check(fna::detail::check_num_threads(num_threads));  // before narrowing to int
+  c.opt.num_threads = static_cast<int>(num_threads);
   c.opt.deterministic = deterministic;
   c.opt.config = config;
   c.opt.allow_tf32 = allow_tf32;
@@ -305,7 +307,7 @@ void run(F&& fn) {
 #define FNA_OPTION_PARAMS                                                                     \
   const std::vector<int64_t>&kernel_size, const std::vector<int64_t>&stride,                  \
       const std::vector<int64_t>&dilation, const std::vector<bool>&is_causal,                 \
-      const std::string &backend, double scale, uintptr_t stream, int num_threads,            \
+      const std::string &backend, double scale, uintptr_t stream, int64_t num_threads,        \
       bool deterministic, const std::string &config, bool allow_tf32,                          \
       const std::string &backward_config, const std::string &tuning
 
@@ -639,6 +641,14 @@ NB_MODULE(_C, m) {
 #endif
     return d;
   }, "What the last cuda-fused launches ran (for tests: the plan is what runs).");
+  m.def("set_num_threads", [](int64_t num_threads) {
+    check(fna::detail::check_num_threads(num_threads));
+    check(fna::set_num_threads(static_cast<int>(num_threads)));
+  }, nb::arg("num_threads"),
+     "Process-wide CPU thread count for calls that pass num_threads=0 (0: the cores available).");
+  m.def("get_num_threads", &fna::get_num_threads,
+        "The CPU thread count of calls that pass num_threads=0.");
+  m.attr("max_threads") = fna::kMaxThreads;
   m.def("version", [] { return std::string(fna::version()); });
   m.def(
       "bench_main",

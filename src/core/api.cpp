@@ -5,6 +5,7 @@
 #include "core/autotune.h"
 #include "core/backends.h"
 #include "core/validate.h"
+#include "cpu/pool.h"
 #include "fna/fna.h"
 
 namespace fna {
@@ -320,6 +321,15 @@ Status fused_plan(const Problem& p, const Options& opt, FusedPlan* out) {
     return {Code::runtime_error, "backend=cuda-fused needs a CUDA device, but none is visible"};
   return detail::cuda_fused_plan(p, opt, out);
 }
+
+Status set_num_threads(int num_threads) {
+  Status st = detail::check_num_threads(num_threads);
+  if (!st.ok()) return st;
+  cpu::set_default_threads(num_threads);
+  return Status::Ok();
+}
+
+int get_num_threads() { return cpu::default_threads(); }
 
 // The one version string: CMakeLists.txt's project(fna VERSION x.y.z), passed as a definition
 // (builds outside CMake, e.g. tools/experiments/cpu_builds_ab.sh, report "unknown").

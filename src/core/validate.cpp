@@ -201,11 +201,17 @@ Status check_tensor(const TensorCheck& t, const Options& opt) {
   return Status::Ok();
 }
 
+Status check_num_threads(int64_t n, const char* name) {
+  if (n < 0 || n > kMaxThreads)
+    return invalid(std::string(name) + "=" + str(n) + " must be in [0, " + str(kMaxThreads) +
+                   "] (0: the process-wide count, fna::get_num_threads())");
+  return Status::Ok();
+}
+
 Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused) {
   if (!(opt.scale <= 0.0 || std::isfinite(opt.scale)) || std::isnan(opt.scale))
     return invalid("scale=" + str(opt.scale) + " must be finite");
-  if (opt.num_threads < 0)
-    return invalid("num_threads=" + str(opt.num_threads) + " must be >= 0");
+  if (Status st = check_num_threads(opt.num_threads); !st.ok()) return st;
   if (opt.device != Device::cpu && opt.device != Device::cuda)
     return invalid("device=" + str(static_cast<int>(opt.device)) + " is not cpu or cuda");
   const int b = static_cast<int>(opt.backend);

@@ -29,5 +29,9 @@ Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved, bool
 
 Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused);
 
+// A thread count (Options::num_threads, fna::set_num_threads, the Python bindings' int64 argument
+// `name`) in [0, kMaxThreads]; the message names `name` and the value.
+Status check_num_threads(int64_t n, const char* name = "num_threads");
+
 }  // namespace detail
 }  // namespace fna

@@ -1,18 +1,22 @@
 // A minimal fork-join loop for the CPU backends: `threads` workers pull task indices from an
-// atomic counter, or take a fixed share of them (deterministic mode).
+// atomic counter, or take a fixed share of them (deterministic mode). The workers are the
+// persistent pool's (cpu/pool.h): worker 0 is the calling thread.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <thread>
 #include <vector>
+
+#include "cpu/pool.h"
 
 namespace fna {
 namespace cpu {
 
+// The threads a call runs with: Options::num_threads, or (0) the process-wide count
+// (fna::set_num_threads, default: the cores available to the process), at most one per task.
 inline int resolve_threads(int requested, int64_t tasks) {
-  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  int n = requested > 0 ? requested : default_threads();
   if (n < 1) n = 1;
   return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
 }
@@ -39,11 +43,7 @@ void parallel_for(int64_t tasks, int threads, Fn&& fn, int64_t chunk = 1, bool f
     for (int64_t i0 = next.fetch_add(chunk); i0 < tasks; i0 = next.fetch_add(chunk))
       for (int64_t i = i0; i < i0 + chunk && i < tasks; ++i) fn(i, id);
   };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int id = 1; id < threads; ++id) pool.emplace_back(worker, id);
-  worker(0);
-  for (auto& t : pool) t.join();
+  run_workers(threads, worker);
 }
 
 // Calls fn(i, end, worker) for every task i in [0, tasks) once: worker w starts on the w-th of
@@ -104,11 +104,7 @@ void parallel_ranges(int64_t tasks, int threads, Fn&& fn, int64_t chunk, int64_t
       if (theirs.compare_exchange_strong(v, pack(vn, mid))) mine = pack(mid, ve);
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int id = 1; id < threads; ++id) pool.emplace_back(worker, id);
-  worker(0);
-  for (auto& t : pool) t.join();
+  run_workers(threads, worker);
 }
 
 }  // namespace cpu

@@ -398,7 +398,8 @@ def opcheck_all(device, backend):
     ak, av = r(1, 2, 1, 4), r(1, 2, 1, 3)
     sp = ([3, 3], [1, 2], [1, 1], [True, False])
     ops = torch.ops.fna
-    fo = ("", False, False, "", "")  # config, deterministic, allow_tf32, backward_config, tuning
+    # config, deterministic, allow_tf32, backward_config, tuning, num_threads
+    fo = ("", False, False, "", "", 2)
     out, lse = ops.na_forward(q, k, v, ak, av, *sp, 0.5, backend, *fo)
     attn = ops.na_qk(q, k, ak, *sp, -1.0, backend)
     w = torch.softmax(attn.detach(), -1).requires_grad_(True)

@@ -26,7 +26,9 @@ usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in s
                          backends for the device, reference excluded on cuda)
   --mode fwd|bwd|both    time the forward only, the backward only (the forward runs once,
                          untimed, for O and LSE), or both (default both)
-  --repeats N  --warmup N  --threads N
+  --repeats N  --warmup N
+  --threads N            CPU threads, at most 1024 (default 0: fna::get_num_threads(), the cores
+                         available to the process)
   --check N              queries checked against the float64 reference (default: 64 on cpu; on
                          cuda none unless asked, the reference being slow; 0 = none)
   --config NAME          cuda-fused forward tile configuration (names: an invalid one lists them)
@@ -185,6 +187,11 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
       cfg->warmup = static_cast<int>(v);
     } else if (f == "--threads") {
       if (!int_value(&v)) return false;
+      if (v < 0 || v > fna::kMaxThreads) {
+        *err = "--threads=" + std::to_string(v) + " must be in [0, " + std::to_string(fna::kMaxThreads) +
+               "] (0: the cores available to the process)";
+        return false;
+      }
       cfg->threads = static_cast<int>(v);
     } else if (f == "--check") {
       if (!int_value(&v)) return false;

@@ -72,10 +72,10 @@ double median(std::vector<double> v) {
 }
 
 // The CPU worker threads the library runs with for Options::num_threads = `requested`: 0 means the
-// hardware concurrency (src/cpu/parallel.h resolve_threads; it further caps the count at the
-// number of tasks of a call, which this does not).
+// process-wide count, fna::get_num_threads() (the cores available to the process; src/cpu/parallel.h
+// resolve_threads further caps the count at the number of tasks of a call, which this does not).
 int resolved_threads(int requested) {
-  const int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  const int n = requested > 0 ? requested : fna::get_num_threads();
   return n < 1 ? 1 : n;
 }
 
@@ -405,7 +405,7 @@ int run_one(const BenchConfig& cfg) {
               : cfg.device == fna::Device::cuda ? " (default: a CUDA device is visible)"
                                                 : " (default: no CUDA device visible)",
               resolved_threads(cfg.threads),
-              cfg.threads > 0 ? "" : " (hardware concurrency)");
+              cfg.threads > 0 ? "" : " (default: the cores available)");
   if (!fna::tuning_string(cfg.tuning).empty())
     std::printf("tuning: %s\n", fna::tuning_string(cfg.tuning).c_str());
   Buffers buf(cfg.problem, cfg.device, /*seed=*/1234);
