@@ -166,6 +166,6 @@ def test_bench_through_extension():
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
     assert bad.returncode == 2 and "fna-bench:" in bad.stderr, bad.stdout + bad.stderr
     dist = _installed()
-    if dist is not None:  # the console script beside the interpreter
-        script = os.path.join(os.path.dirname(sys.executable), "fna-bench")
-        assert os.path.isfile(script), script
+    if dist is not None:  # the installed command is this entry point
+        eps = [ep for ep in dist.entry_points if ep.group == "console_scripts"]
+        assert [(ep.name, ep.value) for ep in eps] == [("fna-bench", "fna._bench:main")], eps

