@@ -92,7 +92,7 @@ def test_fused_plan_strip_rows():
     import torch
     shape = (2, 128, 128, 2, 64)
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    default = fna.fused_plan(shape, (13, 13), dtype="bfloat16")["config"]
+    default = fna.fused_plan((8, 128, 128, 8, 64), (13, 13), dtype="bfloat16")["config"]
     if optin >= 227 * 1024:
         assert default == "fna_fwd_strip_bf16_d64_q12x16_b4x4_w12", default
     g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip_rows"))
