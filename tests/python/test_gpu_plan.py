@@ -98,7 +98,7 @@ def test_fused_plan_strip_rows():
     g = torch.Generator(device="cuda").manual_seed(seed_of("fused_plan_strip_rows"))
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
-    out = fna.na2d(q, k, v, (13, 13), backend="cuda-fused")
+    out = fna.na2d(q, k, v, (13, 13), backend="cuda-fused", tuning={"fwd_strip": "on"})
     ref = fna.na2d(q.float(), k.float(), v.float(), (13, 13), backend="cuda-fused")
     assert (out.float() - ref).abs().max().item() <= 3e-2
     ran = 0
@@ -118,8 +118,9 @@ def _family_cases(hopper):
     """(name, query shape, kernel, dtype, tuning) problems whose plans take each forward family."""
     cases = [
         ("sm80", (1, 40, 36, 2, 32), (7, 5), torch.float32, None),
-        ("strip", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, None),
-        ("box", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, {"fwd_strip": "off"}),
+        ("strip", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16, {"fwd_strip": "on"}),
+        ("box", (2, 128, 128, 2, 64), (13, 13), torch.bfloat16,
+         {"fwd_strip": "off", "fwd_box": "on"}),
     ]
     if hopper:
         cases += [

@@ -163,7 +163,7 @@ for s in "${steps[@]}"; do
         ( cd /tmp && env -u LD_LIBRARY_PATH PYTHONPATH="$site" python3 -c "
 import sys; sys.modules['torch'] = None  # no torch
 import numpy as np, fna, os, subprocess
-so = [f for f in os.listdir(os.path.dirname(fna.__file__)) if f.startswith('_C')][0]
+so = [f for f in os.listdir(os.path.dirname(fna.__file__)) if f.startswith('_C') and f.endswith('.so')][0]
 deps = subprocess.run(['ldd', os.path.join(os.path.dirname(fna.__file__), so)], capture_output=True, text=True).stdout
 assert 'cudart' not in deps, deps
 assert fna.backend_compiled('cuda-fused') and fna.cuda_available(), 'no CUDA in the wheel / device'
