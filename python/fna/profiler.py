@@ -139,9 +139,9 @@ def _dtype(text):
     return DTYPES[text.lower()]
 
 
-def build_parser():
+def build_parser(prog=PROG):
     ap = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description="List and time the cuda-fused configurations of one neighborhood-attention "
                     "problem: forward and backward, sorted by GPU time, with the heuristic's and "
                     "the autotuner's picks marked.",
@@ -187,10 +187,10 @@ def _per_axis(ap, flag, vals, rank):
     return vals
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, prog=PROG):
     """(Problem, argparse.Namespace) from the command line; argparse errors (exit code 2, a
     message naming the flag) for anything invalid."""
-    ap = build_parser()
+    ap = build_parser(prog)
     a = ap.parse_args(argv)
     rank = len(a.shape)
     for i, L in enumerate(a.shape):
@@ -565,15 +565,16 @@ def _dry_report(problem, candidates):
 
 # ---- main ----------------------------------------------------------------------------------------
 
-def main(argv=None, api=None, runner=None, timer=None, autotuned=None):
+def main(argv=None, api=None, runner=None, timer=None, autotuned=None, prog=PROG):
     """The command line; returns the exit code (0 ok, 1 nothing to profile / no device, 2 bad
-    arguments via argparse). api / runner / timer / autotuned: injected for tests."""
-    problem, args = parse_args(argv)
+    arguments via argparse). api / runner / timer / autotuned: injected for tests; prog: the
+    name messages use (`fna-bench profile` runs this same command line)."""
+    problem, args = parse_args(argv, prog)
     if api is None:
         import fna as api
 
     def fail(msg):
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 1
 
     if not api.backend_compiled("cuda-fused"):

@@ -410,3 +410,28 @@ def test_gpu_profile_small_2d_end_to_end(tmp_path):
         assert all(x["autotuned"] is None for x in fwd)
     assert len(list(csv.DictReader(open(c)))) == len(rows)
     assert np.isfinite(doc["flops_forward"]) and doc["pairs"] == 24 * 5 * 20 * 7
+
+
+def test_through_fna_bench():
+    """`fna-bench profile ...` (the installed command, fna._bench) is this profiler's command line:
+    its help and its errors carry that name, and without the fused backend it says so (exit 1)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fna._bench", "profile", *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    h = run("--help")
+    assert h.returncode == 0 and h.stdout.startswith("usage: fna-bench profile"), h.stdout + h.stderr
+    assert "--dry-run" in h.stdout
+    bad = run("--shape", "0x4", "--kernel", "3", "--heads", "2", "--dim", "16")
+    assert bad.returncode == 2 and "fna-bench profile: error: argument --shape" in bad.stderr, \
+        bad.stderr
+    if not fna.backend_compiled("cuda-fused"):
+        r = run("--shape", "16x16", "--kernel", "3", "--heads", "2", "--dim", "16", "--dry-run")
+        assert r.returncode == 1 and "fna-bench profile: error: cuda-fused is not available" \
+            in r.stderr, r.stderr

@@ -13,6 +13,8 @@ const char* usage() {
   return R"(fna-bench: time one neighborhood-attention problem on each backend.
 
 usage: fna-bench [flags]            (no flags: a 2-D fp32 problem that runs in seconds on the CPU)
+       fna-bench profile [flags]    (the installed command only: python -m fna.profiler, the
+                                     cuda-fused configurations of a problem listed and timed)
   every flag that takes a value accepts --flag VALUE and --flag=VALUE
   --shape 128x128        token grid; its number of axes is the rank (1, 2 or 3)
   --batch N  --heads N  --heads-kv N  --dim N  --dim-v N
@@ -98,6 +100,12 @@ bool parse_args(int argc, char** argv, BenchConfig* cfg, std::string* err, bool*
   std::string shape, kernel = "13", dilation = "1", stride = "1", causal = "0";
   bool heads_kv_set = false, dim_v_set = false;
   *help = false;
+  if (argc > 1 && std::string(argv[1]) == "profile") {
+    *err = "`fna-bench profile` is the configuration profiler of the Python package: run it "
+           "through the installed fna-bench command (pip install .) or as python -m fna.profiler; "
+           "this executable has no Python";
+    return false;
+  }
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
     // --flag=value is the same as --flag value (the value may itself contain '=', e.g. --tuning).
