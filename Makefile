@@ -52,10 +52,10 @@ bench-gpu: build
 	mkdir -p build/bench && $(PY) bench/gpu_bench.py --out build/bench $(BENCH_ARGS)
 	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 1,)
 
-# The CPU needs neither Python nor torch: a plain CMake build of fna-bench.
+# The CPU needs neither Python, torch nor CUDA: a plain CMake build of fna-bench (CPU kernels).
 bench-cpu:
 	cmake -S . -B build/bench -G "$(shell command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" \
-	  -DCMAKE_BUILD_TYPE=Release -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON > /dev/null
+	  -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=OFF -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON > /dev/null
 	cmake --build build/bench -j $(JOBS) --target fna-bench
 	build/bench/fna-bench --device cpu --check $(CHECK) $(BENCH_ARGS)
 
