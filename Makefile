@@ -10,7 +10,8 @@ PY        := $(VENV)/bin/python
 BUILD     ?= build/py
 JOBS      ?= $(shell nproc)
 STAMP     := $(VENV)/.fna-deps
-# make bench: CHECK=1 also checks the results against the float64 reference; BENCH_ARGS go to
+# make bench: CHECK=1 also checks 64 sampled queries against the float64 reference (which is
+# otherwise never run); BENCH_ARGS go to
 # the benchmark (bench/gpu_bench.py on a GPU, fna-bench on the CPU).
 CHECK     ?= 0
 BENCH_ARGS ?=
@@ -50,14 +51,14 @@ endif
 # The standard problem set on the GPU, with the peers that are installed, timed in the same run.
 bench-gpu: build
 	mkdir -p build/bench && $(PY) bench/gpu_bench.py --out build/bench $(BENCH_ARGS)
-	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 1,)
+	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 64,)
 
 # The CPU needs neither Python, torch nor CUDA: a plain CMake build of fna-bench (CPU kernels).
 bench-cpu:
 	cmake -S . -B build/bench -G "$(shell command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" \
 	  -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=OFF -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON > /dev/null
 	cmake --build build/bench -j $(JOBS) --target fna-bench
-	build/bench/fna-bench --device cpu --check $(CHECK) $(BENCH_ARGS)
+	build/bench/fna-bench --device cpu --backend cpu --check $(if $(filter 1,$(CHECK)),64,0) $(BENCH_ARGS)
 
 # A release wheel: CPU kernels, and where nvcc is found a CUDA fatbinary for sm_80, sm_86, sm_89,
 # sm_90a plus PTX (FNA_CUDA_ARCHS overrides), repaired to a manylinux tag by auditwheel.
