@@ -148,6 +148,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     not take the problem). ``deterministic=None`` follows
     ``torch.are_deterministic_algorithms_enabled()`` as a call on torch tensors does (False when
     torch is not imported). Needs a CUDA device (the plan depends on its properties).
+    A call with a relative positional bias (``rpb=``) does not run this plan: until the kernels
+    add the bias themselves it runs the unfused composition (``na*d_qk``, softmax, ``na*d_av``,
+    the attention weights in memory; docs/python.md "Relative positional bias").
     """
     from . import _args
     rank = len(query_shape) - 3

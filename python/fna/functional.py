@@ -172,7 +172,7 @@ def _cutlass_config(fn, *problem):
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, backend, return_lse, opts, natten_kwargs):
+        additional_keys, additional_values, backend, return_lse, opts, natten_kwargs, rpb=None):
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
     kind = _framework(fn, named)
@@ -185,6 +185,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    if rpb is not None:
+        return _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_kwargs)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
@@ -223,23 +225,75 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     return (out, lse) if return_lse else out
 
 
+def _check_rpb(fn, kind, rpb, heads, kernel_size, query):
+    """rpb (torch only): its type, dtype, shape and device (fna._rpb.check)."""
+    if kind != "torch":
+        raise TypeError(f"{fn}: rpb is supported for torch tensors only (its gradient comes from "
+                        f"autograd); query is a {type(query).__name__}")
+    from . import _rpb
+    _rpb.check(fn, rpb, heads, kernel_size, query)
+    return _rpb
+
+
+def _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_kwargs):
+    """na*d with a relative positional bias: the unfused composition of fna._rpb.attention on the
+    backend's unfused operators (cuda-naive's for cuda-fused / NATTEN's fused names), until the
+    fused kernels add the bias themselves. Options that only steer the fused kernels are errors
+    (never silently ignored)."""
+    query, value = named[0][1], named[2][1]
+    _rpb = _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
+    config, deterministic, allow_tf32, backward_config, tuning, num_threads = opts
+    for name, v in (("config", config), ("backward_config", backward_config),
+                    ("tuning", tuning), ("num_threads", num_threads)):
+        if v is not None and not (name == "num_threads" and _args._is_int(v) and v == 0):
+            raise ValueError(
+                f"{fn}: {name}={v!r} with rpb: a call with a relative positional bias runs the "
+                "unfused operators (qk, softmax, av), which take no "
+                + ("thread count (they use fna.set_num_threads's)" if name == "num_threads"
+                   else "fused-kernel choices") + f"; pass {name}=None")
+    for k in natten_kwargs:
+        if k not in _args.NATTEN_TUNING_KWARGS:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {k!r}")
+    given = sorted(k for k, v in natten_kwargs.items()
+                   if v is not None and v is not False and k != "try_fuse_additional_kv")
+    if given:  # NATTEN's defaults (None / False) ask for nothing, as without rpb
+        raise ValueError(f"{fn}: {', '.join(given)} with rpb: a call with a relative positional "
+                         "bias runs the unfused operators (qk, softmax, av), not the fused "
+                         "kernels these keywords tune")
+    natten_backend = _args.natten_backend(backend)
+    if natten_backend is not None and query.device.type != "cuda":
+        raise ValueError(f"{fn}: backend={natten_backend!r} runs fna's cuda-fused backend, which "
+                         f"needs CUDA tensors, but query is on {query.device}")
+    name = _args.backend_name(backend)
+    scale = _args.resolve_scale(scale, query.shape[-1])
+    tensors = [t for _, t in named] + [rpb]
+    deterministic = _args.resolve_deterministic(fn, deterministic, True,
+                                                lambda: _records_grad(kind, tensors))
+    _args.fused_options(None, deterministic, allow_tf32, True)  # their types
+    _check_devices(fn, name, named + [("rpb", rpb)], shown=natten_backend)
+    _compat.torch_ops.check_autograd_mode(fn, tensors)
+    out, lse = _rpb.attention(query, named[1][1], value, rpb, sp, scale, named[3][1], named[4][1],
+                              _rpb.unfused_backend(name), return_lse=return_lse)
+    return (out, lse) if return_lse else out
+
+
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, **natten_tuning):
+         num_threads=None, rpb=None, **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning)
+               natten_tuning, rpb)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, **natten_tuning):
+         num_threads=None, rpb=None, **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -276,6 +330,16 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     num_threads: CPU threads for this call (forward, and the backward through autograd); None or
     0: the process-wide count (:func:`fna.set_num_threads`, default: the cores available to the
     process). Ignored on CUDA tensors.
+    rpb: optional relative positional bias (torch only), ``[H, 2 K_0 - 1, 2 K_1 - 1]``, NATTEN
+    0.17's layout: the logit of query q and key k of head h gets
+    ``rpb[h, (k_0 - q_0) / dilation_0 + K_0 - 1, (k_1 - q_1) / dilation_1 + K_1 - 1]``, for odd
+    and even kernels, stride and causal axes alike (docs/semantics.md section 1.3); additional keys
+    get no bias. The call then computes ``softmax(scale * q.k + bias) @ v`` with the unfused
+    operators (``na2d_qk``, softmax in float32, ``na2d_av``; on ``cuda-naive``'s for
+    ``cuda-fused`` and NATTEN's fused names), so the attention weights are materialized; the LSE
+    (``return_lse``) is that of the biased logits, and autograd gives the gradient of ``rpb``.
+    ``config``, ``backward_config``, ``tuning``, ``num_threads`` and NATTEN's tuning keywords,
+    which steer the fused kernels, are a ValueError with ``rpb``.
     NATTEN's tuning keywords map onto these: ``q_tile_shape`` / ``kv_tile_shape`` pick the forward
     configuration with those tiles, ``backward_q_tile_shape`` / ``backward_kv_tile_shape`` the
     backward one (the dK / dV kernel's query and key tiles), ``kernel_schedule`` "non" / "coop"
@@ -288,18 +352,19 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning)
+               natten_tuning, rpb)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, **natten_tuning):
-    """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``. See :func:`na2d`."""
+         num_threads=None, rpb=None, **natten_tuning):
+    """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``; ``rpb``:
+    ``[H, 2 K_0 - 1, 2 K_1 - 1, 2 K_2 - 1]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning)
+               natten_tuning, rpb)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
@@ -353,7 +418,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
 
 # ---- unfused operators ---------------------------------------------------------------------------
 
-def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, additional_keys, backend):
+def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, additional_keys, backend,
+        rpb=None):
     named = [("query", query), ("key", key), ("additional_keys", additional_keys)]
     kind = _framework(fn, named)
     _args.check_rank(fn, rank, "query", query)
@@ -362,10 +428,16 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend, unfused=True)
+    if rpb is not None:
+        _rpb = _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
+        named = named + [("rpb", rpb)]
     if kind == "torch":
         _check_devices(fn, backend, named)
-        _compat.torch_ops.check_autograd_mode(fn, (query, key, additional_keys))
-        return _compat.torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
+        _compat.torch_ops.check_autograd_mode(fn, (query, key, additional_keys, rpb))
+        attn = _compat.torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
+        if rpb is not None:  # in float32, rounded once to attn's dtype
+            attn = _rpb.add_to_logits(attn, rpb, sp).to(attn.dtype)
+        return attn
     _numpy_backend(fn, backend)
     from . import _numpy
     return _numpy.qk(query, key, additional_keys, sp, backend)
@@ -398,6 +470,11 @@ _QK_DOC = """{r}-D attention logits over the neighborhood (NATTEN's ``na{r}d_qk`
     ``attn[..., W + n]`` is the logit of additional key n. Slots that hold no neighbor (causal
     windows near the start of an axis) are ``-inf``. No scale is applied: softmax(attn * scale)
     followed by ``na{r}d_av`` equals ``na{r}d``.
+    rpb: optional relative positional bias (torch only), ``[H, {rpb_shape}]`` as NATTEN 0.17's:
+    neighbor slot w of query q gets ``rpb[h, *((key - q) / dilation + kernel_size - 1)]`` added
+    (docs/semantics.md section 1.3; empty slots stay ``-inf``, additional keys get no bias), and
+    it gets its gradient through autograd. With a bias, softmax(na{r}d_qk(query * scale, key,
+    rpb=rpb)) followed by ``na{r}d_av`` equals ``na{r}d(..., scale=scale, rpb=rpb)``.
     """
 
 _AV_DOC = """{r}-D weighted sum of values over the neighborhood (NATTEN's ``na{r}d_av``).
@@ -409,21 +486,21 @@ _AV_DOC = """{r}-D weighted sum of values over the neighborhood (NATTEN's ``na{r
 
 
 def na1d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
-            additional_keys=None, backend=None):
+            additional_keys=None, backend=None, rpb=None):
     return _qk("na1d_qk", 1, query, key, kernel_size, stride, dilation, is_causal,
-               additional_keys, backend)
+               additional_keys, backend, rpb)
 
 
 def na2d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
-            additional_keys=None, backend=None):
+            additional_keys=None, backend=None, rpb=None):
     return _qk("na2d_qk", 2, query, key, kernel_size, stride, dilation, is_causal,
-               additional_keys, backend)
+               additional_keys, backend, rpb)
 
 
 def na3d_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False,
-            additional_keys=None, backend=None):
+            additional_keys=None, backend=None, rpb=None):
     return _qk("na3d_qk", 3, query, key, kernel_size, stride, dilation, is_causal,
-               additional_keys, backend)
+               additional_keys, backend, rpb)
 
 
 def na1d_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
@@ -445,7 +522,8 @@ def na3d_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False,
 
 
 for _r, _axes in ((1, "L"), (2, "X, Y"), (3, "X, Y, Z")):
-    globals()[f"na{_r}d_qk"].__doc__ = _QK_DOC.format(r=_r, axes=_axes)
+    globals()[f"na{_r}d_qk"].__doc__ = _QK_DOC.format(
+        r=_r, axes=_axes, rpb_shape=", ".join(f"2 K_{a} - 1" for a in range(_r)))
     globals()[f"na{_r}d_av"].__doc__ = _AV_DOC.format(r=_r, axes=_axes)
 
 

@@ -9,7 +9,8 @@ docs/python.md "Modules".
 Where the fused kernels cannot compute what NATTEN computes -- a relative positional bias
 (``rpb``), or dropout on the attention weights while training -- the forward runs the unfused
 operators (``na*d_qk``, softmax, ``na*d_av``) and adds the bias / applies the dropout in PyTorch,
-as NATTEN's unfused path does; otherwise it runs the fused ``na*d``.
+as NATTEN's unfused path does (the bias through fna._rpb, which ``na*d(..., rpb=)`` uses too);
+otherwise it runs the fused ``na*d``.
 """
 
 import numbers
@@ -18,14 +19,15 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from . import _args
+from . import _args, _rpb
 from .functional import na1d, na1d_av, na1d_qk, na2d, na2d_av, na2d_qk, na3d, na3d_av, na3d_qk
 
 _FUNCS = {1: na1d, 2: na2d, 3: na3d}
 _QK = {1: na1d_qk, 2: na2d_qk, 3: na3d_qk}
 _AV = {1: na1d_av, 2: na2d_av, 3: na3d_av}
 
-# Backends that have no unfused operators (what rpb and attention dropout run on).
+# Backends that have no unfused operators (what attention dropout runs on; a bias runs on
+# cuda-naive's there, see _rpb.unfused_backend).
 _FUSED_ONLY = ("cuda-fused", *_args.NATTEN_BACKENDS)
 
 
@@ -39,22 +41,6 @@ def _flag(name, cls, v):
     if not _args._is_bool(v):
         raise TypeError(f"{cls}: {name}={v!r} must be a bool")
     return bool(v)
-
-
-def _window_bias_index(L, K, d, s, device):
-    """[L, K] index into an axis of rpb (2K - 1 entries) for each query and window slot on one
-    axis: the key's position relative to the query in units of the dilation, plus K - 1 (so 0 is
-    the key K - 1 steps before the query, 2K - 2 the one K - 1 steps after). The window start is
-    docs/semantics.md 1.1's (non-causal), in the query's dilation group."""
-    x = torch.arange(L, device=device)
-    g, i = x % d, x // d
-    lg = (L - g + d - 1) // d
-    left = K // 2
-    right = K - 1 - left
-    leader = torch.minimum((i // s) * s + s // 2, lg - 1)
-    start = (torch.clamp(leader - left, min=0)
-             + torch.where(leader + right >= lg, lg - right - leader - 1, torch.zeros_like(i)))
-    return (start - i + (K - 1))[:, None] + torch.arange(K, device=device)[None, :]
 
 
 class _NeighborhoodAttention(nn.Module):
@@ -105,19 +91,6 @@ class _NeighborhoodAttention(nn.Module):
         self.scale = _args.resolve_scale(qk_scale if qk_scale else None, self.head_dim)
         self.backend = backend
         _args.backend_name(backend)  # the name is checked at construction
-        fused_only = _args._backend_text(backend) in _FUSED_ONLY
-        if rel_pos_bias:
-            if any(self.is_causal):
-                raise ValueError(f"{name}: rel_pos_bias=True with is_causal={self.is_causal}: "
-                                 "a relative positional bias is not defined for causal windows "
-                                 "(as in NATTEN)")
-            if any(k % 2 == 0 for k in self.kernel_size):
-                raise ValueError(f"{name}: rel_pos_bias=True with kernel_size={self.kernel_size}: "
-                                 "the bias needs odd kernel sizes (as in NATTEN)")
-            if fused_only:
-                raise ValueError(f"{name}: rel_pos_bias=True runs the unfused operators (qk / av), "
-                                 f"which backend={backend!r} does not have; use backend=None, "
-                                 "'cuda-naive' or 'cpu'")
         self.attn_drop_rate = _probability("attn_drop", name, attn_drop)
         proj_drop = _probability("proj_drop", name, proj_drop)
 
@@ -150,32 +123,25 @@ class _NeighborhoodAttention(nn.Module):
     def _unfused(self, q, k, v):
         """NATTEN's unfused path: logits of the scaled queries, plus the positional bias, softmax,
         dropout on the weights, weighted sum of the values."""
-        if _args._backend_text(self.backend) in _FUSED_ONLY:
+        dropping = self.training and self.attn_drop_rate > 0
+        if dropping and _args._backend_text(self.backend) in _FUSED_ONLY:
             raise ValueError(
                 f"{type(self).__name__}: attn_drop={self.attn_drop_rate} in training mode drops "
                 "attention weights, which only the unfused operators (qk / av) have and "
                 f"backend={self.backend!r} does not; use backend=None, 'cuda-naive' or 'cpu' "
                 "(or attn_drop=0, or eval mode)")
+        if self.rpb is not None:  # the composition na*d(..., rpb=) runs (one shared helper)
+            _rpb.check(type(self).__name__, self.rpb, self.num_heads, self.kernel_size, q)
+            sp = (self.kernel_size, self.stride, self.dilation, self.is_causal)
+            out, _ = _rpb.attention(q, k, v, self.rpb, sp, self.scale, None, None,
+                                    _rpb.unfused_backend(self.backend),
+                                    dropout=self.attn_drop if dropping else None)
+            return out
         sp = dict(stride=self.stride, dilation=self.dilation, is_causal=self.is_causal,
                   backend=self.backend)
         attn = _QK[self.rank](q * self.scale, k, self.kernel_size, **sp)
-        if self.rpb is not None:
-            attn = attn + self._positional_bias(q.shape[1:1 + self.rank]).to(attn.dtype)
         attn = self.attn_drop(attn.softmax(dim=-1))
         return _AV[self.rank](attn, v, self.kernel_size, **sp)
-
-    def _positional_bias(self, spatial):
-        """rpb gathered into the unfused logits' layout: [*spatial, heads, prod(kernel_size)]."""
-        r = self.rank
-        index = []
-        for a in range(r):
-            idx = _window_bias_index(spatial[a], self.kernel_size[a], self.dilation[a],
-                                     self.stride[a], self.rpb.device)
-            shape = [1] * (2 * r)
-            shape[a], shape[r + a] = spatial[a], self.kernel_size[a]
-            index.append(idx.reshape(shape))
-        bias = self.rpb[(slice(None), *index)]  # [heads, *spatial, *kernel_size]
-        return bias.flatten(r + 1).movedim(0, r)
 
     def extra_repr(self):
         return (f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "

@@ -149,10 +149,9 @@ def test_constructor_errors():
         cls(num_heads=2, kernel_size=3)
     with pytest.raises(TypeError, match=r"missing required argument: kernel_size"):
         cls(16, 2)
-    with pytest.raises(ValueError, match=r"rel_pos_bias=True with is_causal=\(True, False\)"):
-        cls(16, 2, 3, is_causal=(True, False), rel_pos_bias=True)
-    with pytest.raises(ValueError, match=r"rel_pos_bias=True with kernel_size=\(3, 4\).*odd"):
-        cls(16, 2, (3, 4), rel_pos_bias=True)
+    # A bias is defined for causal axes and even kernels too (docs/semantics.md 1.3).
+    assert cls(16, 2, 3, is_causal=(True, False), rel_pos_bias=True).rpb.shape == (2, 5, 5)
+    assert cls(16, 2, (3, 4), rel_pos_bias=True).rpb.shape == (2, 5, 7)
     with pytest.raises(ValueError, match=r"rel_pos_bias=True and bias=False"):
         cls(16, 2, 3, rel_pos_bias=True, bias=False)
     with pytest.raises(TypeError, match=r"rel_pos_bias='yes' must be a bool"):
@@ -161,11 +160,9 @@ def test_constructor_errors():
         cls(16, 2, 3, attn_drop=1.5)
     with pytest.raises(ValueError, match=r"proj_drop=-0.1 must be a probability"):
         cls(16, 2, 3, proj_drop=-0.1)
-    with pytest.raises(ValueError, match=r"rel_pos_bias=True runs the unfused operators.*"
-                                         r"backend='cuda-fused'"):
-        cls(16, 2, 3, rel_pos_bias=True, backend="cuda-fused")
-    with pytest.raises(ValueError, match=r"backend='cutlass-fna'"):
-        cls(16, 2, 3, rel_pos_bias=True, backend="cutlass-fna")
+    # A bias on a fused-only backend runs the unfused operators of cuda-naive (as na2d(rpb=)).
+    assert cls(16, 2, 3, rel_pos_bias=True, backend="cuda-fused").rpb is not None
+    assert cls(16, 2, 3, rel_pos_bias=True, backend="cutlass-fna").rpb is not None
     with pytest.raises(ValueError, match=r"backend='blackwell-fna' names NATTEN's Blackwell"):
         cls(16, 2, 3, backend="blackwell-fna")
     with pytest.raises(ValueError, match=r"qk_scale|scale=-1"):
@@ -206,8 +203,11 @@ def test_module_matches_float64_reference(rank):
     for case in range(4):
         rng = np.random.default_rng(seed_of("dropin-module", rank, case))
         torch.manual_seed(seed_of("dropin-module-init", rank, case))
-        shape, ks, st, dil, causal = random_module_problem(rng, rank, causal_ok=(case == 3))
-        rpb = case != 3  # causal windows take no bias (as in NATTEN)
+        # Cases 2 and 3: even kernels allowed; case 3 with causal axes (a bias is defined there
+        # too, docs/semantics.md 1.3). Case 1 without a bias.
+        shape, ks, st, dil, causal = random_module_problem(rng, rank, odd=case < 2,
+                                                           causal_ok=(case == 3))
+        rpb = case != 1
         m = MODULES[rank](dim=12, num_heads=3, kernel_size=ks, stride=st, dilation=dil,
                           is_causal=causal, rel_pos_bias=rpb, qkv_bias=case != 1,
                           qk_scale=[None, 0.3, 0.7, None][case])
@@ -250,11 +250,12 @@ def natten_bias_start(x, L, K, d):
 def test_rpb_border_convention():
     """The bias index of the first slot of every query's window equals NATTEN's rule, at both
     borders, with and without dilation; slot w adds w."""
-    from fna.modules import _window_bias_index
+    from fna._rpb import axis_index
     for L in range(1, 14):
         for d in range(1, L + 1):
             for K in range(1, L // d + 1, 2):
-                idx = _window_bias_index(L, K, d, 1, "cpu")
+                idx, valid = axis_index(L, K, d, 1, False, "cpu")
+                assert valid is None
                 for x in range(L):
                     assert idx[x, 0] == natten_bias_start(x, L, K, d), (L, K, d, x)
                     assert torch.equal(idx[x], idx[x, 0] + torch.arange(K))

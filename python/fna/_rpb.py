@@ -1,0 +1,131 @@
+"""Relative positional bias (``rpb``, NATTEN 0.17's layout), torch only.
+
+One place for what the fused functions (``na*d(..., rpb=)``), the unfused ``na*d_qk(..., rpb=)``
+and the modules (``rel_pos_bias=True``) share: the check of ``rpb``, its gather into the unfused
+logits' layout, and the composition that computes biased attention with the unfused operators.
+
+The definition (docs/semantics.md section 1.3): ``rpb`` is ``[H, 2 K_0 - 1(, 2 K_1 - 1(, ...))]``
+and the logit of query q and key k of head h gets ``rpb[h, i_0, .., i_{r-1}]`` with
+``i_a = (k_a - q_a) / dilation_a + K_a - 1``, the same for odd and even kernels, any stride and
+causal axes. The query is always inside its own window (section 1.1), so ``i_a`` lies in
+``[0, 2 K_a - 2]`` (causal axes: ``[0, K_a - 1]``). Additional keys get no bias.
+
+fna's kernels do not add a bias yet, so a call with ``rpb`` runs ``na*d_qk`` (scale applied), adds
+the gathered bias, takes the softmax in float32 and runs ``na*d_av``: the attention weights live in
+memory (``[B, *spatial, H, prod(K) + N_add]``). Backends without unfused operators (``cuda-fused``
+and NATTEN's fused names) run that composition on ``cuda-naive``'s operators.
+"""
+
+import math
+
+import torch
+
+from . import _args
+
+
+def unfused_backend(backend):
+    """The backend whose unfused operators a biased call runs: ``backend`` itself, or
+    ``cuda-naive`` for ``cuda-fused`` / NATTEN's fused names (they have no unfused operators)."""
+    name = _args.backend_name(backend)
+    return "cuda-naive" if name == "cuda-fused" else name
+
+
+def check(fn, rpb, heads, kernel_size, query):
+    """Type, dtype, shape and device of ``rpb`` for a call with `heads` query heads, on
+    `query`'s device; errors name the argument and its value."""
+    if not isinstance(rpb, torch.Tensor):
+        raise TypeError(f"{fn}: rpb must be a torch.Tensor (or None), got {type(rpb).__name__}")
+    if rpb.is_nested:
+        raise TypeError(f"{fn}: rpb is a nested tensor; pass a dense tensor")
+    if rpb.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        dt = str(rpb.dtype).replace("torch.", "")
+        raise TypeError(f"{fn}: rpb has dtype {dt}; expected float32, float16 or bfloat16 (the "
+                        "bias is added in float32)")
+    expected = (heads, *(2 * k - 1 for k in kernel_size))
+    if tuple(rpb.shape) != expected:
+        ks = tuple(kernel_size)
+        raise ValueError(f"{fn}: rpb has shape {tuple(rpb.shape)}; expected {expected} for "
+                         f"heads={heads}, kernel_size={ks[0] if len(ks) == 1 else ks} "
+                         "([heads, 2 K_0 - 1, ...])")
+    if rpb.device != query.device:
+        raise ValueError(f"{fn}: rpb is on {rpb.device} but query is on {query.device}; all "
+                         "tensors must be on one device")
+
+
+def axis_index(L, K, d, s, causal, device):
+    """Along one axis of length L: ([L, K] index into that axis of rpb, [L, K] bool `valid` or
+    None) for each query coordinate and window slot ``j`` (the key at local index ``start + j``,
+    the slot order of ``na*d_qk``). The index is the key's position relative to the query in
+    units of the dilation plus ``K - 1``. ``valid`` (causal axes only) is False for the slots past
+    a truncated window's end, which hold no key. The window is docs/semantics.md section 1.1's,
+    in the query's dilation group."""
+    x = torch.arange(L, device=device)
+    g, i = x % d, x // d
+    lg = (L - g + d - 1) // d
+    if causal:
+        leader = torch.minimum((i // s) * s + (s - 1), lg - 1)
+        start = torch.clamp(leader - (K - 1), min=0)
+    else:
+        left = K // 2
+        right = K - 1 - left
+        leader = torch.minimum((i // s) * s + s // 2, lg - 1)
+        start = (torch.clamp(leader - left, min=0)
+                 + torch.where(leader + right >= lg, lg - right - leader - 1,
+                               torch.zeros_like(i)))
+    slot = torch.arange(K, device=device)
+    index = (start - i + (K - 1))[:, None] + slot[None, :]
+    valid = None
+    if causal:
+        end = torch.minimum(i + 1, lg)
+        valid = (start[:, None] + slot[None, :]) < end[:, None]
+    return index, valid
+
+
+def gather(rpb, spatial, kernel_size, stride, dilation, is_causal):
+    """``rpb`` gathered into the unfused logits' layout, ``[*spatial, H, prod(kernel_size)]``, in
+    rpb's dtype; 0 in the slots that hold no key (so those get no gradient)."""
+    r = len(spatial)
+    index, valid = [], None
+    for a in range(r):
+        idx, ok = axis_index(spatial[a], kernel_size[a], dilation[a], stride[a], is_causal[a],
+                             rpb.device)
+        shape = [1] * (2 * r)
+        shape[a], shape[r + a] = spatial[a], kernel_size[a]
+        index.append(idx.reshape(shape))
+        if ok is not None:
+            ok = ok.reshape(shape)
+            valid = ok if valid is None else valid & ok
+    bias = rpb[(slice(None), *index)]  # [H, *spatial, *kernel_size]
+    if valid is not None:
+        bias = bias.masked_fill(~valid, 0)
+    return bias.flatten(r + 1).movedim(0, r)
+
+
+def add_to_logits(attn, rpb, sp):
+    """``attn`` (``na*d_qk``'s output, ``[B, *spatial, H, W + N_add]``) plus the gathered bias on
+    the W neighbor slots, in float32 (additional keys get none; empty slots stay ``-inf``)."""
+    kernel_size, stride, dilation, is_causal = sp
+    r = len(kernel_size)
+    W = math.prod(kernel_size)
+    bias = gather(rpb, attn.shape[1:1 + r], kernel_size, stride, dilation, is_causal).float()
+    n_add = attn.shape[-1] - W
+    if n_add:
+        bias = torch.nn.functional.pad(bias, (0, n_add))
+    return attn.float() + bias
+
+
+def attention(query, key, value, rpb, sp, scale, additional_keys, additional_values, backend,
+              return_lse=False, dropout=None):
+    """``softmax(scale * q.k + bias) @ v`` through the unfused operators (``backend``: one that
+    has them, see :func:`unfused_backend`). Returns ``(output, lse or None)``; the LSE
+    (``[B, *spatial, H]``, float32) is of the biased logits. ``dropout``: applied to the weights
+    (the modules' ``attn_drop``)."""
+    ops = torch.ops.fna
+    attn = ops.na_qk(query, key, additional_keys, *map(list, sp), float(scale), backend)
+    logits = add_to_logits(attn, rpb, sp)
+    weights = logits.softmax(dim=-1)
+    lse = torch.logsumexp(logits, dim=-1) if return_lse else None
+    if dropout is not None:
+        weights = dropout(weights)
+    out = ops.na_av(weights.to(value.dtype), value, additional_values, *map(list, sp), backend)
+    return out, lse
