@@ -181,6 +181,11 @@ def __getattr__(name):
             raise ImportError(f"fna.{name} needs torch, which is not installed")
         from . import modules
         return getattr(modules, name)
+    if name == "distributed":  # context parallelism (torch.distributed); imported on first use
+        if _compat.load() is None:
+            raise ImportError("fna.distributed needs torch, which is not installed")
+        import importlib
+        return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'fna' has no attribute {name!r}")
 
 
