@@ -25,9 +25,11 @@ cost of having no kernel-level query offset yet.
 
 With ``overlap=True`` a rank first starts the halo exchange (``batch_isend_irecv``), computes its
 *interior* queries -- those whose exact slab lies inside its own rows -- while the halos travel,
-then waits and computes the two border ranges on their own slabs. The backward runs fna's
-backward on the same slabs, sends the halo rows' dK / dV back to their owners (who add them to
-their own), and all-reduces the gradients of the replicated additional keys / values.
+then waits and computes the two border ranges on their own slabs (where that split costs at most
+``OVERLAP_MAX_EXTRA`` more computed rows: each slab computes its own discarded halo queries).
+The backward runs fna's backward on the same slabs, sends the halo rows' dK / dV back to their
+owners (who add them to their own), and all-reduces the gradients of the replicated additional
+keys / values.
 """
 
 import struct
@@ -39,7 +41,8 @@ import torch.distributed as dist
 from . import _args
 from . import functional as _functional
 
-__all__ = ["na1d", "na2d", "na3d", "slab_rows", "plan", "Axis", "Segment", "RankPlan"]
+__all__ = ["na1d", "na2d", "na3d", "slab_rows", "plan", "transfers", "Axis", "Segment",
+           "RankPlan", "OVERLAP_MAX_EXTRA"]
 
 # Keywords of fna.na*d that the distributed functions pass on; those also taken by fna.na_backward
 # go to the backward too.
@@ -48,7 +51,7 @@ _FORWARD_KWARGS = ("config", "deterministic", "allow_tf32", "backward_config", "
 _BACKWARD_KWARGS = _FORWARD_KWARGS
 
 
-# ---- the window arithmetic of axis 0 (docs/semantics.md section 1.1, src/core/neighborhood.h) ---
+# ---- the window arithmetic of axis 0 (docs/semantics.md section 1.1, src/core/neighborhood.h) ----
 
 class Axis(NamedTuple):
     """Axis 0 of the global problem."""
@@ -161,24 +164,43 @@ def _interior(ax, s0, e0):
     return None if slab is None else (p, q, slab)
 
 
+# overlap=True splits a rank's queries into interior and border segments only when their slabs
+# together hold at most this much more rows than the one slab of the plain path (each slab
+# computes its own discarded halo queries, so the split costs compute; see docs/python.md).
+OVERLAP_MAX_EXTRA = 0.1
+
+
+def _overlap_mode(overlap):
+    if overlap is True or overlap is False or overlap == "always":
+        return overlap
+    raise ValueError(f"overlap={overlap!r} must be True (split when it costs at most "
+                     f"{OVERLAP_MAX_EXTRA:.0%} more computed rows), 'always' or False")
+
+
 def plan(ax, sizes, overlap=True):
     """Per rank (shard sizes ``sizes`` of axis 0, in rank order) the segments it computes and the
-    rows it must hold. Every rank computes every rank's plan, so senders know what to send."""
+    rows it must hold. Every rank computes every rank's plan, so senders know what to send.
+    ``overlap``: False: one segment per rank (its whole shard on one slab); "always": interior
+    and border segments wherever an interior exists; True: the split where its slabs hold at
+    most ``OVERLAP_MAX_EXTRA`` more rows than the single slab."""
+    overlap = _overlap_mode(overlap)
     plans, s0 = [], 0
     for n in sizes:
         e0 = s0 + n
-        inner = _interior(ax, s0, e0) if overlap else None
-        if inner is None:
-            a, b = slab_rows(ax, s0, e0)
-            segs = [Segment(s0, e0, a, b, a >= s0 and b <= e0)]
-        else:
+        a, b = slab_rows(ax, s0, e0)
+        segs = [Segment(s0, e0, a, b, a >= s0 and b <= e0)]
+        inner = _interior(ax, s0, e0) if overlap and not segs[0].interior else None
+        if inner is not None:
             p, q, (a, b) = inner
-            segs = []
+            split = []
             if p > s0:
-                segs.append(Segment(s0, p, *slab_rows(ax, s0, p), False))
-            segs.append(Segment(p, q, a, b, True))
+                split.append(Segment(s0, p, *slab_rows(ax, s0, p), False))
+            split.append(Segment(p, q, a, b, True))
             if q < e0:
-                segs.append(Segment(q, e0, *slab_rows(ax, q, e0), False))
+                split.append(Segment(q, e0, *slab_rows(ax, q, e0), False))
+            rows = sum(sg.b - sg.a for sg in split)
+            if overlap == "always" or rows <= (1 + OVERLAP_MAX_EXTRA) * (segs[0].b - segs[0].a):
+                segs = split
         plans.append(RankPlan(s0, e0, min(sg.a for sg in segs), max(sg.b for sg in segs),
                               tuple(segs)))
         s0 = e0
@@ -265,7 +287,7 @@ def _meta(fn, rank, query, key, value, ak, av, sp, scale, overlap):
         z = [0] * (3 - rank)
         m[15:27] = (sp[0] + z + sp[1] + z + sp[2] + z + [int(c) for c in sp[3]] + z)
         m[27] = struct.unpack("<q", struct.pack("<d", float(scale)))[0]
-        m[28] = int(bool(overlap))
+        m[28] = {False: 0, True: 1, "always": 2}[overlap]
         m[29] = sum(1 << i for i, t in enumerate((query, key, value, ak, av))
                     if t is not None and t.requires_grad)
         m[0] = 0
@@ -303,7 +325,7 @@ def _agree(fn, group, metas, local_error, sizes_names=("query", "key", "value"))
                              "(query.shape[1]); every rank needs at least one row")
 
 
-# ---- communication ---------------------------------------------------------------------------------
+# ---- communication -------------------------------------------------------------------------------
 
 def _peer(group, r):
     return r if group is None else dist.get_global_rank(group, r)
@@ -405,7 +427,8 @@ def _assemble_halos(ctx, recv, i, like):
     pieces = sorted((r0, buf) for (s, j, r0), buf in recv.items() if j == i)
     left = [b for r0, b in pieces if r0 < pl.start]
     right = [b for r0, b in pieces if r0 >= pl.end]
-    cat = lambda ps: (torch.cat(ps, 1) if len(ps) > 1 else ps[0]) if ps else _zeros_rows(like, 0)  # noqa: E731
+    def cat(ps):
+        return (torch.cat(ps, 1) if len(ps) > 1 else ps[0]) if ps else _zeros_rows(like, 0)
     return cat(left), cat(right)
 
 
@@ -517,7 +540,9 @@ def _segment_backward(ctx, seg, query, ks, vs, ak, av, out, lse, d_out, d_lse):
     exp(0 - 0) = 1 (finite) and, times a zero output gradient, adds nothing."""
     pl = ctx.plans[ctx.me]
     before, after = seg.q0 - seg.a, seg.b - seg.q1
-    sl = lambda t: _pad_rows(_rows(t, seg.q0 - pl.start, seg.q1 - pl.start), before, after)  # noqa: E731
+
+    def sl(t):
+        return _pad_rows(_rows(t, seg.q0 - pl.start, seg.q1 - pl.start), before, after)
     return _functional.na_backward(
         sl(d_out), sl(query), ks.rows(seg.a, seg.b), vs.rows(seg.a, seg.b), sl(out), sl(lse),
         *ctx.sp, scale=ctx.scale, additional_keys=ak, additional_values=av,
@@ -542,20 +567,22 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     try:
         sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
         _args.check_spatial(fn, sp)
-        if not isinstance(overlap, bool):
-            raise TypeError(f"{fn}: overlap={overlap!r} must be a bool")
+        overlap = _overlap_mode(overlap)
         d = query.shape[-1] if isinstance(query, torch.Tensor) else 1
         scale = _args.resolve_scale(scale, d)
     except (TypeError, ValueError) as e:
-        err = e
+        err = e if fn in str(e) else type(e)(f"{fn}: {e}")
     if err is None:
         meta, err = _meta(fn, rank, query, key, value, additional_keys, additional_values, sp,
                           scale, overlap)
     else:
         meta = [1] + [0] * (len(_META_FIELDS) - 1)
     device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
-    world = dist.get_world_size(group)
     me = dist.get_rank(group)
+    if me < 0:
+        raise ValueError(f"{fn}: group={group!r} does not contain this process (global rank "
+                         f"{dist.get_rank()})")
+    world = dist.get_world_size(group)
     mine = torch.tensor(meta, dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
@@ -586,8 +613,9 @@ _DOC = """{r}-D neighborhood attention with context parallelism over ``group``.
     rank; ``additional_keys`` / ``additional_values`` are replicated (each rank passes all of
     them; their gradients are summed over the group). ``group``: a torch.distributed process
     group (default: the world). ``overlap``: compute the queries that need no halo rows while the
-    halos travel. A collective: every rank of the group must call it, and run the backward. See
-    docs/python.md "Context parallelism".
+    halos travel: True splits where that costs at most 10% more computed rows, "always"
+    wherever possible, False never. A collective: every rank of the group must call it, and run
+    the backward. See docs/python.md "Context parallelism".
     """
 
 

@@ -21,7 +21,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 
-# ---- the slab arithmetic, without processes -------------------------------------------------------
+# ---- the slab arithmetic, without processes ------------------------------------------------------
 
 def window_rows(L, K, d, s, causal, x):
     """Global rows of the keys of query x on an axis of length L (the definition)."""
@@ -57,7 +57,7 @@ def random_sizes(rng, L):
     return [b - a for a, b in zip([0] + cuts, cuts + [L])]
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [False, True, "always"])
 def test_plan_is_exact(overlap):
     """Every segment of every rank's plan computes its queries exactly on its slab, the segments
     tile the rank's rows, slabs start on a multiple of stride * dilation, interior slabs lie in
@@ -86,7 +86,8 @@ def test_plan_is_exact(overlap):
                 borders += not sg.interior
         if not overlap:
             assert all(len(pl.segments) == 1 for pl in plans)
-    assert interiors > 50 and borders > 50  # both kinds exercised
+    if overlap == "always":
+        assert interiors > 50 and borders > 50  # both kinds exercised
 
 
 def test_too_small_halo_is_wrong():
@@ -135,13 +136,22 @@ def test_too_small_halo_is_wrong_numerically():
 
 
 def test_overlap_plan_has_interior():
-    """A wide shard computes its interior on its own rows: the overlap path runs."""
-    plans = fd.plan(fd.Axis(64, 7, 1, 1, False), [20, 24, 20], overlap=True)
+    """A wide shard computes its interior on its own rows: the overlap path runs; overlap=True
+    splits only where the extra computed rows are few."""
+    plans = fd.plan(fd.Axis(64, 7, 1, 1, False), [20, 24, 20], overlap="always")
     assert [len(p.segments) for p in plans] == [2, 3, 2]
     assert [sg.interior for sg in plans[1].segments] == [False, True, False]
     assert plans[1].segments[1].q0 == 20 + 3 and plans[1].segments[1].q1 == 44 - 3
-    causal = fd.plan(fd.Axis(64, 7, 1, 1, True), [20, 24, 20], overlap=True)
+    causal = fd.plan(fd.Axis(64, 7, 1, 1, True), [20, 24, 20], overlap="always")
     assert [(p.ext_start, p.ext_end) for p in causal] == [(0, 20), (14, 44), (38, 64)]
+    # the split adds ~4 reach of rows: too much on these shards, cheap on wide ones
+    assert all(len(p.segments) == 1 for p in fd.plan(fd.Axis(64, 7, 1, 1, False), [20, 24, 20]))
+    wide = fd.plan(fd.Axis(600, 3, 1, 1, False), [300, 300])
+    assert [len(p.segments) for p in wide] == [2, 2]
+    extra = sum(sg.b - sg.a for sg in wide[0].segments) / (wide[0].ext_end - wide[0].ext_start)
+    assert 1 < extra <= 1 + fd.OVERLAP_MAX_EXTRA
+    with pytest.raises(ValueError, match="overlap='sometimes' must be True"):
+        fd.plan(fd.Axis(64, 7, 1, 1, False), [64], overlap="sometimes")
 
 
 def test_not_initialized():
@@ -168,7 +178,7 @@ def test_dry_run_bench(capsys):
     assert all(0 < r["halo_bytes"] < r["allgather_bytes"] for r in rows)
 
 
-# ---- in processes ---------------------------------------------------------------------------------
+# ---- in processes --------------------------------------------------------------------------------
 
 NA = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}
 DNA = {1: fd.na1d, 2: fd.na2d, 3: fd.na3d}
@@ -272,7 +282,7 @@ def _errors(me, world):
         fd.na2d(bad, bad, bad, 3)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         fd.na2d(q, q, q, 3, bogus=1)
-    with pytest.raises(TypeError, match="overlap=1 must be a bool"):
+    with pytest.raises(ValueError, match="overlap=1 must be True"):
         fd.na2d(q, q, q, 3, overlap=1)
     # the group is still usable after the errors
     out = fd.na2d(q, q, q, 3)
@@ -287,7 +297,7 @@ def _worker(me, world, init):
                             timeout=datetime.timedelta(seconds=120))
     try:
         for i, case in enumerate(CASES):
-            for overlap in (False, True):
+            for overlap in (False, "always"):
                 if overlap and i % 2 and world == 2:
                     continue
                 _check_case(me, world, case, overlap)
@@ -295,11 +305,14 @@ def _worker(me, world, init):
             # bf16, uneven shards, through a subgroup of the world (ranks 0 and 2)
             sub = dist.new_group([0, 2])
             if me != 1:
-                _check_case([0, 2].index(me), 2, CASES[1], True, group=sub,
+                _check_case([0, 2].index(me), 2, CASES[1], "always", group=sub,
                             dtype=torch.bfloat16)
         # groups of one rank: each rank alone is the whole problem
         singles = [dist.new_group([r]) for r in range(world)]
         _check_case(0, 1, CASES[0], True, group=singles[me], sizes=[23])
+        # overlap=True, which splits here (wide shards, small kernel)
+        _check_case(me, world, ((60, 3),) + CASES[0][1:5] + (([30, 30], [20, 25, 15]),
+                                                             dict(kernel_size=3), 1), True)
         _errors(me, world)
     finally:
         dist.destroy_process_group()
