@@ -184,11 +184,11 @@ def __getattr__(name):
             raise ImportError(f"fna.{name} needs torch, which is not installed")
         from . import modules
         return getattr(modules, name)
-    if name == "models":  # NAT / DiNAT backbones (fna.models), torch as well
+    if name in ("models", "distributed"):  # NAT / DiNAT backbones; context parallelism: torch
         if _compat.load() is None:
-            raise ImportError("fna.models needs torch, which is not installed")
+            raise ImportError(f"fna.{name} needs torch, which is not installed")
         import importlib
-        return importlib.import_module(".models", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'fna' has no attribute {name!r}")
 
 
