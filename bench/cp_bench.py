@@ -32,9 +32,6 @@ import os
 import statistics
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.isdir(os.path.join(_HERE, "..", "python", "fna")):
-    sys.path.insert(0, os.path.join(_HERE, "..", "python"))
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
