@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
+from fna import _flops  # noqa: E402
 from flex_na import na_mask_mod  # noqa: E402
 
 try:  # a same-run peer where installed (after torch: NATTEN links torch's libraries)
@@ -87,21 +88,10 @@ def make_case(name, variant):
 
 
 def attended_pairs(case):
-    """Sum over queries of the neighborhood size, from fna's own qk op on one axis at a time.
-
-    The neighborhood is a product over axes, so the total factorizes into per-axis sums; each
-    per-axis sum is the number of finite logits of a 1-D qk on the CPU.
-    """
-    total = 1
-    for ax, L in enumerate(case["shape"]):
-        K, d, c = case["kernel"][ax], case["dilation"][ax], case["causal"][ax]
-        if not c:
-            total *= L * K  # non-causal windows always hold exactly K keys
-            continue
-        q = torch.ones(1, L, 1, 1)
-        logits = fna.na1d_qk(q, q, K, dilation=d, is_causal=c)
-        total *= int(torch.isfinite(logits).sum())
-    return total
+    """Sum over queries of the neighborhood size (stride and causal axes included), as
+    ``fna.flops`` counts it (fna._flops, from the window of docs/semantics.md section 1.1)."""
+    return _flops.attended_pairs(case["shape"], case["kernel"], case["stride"],
+                                 case["dilation"], case["causal"])
 
 
 # GPU spin before each timed call (gpu time): longer than any implementation's host time per call

@@ -2,27 +2,23 @@
 ``torch.utils.flop_counter`` for fna's custom ops (``_torch_ops``).
 
 Plain Python on shapes and per-axis parameters (no torch, no extension call): the attended pairs
-are counted from the window formulas of docs/semantics.md section 1.1, axis by axis, since a
-neighborhood is a product over axes.
+are counted from the window of docs/semantics.md section 1.1 (``fna._window``), axis by axis,
+since a neighborhood is a product over axes. ``fna.profiler`` and bench/gpu_bench.py count their
+pairs here too.
 """
 
 import math
 
-from . import _args
+from . import _args, _window
 
 
 def axis_pairs(length, kernel, dilation, stride, causal):
     """Sum over the queries of one axis of the number of keys in their window on that axis."""
     if not causal:
         return length * kernel  # a non-causal window always holds K keys (pushed inside at borders)
-    total = 0
-    for g in range(min(dilation, length)):
-        lg = (length - g + dilation - 1) // dilation  # tokens of dilation group g
-        for i in range(lg):
-            leader = min((i // stride) * stride + stride - 1, lg - 1)
-            start = max(leader - kernel + 1, 0)
-            total += min(i + 1, lg) - start
-    return total
+    return sum(w.end - w.start for w in
+               (_window.axis_window(x, length, kernel, dilation, stride, True)
+                for x in range(length)))
 
 
 def attended_pairs(shape, kernel_size, stride, dilation, is_causal, num_additional=0):

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from . import _args
+from . import _args, _window
 
 
 def unfused_backend(backend):
@@ -58,26 +58,14 @@ def axis_index(L, K, d, s, causal, device):
     the slot order of ``na*d_qk``). The index is the key's position relative to the query in
     units of the dilation plus ``K - 1``. ``valid`` (causal axes only) is False for the slots past
     a truncated window's end, which hold no key. The window is docs/semantics.md section 1.1's,
-    in the query's dilation group."""
-    x = torch.arange(L, device=device)
-    g, i = x % d, x // d
-    lg = (L - g + d - 1) // d
-    if causal:
-        leader = torch.minimum((i // s) * s + (s - 1), lg - 1)
-        start = torch.clamp(leader - (K - 1), min=0)
-    else:
-        left = K // 2
-        right = K - 1 - left
-        leader = torch.minimum((i // s) * s + s // 2, lg - 1)
-        start = (torch.clamp(leader - left, min=0)
-                 + torch.where(leader + right >= lg, lg - right - leader - 1,
-                               torch.zeros_like(i)))
+    in the query's dilation group (``fna._window``)."""
+    w = _window.axis_windows(L, K, d, s, causal, device)
+    start, i = w.start, w.index
     slot = torch.arange(K, device=device)
     index = (start - i + (K - 1))[:, None] + slot[None, :]
     valid = None
     if causal:
-        end = torch.minimum(i + 1, lg)
-        valid = (start[:, None] + slot[None, :]) < end[:, None]
+        valid = (start[:, None] + slot[None, :]) < w.end[:, None]
     return index, valid
 
 

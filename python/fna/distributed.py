@@ -38,7 +38,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import _args
+from . import _args, _window
 from . import functional as _functional
 
 __all__ = ["na1d", "na2d", "na3d", "slab_rows", "plan", "transfers", "Axis", "Segment",
@@ -51,7 +51,7 @@ _FORWARD_KWARGS = ("config", "deterministic", "allow_tf32", "backward_config", "
 _BACKWARD_KWARGS = _FORWARD_KWARGS
 
 
-# ---- the window arithmetic of axis 0 (docs/semantics.md section 1.1, src/core/neighborhood.h) ----
+# ---- the rows of axis 0 a query needs (its window: docs/semantics.md 1.1, fna._window) -----------
 
 class Axis(NamedTuple):
     """Axis 0 of the global problem."""
@@ -65,22 +65,9 @@ class Axis(NamedTuple):
 def _rows_of_query(ax, x):
     """Global rows [lo, hi) that query row x needs in a slab: its window's keys and its stride
     group's leader (the leader sets the window; for causal windows it lies past the keys)."""
-    L, K, d, s = ax.length, ax.kernel, ax.dilation, ax.stride
-    g, i = x % d, x // d
-    lg = (L - g + d - 1) // d
-    if ax.causal:
-        leader = min((i // s) * s + s - 1, lg - 1)
-        start = max(leader - K + 1, 0)
-        end = min(i + 1, lg)
-    else:
-        left = K // 2
-        right = K - 1 - left
-        leader = min((i // s) * s + s // 2, lg - 1)
-        start = max(leader - left, 0)
-        if leader + right >= lg:
-            start += lg - right - leader - 1
-        end = start + K
-    return start * d + g, (max(end, leader + 1) - 1) * d + g + 1
+    w = _window.axis_window(x, ax.length, ax.kernel, ax.dilation, ax.stride, ax.causal)
+    d, g = ax.dilation, w.group
+    return w.start * d + g, (max(w.end, w.leader + 1) - 1) * d + g + 1
 
 
 def _need(ax, x0, x1):

@@ -19,7 +19,7 @@ training step, forward with the heuristic's forward configuration and then the b
 the same forward alone (inputs requiring grad, so it records the graph as in the step): ``ms`` is
 the backward's share, ``f+b ms`` the whole step. Effective TFLOP/s count FLOPs as
 docs/semantics.md section 3.1 (forward ``2 * B * H * P * (D + D_v)``, ``P`` the attended
-(query, key) pairs, from ``fna.na1d_qk`` per axis where an axis is causal; backward 2.5x that).
+(query, key) pairs, counted as ``fna.flops`` does; backward 2.5x that).
 
 The timing function is injectable: :func:`profile` takes ``timer(fn) -> ms`` and a runner that
 makes the callables, so the table / CSV / JSON logic runs anywhere (tests use fakes).
@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+
+from . import _flops
 
 __all__ = ["Problem", "Candidate", "Candidates", "Row", "Report", "parse_args", "build_parser",
            "list_candidates", "attended_pairs", "forward_flops", "gpu_timer", "TorchRunner",
@@ -334,23 +336,13 @@ def list_candidates(problem, api=None, backward=True):
 # ---- FLOPs ---------------------------------------------------------------------------------------
 
 def attended_pairs(problem, api=None):
-    """Sum over queries of the neighborhood size (bench/gpu_bench.py attended_pairs): the window
-    is a product over axes, so the total is a product of per-axis sums; a non-causal axis holds
-    K keys per query, a causal one is counted from fna.na1d_qk's finite logits on the CPU."""
-    total = 1
-    for ax, L in enumerate(problem.shape):
-        K, d, s, c = (problem.kernel[ax], problem.dilation[ax], problem.stride[ax],
-                      problem.causal[ax])
-        if not c:
-            total *= L * K
-            continue
-        if api is None:
-            import fna as api
-        import numpy as np
-        q = np.ones((1, L, 1, 1), dtype=np.float32)
-        logits = api.na1d_qk(q, q, K, stride=s, dilation=d, is_causal=True)
-        total *= int(np.isfinite(np.asarray(logits)).sum())
-    return total
+    """Sum over queries of the neighborhood size, as ``fna.flops`` counts it (fna._flops, from
+    the window of docs/semantics.md section 1.1): the window is a product over axes, so the total
+    is a product of per-axis sums; a non-causal axis holds K keys per query, a causal one fewer
+    near its start. ``api`` is accepted for compatibility and not used (the count needs no
+    extension call)."""
+    return _flops.attended_pairs(problem.shape, problem.kernel, problem.stride,
+                                 problem.dilation, problem.causal)
 
 
 def forward_flops(problem, pairs=None):
