@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
+from fna._profiler_torch import HEAD_START_MS, gpu_time  # noqa: E402,F401
 from fna import _flops  # noqa: E402
 from flex_na import na_mask_mod  # noqa: E402
 
@@ -94,48 +95,18 @@ def attended_pairs(case):
                                  case["dilation"], case["causal"])
 
 
-# GPU spin before each timed call (gpu time): longer than any implementation's host time per call
-# (Python, checks, launch: up to ~0.9 ms measured on 3d-video, whose calls follow a long wait).
-HEAD_START_MS = 3.0
+# GPU spin before each timed call (fna._profiler_torch.HEAD_START_MS, 3 ms): longer than any
+# implementation's host time per call (Python, checks, launch: up to ~0.9 ms measured on 3d-video,
+# whose calls follow a long wait).
 SYNC_TIMING = False  # --sync-timing: no head start, host time before the first launch counts
 
 
-def head_start():
-    """Queues a GPU spin of about HEAD_START_MS ms (torch.cuda._sleep counts clock cycles)."""
-    if SYNC_TIMING:
-        return
-    # Cycles at 2 GHz (H100 / H200 boost ~1.98 GHz); a lower clock only lengthens the spin.
-    torch.cuda._sleep(int(2.0e9 * HEAD_START_MS * 1e-3))
-
-
 def timed(fn, reps, warmup, budget_s=20.0, slow_s=2.0):
-    """Median ms of `reps` calls after `warmup` calls, GPU time (each call's start event is
-    recorded behind a GPU spin, so its host work overlaps the spin; --sync-timing: not). Calls
-    slower than `slow_s` (measured on the first warm-up) get one more warm-up and two timed reps,
-    so a very slow peer cannot eat the run; past `budget_s` timing stops after 3 reps."""
-    torch.cuda.synchronize()
-    t = time.time()
-    fn()
-    torch.cuda.synchronize()
-    if time.time() - t > slow_s:
-        warmup, reps = min(warmup, 2), min(reps, 2)
-    for _ in range(warmup - 1):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    t_end = time.time() + budget_s
-    for i in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        head_start()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-        if time.time() > t_end and i >= min(2, reps - 1):
-            break
-    return statistics.median(times), len(times)
+    """(median ms, timed calls) of `reps` calls after `warmup` calls, GPU time: fna's own timer
+    (fna._profiler_torch.gpu_time: each call's start event recorded behind a GPU spin so its host
+    work overlaps the spin; --sync-timing: no spin). Calls slower than `slow_s` get at most two
+    timed reps; past `budget_s` timing stops after 3 reps."""
+    return gpu_time(fn, reps, warmup, budget_s, slow_s, head_start=not SYNC_TIMING)
 
 
 def peak_mb(fn, baseline):

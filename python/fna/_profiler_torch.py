@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-# GPU spin before each timed call (bench/gpu_bench.py HEAD_START_MS): longer than the host work
+# GPU spin before each timed call (also bench/gpu_bench.py's): longer than the host work
 # of one call, so the start event marks when the call's first kernel can begin.
 HEAD_START_MS = 3.0
 
@@ -16,44 +16,45 @@ def _reason(exc):
     return reason(exc)
 
 
-def gpu_timer(reps=10, warmup=3, budget_s=20.0, slow_s=2.0):
-    """timer(fn) -> ms: bench/gpu_bench.py's timed(), GPU time. The median of `reps` calls after
-    `warmup` calls; each call's start event is recorded behind a GPU spin of HEAD_START_MS, so the
-    call's host work overlaps the spin. A call slower than `slow_s` (the first warm-up) gets at
-    most two timed reps; past `budget_s` timing stops after 3 reps."""
+def gpu_time(fn, reps=10, warmup=3, budget_s=20.0, slow_s=2.0, head_start=True):
+    """(median ms, timed calls) of `fn`, GPU time: the median of `reps` calls after `warmup`
+    calls; each call's start event is recorded behind a GPU spin of HEAD_START_MS (with
+    `head_start`), so the call's host work overlaps the spin. A call slower than `slow_s` (the
+    first warm-up) gets at most two warm-ups and two timed reps; past `budget_s` timing stops
+    after 3 reps. The one timer of the profiler and of bench/gpu_bench.py."""
     import torch
 
-    def head_start():
-        # torch.cuda._sleep counts clock cycles: at 2 GHz (H100 / H200 boost ~1.98 GHz).
-        torch.cuda._sleep(int(2.0e9 * HEAD_START_MS * 1e-3))
-
-    def timer(fn):
-        w, r = warmup, reps
-        torch.cuda.synchronize()
-        t = time.time()
+    torch.cuda.synchronize()
+    t = time.time()
+    fn()
+    torch.cuda.synchronize()
+    if time.time() - t > slow_s:
+        warmup, reps = min(warmup, 2), min(reps, 2)
+    for _ in range(warmup - 1):
         fn()
-        torch.cuda.synchronize()
-        if time.time() - t > slow_s:
-            w, r = min(w, 2), min(r, 2)
-        for _ in range(w - 1):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        t_end = time.time() + budget_s
-        for i in range(r):
-            s = torch.cuda.Event(enable_timing=True)
-            e = torch.cuda.Event(enable_timing=True)
-            head_start()
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-            if time.time() > t_end and i >= min(2, r - 1):
-                break
-        return statistics.median(times)
+    torch.cuda.synchronize()
+    times = []
+    t_end = time.time() + budget_s
+    for i in range(reps):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        if head_start:
+            # torch.cuda._sleep counts clock cycles: at 2 GHz (H100 / H200 boost ~1.98 GHz); a
+            # lower clock only lengthens the spin.
+            torch.cuda._sleep(int(2.0e9 * HEAD_START_MS * 1e-3))
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+        if time.time() > t_end and i >= min(2, reps - 1):
+            break
+    return statistics.median(times), len(times)
 
-    return timer
+
+def gpu_timer(reps=10, warmup=3, budget_s=20.0, slow_s=2.0):
+    """timer(fn) -> ms: :func:`gpu_time` with these settings (the profiler's timer)."""
+    return lambda fn: gpu_time(fn, reps, warmup, budget_s, slow_s)[0]
 
 
 class TorchRunner:

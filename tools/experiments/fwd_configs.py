@@ -15,28 +15,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import fna  # noqa: E402
-from gpu_bench import PROBLEMS, attended_pairs, head_start, make_case  # noqa: E402
+from fna._profiler_torch import gpu_time  # noqa: E402
+from gpu_bench import PROBLEMS, attended_pairs, make_case  # noqa: E402
 
 
 def timed(fn, reps, warmup=2, sync=False):
-    """Median ms of `reps` calls, GPU time as bench/gpu_bench.py takes it (each call's start
-    event queued behind a GPU spin, so the call's host work is not timed); sync=True: each call
-    from an idle GPU, its host time up to the first launch included."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if not sync:
-            head_start()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    """Median ms of `reps` calls after `warmup`, GPU time as bench/gpu_bench.py takes it (fna's
+    timer: each call's start event queued behind a GPU spin, so the call's host work is not
+    timed); sync=True: each call from an idle GPU, its host time up to the first launch
+    included."""
+    return gpu_time(fn, reps, warmup, budget_s=1e9, slow_s=1e9, head_start=not sync)[0]
 
 
 def main():
