@@ -16,6 +16,7 @@ memory (``[B, *spatial, H, prod(K) + N_add]``). Backends without unfused operato
 and NATTEN's fused names) run that composition on ``cuda-naive``'s operators.
 """
 
+import functools
 import math
 
 import torch
@@ -53,6 +54,16 @@ def check(fn, rpb, heads, kernel_size, query):
 
 
 def axis_index(L, K, d, s, causal, device):
+    """:func:`_axis_index` (below), cached per axis in eager mode: a model's layers ask for the
+    same few axes on every step. The cached tensors are shared, so callers never write into
+    them. While torch.compile traces, it is computed afresh (traced tensors must not outlive
+    their trace)."""
+    if torch.compiler.is_compiling():
+        return _axis_index(L, K, d, s, causal, device)
+    return _axis_index_cached(int(L), int(K), int(d), int(s), bool(causal), torch.device(device))
+
+
+def _axis_index(L, K, d, s, causal, device):
     """Along one axis of length L: ([L, K] index into that axis of rpb, [L, K] bool `valid` or
     None) for each query coordinate and window slot ``j`` (the key at local index ``start + j``,
     the slot order of ``na*d_qk``). The index is the key's position relative to the query in
@@ -67,6 +78,9 @@ def axis_index(L, K, d, s, causal, device):
     if causal:
         valid = (start[:, None] + slot[None, :]) < w.end[:, None]
     return index, valid
+
+
+_axis_index_cached = functools.lru_cache(maxsize=256)(_axis_index)
 
 
 def gather(rpb, spatial, kernel_size, stride, dilation, is_causal):
