@@ -336,6 +336,62 @@ def table(all_runs):
     return "\n".join(lines)
 
 
+def roofline_ms(case, flops, bw, dense_fwd, dense_fb):
+    """The problem's roofline (docs/benchmarks.md), forward and forward+backward, in ms:
+    max(bytes / copy bandwidth, FLOPs / cuDNN's dense rate at the same head dim, same run). Bytes:
+    one read of each input and one write of each output (forward: Q, K, V, O; forward+backward
+    adds Q, K, V, O, dO read and dQ, dK, dV written). None without a dense rate."""
+    elem = {"bf16": 2, "fp16": 2, "fp32": 4}[case["dtype"]]
+    tensor = case["B"] * case["H"] * math.prod(case["shape"]) * case["D"] * elem
+    out = []
+    for passes, fl, rate in ((4, flops, dense_fwd), (12, 3.5 * flops, dense_fb)):
+        if not rate:
+            out.append(None)
+            continue
+        out.append(max(passes * tensor / bw, fl / (rate * 1e12)) * 1e3)
+    return out
+
+
+def roofline_table(all_runs, bw):
+    """fna's best row per problem against its roofline, with the same run's peers (speedup =
+    peer time / fna time). The dense rate of a variant without SDPA rows (dil2, causal0) is its
+    base variant's (the same head dim and dtype)."""
+    dense = {}
+    for run in all_runs:
+        c = run["case"]
+        for r in run["results"]:
+            if r["impl"] == "sdpa cudnn (dense)" and "fwd_tflops" in r:
+                dense[(c["name"], c["dtype"])] = (r.get("fwd_tflops"), r.get("fb_tflops"))
+    lines = ["| problem | variant | fna fwd ms | roofline fwd ms | fwd / roofline | fna f+b ms | "
+             "roofline f+b ms | f+b / roofline | NATTEN fwd / f+b | Flex fwd / f+b | fna forward |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in all_runs:
+        c = run["case"]
+        fna_rows = [r for r in run["results"] if r["impl"].startswith("fna")
+                    and not r["impl"].endswith("tf32") and "fwd_ms" in r]
+        if not fna_rows:
+            continue
+        best = min(fna_rows, key=lambda r: r["fwd_ms"])
+        dfwd, dfb = dense.get((c["name"], c["dtype"]), (None, None))
+        rf, rfb = roofline_ms(c, run["flops"], bw, dfwd, dfb)
+
+        def peer(prefix):
+            r = next((r for r in run["results"] if r["impl"].startswith(prefix)), None)
+            if r is None or "fwd_ms" not in r:
+                return "-"
+            fb = r["fb_ms"] / best["fb_ms"] if "fb_ms" in r and "fb_ms" in best else None
+            return f"{r['fwd_ms'] / best['fwd_ms']:.2f}x / {fmt(fb, '.2f')}x"
+        tiling = best.get("tiling") or ""
+        kernel = tiling.split("(")[1].split(",")[0] if "(" in tiling else ""
+        lines.append(
+            f"| {c['name']} | {c['variant']} {c['dtype']} | {best['fwd_ms']:.3f} | {fmt(rf, '.3f')} | "
+            f"{fmt(best['fwd_ms'] / rf if rf else None, '.2f')}x | {fmt(best.get('fb_ms'), '.3f')} | "
+            f"{fmt(rfb, '.3f')} | "
+            f"{fmt(best['fb_ms'] / rfb if rfb and 'fb_ms' in best else None, '.2f')}x | "
+            f"{peer('natten')} | {peer('flex')} | {kernel} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="standard", choices=sorted(SETS),
@@ -401,7 +457,7 @@ def main():
             log(f"    {r['impl']:<20} fwd {fmt(r.get('fwd_tflops'))} TF/s  f+b {fmt(r.get('fb_tflops'))}"
                 f" TF/s  {note}")
         # Written after every problem, so a run cut short keeps what it measured.
-        md = table(runs)
+        md = table(runs) + "\n\n" + roofline_table(runs, bw)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(dict(device=dev, torch=torch.__version__,
@@ -412,6 +468,8 @@ def main():
                     + "\n")
     print()
     print(table(runs))
+    print()
+    print(roofline_table(runs, bw))
     print()
     print("\n".join(passes))
 

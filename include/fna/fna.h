@@ -114,6 +114,8 @@ struct Tuning {
   Switch fwd_strip = Switch::automatic;      // strip forward (rank-2 small windows): on = wherever
                                              // it applies, off = never
   Switch fwd_box = Switch::automatic;        // box forward: on = wherever it applies, off = never
+  Switch fwd_simt = Switch::automatic;       // SIMT forward (CUDA cores, small windows and head
+                                             // dims): on = wherever it applies, off = never
   FwdSchedule fwd_schedule = FwdSchedule::automatic;  // Hopper forward schedule (sm90 tiles only)
   Switch fwd_wg_skip = Switch::automatic;    // warp-specialized forward: each warpgroup visits only
                                              // its own rows' key tiles (automatic: on)

@@ -72,7 +72,10 @@ def fused_configs(rank, dtype, head_dim):
     `dtype` is a name ("bfloat16"), a torch dtype or a NumPy dtype. Names say what runs:
     ``fna_fwd_sm80_*`` (mma.sync, every sm_80+ GPU), ``fna_fwd_sm90_*`` / ``fna_fwd_sm90ws_*``
     (Hopper wgmma, plain / warp-specialized; compute capability 9.0 only), ``fna_fwd_box_*`` and
-    ``fna_fwd_strip_*`` (rank-2 small windows, 16-bit)."""
+    ``fna_fwd_strip_*`` (rank-2 small windows, 16-bit), ``fna_fwd_simt_*`` (CUDA cores, one query
+    per thread: small windows and head dims, 16-bit, ranks 1-3). Where the head dim's own bucket
+    has no Hopper kernel (head dim 32), the next bucket's configurations are listed too (padded;
+    the plan chooses among both on compute capability 9.0)."""
     return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
 
 
@@ -132,7 +135,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     backward, and how well its tiles fit.
 
     query_shape: ``[B, *spatial, H, D]``; the other arguments as for :func:`na2d`. Returns a dict:
-    ``config`` (the configuration name), ``family`` ("sm80", "sm90", "sm90ws", "box", "strip"),
+    ``config`` (the configuration name), ``family`` ("sm80", "sm90", "sm90ws", "box", "strip",
+    "simt"),
     ``copy`` ("tma" or "cp_async"), ``persistent``, ``spread``, ``wg_skip`` (the kernel's
     variants), ``q_tile`` / ``kv_tile`` (per axis), ``warps``, ``grid`` (CTAs), ``smem`` (bytes per
     CTA), ``tuning`` (the tuning given, as text), ``visited_tiles`` (query-tile x key-tile pairs

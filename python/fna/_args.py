@@ -424,7 +424,7 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
             elif hopper:
                 config = pick_sm80()
             else:
-                add.update(fwd_box="off", fwd_strip="off")
+                add.update(fwd_box="off", fwd_strip="off", fwd_simt="off")
         if backward_config:
             if not backward_config.startswith("fna_bwd_sm80_"):
                 raise ValueError(f"{fn}: backward_config={backward_config!r} is not an mma.sync "
@@ -452,7 +452,7 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
                     raise ValueError(f"{fn}: backend='hopper-fna': fna has no Hopper (wgmma) "
                                      "forward configuration for this rank, dtype and head dim "
                                      "(fna.fused_configs lists them); use backend='cuda-fused'")
-                add.update(fwd_box="off", fwd_strip="off")
+                add.update(fwd_box="off", fwd_strip="off", fwd_simt="off")
     for key, value in add.items():
         if key in keys and keys[key] != value:
             raise ValueError(f"{fn}: tuning {key}={keys[key]!r} contradicts backend={name!r}, "

@@ -60,6 +60,7 @@ const std::vector<Field>& fields() {
       FNA_INT_FIELD(autotune_budget_ms, Backend::cuda_fused),
       FNA_ENUM_FIELD(fwd_strip, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(fwd_box, Backend::cuda_fused, kSwitch),
+      FNA_ENUM_FIELD(fwd_simt, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(fwd_schedule, Backend::cuda_fused, kSchedule),
       FNA_ENUM_FIELD(fwd_wg_skip, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(fwd_spread, Backend::cuda_fused, kSwitch),

@@ -25,6 +25,7 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
       {"autotune_budget_ms", {"0", "1", "2000"}},
       {"fwd_strip", sw},
       {"fwd_box", sw},
+      {"fwd_simt", sw},
       {"fwd_schedule", {"automatic", "plain", "warp_specialized"}},
       {"fwd_wg_skip", sw},
       {"fwd_spread", sw},

@@ -378,7 +378,7 @@ def test_natten_backend_options():
     # cutlass-fna, not a Hopper: the tiled sm80 forward (box / strip off) and the sm80 backward.
     c, b, t = opts("na2d", "cutlass-fna", False, torch.bfloat16, "", "", "", pick, yes)
     assert (c, b) == ("", "") and _tuning(t) == {"fwd_box": "off", "fwd_strip": "off",
-                                                 "bwd_kernel": "sm80"}
+                                                 "fwd_simt": "off", "bwd_kernel": "sm80"}
     # On a Hopper the plan would take wgmma: the sm80 configuration is named instead.
     c, b, t = opts("na2d", "cutlass-fna", True, torch.bfloat16, "", "", "persistent=off", pick,
                    yes)
@@ -403,7 +403,8 @@ def test_natten_backend_options():
                  a["tuning"], pick, yes)
     # hopper-fna: compute capability 9.0, 16-bit, a Hopper configuration for the head dim.
     c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "", "", "", pick, yes)
-    assert (c, b) == ("", "") and _tuning(t) == {"fwd_box": "off", "fwd_strip": "off"}
+    assert (c, b) == ("", "") and _tuning(t) == {"fwd_box": "off", "fwd_strip": "off",
+                                                 "fwd_simt": "off"}
     c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "fna_fwd_sm90_x", "", "", pick, yes)
     assert (c, t) == ("fna_fwd_sm90_x", "")
     with pytest.raises(ValueError, match=r"hopper-fna.*compute capability 9.0"):

@@ -164,3 +164,18 @@
 // dtype), `phases` box rows side by side (4 x phases warps). Name:
 // fna_fwd_strip_<dtype>_d<head_dim>_q<4 * phases>x16_b4x4_w<warps>.
 #define FNA_FWD_CONFIGS_STRIP(X, DT) X(64, 2, DT) X(64, 3, DT) X(64, 4, DT)
+
+// SIMT forward configurations (fwd_simt.cuh: the CUDA cores, one query per thread, exactly the
+// needed pairs; ranks 1-3, 16-bit, no additional keys, sm_80+): X(rank, head_dim, q0, q1, q2,
+// dtype), a CTA tile of q0 x q1 x q2 queries (one thread each) whose halo its shared memory holds.
+// For windows of a few dozen keys at head dims 32 / 64 its FMAs on exactly the neighbors compete
+// with tensor-core tiles that multiply 4-10x the pairs; the plan's cost model (plan/fwd_cost.h
+// simt_cost) decides. The 8x8 tiles serve dilation groups of 8 or fewer rows (DiNAT's 56 / 8 = 7).
+// Name: fna_fwd_simt_<dtype>_d<head_dim>_q<q tile>_w<warps>.
+#define FNA_FWD_CONFIGS_SIMT(X, DT)                                                    \
+  X(1, 32, 1, 1, 128, DT) X(1, 32, 1, 1, 256, DT) X(1, 64, 1, 1, 128, DT)                  \
+  X(1, 64, 1, 1, 256, DT)                                                                  \
+  X(2, 32, 1, 8, 8, DT) X(2, 32, 1, 8, 16, DT) X(2, 32, 1, 16, 16, DT)                     \
+  X(2, 64, 1, 8, 8, DT) X(2, 64, 1, 8, 16, DT) X(2, 64, 1, 16, 16, DT)                     \
+  X(3, 32, 1, 8, 8, DT) X(3, 32, 2, 8, 8, DT) X(3, 32, 4, 8, 8, DT)                        \
+  X(3, 64, 1, 8, 8, DT) X(3, 64, 2, 8, 8, DT) X(3, 64, 4, 8, 8, DT)

@@ -64,6 +64,11 @@ constexpr bool plain_tf32() {
            {1, kBoxExt, kBoxExt}, (Q1) * (Q2) / 16, FwdFamily::box,              \
            &launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                                 \
            &fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
+#define FNA_FWD_SIMT_ENTRY(R, D, Q0, Q1, Q2, DT)                                               \
+  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {1, 1, 1},                       \
+           (Q0) * (Q1) * (Q2) / 32, FwdFamily::simt,                                           \
+           &launch_fwd_simt<mma::DT, D, R, Tile<Q0, Q1, Q2>>,                                  \
+           &fwd_simt_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>>},
 #define FNA_FWD_STRIP_ENTRY(D, PH, DT)                                                         \
   FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, kBoxExt*(PH), kStripCols},  \
            {1, kBoxExt, kBoxExt}, kStripCols / kBoxExt * (PH),     \
@@ -75,6 +80,7 @@ const std::vector<FwdEntry>& forward_table() {
       FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, BF16)
       FNA_FWD_CONFIGS_STRIP(FNA_FWD_STRIP_ENTRY, F16)
       FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, BF16) FNA_FWD_CONFIGS_BOX(FNA_FWD_BOX_ENTRY, F16)
+      FNA_FWD_CONFIGS_SIMT(FNA_FWD_SIMT_ENTRY, BF16) FNA_FWD_CONFIGS_SIMT(FNA_FWD_SIMT_ENTRY, F16)
 #if defined(FNA_WITH_SM90)
       FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, BF16) FNA_FWD_CONFIGS_SM90(FNA_FWD_SM90_ENTRY, F16)
 #endif
@@ -88,6 +94,7 @@ const std::vector<FwdEntry>& forward_table() {
 #undef FNA_FWD_SM90_ENTRY_Sm90Ws
 #undef FNA_FWD_BOX_ENTRY
 #undef FNA_FWD_STRIP_ENTRY
+#undef FNA_FWD_SIMT_ENTRY
 
 }  // namespace fused
 }  // namespace fna

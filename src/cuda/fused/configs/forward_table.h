@@ -21,7 +21,7 @@ struct FwdEntry {
   bool tf32;  // float32 with plain TF32 products (Options::allow_tf32)
   int dim;    // padded head dim the kernel is compiled for
   int q[kAxes];
-  int kv[kAxes];  // the key tile; for the box / strip families the warp box
+  int kv[kAxes];  // the key tile; for the box / strip families the warp box; SIMT: 1x1x1
   int warps;
   FwdFamily family;
   cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);
@@ -31,6 +31,7 @@ struct FwdEntry {
   int kv_size() const { return kv[0] * kv[1] * kv[2]; }
   bool boxes() const { return family == FwdFamily::box || family == FwdFamily::strip; }
   bool wgmma() const { return family == FwdFamily::sm90 || family == FwdFamily::sm90ws; }
+  bool simt() const { return family == FwdFamily::simt; }
   std::string name() const {
     auto shape = [&](const int* e) {
       std::string s;
@@ -40,7 +41,8 @@ struct FwdEntry {
     };
     const char* dt = dtype == DType::bf16 ? "bf16" : (dtype == DType::f16 ? "f16" : "f32");
     return std::string("fna_fwd_") + family_name(family) + "_" + dt + "_d" +
-           std::to_string(dim) + "_q" + shape(q) + (boxes() ? "_b" : "_kv") + shape(kv) + "_w" +
+           std::to_string(dim) + "_q" + shape(q) +
+           (simt() ? std::string() : (boxes() ? "_b" : "_kv") + shape(kv)) + "_w" +
            std::to_string(warps);
   }
 };

@@ -17,6 +17,7 @@
 #include "cuda/fused/kernel/common/fwd_params.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
 #include "cuda/fused/plan/fwd_cost.h"
+#include "cuda/fused/plan/fwd_simt.h"
 #include "cuda/fused/plan/fwd_tma.h"
 #include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/plan.h"
@@ -65,6 +66,31 @@ std::vector<const FwdEntry*> candidates(int rank, DType dtype, bool tf32, int64_
   for (const FwdEntry& e : fused::forward_table())
     if (matches(e, rank, dtype, tf32) && e.dim == bucket) out.push_back(&e);
   return out;
+}
+
+// The configurations listed for a head dim (fna::fused_configs): the bucket's entries and, where
+// that bucket has no wgmma kernel (head dim 32), the smallest bucket that has one: padded to 64,
+// the wgmma kernels ran a 2-D 13x13 problem at head dim 32 in 0.23 ms against 0.40 for the
+// mma.sync kernels of its own bucket (H200), so on compute capability 9.0 the plan chooses among
+// both (plan_candidates) and time no longer grows as the head dim shrinks.
+std::vector<const FwdEntry*> listed_candidates(int rank, DType dtype, bool tf32, int64_t need) {
+  std::vector<const FwdEntry*> out = candidates(rank, dtype, tf32, need);
+  for (const FwdEntry* e : out)
+    if (e->wgmma()) return out;
+  int up = 0;
+  for (const FwdEntry& e : fused::forward_table())
+    if (matches(e, rank, dtype, tf32) && e.dim >= need && e.wgmma() && (up == 0 || e.dim < up))
+      up = e.dim;
+  if (up == 0) return out;
+  for (const FwdEntry* e : candidates(rank, dtype, tf32, up)) out.push_back(e);
+  return out;
+}
+
+// The candidates the plan chooses among on device `dev` (the upper bucket on Hopper only).
+std::vector<const FwdEntry*> plan_candidates(int rank, DType dtype, bool tf32, int64_t need,
+                                             const DeviceProps& dev) {
+  return dev.hopper() ? listed_candidates(rank, dtype, tf32, need)
+                      : candidates(rank, dtype, tf32, need);
 }
 
 fused::Geometry geometry_of(const Problem& p) {
@@ -186,7 +212,7 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
   const int64_t need = std::max(p.dim, p.dim_v);
   const Tuning& t = opt.tuning;
   if (t.fwd_schedule != FwdSchedule::automatic || t.fwd_strip != Switch::automatic ||
-      t.fwd_box != Switch::automatic)
+      t.fwd_box != Switch::automatic || t.fwd_simt != Switch::automatic)
     return invalid("config='" + opt.config + "' names the forward configuration, while tuning " +
                    tuning_string(t) + " would choose among configurations: give one or the other");
   const FwdEntry* cfg = nullptr;
@@ -197,7 +223,7 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
     return invalid("config='" + opt.config +
                    "' is not a cuda-fused forward configuration for rank=" + std::to_string(p.rank) +
                    ", dtype=" + dtype_name(p.dtype) + ", dim=" + std::to_string(need) +
-                   "; valid: " + join_names(candidates(p.rank, p.dtype, opt.allow_tf32, need)));
+                   "; valid: " + join_names(listed_candidates(p.rank, p.dtype, opt.allow_tf32, need)));
   if (cfg->wgmma() && !dev.hopper())
     return unsupported("config='" + opt.config + "' is a Hopper (wgmma) configuration: it needs "
                        "compute capability 9.0, device " + std::to_string(opt.device_index) +
@@ -209,6 +235,12 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
     const bool ok = cfg->family == FwdFamily::box ? box_applies(*cfg, p, geo, dev.smem_optin, &bp, &why)
                                                   : strip_applies(*cfg, p, geo, dev, &sp, &why);
     if (!ok) return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
+  }
+  if (cfg->simt()) {
+    fused::SimtPlan sp;
+    std::string why;
+    if (!fwd_simt::applies(*cfg, p, geo, dev, &sp, &why))
+      return unsupported("config='" + opt.config + "' cannot run this problem: " + why);
   }
   *out = cfg;
   return Status::Ok();
@@ -225,7 +257,8 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
                         const DeviceProps& dev, const FwdEntry** out) {
   const int64_t need = std::max(p.dim, p.dim_v);
   const Tuning& t = opt.tuning;
-  const std::vector<const FwdEntry*> cands = candidates(p.rank, p.dtype, opt.allow_tf32, need);
+  const std::vector<const FwdEntry*> cands =
+      plan_candidates(p.rank, p.dtype, opt.allow_tf32, need, dev);
   if (cands.empty())
     return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
   const bool named_schedule = t.fwd_schedule != FwdSchedule::automatic;
@@ -248,7 +281,7 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
   const FwdEntry* cfg = nullptr;
   double best = 0;
   for (const FwdEntry* e : cands) {
-    if (e->boxes() || !fits(e)) continue;
+    if (e->boxes() || e->simt() || !fits(e)) continue;
     if (any90 ? !takes_wgmma(e) : e->wgmma()) continue;
     const double c = any90 ? tiled_cost(*e, p, geo, t, dev) : sm80_cost(*e, geo);
     if (cfg == nullptr || c < best) {
@@ -313,8 +346,29 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
                 : box != nullptr || tiled == 0 ||
                       (strip_sp.box.computed <= kStripPairsRatio * tiled &&
                        strip_sp.box.fast_fill >= 0.75);
-      if (cfg == nullptr || t.fwd_strip == Switch::on || pays) cfg = strip;
+      if (cfg == nullptr || t.fwd_strip == Switch::on || pays) {
+        cfg = strip;
+        best = strip_cost;
+      }
     }
+    // The SIMT forward: its cheapest entry by fwd_simt::cost, where it applies and (on Hopper,
+    // against the model's other picks) pays; elsewhere only when asked for or nothing else fits
+    // (its model is fitted to Hopper).
+    const FwdEntry* simt = nullptr;
+    double simt_cost = 0;
+    for (const FwdEntry* e : cands) {
+      if (!e->simt() || t.fwd_simt == Switch::off) continue;
+      fused::SimtPlan sp;
+      std::string why;
+      if (!fwd_simt::applies(*e, p, geo, dev, &sp, &why)) continue;
+      const double c = fwd_simt::cost(*e, p, geo, sp, dev);
+      if (simt == nullptr || c < simt_cost) {
+        simt = e;
+        simt_cost = c;
+      }
+    }
+    if (simt != nullptr && (cfg == nullptr || t.fwd_simt == Switch::on || (any90 && simt_cost < best)))
+      cfg = simt;
   }
   if (cfg == nullptr)
     return unsupported("no configuration for dim=" + std::to_string(need) + " fits the device's " +
@@ -461,6 +515,12 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       }
       plan->tma = l.tma.on != 0;
       break;
+    case FwdFamily::simt: {
+      const fused::SimtPlan sp = fused::simt_plan(geo, cfg->q, cfg->dim);
+      l.smem = sp.smem;
+      l.halo_cap = sp.halo_rows;
+      break;
+    }
     case FwdFamily::box: {
       const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
       l.smem = bp.smem;
@@ -505,7 +565,12 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   const double needed = fused::needed_pairs(geo);
   double computed = 0;
   const double heads = double(p.batch) * double(p.heads);
-  if (cfg->boxes()) {
+  if (cfg->simt()) {
+    // Exactly the needed pairs; a CTA's halo counts as its one "tile".
+    plan->visited_tiles = double(l.ctas);
+    plan->unmasked_fraction = 1.0;
+    computed = needed;
+  } else if (cfg->boxes()) {
     // Visited "tiles" are the warps' 64-key chunks, all masked (the strip forward multiplies the
     // box forward's boxes).
     const int q_box[kAxes] = {1, fused::kBoxExt, fused::kStripCols};
@@ -539,7 +604,7 @@ Status autotuned_config(const Problem& p, const Options& opt, const FwdParams* c
   out->clear();
   const Tuning& t = opt.tuning;
   if (t.fwd_schedule != FwdSchedule::automatic || t.fwd_strip != Switch::automatic ||
-      t.fwd_box != Switch::automatic)
+      t.fwd_box != Switch::automatic || t.fwd_simt != Switch::automatic)
     return invalid("tuning mode='auto' chooses the forward configuration, while tuning " +
                    tuning_string(t) + " would choose among configurations too: give one or the other");
   const std::string sig = autotune_signature("fwd", p, opt);
@@ -563,7 +628,10 @@ Status autotuned_config(const Problem& p, const Options& opt, const FwdParams* c
     return make_fwd_plan(p, o, f, pl).ok();
   };
   std::vector<std::string> cands = {heur.config};
-  for (const FwdEntry* e : candidates(p.rank, p.dtype, opt.allow_tf32, std::max(p.dim, p.dim_v))) {
+  DeviceProps dev;
+  if (!(st = device_props(opt.device_index, &dev)).ok()) return st;
+  for (const FwdEntry* e :
+       plan_candidates(p.rank, p.dtype, opt.allow_tf32, std::max(p.dim, p.dim_v), dev)) {
     FwdParams f;
     fused::FwdPlan pl;
     if (e->name() != heur.config && plan_of(e->name(), &f, &pl)) cands.push_back(e->name());
@@ -612,7 +680,7 @@ Status resolve_autotune(const Problem& p, const Options& opt, const FwdParams* c
 std::vector<std::string> cuda_fused_configs(int rank, DType dtype, int64_t dim) {
   std::vector<std::string> names;
   // float32: the split-TF32 entries (the plain TF32 ones carry the same names).
-  for (const FwdEntry* e : candidates(rank, dtype, false, dim)) names.push_back(e->name());
+  for (const FwdEntry* e : listed_candidates(rank, dtype, false, dim)) names.push_back(e->name());
   return names;
 }
 

@@ -21,6 +21,7 @@ enum class FwdFamily : int {
   sm90ws,  // fna_fwd_sm90ws_*: wgmma, warp-specialized (fwd_sm90_ws.cuh)
   box,     // fna_fwd_box_*: warp boxes of 4x4 queries over their own windows (fwd_box.cuh)
   strip,   // fna_fwd_strip_*: the box forward on a CTA walking a column strip (fwd_strip.cuh)
+  simt,    // fna_fwd_simt_*: CUDA cores, one query per thread, exactly the needed pairs (fwd_simt.cuh)
 };
 const char* family_name(FwdFamily f);
 

@@ -52,6 +52,7 @@ const char* family_name(FwdFamily f) {
     case FwdFamily::sm90ws: return "sm90ws";
     case FwdFamily::box: return "box";
     case FwdFamily::strip: return "strip";
+    case FwdFamily::simt: return "simt";
   }
   return "?";
 }

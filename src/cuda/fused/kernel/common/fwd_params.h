@@ -54,7 +54,7 @@ struct FwdLaunch {
   bool persistent = false;  // warp-specialized: CTAs take work items from a counter
   bool spread = false;      // plain Hopper: whole-row copies per warp instruction
   bool wg_skip = false;     // warp-specialized: warpgroups visit only their own rows' key tiles
-  int halo_cap = 0;         // box forward: halo rows its shared memory holds
+  int halo_cap = 0;         // box / SIMT forwards: halo rows their shared memory holds
   StripParams strip{};      // strip forward: strips, row segments, ring
   FwdTma tma{};             // warp-specialized forward's maps
   StripTma strip_tma{};     // strip forward's maps
@@ -84,6 +84,13 @@ template <class T, int kD, class QT>
 cudaError_t launch_fwd_box(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, class QT>
 size_t fwd_box_smem_bytes();
+
+// The SIMT forward of fwd_simt.cuh (ranks 1-3, 16-bit, CUDA cores); its shared memory comes from
+// simt_plan (FwdLaunch::halo_cap rows), the size below is a lower bound.
+template <class T, int kD, int kRank, class QT>
+cudaError_t launch_fwd_simt(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
+template <class T, int kD, int kRank, class QT>
+size_t fwd_simt_smem_bytes();
 
 // The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side);
 // its shared memory comes from strip_plan, the size below is a lower bound.
