@@ -25,6 +25,7 @@ where present.
 import argparse
 import json
 import math
+import re
 import sys
 
 SMS = 132               # H200 / H100 SXM
@@ -37,19 +38,25 @@ PARAMS = {
     "sm90ws": dict(C=2.63, K=0.284, P=0.362),
     "box": dict(C=0.0, K=0.257),
     "strip": dict(C=1.40, K=0.174),
+    # C and K fitted alone (--families simt: the other families fixed; P and g held at 2.0 and
+    # 0, where the fit left P at 0 and g negative, i.e. undetermined by the data) on the H100 run
+    # of 2026-11-26.
+    "simt": dict(C=4.253, K=1.519, P=2.0, g=0.0),
 }
 ORDER = [("sm90", "C"), ("sm90", "K"), ("sm90", "P"), ("sm90", "g"), ("sm90ws", "C"),
          ("sm90ws", "K"), ("sm90ws", "P"), ("box", "C"), ("box", "K"), ("strip", "C"),
-         ("strip", "K")]
+         ("strip", "K"), ("simt", "C"), ("simt", "K")]
 
 
-def occupancy(fam, smem, warps):
+def occupancy(fam, smem, warps, dim=64):
     by_smem = SMEM_SM // (smem + 1024)
     threads = 32 * warps
     if fam == "sm90":
         o = min(4, by_smem, 65536 // (threads * 128))
     elif fam == "box":
         o = min(by_smem, 3 if threads <= 128 else 1)
+    elif fam == "simt":  # shared memory, threads, registers (128 at head dim 32, else 256)
+        o = min(by_smem, 2048 // threads, 65536 // (threads * (128 if dim <= 32 else 256)))
     elif fam == "sm80":
         o = min(by_smem, 2048 // threads, 2)
     else:
@@ -66,11 +73,23 @@ def problems(path):
             p = r["fwd_plans"].get(name)
             if p is None:
                 continue
+            # The padded head dim the configuration is compiled for (as the plan's e.dim).
+            dim = int(re.search(r"_d(\d+)_", name).group(1))
             cands.append(dict(name=name, t=t, fam=p["family"], q=math.prod(p["q_tile"]),
                               kv=math.prod(p["kv_tile"]), warps=p["warps"], grid=p["grid"],
-                              smem=p["smem"], vis=p["visited_tiles"], D=r["D"]))
+                              smem=p["smem"], vis=p["visited_tiles"], D=dim,
+                              nf=p["needed_fraction"]))
         if not cands:
             continue
+        # SIMT plans recorded before they reported 8-key steps (kv_tile 1): steps from the needed
+        # pairs a tiled candidate reports (ceil(average window / 8) per CTA).
+        tiled = next((c for c in cands if c["fam"] not in ("simt",) and c["vis"] > 0), None)
+        for c in cands:
+            if c["fam"] == "simt" and c["kv"] == 1 and tiled is not None:
+                needed = tiled["nf"] * tiled["vis"] * tiled["q"] * tiled["kv"]
+                tokens = math.prod(int(x) for x in r["shape"].split("x"))
+                keys = needed / (r["B"] * r["H"] * tokens)
+                c["kv"], c["vis"] = 8, c["grid"] * math.ceil(keys / 8)
         best = min(c["t"] for c in cands)
         k0 = int(r["kernel"].split("x")[0])
         rank = len(r["shape"].split("x"))
@@ -88,7 +107,7 @@ def problems(path):
 
 def cost(c, prm):
     m = math.ceil(c["grid"] / SMS)
-    o = occupancy(c["fam"], c["smem"], c["warps"])
+    o = occupancy(c["fam"], c["smem"], c["warps"], c["D"])
     n = c["vis"] / c["grid"]
     fp = prm.get(c["fam"])
     if fp is None:  # mma.sync (only where nothing else runs): the work alone
@@ -113,8 +132,10 @@ def evaluate(probs, prm, tol):
 
 # ---- fitting (numpy): least squares on log time, centred per problem, weighted to near-best ----
 
-def fit(probs, start=None, iters=3000):
+def fit(probs, start=None, iters=3000, families=None):
+    """Least-squares fit of the parameters of `families` (default: all), the others fixed."""
     import numpy as np
+    order = [(f, s) for f, s in ORDER if families is None or f in families]
     rows = []
     for k, p in enumerate(probs):
         for c in p["cands"]:
@@ -128,10 +149,10 @@ def fit(probs, start=None, iters=3000):
     cnt = np.maximum(np.bincount(ks, minlength=len(probs)), 1)
 
     def to_prm(x):
-        prm = {f: {} for f in PARAMS}
-        for (f, s), v in zip(ORDER, x):
+        prm = {f: dict(PARAMS[f]) for f in PARAMS}
+        for (f, s), v in zip(order, x):
             prm[f][s] = v if s == "g" else math.exp(v)
-        prm["sm90ws"]["g"] = prm["box"]["g"] = prm["strip"]["g"] = 0.0
+        prm["sm90ws"]["g"] = prm["box"]["g"] = prm["strip"]["g"] = prm["simt"]["g"] = 0.0
         return prm
 
     def loss(x):
@@ -143,7 +164,7 @@ def fit(probs, start=None, iters=3000):
         return float((w * rc**2).sum())
 
     x0 = start if start is not None else [
-        PARAMS[f][s] if s == "g" else math.log(max(PARAMS[f][s], 1e-3)) for f, s in ORDER]
+        PARAMS[f][s] if s == "g" else math.log(max(PARAMS[f][s], 1e-3)) for f, s in order]
     x0 = np.array(x0, dtype=float)
     x, fx = nelder_mead(loss, x0, iters, 0.5)
     x, fx = nelder_mead(loss, x, iters // 2, 0.1)
@@ -185,11 +206,14 @@ def main():
     ap.add_argument("--fit", action="store_true", help="fit the parameters again on this file")
     ap.add_argument("--splits", type=int, default=0, help="with --fit: random halves, fit/test")
     ap.add_argument("--loo", action="store_true", help="with --fit: leave-one-out")
+    ap.add_argument("--families", default="", help="with --fit: comma list of the families "
+                    "whose parameters are fitted (the others stay as compiled)")
     args = ap.parse_args()
     probs = problems(args.json)
     prm = PARAMS
+    fams = [f for f in args.families.split(",") if f] or None
     if args.fit:
-        prm, _ = fit(probs)
+        prm, _ = fit(probs, families=fams)
         rounded = {f: {k: round(v, 3) for k, v in d.items()} for f, d in prm.items()}
         print("fitted:", json.dumps(rounded))
     hits, out = evaluate(probs, prm, args.tol)
@@ -213,7 +237,7 @@ def main():
             idx = np.random.RandomState(100 + s).permutation(len(probs))
             halves = [idx[: len(idx) // 2], idx[len(idx) // 2:]]
             for a, b in ((0, 1), (1, 0)):
-                pr, _ = fit([probs[i] for i in halves[a]])
+                pr, _ = fit([probs[i] for i in halves[a]], families=fams)
                 h, _ = evaluate([probs[i] for i in halves[b]], pr, args.tol)
                 tot += h
                 n += len(halves[b])
@@ -222,7 +246,7 @@ def main():
     if args.fit and args.loo:
         h, miss = 0, []
         for i in range(len(probs)):
-            pr, _ = fit(probs[:i] + probs[i + 1:])
+            pr, _ = fit(probs[:i] + probs[i + 1:], families=fams)
             hh, o = evaluate([probs[i]], pr, args.tol)
             h += hh
             if not hh:

@@ -16,8 +16,8 @@ def test_fit_constants_match_the_plan():
     with open(os.path.join(ROOT, "src", "cuda", "fused", "plan", "fwd_cost.h")) as f:
         text = f.read()
     models = dict(re.findall(r"constexpr CostModel k(\w+)Model\{([^}]*)\}", text))
-    assert set(models) == {"Plain", "Ws", "Box", "Strip"}, models
-    family = {"Plain": "sm90", "Ws": "sm90ws", "Box": "box", "Strip": "strip"}
+    assert set(models) == {"Plain", "Ws", "Box", "Strip", "Simt"}, models
+    family = {"Plain": "sm90", "Ws": "sm90ws", "Box": "box", "Strip": "strip", "Simt": "simt"}
     for name, body in models.items():
         cta, tile, pairs, share = (float(x) for x in body.split(","))
         p = heuristic_fit.PARAMS[family[name]]

@@ -7,6 +7,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/fused/configs/forward.h"
 #include "cuda/fused/kernel/common/box_plan.h"
+#include "cuda/fused/kernel/common/simt_plan.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
 
 namespace fna {
@@ -65,7 +66,7 @@ constexpr bool plain_tf32() {
            &launch_fwd_box<mma::DT, D, Tile<1, Q1, Q2>>,                                 \
            &fwd_box_smem_bytes<mma::DT, D, Tile<1, Q1, Q2>>},
 #define FNA_FWD_SIMT_ENTRY(R, D, Q0, Q1, Q2, DT)                                               \
-  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {1, 1, 1},                       \
+  FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {1, 1, kSimtKeys},                       \
            (Q0) * (Q1) * (Q2) / 32, FwdFamily::simt,                                           \
            &launch_fwd_simt<mma::DT, D, R, Tile<Q0, Q1, Q2>>,                                  \
            &fwd_simt_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>>},

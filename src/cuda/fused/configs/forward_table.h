@@ -21,7 +21,8 @@ struct FwdEntry {
   bool tf32;  // float32 with plain TF32 products (Options::allow_tf32)
   int dim;    // padded head dim the kernel is compiled for
   int q[kAxes];
-  int kv[kAxes];  // the key tile; for the box / strip families the warp box; SIMT: 1x1x1
+  int kv[kAxes];  // the key tile; for the box / strip families the warp box; SIMT: the keys
+                  // of one softmax step (1x1x8)
   int warps;
   FwdFamily family;
   cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);

@@ -566,8 +566,8 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   double computed = 0;
   const double heads = double(p.batch) * double(p.heads);
   if (cfg->simt()) {
-    // Exactly the needed pairs; a CTA's halo counts as its one "tile".
-    plan->visited_tiles = double(l.ctas);
+    // Exactly the needed pairs; "tiles" are the threads' 8-key steps, one set per CTA.
+    plan->visited_tiles = double(l.ctas) * fwd_simt::steps(p, geo);
     plan->unmasked_fraction = 1.0;
     computed = needed;
   } else if (cfg->boxes()) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "cuda/fused/configs/forward_table.h"
+#include "cuda/fused/kernel/common/simt_plan.h"
 #include "cuda/fused/plan/plan.h"
 
 namespace fna {
@@ -54,16 +55,29 @@ constexpr CostModel kPlainModel{0.0, 0.584, 0.527, 0.525};
 constexpr CostModel kWsModel{2.63, 0.284, 0.362, 0.0};
 constexpr CostModel kBoxModel{0.0, 0.257, 0.0, 0.0};
 constexpr CostModel kStripModel{1.40, 0.174, 0.0, 0.0};
+// The SIMT forward (fwd_simt.h): n = 8-key steps of a thread, q * kv * D = its CTA's FMAs of one
+// step for S (as many again for O); o = CTAs its registers, threads and shared memory let an SM
+// hold. `cta` and `tile` fitted on their own (the other families fixed; `pairs` held at 2 and
+// `share` at 0, which the data left undetermined) by bench/heuristic_fit.py --fit --families simt
+// on the H100 run of 2026-11-26 (bench/heuristic_quality.py: the small-window set and 50 random
+// problems): it takes the SIMT forward on short 1-D problems with small windows (4-20 us, where it
+// ran up to 1.3x faster than the best tensor-core configuration) and nowhere on the small-window set,
+// where it ran 1.2-4x slower (docs/benchmarks.md).
+constexpr CostModel kSimtModel{4.253, 1.519, 2.0, 0.0};
 
 // CTAs of one configuration an SM holds: the plain Hopper kernel's launch bound (Sm90Traits
 // kMinBlocks: shared memory, 128 registers a thread, at most 4), the box forward's (3 CTAs of 4
-// warps); the warp-specialized kernel and the strip take all registers / shared memory.
-inline int resident_ctas(FwdFamily f, size_t smem, int warps, const DeviceProps& dev) {
+// warps), the SIMT forward's (shared memory, threads, its registers at padded head dim `dim`); the
+// warp-specialized kernel and the strip take all registers / shared memory.
+inline int resident_ctas(FwdFamily f, size_t smem, int warps, const DeviceProps& dev,
+                         int dim = 0) {
   const int by_smem = int((size_t(dev.smem_optin) + 1024) / (smem + 1024));
   const int threads = 32 * warps;
   int o = 1;
   if (f == FwdFamily::sm90) o = std::min({4, by_smem, 65536 / (threads * 128)});
   if (f == FwdFamily::box) o = std::min(by_smem, threads <= 128 ? 3 : 1);
+  if (f == FwdFamily::simt)
+    o = std::min({by_smem, 2048 / threads, 65536 / (threads * fused::simt_registers(dim))});
   return std::max(o, 1);
 }
 

@@ -36,29 +36,22 @@ inline bool applies(const FwdEntry& e, const Problem& p, const fused::Geometry& 
   return true;
 }
 
-// Modelled time (microseconds on an H200, the unit of fwd_cost.h's models) of the SIMT forward:
-// the busiest SM's CTAs, each of `warps` warps walking the average window, at about 1.3 * kD SM
-// cycles per warp and key (per key a warp reads kD / 4 16-byte K and V chunks per lane, kD / 2
-// shared-memory wavefronts each for K and V, and issues about 4 kD instructions: widening and
-// FMAs for S and O), plus per wave of resident CTAs the halo copy's latency.
-constexpr double kSimtCyclesPerKeyDim = 1.3;
-constexpr double kSimtWaveUs = 1.5;
-constexpr double kSimtClockMhz = 1980.0;
+// A thread's 8-key steps: the average window over 8, rounded up.
+inline double steps(const Problem& p, const fused::Geometry& geo) {
+  const double tokens = double(p.tokens());
+  return tokens > 0 ? std::ceil(fused::needed_pairs(geo) / tokens / fused::kSimtKeys) : 0;
+}
 
+// Modelled time (fwd_cost.h's unit and form, kSimtModel): each CTA runs `steps` steps of
+// q_size x 8 keys x D multiply-adds for S (and as many for O).
 inline double cost(const FwdEntry& e, const Problem& p, const fused::Geometry& geo,
                    const fused::SimtPlan& sp, const DeviceProps& dev) {
   const double ctas = fwd_cost::ctas_of(p, geo, e.q);
   if (ctas <= 0) return 0;
-  const double tokens = double(p.tokens());
-  const double keys = tokens > 0 ? fused::needed_pairs(geo) / tokens : 0;
-  const int threads = e.q_size();
-  const int by_smem = int((size_t(dev.smem_optin) + 1024) / (sp.smem + 1024));
-  const int by_threads = std::max(1, 2048 / threads);
-  const int resident = std::max(1, std::min(by_smem, by_threads));
-  const double busiest = std::ceil(ctas / double(std::max(dev.sms, 1)));
-  const double waves = std::ceil(busiest / resident);
-  return waves * kSimtWaveUs +
-         busiest * (threads / 32.0) * keys * e.dim * kSimtCyclesPerKeyDim / kSimtClockMhz;
+  return fwd_cost::model_cost(
+      fwd_cost::kSimtModel, ctas, steps(p, geo),
+      double(e.q_size()) * double(e.kv_size()) * double(e.dim),
+      fwd_cost::resident_ctas(fused::FwdFamily::simt, sp.smem, e.warps, dev, e.dim), dev);
 }
 
 }  // namespace fwd_simt

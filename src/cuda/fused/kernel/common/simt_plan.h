@@ -15,6 +15,12 @@ namespace fused {
 // consecutive rows with 16-byte loads hit eight distinct bank groups.
 constexpr int simt_row_bytes(int kD) { return kD * 2 + 16; }
 
+// Keys per online-softmax step of a thread (8 dot products, one max, one rescale of O).
+constexpr int kSimtKeys = 8;
+
+// Registers per thread the kernel is compiled for (its launch bounds: O and Q take 2 kD).
+constexpr int simt_registers(int kD) { return kD <= 32 ? 128 : 256; }
+
 // The largest union of windows of a tile of `q` queries on one axis, over every tile origin of
 // every dilation group's length (a group is at most one token shorter than group 0, so two
 // lengths cover all groups).

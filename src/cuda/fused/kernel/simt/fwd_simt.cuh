@@ -43,10 +43,10 @@ template <int kD, int kThreads>
 struct SimtTraits {
   static constexpr int kChunks = kD / 8;           // 16-byte chunks of a row
   static constexpr int kPitch = simt_row_bytes(kD) / 2;  // elements per shared row
-  static constexpr int kKeys = 8;                  // keys per softmax step
-  // Registers: at head dim 32 about 100 a thread (O and Q: 64); at 64 about 170.
-  static constexpr int kMinBlocks = (kD <= 32 ? 512 : 256) / kThreads > 0
-                                        ? (kD <= 32 ? 512 : 256) / kThreads
+  static constexpr int kKeys = kSimtKeys;          // keys per softmax step
+  // At most simt_registers(kD) registers a thread (128 at head dim 32, 255 at 64).
+  static constexpr int kMinBlocks = 65536 / (simt_registers(kD) * kThreads) > 0
+                                        ? 65536 / (simt_registers(kD) * kThreads)
                                         : 1;
 };
 
