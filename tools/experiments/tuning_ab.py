@@ -49,7 +49,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tuning", required=True,
                     help="settings separated by ';', each K=V[,K=V..] or '-' (defaults)")
-    ap.add_argument("--problems", default=",".join(PROBLEMS))
+    ap.add_argument("--problems", default=",".join(PROBLEMS),
+                    help="comma list of problems of gpu_bench.py's sets (standard or small)")
     ap.add_argument("--variants", default="base")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
@@ -62,7 +63,7 @@ def main():
     for prob in args.problems.split(","):
         for variant in args.variants.split(","):
             case = make_case(prob, variant)
-            B, H, shape, D, kernel = PROBLEMS[prob]
+            B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
             dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case["dtype"]]
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=dt, generator=g)
