@@ -127,8 +127,6 @@ struct Tuning {
                                              // tiles from a counter (automatic: off)
   std::string fwd_walk;                      // CTA tile walk, the problem's axes fastest first
                                              // (e.g. "10" at rank 2); empty: the plan's
-  Switch fwd_heads_first = Switch::automatic;  // CTA order with heads fastest (then tiles): the
-                                               // CTAs running at once read whole tokens
   // cuda-fused backward.
   BwdKernel bwd_kernel = BwdKernel::automatic;
   CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
@@ -270,7 +268,6 @@ struct FusedPlan {
   bool persistent = false;         // sm90ws: persistent CTAs
   bool spread = false;             // sm90: whole-row copies per warp instruction
   bool wg_skip = false;            // sm90ws: warpgroups visit only their own rows' key tiles
-  bool heads_first = false;        // CTA order: heads fastest, then tiles
   std::vector<int> q_tile, kv_tile;  // over the problem's axes (box / strip: CTA rows, warp box)
   int warps = 0;                   // per CTA
   int64_t grid = 0;                // CTAs launched

@@ -592,7 +592,6 @@ NB_MODULE(_C, m) {
     d["persistent"] = plan.persistent;
     d["spread"] = plan.spread;
     d["wg_skip"] = plan.wg_skip;
-    d["heads_first"] = plan.heads_first;
     d["q_tile"] = list(plan.q_tile);
     d["kv_tile"] = list(plan.kv_tile);
     d["warps"] = plan.warps;

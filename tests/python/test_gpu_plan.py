@@ -384,3 +384,38 @@ def test_small_head_dims_take_padded_kernels(dim):
         assert err < 2e-2, f"{name}: max error {err}"
         ran += 1
     assert ran >= (len(names) // 2 if hopper else 1)
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dim", [32, 128])
+def test_backward_64_key_tiles(dim):
+    """The plain Hopper dK / dV kernel's 64-key tiles (one warpgroup; at head dim 128 it takes
+    both dQ column blocks): the plan takes them for 7x7 windows, every listed 64-key configuration
+    gives the float64 oracle's gradients, with dilation, a causal axis, GQA and additional keys
+    (their own 64-key tiles)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper backward needs compute capability 9.0")
+    shape, ks = (1, 22, 19, 4, dim), (7, 7)
+    plan = fna.fused_plan(shape, ks, dtype="bfloat16")
+    assert plan["backward_family"] == "sm90" and int(np.prod(plan["backward_kv_tile"])) == 64, plan
+    names = [n for n in fna.fused_backward_configs(2, "bfloat16", dim)
+             if n.startswith("fna_bwd_sm90_") and ("_kv8x8_" in n or "_kv4x16_" in n)]
+    assert names
+    g = torch.Generator(device="cuda").manual_seed(seed_of("bwd-64-keys", dim))
+    rnd = lambda *s: torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q = rnd(1, 22, 19, 4, dim).requires_grad_()
+    k, v = (rnd(1, 22, 19, 2, dim).requires_grad_() for _ in range(2))
+    ak, av = (rnd(1, 5, 2, dim).requires_grad_() for _ in range(2))
+    kw = dict(dilation=(2, 1), is_causal=(False, True), additional_keys=ak, additional_values=av)
+    d_out = rnd(1, 22, 19, 4, dim)
+    ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1, 1], dil=[2, 1], causal=[False, True],
+                      add_k=ak, add_v=av), d_out=d_out)
+    for name in [None] + names:
+        out = fna.na2d(q, k, v, ks, backend="cuda-fused", backward_config=name, **kw)
+        grads = torch.autograd.grad(out, (q, k, v, ak, av), d_out)
+        if name is not None:
+            assert fna._C.last_fused_launch()["backward"] == name
+        for got, key in zip(grads, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
+            mag = max(1.0, float(np.abs(ref[key]).max()))
+            err = float(np.abs(np64(got) - ref[key]).max())
+            assert err <= 3e-2 * mag, f"{name}: {key} max error {err} (max |ref| {mag})"

@@ -3,7 +3,7 @@
 (CUDA events, no profiler: --reps calls back to back, and the median of --reps calls each
 synchronized after, as the benchmark times), so that gaps between the kernels show up too:
 
-    python3 tools/experiments/kernel_times.py 2d-nat [--bwd] [--reps 10]
+    python3 tools/experiments/kernel_times.py 2d-nat [--bwd] [--reps 10]   (or a small-window problem)
 
 With --bwd the call is the benchmark's forward+backward step (`out.backward(dO)`, random dO).
 """
@@ -15,14 +15,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import fna  # noqa: E402
-from gpu_bench import PROBLEMS  # noqa: E402
+from gpu_bench import PROBLEMS, SMALL, make_case  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("problem", choices=sorted(PROBLEMS))
+ap.add_argument("problem", choices=sorted(PROBLEMS) + sorted(SMALL))
 ap.add_argument("--bwd", action="store_true")
 ap.add_argument("--reps", type=int, default=10)
 args = ap.parse_args()
-B, H, shape, D, kernel = PROBLEMS[args.problem]
+case = make_case(args.problem, "base")
+B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
+dil = case["dilation"]
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
            .requires_grad_(args.bwd) for _ in range(3))
@@ -31,7 +33,7 @@ d_out = torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, gene
 
 
 def call():
-    out = fn(q, k, v, kernel, backend="cuda-fused")
+    out = fn(q, k, v, kernel, dilation=dil, backend="cuda-fused")
     if args.bwd:
         q.grad = k.grad = v.grad = None
         out.backward(d_out)
@@ -54,7 +56,7 @@ for e in prof.key_averages():
 rows.sort(reverse=True)
 total = sum(r[0] for r in rows)
 print(f"{args.problem} ({'forward+backward' if args.bwd else 'forward'}), per call, "
-      f"config {fna.fused_plan(list(q.shape), kernel, dtype=torch.bfloat16)['config']}")
+      f"config {fna.fused_plan(list(q.shape), kernel, dilation=dil, dtype=torch.bfloat16)['config']}")
 for t, n, name in rows:
     print(f"{t / 1000:9.3f} ms  {n:5.1f}x  {100 * t / total:5.1f}%  {name[:110]}")
 print(f"{total / 1000:9.3f} ms  total device time")

@@ -19,23 +19,26 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
-from gpu_bench import PROBLEMS  # noqa: E402
+from gpu_bench import PROBLEMS, SMALL, make_case  # noqa: E402
 from tuning_ab import parse_tunings  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("problem", nargs="?", default="2d-large", choices=sorted(PROBLEMS))
+ap.add_argument("problem", nargs="?", default="2d-large",
+                choices=sorted(PROBLEMS) + sorted(SMALL))
 ap.add_argument("--bwd", action="store_true")
 ap.add_argument("--config", default=None)
 ap.add_argument("--backward-config", default=None)
 ap.add_argument("--tuning", default="-", help="K=V[,K=V..] (one setting; '-': defaults)")
 args = ap.parse_args()
 _, tuning = parse_tunings(args.tuning)[0]
-B, H, shape, D, kernel = PROBLEMS[args.problem]
+case = make_case(args.problem, "base")
+B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
            .requires_grad_(args.bwd) for _ in range(3))
 fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
-kw = dict(config=args.config, backward_config=args.backward_config, tuning=tuning)
+kw = dict(config=args.config, backward_config=args.backward_config, tuning=tuning,
+          dilation=case["dilation"])
 for _ in range(3):
     out = fn(q, k, v, kernel, backend="cuda-fused", **kw)
     if args.bwd:

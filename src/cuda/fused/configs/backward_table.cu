@@ -72,18 +72,23 @@ std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
   std::vector<fused::BwdFamily> families = {fused::BwdFamily::sm80};
   if (sm90_built(dtype, dpad))
     families.insert(families.end(), {fused::BwdFamily::sm90, fused::BwdFamily::sm90ws});
-  for (fused::BwdFamily f : families)
-    for (const BwdStyle& s : kBwdStyles) {
-      if (s.rank != rank) continue;
-      BwdConfig c{f, rank, dtype, dpad, {}, {}, {}, {}};
-      copy(s, tr.dkdv_keys, c.kv);
-      copy(s, tr.dkdv_queries, c.q);
-      copy(s, tr.dq_queries, c.dq_q);
-      copy(s, tr.dq_keys, c.dq_kv);
-      bool dup = false;  // styles that agree at these row counts
-      for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
-      if (!dup) out.push_back(c);
-    }
+  for (fused::BwdFamily f : families) {
+    // The plain Hopper kernel also runs 64-key tiles (one warpgroup: small windows).
+    std::vector<int> key_rows = {tr.dkdv_keys};
+    if (f == fused::BwdFamily::sm90) key_rows.push_back(64);
+    for (int kv_rows : key_rows)
+      for (const BwdStyle& s : kBwdStyles) {
+        if (s.rank != rank) continue;
+        BwdConfig c{f, rank, dtype, dpad, {}, {}, {}, {}};
+        copy(s, kv_rows, c.kv);
+        copy(s, tr.dkdv_queries, c.q);
+        copy(s, tr.dq_queries, c.dq_q);
+        copy(s, tr.dq_keys, c.dq_kv);
+        bool dup = false;  // styles that agree at these row counts
+        for (const BwdConfig& o : out) dup = dup || o.name() == c.name();
+        if (!dup) out.push_back(c);
+      }
+  }
   return out;
 }
 

@@ -12,7 +12,21 @@
 namespace fna {
 namespace bwd {
 
-// The plan's Hopper dK / dV kernel: plain (sm90) or warp-specialized (sm90ws; its neighborhood
+// The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys.
+template <typename T, int kD, int kKV>
+Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  using Tr = DkdvSm90Traits<T, kD, kKV>;
+  auto kernel = dkdv_sm90_kernel<T, kD, kKV>;
+  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90, atomic dq)");
+  if (!st.ok()) return st;
+  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+  st = launch_error("dkdv (sm90, atomic dq)");
+  if (!st.ok() || l.grid_add.x == 0) return st;
+  kernel<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+  return launch_error("dkdv (sm90, additional, atomic dq)");
+}
+
+// The plan's Hopper dK / dV kernel: plain (sm90; 64- or 128-key tiles) or warp-specialized (sm90ws; its neighborhood
 // launch by TMA when l.tma.on, the additional keys' launch, query tiles in flat token order, by
 // cp.async).
 template <typename T, int kD>
@@ -35,33 +49,27 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
       st = launch_error("dkdv (sm90ws, additional, atomic dq)");
       if (!st.ok()) return st;
     }
+  } else if (l.kv_rows == 64) {
+    st = launch_plain<T, kD, 64>(p, l, stream);
+    if (!st.ok()) return st;
   } else {
-    using Tr = DkdvSm90Traits<T, kD>;
-    auto kernel = dkdv_sm90_kernel<T, kD>;
-    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90, atomic dq)");
+    st = launch_plain<T, kD, 128>(p, l, stream);
     if (!st.ok()) return st;
-    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
-    st = launch_error("dkdv (sm90, atomic dq)");
-    if (!st.ok()) return st;
-    if (l.grid_add.x > 0) {
-      kernel<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
-      st = launch_error("dkdv (sm90, additional, atomic dq)");
-      if (!st.ok()) return st;
-    }
   }
   launch_dq_convert<T>(p, stream);
   return launch_error("dq convert");
 }
 
 template <typename T, int kD>
-size_t dkdv_sm90_smem(fused::BwdFamily f) {
-  return f == fused::BwdFamily::sm90ws ? size_t(DkdvSm90WsTraits<T, kD>::kSmem)
-                                       : size_t(DkdvSm90Traits<T, kD>::kSmem);
+size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows) {
+  if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
+  return kv_rows == 64 ? size_t(DkdvSm90Traits<T, kD, 64>::kSmem)
+                       : size_t(DkdvSm90Traits<T, kD>::kSmem);
 }
 
 #define FNA_BWD_SM90_INSTANTIATE(T, D)                                                    \
   template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t); \
-  template size_t dkdv_sm90_smem<T, D>(fused::BwdFamily);
+  template size_t dkdv_sm90_smem<T, D>(fused::BwdFamily, int);
 
 }  // namespace bwd
 }  // namespace fna

@@ -289,6 +289,28 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
   return key_tiles > 0 ? visited / key_tiles : 0.0;
 }
 
+// The plain Hopper dK / dV kernel's keys per tile (64 or 128) for the heuristic's own tiles: the
+// one whose query-tile steps cost less, a step of a kKV-key tile counted as 1 + kKV / 64 (its
+// MMAs scale with the keys; the query tile's copy, its dQ atomics and the barriers do not). Over
+// a small window a 64-key tile's inverse neighborhood spans fewer query tiles per key (nat-t's
+// 7x7 windows: 4 query tiles per 64 keys against 6 per 128); over large windows the steps double
+// and 128 keys stay.
+int sm90_key_rows(const Params& p, int dpad) {
+  double cost[2];
+  const int rows[2] = {64, 128};
+  for (int i = 0; i < 2; ++i) {
+    Params t = p;
+    int64_t n_tiles = 0;
+    set_tiles(&t, 64, rows[i], true, nullptr, nullptr, &n_tiles);
+    double visited = 1;
+    for (int a = 0; a < kAxes; ++a)
+      visited *= fused::axis_tile_pairs(t.geo.axis[a], t.tkv[a], t.tq[a], true);
+    cost[i] = visited * (1.0 + rows[i] / 64.0);
+  }
+  (void)dpad;
+  return cost[0] < cost[1] ? 64 : 128;
+}
+
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 256) return unsupported("head dim " + std::to_string(dmax) + " > 256");
@@ -347,6 +369,17 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                          std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
   }
   l.family = family;
+  // Keys per dK / dV tile: the kernels' rows, but for the plain Hopper kernel a named
+  // configuration's or, by the heuristic, 64 where that costs less (sm90_key_rows).
+  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  l.kv_rows = tr.dkdv_keys;
+  if (named != nullptr) {
+    int rows = 1;
+    for (int a = 0; a < kAxes; ++a) rows *= named->kv[a];
+    l.kv_rows = rows;
+  } else if (family == fused::BwdFamily::sm90) {
+    l.kv_rows = sm90_key_rows(p, dpad);
+  }
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported(std::string(fused::family_name(family)) + " kernels need " +
@@ -357,13 +390,13 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                        "the plan runs " + std::string(fused::family_name(family)));
 
   // Tiles and walks.
-  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
   plan->rows = tr;
+  plan->rows.dkdv_keys = l.kv_rows;
   Params& pk = plan->p_dkdv;
   Params& pq = plan->p_dq;
   pk = pq = p;
   int64_t n_dkdv = 0, n_dq = 0;
-  set_tiles(&pk, tr.dkdv_queries, tr.dkdv_keys, true, named ? named->q : nullptr,
+  set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
   if (l.deterministic)
     set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
@@ -382,7 +415,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     return unsupported("batch * heads * dilation groups = " + std::to_string(y_dq) +
                        " exceeds the grid");
   l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
-  l.grid_add = dim3{unsigned((p.num_add + tr.dkdv_keys - 1) / tr.dkdv_keys),
+  l.grid_add = dim3{unsigned((p.num_add + l.kv_rows - 1) / l.kv_rows),
                     unsigned(p.batch * p.heads_kv)};
   l.grid_dq = dim3{unsigned(n_dq), unsigned(y_dq)};
   if (family == fused::BwdFamily::sm90ws && t.bwd_copy != CopyEngine::cp_async) {

@@ -45,6 +45,7 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
 // Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
+  int kv_rows = 128;           // sm90: keys per dK / dV tile (64 or 128; sm90ws: 128)
   bool deterministic = false;  // dQ by its own kernel (sm80 only), else by atomics
   dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
   size_t smem = 0;             // the most dynamic shared memory one of its kernels takes

@@ -438,8 +438,6 @@ Status check_family_options(const Tuning& t, const fused::FwdPlan& plan) {
     return needs("fwd_spread", "plain Hopper (fna_fwd_sm90_*)");
   if (t.fwd_copy != CopyEngine::automatic && f != FwdFamily::sm90ws && f != FwdFamily::strip)
     return needs("fwd_copy", "warp-specialized Hopper or the strip");
-  if (t.fwd_heads_first == Switch::on && f == FwdFamily::strip)
-    return needs("fwd_heads_first='on'", "tiled, box or SIMT (the strip forward orders its own CTAs)");
   return Status::Ok();
 }
 
@@ -497,7 +495,6 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
                    std::to_string(p.rank) + " axes once, fastest first");
   }
   fused::walk_divisors(fp->q_tiles, plan->walk, fp->q_div);
-  fp->heads_first = t.fwd_heads_first == Switch::on ? 1 : 0;
   l.ctas = int64_t(p.batch) * p.heads * fp->groups * fp->q_tiles_total;
   l.smem = cfg->smem();
 
@@ -705,7 +702,6 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->persistent = plan.launch.persistent;
   out->spread = plan.launch.spread;
   out->wg_skip = plan.launch.wg_skip;
-  out->heads_first = fp.heads_first != 0;
   out->q_tile.assign(plan.q + kAxes - p.rank, plan.q + kAxes);
   out->kv_tile.assign(plan.kv + kAxes - p.rank, plan.kv + kAxes);
   out->warps = plan.warps;

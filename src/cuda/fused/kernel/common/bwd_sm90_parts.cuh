@@ -16,7 +16,9 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD>
+// kKVRows: the CTA's keys, 64 per warpgroup (128: two warpgroups; 64: one, for small windows,
+// where a 64-key tile's inverse neighborhood spans fewer query tiles per key).
+template <typename T, int kD, int kKVRows = 128>
 struct DkdvSm90Traits {
   using E = T;
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
@@ -24,7 +26,8 @@ struct DkdvSm90Traits {
   // the noise of the runs: docs/benchmarks.md).
   static constexpr int kBufs = 3;
   using Tag = typename MmaTag<T>::type;
-  static constexpr int kWarps = 8, kThreads = 256, kKV = 128, kQ = 64;
+  static constexpr int kKV = kKVRows, kQ = 64, kWarps = kKV / 16, kThreads = 32 * kWarps;
+  static_assert(kKV == 64 || kKV == 128, "64 or 128 keys");
   static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
@@ -80,12 +83,12 @@ __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group
 // One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
 // (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
 // aQ / aO, all 128-byte swizzled.
-template <typename T, int kD>
+template <typename T, int kD, int kKVRows = 128>
 struct Sm90Step {
   using Tag = typename MmaTag<T>::type;
   using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
   using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
-  static constexpr int kKV = 128, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
+  static constexpr int kKV = kKVRows, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
 
   __device__ __forceinline__ static void zero_acc(float (&acc_dk)[kDB][4], float (&acc_dv)[kDB][4]) {
 #pragma unroll
@@ -187,7 +190,7 @@ struct Sm90Step {
     wgmma::commit();
   }
 
-  // dQ block = dS K over the CTA's 128 keys for 64 head-dim columns: A = dS^T at aDs and B = the
+  // dQ block = dS K over the CTA's kKV keys for 64 head-dim columns: A = dS^T at aDs and B = the
   // column block of K at aKblk, both read transposed; committed, not waited for.
   __device__ __forceinline__ static void issue_dq(float (&dqa)[8][4], uint32_t aDs,
                                                   uint32_t aKblk) {

@@ -322,8 +322,7 @@ __device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
 
 // The CTA's place in the launch: batch, head, dilation group and query-tile origin (local
 // coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices,
-// walked in the order of p.q_div (tiling.cuh walk_order), so neighbors share K/V in L2; with
-// p.heads_first the heads of one tile are adjacent instead (tiles next). False when
+// walked in the order of p.q_div (tiling.cuh walk_order), so neighbors share K/V in L2. False when
 // the tile starts past a shorter group's end.
 struct FwdTile {
   int b, h;
@@ -334,24 +333,12 @@ struct FwdTile {
 template <class QT>
 __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile& ft) {
   int flat = block;
-  int tile, grp;
-  if (p.heads_first) {
-    // Heads fastest: the CTAs running at once read whole tokens (all heads' rows of a tile),
-    // not one head's row of every token.
-    ft.h = flat % p.heads;
-    flat /= p.heads;
-    tile = flat % p.q_tiles_total;
-    flat /= p.q_tiles_total;
-    grp = flat % p.groups;
-    ft.b = flat / p.groups;
-  } else {
-    tile = flat % p.q_tiles_total;
-    flat /= p.q_tiles_total;
-    grp = flat % p.groups;
-    flat /= p.groups;
-    ft.h = flat % p.heads;
-    ft.b = flat / p.heads;
-  }
+  const int tile = flat % p.q_tiles_total;
+  flat /= p.q_tiles_total;
+  const int grp = flat % p.groups;
+  flat /= p.groups;
+  ft.h = flat % p.heads;
+  ft.b = flat / p.heads;
   ft.gr = Group::of(p.geo, grp);
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax)

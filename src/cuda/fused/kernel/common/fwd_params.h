@@ -31,7 +31,6 @@ struct FwdParams : ProblemBlock {
   int q_tiles[kAxes];  // query tiles per axis over the largest group
   int q_tiles_total;
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
-  int heads_first;     // CTA order: heads fastest, then tiles (else tiles, groups, heads)
 };
 
 // TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the

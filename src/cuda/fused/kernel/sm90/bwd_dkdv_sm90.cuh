@@ -15,8 +15,11 @@
 // 16-bit backward already uses (bwd_launch.cuh), 16-bit elements, head dims padded to 64 or 128,
 // atomic-dQ mode only (the deterministic mode keeps the mma.sync kernels). One CTA per SM (dK, dV,
 // S^T and dP^T take the 255 registers). Measured on an H100 (2026-11-22): half tiles (one
-// warpgroup, 64 keys, two CTAs per SM) ran forward+backward 15-17% slower, and dQ per warpgroup
-// over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
+// warpgroup, 64 keys, two CTAs per SM) ran the standard problems' forward+backward 15-17% slower,
+// and dQ per warpgroup over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
+// The 64-key instance (kKVRows = 64, one warpgroup taking every dQ column block) serves small
+// windows, where a 64-key tile's inverse neighborhood spans fewer query tiles per key (the plan
+// weighs the steps: plan/backward.cu).
 //
 // The step is latency-bound (Nsight Compute, 2d-large: two warps per scheduler, 0.4 eligible, the
 // tensor pipe ~33% busy), so instructions on its path count: the border mask is one bit test per
@@ -39,10 +42,11 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const bool additional) {
+template <typename T, int kD, int kKVRows = 128>
+__global__ void __launch_bounds__(2 * kKVRows, 1)
+    dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD>;
+  using Tr = DkdvSm90Traits<T, kD, kKVRows>;
   constexpr int kBufs = Tr::kBufs;
   using E = T;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
@@ -87,7 +91,8 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
         sw);
   };
 
-  using Step = Sm90Step<T, kD>;
+  using Step = Sm90Step<T, kD, kKVRows>;
+  constexpr int kWG = kKV / 64;  // warpgroups
   float acc_dk[kDB][4], acc_dv[kDB][4];
   Step::zero_acc(acc_dk, acc_dv);
   const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
@@ -145,20 +150,25 @@ __global__ void __launch_bounds__(256, 1) dkdv_sm90_kernel(const Params p, const
     auto issue_dk = [&]() { Step::issue_acc(acc_dk, ad, aQ); };
     Step::issue_acc(acc_dv, ap, aO);
 
-    // dQ = dS K over the CTA's 128 keys: every warpgroup's dS^T must be in shared memory.
+    // dQ = dS K over the CTA's keys: every warpgroup's dS^T must be in shared memory. Column
+    // block cblk of dQ goes to warpgroup cblk % kWG (one warpgroup takes both blocks at head dim
+    // 128 with 64-key tiles).
     wgmma::fence_proxy_async();
     __syncthreads();
-    static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
     if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
 #pragma unroll 1
-    for (int cblk = wg; cblk < kD / 64; cblk += 2) {
+    for (int cblk = wg; cblk < kD / 64; cblk += kWG) {
       float dqa[8][4];
       Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
-      issue_dk();
+      const bool first = cblk == wg;
+      if (first) issue_dk();
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
       const int row0 = (warp & 3) * 16 + (lane >> 2);
       const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
-      wgmma::wait<1>();  // dV and dQ done; dK runs on
+      if (first)
+        wgmma::wait<1>();  // dV and dQ done; dK runs on
+      else
+        wgmma::wait<0>();  // this block's dQ (issued after dK) done
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
