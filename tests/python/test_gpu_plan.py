@@ -390,14 +390,17 @@ def test_small_head_dims_take_padded_kernels(dim):
 @pytest.mark.parametrize("dim", [32, 128])
 def test_backward_64_key_tiles(dim):
     """The plain Hopper dK / dV kernel's 64-key tiles (one warpgroup; at head dim 128 it takes
-    both dQ column blocks): the plan takes them for 7x7 windows, every listed 64-key configuration
+    both dQ column blocks): the plan takes them for 7x7 windows at head dim 32 (padded to 64),
+    not at 128; every listed 64-key configuration
     gives the float64 oracle's gradients, with dilation, a causal axis, GQA and additional keys
     (their own 64-key tiles)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper backward needs compute capability 9.0")
     shape, ks = (1, 22, 19, 4, dim), (7, 7)
     plan = fna.fused_plan(shape, ks, dtype="bfloat16")
-    assert plan["backward_family"] == "sm90" and int(np.prod(plan["backward_kv_tile"])) == 64, plan
+    # The heuristic takes them at padded head dim 64 only (at 128 they ran slower).
+    assert plan["backward_family"] == "sm90"
+    assert int(np.prod(plan["backward_kv_tile"])) == (64 if dim <= 64 else 128), plan
     names = [n for n in fna.fused_backward_configs(2, "bfloat16", dim)
              if n.startswith("fna_bwd_sm90_") and ("_kv8x8_" in n or "_kv4x16_" in n)]
     assert names

@@ -294,8 +294,11 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
 // MMAs scale with the keys; the query tile's copy, its dQ atomics and the barriers do not). Over
 // a small window a 64-key tile's inverse neighborhood spans fewer query tiles per key (nat-t's
 // 7x7 windows: 4 query tiles per 64 keys against 6 per 128); over large windows the steps double
-// and 128 keys stay.
+// and 128 keys stay. Only at padded head dim 64: at 128 the one warpgroup also runs both dQ
+// column blocks in turn, and 64-key tiles ran 2d-k3 / 2d-k7 forward+backward 1.30x / 1.37x
+// slower; at 64 they ran dinat-t 1.62x and nat-t 1.12x faster (H100, bf16, 2026-11-26).
 int sm90_key_rows(const Params& p, int dpad) {
+  if (dpad != 64) return 128;
   double cost[2];
   const int rows[2] = {64, 128};
   for (int i = 0; i < 2; ++i) {
@@ -307,7 +310,6 @@ int sm90_key_rows(const Params& p, int dpad) {
       visited *= fused::axis_tile_pairs(t.geo.axis[a], t.tkv[a], t.tq[a], true);
     cost[i] = visited * (1.0 + rows[i] / 64.0);
   }
-  (void)dpad;
   return cost[0] < cost[1] ? 64 : 128;
 }
 
