@@ -152,23 +152,11 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
 
     // dQ = dS K over the CTA's keys: every warpgroup's dS^T must be in shared memory. Column
     // block cblk of dQ goes to warpgroup cblk % kWG (one warpgroup takes both blocks at head dim
-    // 128 with 64-key tiles).
-    wgmma::fence_proxy_async();
-    __syncthreads();
-    if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
-#pragma unroll 1
-    for (int cblk = wg; cblk < kD / 64; cblk += kWG) {
-      float dqa[8][4];
-      Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
-      const bool first = cblk == wg;
-      if (first) issue_dk();
+    // 128 with 64-key tiles). The dQ block's atomics, after its MMAs are waited for.
+    auto add_dq = [&](float (&dqa)[8][4], int cblk) {
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
       const int row0 = (warp & 3) * 16 + (lane >> 2);
       const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
-      if (first)
-        wgmma::wait<1>();  // dV and dQ done; dK runs on
-      else
-        wgmma::wait<0>();  // this block's dQ (issued after dK) done
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
       const bool whole = cblk * 64 + 64 <= p.dim;
@@ -190,6 +178,36 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
               atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
                         make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
         }
+      }
+    };
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if constexpr (kWG == 2) {
+      // wgmma issues and waits stay outside branches ptxas cannot prove warp-uniform (it
+      // serializes those).
+      static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
+      if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
+#pragma unroll 1
+      for (int cblk = wg; cblk < kD / 64; cblk += 2) {
+        float dqa[8][4];
+        Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
+        issue_dk();
+        wgmma::wait<1>();  // dV and dQ done; dK runs on
+        add_dq(dqa, cblk);
+      }
+    } else {
+      // One warpgroup: every dQ column block in turn, dK issued after the first.
+#pragma unroll
+      for (int cblk = 0; cblk < kD / 64; ++cblk) {
+        float dqa[8][4];
+        Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
+        if (cblk == 0) {
+          issue_dk();
+          wgmma::wait<1>();  // dV and this block's dQ done; dK runs on
+        } else {
+          wgmma::wait<0>();  // this block's dQ (issued after dK) done
+        }
+        add_dq(dqa, cblk);
       }
     }
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
