@@ -1,18 +1,19 @@
-"""The cuda-fused forward heuristic's cost model, offline: what the plan's rule (forward.cu
+"""The cuda-fused forward heuristic's cost model, offline: what the plan's rule (fwd_choice.cu
 heuristic_config / model_cost) picks from a bench/heuristic_quality.py --json file that records
 every candidate's time and plan (fwd_all, fwd_plans), how often that pick is within 5% of the
 fastest, and (--fit) the model's parameters fitted again on the file, with held-out counts.
 
     python3 bench/heuristic_fit.py heuristic.json [--fit] [--splits 5] [--loo] [--tol 1.05]
 
-The model (the same as model_cost in src/cuda/fused/plan/forward.cu, in microseconds; features are
+The model (the same as model_cost in src/cuda/fused/plan/fwd_cost.h, in microseconds; features are
 those of the candidate's plan, which the plan computes at plan time):
 
     m     = ceil(grid / SMs)            CTAs on the busiest SM
     o     = CTAs one SM holds           (plain Hopper: min(4, smem, 128 registers a thread);
-                                         warp-specialized, strip: 1; box: 3 at <= 4 warps, else 1)
+                                         warp-specialized, strip: 1; box: 3 at <= 4 warps, else 1;
+                                         SIMT: shared memory, threads, registers)
     n     = visited_tiles / grid        key tiles per CTA (warp-specialized: per warpgroup run;
-                                         box / strip: 64-key chunks)
+                                         box / strip: 64-key chunks; SIMT: 8-key steps)
     cost  = ceil(m / o) * min(m, o)^g * (C + n * (K + P * q * kv * D / 64^3))
 
 with C (per CTA), K (per key tile) and P (per 64^3 multiply-adds of a tile) per family and g (how

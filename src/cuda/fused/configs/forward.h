@@ -20,7 +20,7 @@
 // half the keys so O fits the registers and shared memory fits sm_80. The one-m-tile (_w8)
 // entries take 71 KiB instead of 107 KiB of shared memory, so head dim 128 also runs on sm_86 /
 // sm_89 (99 KiB per block); on H200 they were 14-20% slower. The other alternatives serve
-// Options::config / the autotuner; the heuristic (forward.cu) picks among the entries that fit the
+// Options::config / the autotuner; the heuristic (plan/fwd_choice.cu) picks among the entries that fit the
 // device by counting visited tiles, ties going to the earlier entry.
 #pragma once
 
@@ -152,7 +152,7 @@
 // Box forward configurations (fwd_box.cuh: rank 2, 16-bit, mma.sync, sm_80+): X(head_dim, q1,
 // q2, dtype), a CTA tile of q1 x q2 queries made of 4x4 warp boxes. Each warp multiplies its 16
 // queries against the union of their own windows only, so for small windows (where a 64-query
-// tile's union is mostly masked pairs) it multiplies fewer pairs. The heuristic (forward.cu,
+// tile's union is mostly masked pairs) it multiplies fewer pairs. The heuristic (plan/fwd_choice.cu,
 // box_pairs_ratio) takes only the 16x16 tile, where it applies (box_plan.h) and multiplies at most
 // 0.6x the pairs of the best tiled configuration; the smaller tiles copy 1.4-2x the halo rows per
 // query and ran 2d-nat slower than the tiled kernel (H100, docs/benchmarks.md), so they serve

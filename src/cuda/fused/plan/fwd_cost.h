@@ -1,5 +1,5 @@
 // The cuda-fused forward plan's cost model of a configuration's time (heuristic_config in
-// forward.cu picks the cheapest candidate by it); bench/heuristic_fit.py mirrors it offline.
+// fwd_choice.cu picks the cheapest candidate by it); bench/heuristic_fit.py mirrors it offline.
 #pragma once
 
 #include <algorithm>
