@@ -33,14 +33,6 @@ using fused::FwdFamily;
 using fused::FwdLaunch;
 using fused::FwdParams;
 using fused::kAxes;
-using fused::Tile;
-using fwd_cost::ctas_of;
-using fwd_cost::kBoxModel;
-using fwd_cost::kStripModel;
-using fwd_cost::model_cost;
-using fwd_cost::resident_ctas;
-using fwd_cost::sm80_cost;
-using fwd_cost::tiled_cost;
 using fwd_cost::wg_skip_on;
 
 
