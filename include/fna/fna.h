@@ -89,9 +89,11 @@ TensorRef dense(void* data, const std::vector<int64_t>& extents);
 // the field names.
 enum class Switch : int { automatic = 0, off = 1, on = 2 };
 enum class CopyEngine : int { automatic = 0, tma = 1, cp_async = 2 };
-// Hopper forward schedules: `plain` (every warp loads and computes; NATTEN's "non"),
-// `warp_specialized` (a producer warpgroup feeds compute warpgroups; NATTEN's "coop").
-enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2 };
+// Forward schedules: the Hopper ones, `plain` (every warp loads and computes; NATTEN's "non") and
+// `warp_specialized` (a producer warpgroup feeds compute warpgroups; NATTEN's "coop"), and
+// `mma_sync`: the tiled mma.sync kernels (fna_fwd_sm80_*) on any device, chosen as on a device
+// without wgmma (what NATTEN's cutlass-fna backend runs).
+enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2, mma_sync = 3 };
 // Backward kernel families: sm80 (mma.sync, every sm_80+ GPU), sm90 (wgmma dK / dV kernel),
 // sm90ws (its warp-specialized variant); the sm90 ones need compute capability 9.0.
 enum class BwdKernel : int { automatic = 0, sm80 = 1, sm90 = 2, sm90ws = 3 };
@@ -116,7 +118,7 @@ struct Tuning {
   Switch fwd_box = Switch::automatic;        // box forward: on = wherever it applies, off = never
   Switch fwd_simt = Switch::automatic;       // SIMT forward (CUDA cores, small windows and head
                                              // dims): on = wherever it applies, off = never
-  FwdSchedule fwd_schedule = FwdSchedule::automatic;  // Hopper forward schedule (sm90 tiles only)
+  FwdSchedule fwd_schedule = FwdSchedule::automatic;  // Hopper schedule (sm90 tiles), or mma_sync
   Switch fwd_wg_skip = Switch::automatic;    // warp-specialized forward: each warpgroup visits only
                                              // its own rows' key tiles (automatic: on)
   Switch fwd_spread = Switch::automatic;     // plain Hopper forward: whole-row copies per warp

@@ -393,14 +393,13 @@ def _tuning_pairs(tuning):
 
 
 def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tuning,
-                           pick_sm80=None, has_hopper_config=None, forward=True):
+                           has_hopper_config=None, forward=True):
     """NATTEN's backend ``name`` ("cutlass-fna" / "hopper-fna") as cuda-fused's options: returns
     (config, backward_config, tuning) steering the plan onto that kind of kernel.
 
     cutlass-fna (NATTEN's CUTLASS 2.x kernels for sm_80-class GPUs): fna's mma.sync kernels,
-    forward and backward: the tiled sm80 forward (the box and strip forwards off; on compute
-    capability 9.0, where the plan would take its wgmma kernels, the sm80 configuration
-    ``pick_sm80()`` names) and ``bwd_kernel=sm80``. hopper-fna (NATTEN's Hopper kernels): fna's
+    forward and backward: ``fwd_schedule=mma_sync`` (the plan's tiled sm80 forward, chosen as on a
+    device without wgmma; the box, strip and SIMT forwards off) and ``bwd_kernel=sm80``. hopper-fna (NATTEN's Hopper kernels): fna's
     wgmma forward (box and strip off), which needs compute capability 9.0 and float16 / bfloat16;
     the backward is the plan's (its Hopper backward where that applies). `hopper`: the tensors'
     device has compute capability 9.0. A config / backward_config / tuning that contradicts the
@@ -412,7 +411,7 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
                          "'auto' would time every kind; use backend='cuda-fused' with "
                          "tuning='auto', or drop the tuning")
     if name == "cutlass-fna":
-        if "fwd_schedule" in keys:
+        if keys.get("fwd_schedule", "mma_sync") != "mma_sync":
             raise ValueError(f"{fn}: tuning fwd_schedule={keys['fwd_schedule']!r} names a Hopper "
                              "(wgmma) schedule, but backend='cutlass-fna' runs fna's mma.sync "
                              "(sm80) kernels")
@@ -421,10 +420,9 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
                 if not config.startswith("fna_fwd_sm80_"):
                     raise ValueError(f"{fn}: config={config!r} is not an mma.sync configuration "
                                      "(fna_fwd_sm80_*), which backend='cutlass-fna' runs")
-            elif hopper:
-                config = pick_sm80()
             else:
-                add.update(fwd_box="off", fwd_strip="off", fwd_simt="off")
+                add.update(fwd_schedule="mma_sync", fwd_box="off", fwd_strip="off",
+                           fwd_simt="off")
         if backward_config:
             if not backward_config.startswith("fna_bwd_sm80_"):
                 raise ValueError(f"{fn}: backward_config={backward_config!r} is not an mma.sync "
@@ -461,49 +459,6 @@ def natten_backend_options(fn, name, hopper, dtype, config, backward_config, tun
     if extra:
         tuning = f"{tuning},{extra}" if tuning else extra
     return config, backward_config, tuning
-
-
-def sm80_cost(plan):
-    """The plan's cost estimate of a tiled mma.sync forward configuration (sm80_cost in
-    src/cuda/fused/plan/fwd_cost.h, from what fna.fused_plan reports of it): every visited key
-    tile costs q x kv score pairs, border tiles a quarter more for the mask, and each tile's copy
-    and barrier as much as 32 more query rows."""
-    q = math.prod(plan["q_tile"])
-    kv = math.prod(plan["kv_tile"])
-    visited = float(plan["visited_tiles"])
-    masked = visited * (1.0 - float(plan["unmasked_fraction"]))
-    return ((visited + 0.25 * masked) * q + 32.0 * visited) * kv
-
-
-def pick_sm80_config(fn, query_shape, sp, dtype_name, heads_kv, dim_v, allow_tf32, device_index,
-                     smem_optin):
-    """The mma.sync (fna_fwd_sm80_*) forward configuration the plan's heuristic would take for
-    the problem if the device were not a Hopper: the cheapest by :func:`sm80_cost` among those
-    that fit ``smem_optin`` bytes of shared memory (ties to the earlier name)."""
-    from . import _C
-    ks, st, dil, causal = sp
-    best, best_cost = None, 0.0
-    for name in _C.fused_configs(len(ks), dtype_name, max(query_shape[-1], dim_v)):
-        if not name.startswith("fna_fwd_sm80_"):
-            continue
-        try:
-            plan = _C.fused_plan(list(query_shape), dtype_name, kernel_size=list(ks),
-                                 stride=list(st), dilation=list(dil), is_causal=list(causal),
-                                 heads_kv=heads_kv, dim_v=dim_v, config=name,
-                                 allow_tf32=allow_tf32, device_index=device_index,
-                                 backward_config="", deterministic=False, tuning="")
-        except (ValueError, TypeError, RuntimeError):
-            continue  # a name this problem or device cannot run
-        if plan["smem"] > smem_optin:
-            continue
-        cost = sm80_cost(plan)
-        if best is None or cost < best_cost:
-            best, best_cost = name, cost
-    if best is None:
-        raise NotImplementedError(f"{fn}: backend='cutlass-fna': no mma.sync (fna_fwd_sm80_*) "
-                                  "forward configuration runs this problem on this device; use "
-                                  "backend='cuda-fused'")
-    return best
 
 
 def resolve_scale(scale, head_dim):

@@ -133,42 +133,18 @@ def _natten_backend(fn, name, kind, named, query, value, sp, opts, forward=True)
         raise ValueError(f"{fn}: backend={name!r} runs fna's cuda-fused backend, which needs CUDA "
                          f"tensors, but {first_name} is on {first.device}")
     _check_devices(fn, "cuda-fused", named, shown=name)
-    torch = _compat.torch
     hopper = _hopper(kind, query)
     dtype_name = str(query.dtype).replace("torch.", "")
     dim = max(query.shape[-1], value.shape[-1])
-
-    def pick_sm80():
-        tf32 = (bool(torch.backends.cuda.matmul.allow_tf32) if allow_tf32 is None
-                else bool(allow_tf32))
-        dev = query.device.index
-        props = torch.cuda.get_device_properties(dev)
-        return _cutlass_config(fn, tuple(query.shape), tuple(map(tuple, sp)), dtype_name,
-                               _key_heads(named), value.shape[-1], tf32, dev,
-                               props.shared_memory_per_block_optin)
 
     def has_hopper_config():
         return any(n.startswith(("fna_fwd_sm90_", "fna_fwd_sm90ws_"))
                    for n in _C.fused_configs(len(sp[0]), dtype_name, dim))
 
     config, backward_config, tuning = _args.natten_backend_options(
-        fn, name, hopper, query.dtype, config or "", backward_config or "", tuning, pick_sm80,
+        fn, name, hopper, query.dtype, config or "", backward_config or "", tuning,
         has_hopper_config, forward=forward)
     return config or None, backward_config or None, tuning
-
-
-def _key_heads(named):
-    return dict(named)["key"].shape[-2]
-
-
-_CUTLASS_CONFIGS = {}
-
-
-def _cutlass_config(fn, *problem):
-    """_args.pick_sm80_config, once per problem signature (it plans every candidate)."""
-    if problem not in _CUTLASS_CONFIGS:
-        _CUTLASS_CONFIGS[problem] = _args.pick_sm80_config(fn, *problem)
-    return _CUTLASS_CONFIGS[problem]
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,

@@ -16,7 +16,7 @@ namespace {
 // The text of each enumerator, in enum order (index = static_cast<int>(value)).
 const std::vector<std::string> kSwitch = {"automatic", "off", "on"};
 const std::vector<std::string> kCopy = {"automatic", "tma", "cp_async"};
-const std::vector<std::string> kSchedule = {"automatic", "plain", "warp_specialized"};
+const std::vector<std::string> kSchedule = {"automatic", "plain", "warp_specialized", "mma_sync"};
 const std::vector<std::string> kBwdKernel = {"automatic", "sm80", "sm90", "sm90ws"};
 const std::vector<std::string> kIsa = {"automatic", "generic", "avx2", "avx512"};
 const std::vector<std::string> kPanels = {"automatic", "rings", "shared"};

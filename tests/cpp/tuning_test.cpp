@@ -26,7 +26,7 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
       {"fwd_strip", sw},
       {"fwd_box", sw},
       {"fwd_simt", sw},
-      {"fwd_schedule", {"automatic", "plain", "warp_specialized"}},
+      {"fwd_schedule", {"automatic", "plain", "warp_specialized", "mma_sync"}},
       {"fwd_wg_skip", sw},
       {"fwd_spread", sw},
       {"fwd_copy", copy},

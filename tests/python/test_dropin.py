@@ -373,19 +373,22 @@ def _tuning(text):
 def test_natten_backend_options():
     """What cutlass-fna / hopper-fna ask of cuda-fused, and their contradictions."""
     opts = _args.natten_backend_options
-    pick = lambda: "fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4"  # noqa: E731
     yes, no = (lambda: True), (lambda: False)
-    # cutlass-fna, not a Hopper: the tiled sm80 forward (box / strip off) and the sm80 backward.
-    c, b, t = opts("na2d", "cutlass-fna", False, torch.bfloat16, "", "", "", pick, yes)
-    assert (c, b) == ("", "") and _tuning(t) == {"fwd_box": "off", "fwd_strip": "off",
-                                                 "fwd_simt": "off", "bwd_kernel": "sm80"}
-    # On a Hopper the plan would take wgmma: the sm80 configuration is named instead.
-    c, b, t = opts("na2d", "cutlass-fna", True, torch.bfloat16, "", "", "persistent=off", pick,
+    cutlass = {"fwd_schedule": "mma_sync", "fwd_box": "off", "fwd_strip": "off",
+               "fwd_simt": "off", "bwd_kernel": "sm80"}
+    # cutlass-fna, on any device: the plan's tiled sm80 forward (fwd_schedule=mma_sync: chosen
+    # as on a device without wgmma, box / strip / SIMT off) and the sm80 backward.
+    for hopper in (False, True):
+        c, b, t = opts("na2d", "cutlass-fna", hopper, torch.bfloat16, "", "", "", yes)
+        assert (c, b) == ("", "") and _tuning(t) == cutlass
+    c, b, t = opts("na2d", "cutlass-fna", True, torch.bfloat16, "", "", "persistent=off", yes)
+    assert (c, b) == ("", "") and _tuning(t) == dict(cutlass, persistent="off")
+    c, b, t = opts("na2d", "cutlass-fna", True, torch.bfloat16, "", "", "fwd_schedule=mma_sync",
                    yes)
-    assert c == pick() and _tuning(t) == {"persistent": "off", "bwd_kernel": "sm80"}
+    assert _tuning(t) == cutlass
     # The caller's own sm80 names stay; the backward then needs no tuning.
     c, b, t = opts("na2d", "cutlass-fna", True, torch.float32, "fna_fwd_sm80_x", "fna_bwd_sm80_y",
-                   "", pick, yes)
+                   "", yes)
     assert (c, b, t) == ("fna_fwd_sm80_x", "fna_bwd_sm80_y", "")
     for kwargs, msg in [(dict(config="fna_fwd_sm90ws_x"), r"config='fna_fwd_sm90ws_x' is not an "
                                                           r"mma.sync"),
@@ -400,69 +403,26 @@ def test_natten_backend_options():
         a.update(kwargs)
         with pytest.raises(ValueError, match=msg):
             opts("na2d", "cutlass-fna", False, torch.float16, a["config"], a["backward_config"],
-                 a["tuning"], pick, yes)
+                 a["tuning"], yes)
     # hopper-fna: compute capability 9.0, 16-bit, a Hopper configuration for the head dim.
-    c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "", "", "", pick, yes)
+    c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "", "", "", yes)
     assert (c, b) == ("", "") and _tuning(t) == {"fwd_box": "off", "fwd_strip": "off",
                                                  "fwd_simt": "off"}
-    c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "fna_fwd_sm90_x", "", "", pick, yes)
+    c, b, t = opts("na2d", "hopper-fna", True, torch.float16, "fna_fwd_sm90_x", "", "", yes)
     assert (c, t) == ("fna_fwd_sm90_x", "")
     with pytest.raises(ValueError, match=r"hopper-fna.*compute capability 9.0"):
-        opts("na2d", "hopper-fna", False, torch.float16, "", "", "", pick, yes)
+        opts("na2d", "hopper-fna", False, torch.float16, "", "", "", yes)
     with pytest.raises(ValueError, match=r"hopper-fna.*float16 / bfloat16; the tensors are "
                                          r"float32"):
-        opts("na2d", "hopper-fna", True, torch.float32, "", "", "", pick, yes)
+        opts("na2d", "hopper-fna", True, torch.float32, "", "", "", yes)
     with pytest.raises(ValueError, match=r"config='fna_fwd_sm80_x' is not a Hopper"):
-        opts("na2d", "hopper-fna", True, torch.float16, "fna_fwd_sm80_x", "", "", pick, yes)
+        opts("na2d", "hopper-fna", True, torch.float16, "fna_fwd_sm80_x", "", "", yes)
     with pytest.raises(ValueError, match=r"no Hopper \(wgmma\) forward configuration"):
-        opts("na2d", "hopper-fna", True, torch.float16, "", "", "", pick, no)
-    # The backward alone (na_backward): no forward configuration is picked.
-    c, b, t = opts("na_backward", "cutlass-fna", True, torch.float16, "", "", "",
-                   lambda: pytest.fail("picked a forward configuration"), yes, forward=False)
+        opts("na2d", "hopper-fna", True, torch.float16, "", "", "", no)
+    # The backward alone (na_backward): no forward tuning.
+    c, b, t = opts("na_backward", "cutlass-fna", True, torch.float16, "", "", "", yes,
+                   forward=False)
     assert (c, b, _tuning(t)) == ("", "", {"bwd_kernel": "sm80"})
-
-
-def test_pick_sm80_config(monkeypatch):
-    """cutlass-fna on a Hopper: the cheapest sm80 configuration by the plan's cost model, among
-    those the plan can run within the device's shared memory (fakes for the extension's
-    fused_configs / fused_plan, which need a CUDA build and device)."""
-    from fna import _C
-    plans = {
-        "fna_fwd_sm80_bf16_d64_q8x16_kv8x8_w4": dict(q_tile=[8, 16], kv_tile=[8, 8],
-                                                     visited_tiles=100, unmasked_fraction=0.5,
-                                                     smem=40000),
-        "fna_fwd_sm80_bf16_d64_q16x16_kv8x8_w8": dict(q_tile=[16, 16], kv_tile=[8, 8],
-                                                      visited_tiles=40, unmasked_fraction=0.2,
-                                                      smem=60000),
-        "fna_fwd_sm80_bf16_d64_q16x16_kv16x8_w8": dict(q_tile=[16, 16], kv_tile=[16, 8],
-                                                       visited_tiles=10, unmasked_fraction=0.0,
-                                                       smem=300000),
-        "fna_fwd_sm90ws_bf16_d64_q16x8_kv8x8": dict(q_tile=[16, 8], kv_tile=[8, 8],
-                                                    visited_tiles=1, unmasked_fraction=1.0,
-                                                    smem=1000),
-        "fna_fwd_sm80_bf16_d64_q4x4_kv4x4_w1": None,  # the plan refuses it
-    }
-    asked = []
-
-    def fused_plan(shape, dtype, **kw):
-        asked.append(kw["config"])
-        if plans[kw["config"]] is None:
-            raise ValueError("cannot run")
-        return plans[kw["config"]]
-
-    monkeypatch.setattr(_C, "fused_configs", lambda rank, dtype, dim: list(plans))
-    monkeypatch.setattr(_C, "fused_plan", fused_plan)
-    sp = ([3, 3], [1, 1], [1, 1], [False, False])
-    pick = _args.pick_sm80_config("na2d", (1, 16, 16, 2, 64), sp, "bfloat16", 2, 64, False, 0,
-                                  232448)
-    # Costs: ((v + 0.25 * v * (1 - u)) * q + 32 * v) * kv: 100 -> 1.23e6, 40 -> 1.147e6; the
-    # third does not fit 232448 bytes; the sm90ws name is never planned.
-    cost = lambda v, u, q, kv: ((v + 0.25 * v * (1 - u)) * q + 32 * v) * kv  # noqa: E731
-    assert cost(40, 0.2, 256, 64) < cost(100, 0.5, 128, 64)
-    assert pick == "fna_fwd_sm80_bf16_d64_q16x16_kv8x8_w8"
-    assert not any("sm90" in n for n in asked)
-    with pytest.raises(NotImplementedError, match="no mma.sync"):
-        _args.pick_sm80_config("na2d", (1, 16, 16, 2, 64), sp, "bfloat16", 2, 64, False, 0, 100)
 
 
 # ---- deterministic -------------------------------------------------------------------------------

@@ -273,8 +273,8 @@ def test_natten_tuning_keywords():
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_natten_backend_names():
     """NATTEN's backend names run the kernels they name: cutlass-fna the mma.sync (sm80) forward
-    and backward on every GPU, on a Hopper the sm80 configuration the plan's cost model prefers
-    among the sm80 ones (as on an sm_80 GPU); hopper-fna the wgmma forward on a Hopper and an error
+    and backward on every GPU (tuning fwd_schedule=mma_sync: the plan's choice among the sm80
+    configurations, as on an sm_80 GPU); hopper-fna the wgmma forward on a Hopper and an error
     elsewhere. Results equal cuda-fused's within bfloat16 rounding."""
     hopper = torch.cuda.get_device_capability() == (9, 0)
     g = torch.Generator(device="cuda").manual_seed(seed_of("natten-backends"))
@@ -290,6 +290,14 @@ def test_natten_backend_names():
     assert (out.float() - ref.float()).abs().max().item() <= 2e-2
     if not hopper:  # the plan's own choice is already an sm80 configuration
         assert ran["forward"] == fna.fused_plan(shape, ks, dtype="bfloat16")["config"]
+    # cutlass-fna is tuning fwd_schedule=mma_sync: the plan's choice among the sm80 tiles (at
+    # head dim 32 those of its own bucket), which contradicts asking for the box forward.
+    mma = {"fwd_schedule": "mma_sync"}
+    assert ran["forward"] == fna.fused_plan(shape, ks, dtype="bfloat16", tuning=mma)["config"]
+    assert fna.fused_plan((1, 40, 36, 2, 32), ks, dtype="bfloat16",
+                          tuning=mma)["config"].startswith("fna_fwd_sm80_bf16_d32_")
+    with pytest.raises(ValueError, match="fwd_box='on' contradicts fwd_schedule='mma_sync'"):
+        fna.fused_plan(shape, ks, dtype="bfloat16", tuning=dict(mma, fwd_box="on"))
     if hopper:
         fna.na2d(q, k, v, ks, backend="hopper-fna")
         assert fna._C.last_fused_launch()["forward"].startswith(("fna_fwd_sm90_",

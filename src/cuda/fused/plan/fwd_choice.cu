@@ -216,17 +216,30 @@ Status named_config(const Problem& p, const Options& opt, const fused::Geometry&
 // kernels (both schedules, or the one the caller names), the box forward's 16-warp entry and the
 // strip forward's entry of strip_rows_score; elsewhere, and where no wgmma kernel is compiled for
 // the head dim, the mma.sync ones by their work (sm80_cost), replaced by the box or strip forward
-// under the pair-ratio rules. Ties go to the earlier entry. Tuning can ask for the box / strip
-// forward wherever they apply (then the strip, else the box, is taken) or rule them out.
+// under the pair-ratio rules; the SIMT forward by its model on Hopper. Ties go to the earlier
+// entry. Tuning can ask for the box / strip / SIMT forward wherever they apply (the SIMT, else the
+// strip, else the box, is taken) or rule them out, and fwd_schedule=mma_sync asks for the tiled
+// mma.sync kernels alone on any device.
 Status heuristic_config(const Problem& p, const Options& opt, const fused::Geometry& geo,
                         const DeviceProps& dev, const FwdEntry** out) {
   const int64_t need = std::max(p.dim, p.dim_v);
   const Tuning& t = opt.tuning;
+  // fwd_schedule=mma_sync: the tiled mma.sync kernels by their work alone, as on a device without
+  // wgmma (the box, strip and SIMT forwards out).
+  const bool mma_sync = t.fwd_schedule == FwdSchedule::mma_sync;
+  if (mma_sync)
+    for (const auto& [key, sw] : {std::pair<const char*, Switch>{"fwd_box", t.fwd_box},
+                                  {"fwd_strip", t.fwd_strip}, {"fwd_simt", t.fwd_simt}})
+      if (sw == Switch::on)
+        return invalid(std::string("tuning ") + key + "='on' contradicts fwd_schedule='mma_sync' "
+                       "(the tiled mma.sync kernels)");
   const std::vector<const FwdEntry*> cands =
-      plan_candidates(p.rank, p.dtype, opt.allow_tf32, need, dev);
+      mma_sync ? candidates(p.rank, p.dtype, opt.allow_tf32, need)
+               : plan_candidates(p.rank, p.dtype, opt.allow_tf32, need, dev);
   if (cands.empty())
     return unsupported("dim=" + std::to_string(need) + " exceeds the largest compiled head dim");
-  const bool named_schedule = t.fwd_schedule != FwdSchedule::automatic;
+  const bool named_schedule = t.fwd_schedule == FwdSchedule::plain ||
+                              t.fwd_schedule == FwdSchedule::warp_specialized;
   const FwdFamily want = t.fwd_schedule == FwdSchedule::plain ? FwdFamily::sm90 : FwdFamily::sm90ws;
   if (named_schedule && !dev.hopper())
     return invalid("tuning fwd_schedule names a Hopper (wgmma) schedule, but device " +
@@ -237,7 +250,7 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
     return e->wgmma() && fits(e) && deep_enough(*e, geo) && (!named_schedule || e->family == want);
   };
   bool any90 = false;
-  if (dev.hopper())
+  if (dev.hopper() && !mma_sync)
     for (const FwdEntry* e : cands) any90 = any90 || takes_wgmma(e);
   if (named_schedule && !any90)
     return unsupported("no " + std::string(fused::family_name(want)) + " configuration for rank=" +
@@ -259,7 +272,7 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
   // apply when Tuning asks for them or nothing tiled fits.
   const double tiled = cfg != nullptr ? tiled_pairs(*cfg, geo) : 0;
   const double heads = double(p.batch) * double(p.heads);
-  if (!named_schedule) {
+  if (!named_schedule && !mma_sync) {
     // The box forward: its 16-warp entry (the smaller CTA tiles copy 1.4-2x the halo rows per
     // query; wherever the box forward ran fastest they ran 1.1-1.6x slower than it).
     const FwdEntry* box = nullptr;
