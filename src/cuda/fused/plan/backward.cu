@@ -296,7 +296,8 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
 // 7x7 windows: 4 query tiles per 64 keys against 6 per 128); over large windows the steps double
 // and 128 keys stay. Only at padded head dim 64: at 128 the one warpgroup also runs both dQ
 // column blocks in turn, and 64-key tiles ran 2d-k3 / 2d-k7 forward+backward 1.30x / 1.37x
-// slower; at 64 they ran dinat-t 1.62x and nat-t 1.12x faster (H100, bf16, 2026-11-26).
+// slower; at 64 they ran dinat-t's forward+backward 1.62x and nat-t's 1.12x faster (H100, bf16,
+// 2026-11-26).
 int sm90_key_rows(const Params& p, int dpad) {
   if (dpad != 64) return 128;
   double cost[2];
