@@ -412,17 +412,8 @@ TEST(FusedTiling, BoxPlanMatchesBruteForce) {
         const int lg = static_cast<int>((x.length - g + x.dilation - 1) / x.dilation);
         // Union of the windows of local queries [i0, i1): local keys with a neighbor among them.
         auto uni = [&](int i0, int i1, int* b) {
-          int lo = lg, hi = -1;
-          for (int i = i0; i < i1; ++i)
-            for (int j = 0; j < lg; ++j)
-              if (fna_test::spec_is_neighbor(x.length, x.kernel, x.dilation, x.stride, x.causal,
-                                             int64_t(i) * x.dilation + g,
-                                             int64_t(j) * x.dilation + g)) {
-                lo = std::min(lo, j);
-                hi = std::max(hi, j);
-              }
-          *b = lo;
-          return hi - lo + 1;
+          return fna_test::spec_window_union(x.length, x.kernel, x.dilation, x.stride, x.causal, g,
+                                             i0, i1, b);
         };
         for (int i0 = 0; i0 < lg; i0 += q[ax]) {
           int hb = 0;

@@ -24,16 +24,10 @@ int brute_axis_halo(const fna::nbr::Axis& x, int q) {
   for (int g = 0; g < x.dilation; ++g) {
     const int lg = (x.length - g + x.dilation - 1) / x.dilation;
     for (int i0 = 0; i0 < lg; i0 += q) {
-      int lo = lg, hi = -1;
-      for (int i = i0; i < std::min(i0 + q, lg); ++i)
-        for (int j = 0; j < lg; ++j)
-          if (fna_test::spec_is_neighbor(x.length, x.kernel, x.dilation, x.stride, x.causal,
-                                         int64_t(i) * x.dilation + g,
-                                         int64_t(j) * x.dilation + g)) {
-            lo = std::min(lo, j);
-            hi = std::max(hi, j);
-          }
-      best = std::max(best, hi - lo + 1);
+      int first = 0;
+      best = std::max(best, fna_test::spec_window_union(x.length, x.kernel, x.dilation, x.stride,
+                                                        x.causal, g, i0, std::min(i0 + q, lg),
+                                                        &first));
     }
   }
   return best;

@@ -117,6 +117,20 @@ bool spec_is_neighbor(int64_t L, int64_t K, int64_t d, int64_t s, bool causal, i
   return j >= w.start && j < w.end;
 }
 
+int spec_window_union(int64_t L, int64_t K, int64_t d, int64_t s, bool causal, int g, int i0,
+                      int i1, int* first) {
+  const int lg = static_cast<int>((L - g + d - 1) / d);
+  int lo = lg, hi = -1;
+  for (int i = i0; i < i1; ++i)
+    for (int j = 0; j < lg; ++j)
+      if (spec_is_neighbor(L, K, d, s, causal, int64_t(i) * d + g, int64_t(j) * d + g)) {
+        lo = std::min(lo, j);
+        hi = std::max(hi, j);
+      }
+  *first = lo;
+  return hi - lo + 1;
+}
+
 namespace {
 void unflatten(const fna::Problem& p, int64_t t, int64_t* c) {
   for (int a = p.rank - 1; a >= 0; --a) {

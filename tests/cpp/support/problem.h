@@ -77,6 +77,10 @@ struct SpecWindow {
 SpecWindow spec_window(int64_t L, int64_t K, int64_t d, int64_t s, bool causal, int64_t x);
 // Is the key at global coordinate y a neighbor of the query at x along this axis?
 bool spec_is_neighbor(int64_t L, int64_t K, int64_t d, int64_t s, bool causal, int64_t x, int64_t y);
+// The union of the windows of the local queries [i0, i1) of dilation group g along this axis, by
+// brute force over spec_is_neighbor: its size, and its first local key in *first.
+int spec_window_union(int64_t L, int64_t K, int64_t d, int64_t s, bool causal, int g, int i0,
+                      int i1, int* first);
 // Is key token `kt` a neighbor of query token `qt` (flattened row-major token indices)?
 bool spec_is_neighbor(const fna::Problem& p, int64_t qt, int64_t kt);
 // The key tokens of query token qt in the qk/av slot order (row-major over the window box, last
