@@ -1,4 +1,5 @@
-"""Relative positional bias (``rpb``, NATTEN 0.17's layout), torch only.
+"""Relative positional bias (``rpb``, NATTEN 0.17's layout) for torch tensors (NumPy arrays:
+``fna._rpb_np``).
 
 One place for what the fused functions (``na*d(..., rpb=)``), the unfused ``na*d_qk(..., rpb=)``
 and the modules (``rel_pos_bias=True``) share: the check of ``rpb``, its gather into the unfused

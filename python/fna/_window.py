@@ -1,17 +1,18 @@
 """The window of neighborhood attention on one axis (docs/semantics.md section 1.1): the one
 definition in the Python package, as src/core/neighborhood.h is in C++.
 
-Every Python user of the window goes through here: ``fna._rpb`` (the bias index of each window
-slot), ``fna.distributed`` (the rows a query's window needs) and ``fna._flops`` (the attended
-pairs, which ``fna.profiler`` and bench/gpu_bench.py count with too). The test suite keeps an
+Every Python user of the window goes through here: ``fna._rpb`` / ``fna._rpb_np`` (the bias index
+of each window slot, torch / NumPy), ``fna.distributed`` (the rows a query's window needs) and
+``fna._flops`` (the attended pairs, which ``fna.profiler`` and bench/gpu_bench.py count with
+too). The test suite keeps an
 independent copy (tests/python/helpers.py ``axis_window``) as the oracle this one is checked
 against (tests/python/test_window.py).
 
 The arithmetic is written once, in :func:`_window`, on values that support ``%``, ``//``, ``+``,
 ``-``, ``*`` and the ``minimum`` / ``maximum`` it is given: Python ints (:func:`axis_window`,
-with the builtins ``min`` / ``max``) or integer torch tensors of all the queries of the axis at
-once (:func:`axis_windows`). torch is imported only inside :func:`axis_windows`, so ``import fna``
-does not import it.
+with the builtins ``min`` / ``max``) or integer torch tensors / NumPy arrays of all the queries of
+the axis at once (:func:`axis_windows`, :func:`axis_windows_np`). torch is imported only inside
+:func:`axis_windows`, so ``import fna`` does not import it.
 """
 
 from typing import Any, NamedTuple
@@ -71,3 +72,11 @@ def axis_windows(L, K, d, s, causal, device=None):
     x = torch.arange(int(L), device=device)
     return _window(x, int(L), int(K), int(d), int(s), bool(causal), minimum, maximum)
 
+
+
+def axis_windows_np(L, K, d, s, causal):
+    """:func:`axis_windows` with NumPy int64 arrays (the NumPy callers: ``fna._rpb_np``)."""
+    import numpy as np
+
+    x = np.arange(int(L), dtype=np.int64)
+    return _window(x, int(L), int(K), int(d), int(s), bool(causal), np.minimum, np.maximum)

@@ -202,10 +202,12 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
 
 
 def _check_rpb(fn, kind, rpb, heads, kernel_size, query):
-    """rpb (torch only): its type, dtype, shape and device (fna._rpb.check)."""
+    """rpb: its type, dtype, shape and device (fna._rpb.check for torch tensors, fna._rpb_np.check
+    for NumPy arrays); returns the module that computes with it."""
     if kind != "torch":
-        raise TypeError(f"{fn}: rpb is supported for torch tensors only (its gradient comes from "
-                        f"autograd); query is a {type(query).__name__}")
+        from . import _rpb_np
+        _rpb_np.check(fn, rpb, heads, kernel_size)
+        return _rpb_np
     from . import _rpb
     _rpb.check(fn, rpb, heads, kernel_size, query)
     return _rpb
@@ -237,11 +239,19 @@ def _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_k
                          "bias runs the unfused operators (qk, softmax, av), not the fused "
                          "kernels these keywords tune")
     natten_backend = _args.natten_backend(backend)
-    if natten_backend is not None and query.device.type != "cuda":
+    if natten_backend is not None and (kind != "torch" or query.device.type != "cuda"):
+        where = query.device if kind == "torch" else "the CPU (NumPy arrays)"
         raise ValueError(f"{fn}: backend={natten_backend!r} runs fna's cuda-fused backend, which "
-                         f"needs CUDA tensors, but query is on {query.device}")
+                         f"needs CUDA tensors, but query is on {where}")
     name = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
+    if kind != "torch":  # NumPy: the composition's forward on the CPU backends (no gradients)
+        _args.fused_options(None, _args.resolve_deterministic(fn, deterministic, False, False),
+                            allow_tf32, False)
+        _numpy_backend(fn, name)
+        out, lse = _rpb.attention(query, named[1][1], value, rpb, sp, scale, named[3][1],
+                                  named[4][1], name, return_lse=return_lse)
+        return (out, lse) if return_lse else out
     tensors = [t for _, t in named] + [rpb]
     # The composition's unfused ops are deterministic (each output row is gathered by one
     # thread, no atomics), so `deterministic` asks nothing of them: only its type is checked.
@@ -307,9 +317,9 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     num_threads: CPU threads for this call (forward, and the backward through autograd); None or
     0: the process-wide count (:func:`fna.set_num_threads`, default: the cores available to the
     process). Ignored on CUDA tensors.
-    rpb: optional relative positional bias (torch only), ``[H, 2 K_0 - 1, 2 K_1 - 1]``, NATTEN
-    0.17's layout: the logit of query q and key k of head h gets
-    ``rpb[h, (k_0 - q_0) / dilation_0 + K_0 - 1, (k_1 - q_1) / dilation_1 + K_1 - 1]``, for odd
+    rpb: optional relative positional bias (a torch tensor, or a NumPy array for NumPy inputs),
+    ``[H, 2 K_0 - 1, 2 K_1 - 1]``, NATTEN 0.17's layout: the logit of query q and key k of head h
+    gets ``rpb[h, (k_0 - q_0) / dilation_0 + K_0 - 1, (k_1 - q_1) / dilation_1 + K_1 - 1]``, for odd
     and even kernels, stride and causal axes alike (docs/semantics.md section 1.3); additional keys
     get no bias. The call then computes ``softmax(scale * q.k + bias) @ v`` with the unfused
     operators (``na2d_qk``, softmax in float32, ``na2d_av``; on ``cuda-naive``'s for
@@ -417,7 +427,10 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
         return attn
     _numpy_backend(fn, backend)
     from . import _numpy
-    return _numpy.qk(query, key, additional_keys, sp, backend)
+    attn = _numpy.qk(query, key, additional_keys, sp, backend)
+    if rpb is not None:  # in float32, rounded once to attn's dtype
+        attn = _rpb.add_to_logits(attn, rpb, sp).astype(attn.dtype)
+    return attn
 
 
 def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additional_values,
@@ -447,7 +460,8 @@ _QK_DOC = """{r}-D attention logits over the neighborhood (NATTEN's ``na{r}d_qk`
     ``attn[..., W + n]`` is the logit of additional key n. Slots that hold no neighbor (causal
     windows near the start of an axis) are ``-inf``. No scale is applied: softmax(attn * scale)
     followed by ``na{r}d_av`` equals ``na{r}d``.
-    rpb: optional relative positional bias (torch only), ``[H, {rpb_shape}]`` as NATTEN 0.17's:
+    rpb: optional relative positional bias (a torch tensor, or a NumPy array for NumPy inputs),
+    ``[H, {rpb_shape}]`` as NATTEN 0.17's:
     neighbor slot w of query q gets ``rpb[h, *((key - q) / dilation + kernel_size - 1)]`` added
     (docs/semantics.md section 1.3; empty slots stay ``-inf``, additional keys get no bias), and
     it gets its gradient through autograd. With a bias, softmax(na{r}d_qk(query * scale, key,

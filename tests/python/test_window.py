@@ -94,3 +94,19 @@ def test_vectorised_window():
                                                                                     causal)
         scalar = [_window.axis_window(x, L, K, d, s, causal) for x in range(L)]
         assert torch.stack(list(w), dim=1).tolist() == [list(v) for v in scalar]
+
+
+def test_vectorised_window_numpy():
+    """axis_windows_np: every field an int64 array equal, entry by entry, to the scalar window
+    (and to the spec's copy in helpers)."""
+    import numpy as np
+    params = list(_all_params(10)) + list(_random_params(seed_of("test_vectorised_np"), 100))
+    for L, K, d, s, causal in params:
+        w = _window.axis_windows_np(L, K, d, s, causal)
+        for f in w:
+            assert f.dtype == np.int64 and f.shape == (L,)
+        got = np.stack([w.group, w.start, w.end], axis=1).tolist()
+        assert got == [list(axis_window(x, L, K, d, s, causal)) for x in range(L)], (L, K, d, s,
+                                                                                    causal)
+        scalar = [_window.axis_window(x, L, K, d, s, causal) for x in range(L)]
+        assert np.stack(list(w), axis=1).tolist() == [list(v) for v in scalar]
