@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from . import _args, _window
+from . import _args, _rpb_np, _window
 
 
 def unfused_backend(backend):
@@ -43,12 +43,7 @@ def check(fn, rpb, heads, kernel_size, query):
         dt = str(rpb.dtype).replace("torch.", "")
         raise TypeError(f"{fn}: rpb has dtype {dt}; expected float32, float16 or bfloat16 (the "
                         "bias is added in float32)")
-    expected = (heads, *(2 * k - 1 for k in kernel_size))
-    if tuple(rpb.shape) != expected:
-        ks = tuple(kernel_size)
-        raise ValueError(f"{fn}: rpb has shape {tuple(rpb.shape)}; expected {expected} for "
-                         f"heads={heads}, kernel_size={ks[0] if len(ks) == 1 else ks} "
-                         "([heads, 2 K_0 - 1, ...])")
+    _rpb_np.check_shape(fn, rpb.shape, heads, kernel_size)
     if rpb.device != query.device:
         raise ValueError(f"{fn}: rpb is on {rpb.device} but query is on {query.device}; all "
                          "tensors must be on one device")

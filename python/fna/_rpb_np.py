@@ -22,10 +22,15 @@ def check(fn, rpb, heads, kernel_size):
     if rpb.dtype not in DTYPES:
         raise TypeError(f"{fn}: rpb has dtype {rpb.dtype}; expected float32 or float16 (the bias "
                         "is added in float32)")
+    check_shape(fn, rpb.shape, heads, kernel_size)
+
+
+def check_shape(fn, shape, heads, kernel_size):
+    """``rpb``'s shape must be ``[heads, 2 K_0 - 1, ...]`` (NumPy and torch calls alike)."""
     expected = (heads, *(2 * k - 1 for k in kernel_size))
-    if tuple(rpb.shape) != expected:
+    if tuple(shape) != expected:
         ks = tuple(kernel_size)
-        raise ValueError(f"{fn}: rpb has shape {tuple(rpb.shape)}; expected {expected} for "
+        raise ValueError(f"{fn}: rpb has shape {tuple(shape)}; expected {expected} for "
                          f"heads={heads}, kernel_size={ks[0] if len(ks) == 1 else ks} "
                          "([heads, 2 K_0 - 1, ...])")
 
