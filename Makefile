@@ -53,10 +53,13 @@ bench-gpu: build
 	mkdir -p build/bench-gpu && $(PY) bench/gpu_bench.py --out build/bench-gpu $(BENCH_ARGS)
 	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 64,)
 
-# The CPU needs neither Python, torch nor CUDA: a plain CMake build of fna-bench (CPU kernels).
+# The CPU needs neither torch nor CUDA: a plain CMake build of fna-bench (CPU kernels); the venv
+# gets only nlohmann-json (the header-only library --json is written with).
 bench-cpu:
+	@NEED_GTEST=0 ONLY_EXTRA=1 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" "nlohmann-json>=3.11"
 	cmake -S . -B build/bench -G "$(shell command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" \
-	  -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=OFF -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON > /dev/null
+	  -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=OFF -DFNA_PYTHON=OFF -DFNA_TESTS=OFF -DFNA_BENCH=ON \
+	  -DPython_EXECUTABLE="$(abspath $(PY))" > /dev/null
 	cmake --build build/bench -j $(JOBS) --target fna-bench
 	build/bench/fna-bench --device cpu --backend cpu --check $(if $(filter 1,$(CHECK)),64,0) $(BENCH_ARGS)
 

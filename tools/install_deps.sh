@@ -7,6 +7,7 @@
 # 3. In VENV, the requirements of requirements-dev.txt (and any EXTRA_REQUIREMENT given) that are
 #    missing or out of range, installed at the tested versions of constraints.txt. Torch comes from
 #    PyTorch's CPU index when no NVIDIA GPU is visible (the default wheel carries CUDA libraries).
+#    ONLY_EXTRA=1: only the EXTRA_REQUIREMENTs (make bench-cpu needs nlohmann-json alone).
 # Idempotent: a second run installs nothing.
 set -euo pipefail
 VENV=${1:?usage: install_deps.sh VENV [BASE_PYTHON] [EXTRA_REQUIREMENT...]}
@@ -44,7 +45,9 @@ try:
     from packaging.requirements import Requirement
 except ImportError:
     from pip._vendor.packaging.requirements import Requirement
-lines = [l.split("#")[0].strip() for l in open(sys.argv[1])] + sys.argv[2:]
+import os
+base = [] if os.environ.get("ONLY_EXTRA") == "1" else open(sys.argv[1])
+lines = [l.split("#")[0].strip() for l in base] + sys.argv[2:]
 out = []
 for line in filter(None, lines):
     req = Requirement(line)

@@ -59,7 +59,8 @@ def test_json_round_trip(tmp_path):
         assert list(r) == FIELDS
         assert r["name"] == NAME  # escaping round-trips
         assert r["mode"] == "both" and r["error"] == ""
-        assert r["threads"] >= 1
+        assert r["threads"] >= 1 and isinstance(r["threads"], int)  # counts are JSON integers
+        assert isinstance(r["repeats"], int) and isinstance(r["fwd_ms"], float)
         assert r["date"].endswith("Z") and r["commit"] and r["fna_version"]
         assert r["device"].startswith("cpu")
         assert r["fwd_ms_min"] <= r["fwd_ms"] <= r["fwd_ms_max"]

@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "args.h"
 #include "buffers.h"
@@ -222,36 +225,10 @@ void print_result(const Result& r) {
               spread(r.bwd_min, r.bwd_max).c_str());
 }
 
-// A JSON string literal: quotes, backslashes and control characters escaped.
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// A JSON number with 6 significant digits (%.6g: a max error of 3e-7 stays 3e-07, not 0.000000);
-// null for NaN / infinity, which JSON has no literal for.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
+// The number --json and --csv write: 6 significant digits (%.6g: a max error of 3e-7 stays
+// 3e-07, not 0.000000); empty for NaN / infinity (null in JSON, which has no literal for them).
+std::string number_text(double v) {
+  if (!std::isfinite(v)) return "";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
@@ -296,17 +273,33 @@ std::vector<Field> result_fields(const BenchConfig& cfg, const Result& r) {
           str("error", r.error)};
 }
 
-// Appends one result line to --json; false (with a message on stderr) if it cannot be written.
+// Appends one result line to --json (nlohmann/json writes it: escaping, UTF-8, numbers); false
+// (with a message on stderr) if it cannot be written. Fields in result_fields' order.
 bool write_json(const BenchConfig& cfg, const Result& r) {
   if (cfg.json.empty()) return true;
-  std::ofstream f(cfg.json, std::ios::app);
-  const char* sep = "{";
+  nlohmann::ordered_json rec = nlohmann::ordered_json::object();
   for (const Field& fd : result_fields(cfg, r)) {
-    f << sep << json_string(fd.key) << ":"
-      << (fd.is_number ? json_number(fd.number) : json_string(fd.text));
-    sep = ",";
+    const std::string num = fd.is_number ? number_text(fd.number) : "";
+    if (!fd.is_number) {
+      rec[fd.key] = fd.text;
+    } else if (num.empty()) {
+      rec[fd.key] = nullptr;
+    } else if (fd.number == std::floor(fd.number) && std::fabs(fd.number) < 9.0e15) {
+      rec[fd.key] = static_cast<long long>(fd.number);  // counts (threads, repeats) as integers
+    } else {
+      rec[fd.key] = std::strtod(num.c_str(), nullptr);
+    }
   }
-  f << "}\n";
+  std::string line;
+  try {
+    // Invalid UTF-8 in a label (--name) is replaced by U+FFFD rather than aborting the run.
+    line = rec.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fna-bench: cannot encode a --json record: %s\n", e.what());
+    return false;
+  }
+  std::ofstream f(cfg.json, std::ios::app);
+  f << line << "\n";
   f.flush();
   if (!f) {
     std::fprintf(stderr, "fna-bench: cannot write --json file %s\n", cfg.json.c_str());
@@ -335,8 +328,7 @@ bool write_csv(const BenchConfig& cfg, const Result& r) {
   }
   for (size_t i = 0; i < fields.size(); ++i) {
     const Field& fd = fields[i];
-    const std::string n = json_number(fd.number);
-    f << (i ? "," : "") << (fd.is_number ? (n == "null" ? "" : n) : csv_field(fd.text));
+    f << (i ? "," : "") << (fd.is_number ? number_text(fd.number) : csv_field(fd.text));
   }
   f << "\r\n";
   f.flush();
