@@ -27,6 +27,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 echo "commit: ${FNA_COMMIT:-$(git -C "$OLDPWD" rev-parse --short HEAD 2>/dev/null || echo unknown)} in $PWD, $(date -u +%FT%TZ)" | tee -a "$OUT/gpu.txt"
 
 t0=$(date +%s)
+# fna-bench's --json needs the header-only nlohmann/json; the machine has no network: install the
+# PyPI package's wheel carried in build/carry when the interpreter lacks it.
+if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('nlohmann_json') is None)"; then
+  rm -rf /tmp/fna-json && python3 -m pip install -q --no-index --no-deps --target /tmp/fna-json \
+    build/carry/nlohmann_json-*.whl > "$OUT/deps.log" 2>&1 \
+    && export PYTHONPATH=/tmp/fna-json${PYTHONPATH:+:$PYTHONPATH}
+fi
 # SKIP_BUILD=1: steps that build for themselves (wheel) need no build/gpu.
 if [ -z "${SKIP_BUILD:-}" ]; then
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFNA_CUDA=ON -DFNA_CUDA_ARCHS=${FNA_CUDA_ARCHS:-90} \
