@@ -49,7 +49,11 @@ bench: bench-cpu
 endif
 
 # The standard problem set on the GPU, with the peers that are installed, timed in the same run.
-bench-gpu: build
+# Only the library and the extension are built (no C++ tests: GoogleTest is not needed).
+bench-gpu:
+	@NEED_GTEST=0 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install --no-build-isolation --no-deps -q . \
+	  --config-settings=build-dir=build/bench-py
 	mkdir -p build/bench-gpu && $(PY) bench/gpu_bench.py --out build/bench-gpu $(BENCH_ARGS)
 	$(if $(filter 1,$(CHECK)),$(VENV)/bin/fna-bench --device cuda --check 64,)
 
