@@ -378,8 +378,13 @@ def _register_flop_formulas():
 
     def register(op):
         def wrap(formula):
-            if op not in flop_registry:  # the module may be imported again (reload)
+            # The module may be imported again (reload): register once.
+            if op not in flop_registry and op.default not in flop_registry:
                 register_flop_formula(op)(formula)
+            # FlopCounterMode looks formulas up by the op's packet; torch before 2.5 registers a
+            # custom op's formula under its overloads only.
+            if op not in flop_registry:
+                flop_registry[op] = flop_registry[op.default]
             return formula
         return wrap
 

@@ -34,8 +34,15 @@ struct Range {
   FNA_HD int size() const { return end > begin ? end - begin : 0; }
 };
 
-// Number of tokens of dilation group g.
-FNA_HD int group_length(const Axis& a, int g) { return (a.length - g + a.dilation - 1) / a.dilation; }
+// Number of tokens of dilation group g. `div_d(n)` returns n / a.dilation (the kernels pass a
+// multiply-and-shift division, fused::FastDiv).
+template <class DivD>
+FNA_HD int group_length(const Axis& a, int g, const DivD& div_d) {
+  return div_d(a.length - g + a.dilation - 1);
+}
+FNA_HD int group_length(const Axis& a, int g) {
+  return group_length(a, g, [&](int n) { return n / a.dilation; });
+}
 
 // The window of the query at local index i in a group of length lg: [start, end).
 // Non-causal windows always hold exactly K keys (they slide inward at borders); causal windows are

@@ -50,7 +50,7 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
     y /= p.groups;
     hkv = y % p.heads_kv;
     b = y / p.heads_kv;
-    G = Group::of(p.geo, group);
+    G = Group::of(p.geo, group, p.dil);
     const int x = blockIdx.x;
     for (int a = 0; a < kAxes; ++a) {
       kv0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tkv[a];

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/fused/kernel/common/fast_div.h"
 #include "cuda/fused/kernel/common/tiling.cuh"
 #include "fna/fna.h"
 
@@ -16,6 +17,7 @@ struct ProblemBlock {
   Geometry geo;          // lifted axes (leading unused ones: length 1, kernel 1, dilation 1)
   int batch, heads, heads_kv, heads_per_kv, dim, dim_v, num_add;
   int groups;            // dilation groups (the product of the dilations)
+  FastDiv dil[kAxes];    // division by each axis's dilation (Group::of)
   int64_t tokens;        // tokens of the grid (the product of the axis lengths)
   float scale;           // softmax scale
   float scale_log2;      // scale * log2(e): the softmax runs on exp2
@@ -34,6 +36,7 @@ inline ProblemBlock problem_block(const Problem& p, double scale) {
   b.dim_v = static_cast<int>(p.dim_v);
   b.num_add = static_cast<int>(p.num_additional);
   b.groups = b.geo.num_groups();
+  for (int ax = 0; ax < kAxes; ++ax) b.dil[ax] = FastDiv(uint32_t(b.geo.axis[ax].dilation));
   b.tokens = p.tokens();
   b.scale = static_cast<float>(scale);
   b.scale_log2 = static_cast<float>(scale * 1.4426950408889634);

@@ -88,6 +88,19 @@ struct Group {
     }
     return gr;
   }
+  // The same with the divisions by the dilations done by `dil` (ProblemBlock::dil).
+  template <class Div>
+  FNA_HD static Group of(const Geometry& geo, int flat, const Div (&dil)[kAxes]) {
+    Group gr;
+    for (int ax = kAxes - 1; ax >= 0; --ax) {
+      int q;
+      gr.g[ax] = dil[ax].divmod(flat, q);
+      flat = q;
+      gr.len[ax] = nbr::group_length(geo.axis[ax], gr.g[ax],
+                                     [&](int n) { return dil[ax].div(n); });
+    }
+    return gr;
+  }
   // Global index along `ax` of local index c.
   FNA_HD int global(const Geometry& geo, int ax, int c) const { return c * geo.axis[ax].dilation + g[ax]; }
 };

@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   const int h = y % p.heads;
   const int b = y / p.heads;
   const int hkv = h / p.heads_per_kv;
-  const Group G = Group::of(p.geo, group);
+  const Group G = Group::of(p.geo, group, p.dil);
   int q0[kAxes];
   {
     const int x = blockIdx.x;
