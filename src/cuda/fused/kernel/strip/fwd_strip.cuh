@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     flat /= p.groups;
     ft.h = flat % p.heads;
     ft.b = flat / p.heads;
-    ft.gr = Group::of(p.geo, grp, p.dil);
+    ft.gr = Group::of(p.geo, grp);
     ft.qo[0] = ft.qo[1] = ft.qo[2] = 0;
   }
   const Geometry& geo = p.geo;
