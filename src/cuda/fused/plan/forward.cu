@@ -187,8 +187,6 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   }
   fused::walk_divisors(fp->q_tiles, plan->walk, fp->q_div);
   fp->div_tiles_total = fused::FastDiv(uint32_t(fp->q_tiles_total));
-  fp->div_groups = fused::FastDiv(uint32_t(fp->groups));
-  fp->div_heads = fused::FastDiv(uint32_t(fp->heads));
   for (int ax = 0; ax < kAxes; ++ax) {
     fp->div_q_div[ax] = fused::FastDiv(uint32_t(fp->q_div[ax]));
     fp->div_q_tiles[ax] = fused::FastDiv(uint32_t(fp->q_tiles[ax]));

@@ -31,9 +31,8 @@ struct FwdParams : ProblemBlock {
   int q_tiles[kAxes];  // query tiles per axis over the largest group
   int q_tiles_total;
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
-  // The divisions of fwd_tile by the values above and by batch x heads' heads and the groups, as
-  // multiply-and-shift (fwd_plan fills them with the fields).
-  FastDiv div_tiles_total, div_groups, div_heads, div_q_div[kAxes], div_q_tiles[kAxes];
+  // fwd_tile's divisions by the three values above as multiply-and-shift (set with them).
+  FastDiv div_tiles_total, div_q_div[kAxes], div_q_tiles[kAxes];
 };
 
 // TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the

@@ -17,7 +17,10 @@ struct ProblemBlock {
   Geometry geo;          // lifted axes (leading unused ones: length 1, kernel 1, dilation 1)
   int batch, heads, heads_kv, heads_per_kv, dim, dim_v, num_add;
   int groups;            // dilation groups (the product of the dilations)
-  FastDiv dil[kAxes];    // division by each axis's dilation (Group::of)
+  // Divisions by run-time sizes as multiply-and-shift, for the kernels' CTA placement: by each
+  // axis's dilation (Group::of), the groups and the heads. (The backward's dK / dV kernel keeps
+  // its divisions: at its register limit, the multipliers made it spill.)
+  FastDiv dil[kAxes], div_groups, div_heads;
   int64_t tokens;        // tokens of the grid (the product of the axis lengths)
   float scale;           // softmax scale
   float scale_log2;      // scale * log2(e): the softmax runs on exp2
@@ -37,6 +40,8 @@ inline ProblemBlock problem_block(const Problem& p, double scale) {
   b.num_add = static_cast<int>(p.num_additional);
   b.groups = b.geo.num_groups();
   for (int ax = 0; ax < kAxes; ++ax) b.dil[ax] = FastDiv(uint32_t(b.geo.axis[ax].dilation));
+  b.div_groups = FastDiv(uint32_t(b.groups));
+  b.div_heads = FastDiv(uint32_t(b.heads));
   b.tokens = p.tokens();
   b.scale = static_cast<float>(scale);
   b.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
