@@ -55,8 +55,10 @@ def _check_torch_tensor(fn, name, t):
     if t.is_nested:
         raise TypeError(f"{fn}: {name} is a nested tensor; fna does not support nested tensors "
                         "(pass a dense, padded tensor)")
-    torch = _compat.torch
-    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    # float32, float16 and bfloat16 are the floating dtypes of 4 and 2 bytes. Asked of the dtype
+    # itself, not of the torch module: a torch.compile trace that loads fna's torch side on its
+    # first tensor sees that module as it was when the trace began (torch 2.4's dynamo).
+    if not (t.dtype.is_floating_point and t.dtype.itemsize in (2, 4)):
         dt = str(t.dtype).replace("torch.", "")
         raise TypeError(f"{fn}: {name} has dtype {dt}; fna supports float32, float16 and "
                         f"bfloat16 ({dt} is unsupported)")

@@ -182,7 +182,9 @@ def test_loss_on_lse_alone(backend):
                      else t[n]) for n in t}
         ref = grads_of(ref_t, (torch_na(ref_t)[1] * w).sum())
         for n, g in got.items():
-            check_close(g.numpy(), ref[n].numpy(), what=f"{backend} rank {rank} d{n}")
+            # detach: torch 2.4 materializes unused gradients as zeros that require grad
+            check_close(g.detach().numpy(), ref[n].detach().numpy(),
+                        what=f"{backend} rank {rank} d{n}")
         # The LSE does not depend on V: its gradient is exactly zero.
         assert float(got["v"].abs().max()) == 0.0 and float(got["add_v"].abs().max()) == 0.0
 

@@ -110,13 +110,16 @@ def test_import_does_not_import_torch():
 
 
 def test_torch_after_lazy_import():
-    """torch imported after fna: the first torch tensor loads fna's torch side (the custom ops),
-    eagerly and when the first call is inside torch.compile(fullgraph=True)."""
+    """torch imported after fna: fna's torch side (the custom ops) loads right after torch's
+    import, so a first call inside torch.compile(fullgraph=True) traces (torch 2.4 included), and
+    eager calls and autograd work."""
     pytest.importorskip("torch")
     _run("""
+        import sys
         import fna
+        assert fna._compat.torch is None and "torch" not in sys.modules  # fna never imports it
         import torch
-        assert fna._compat.torch is None  # nothing loaded until a torch tensor is seen
+        assert fna._compat.torch is torch  # its torch side loads right after torch's import
         q = torch.randn(1, 6, 6, 2, 8)
         ref = torch.from_numpy(fna.na2d(q.numpy(), q.numpy(), q.numpy(), 3))
         f = torch.compile(lambda a: fna.na2d(a, a, a, 3) * 2, backend="eager", fullgraph=True)
