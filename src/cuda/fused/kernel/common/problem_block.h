@@ -18,8 +18,9 @@ struct ProblemBlock {
   int batch, heads, heads_kv, heads_per_kv, dim, dim_v, num_add;
   int groups;            // dilation groups (the product of the dilations)
   // Divisions by run-time sizes as multiply-and-shift, for the kernels' CTA placement: by each
-  // axis's dilation (Group::of), the groups and the heads. (The backward's dK / dV kernel keeps
-  // its divisions: at its register limit, the multipliers made it spill.)
+  // axis's dilation (Group::of, every kernel but the strip forward), the groups and the heads
+  // (the forward's fwd_tile; the backward kernels divide by those, and the strip forward by all:
+  // at their register limits the multipliers made them spill).
   FastDiv dil[kAxes], div_groups, div_heads;
   int64_t tokens;        // tokens of the grid (the product of the axis lengths)
   float scale;           // softmax scale
