@@ -46,6 +46,20 @@ static inline vf splat_load(const float* p) {
   return vf{} + *p;
 #endif
 }
+// a * b + c, one rounding where the ISA has FMA (AVX2 / AVX-512), two on the generic ISA. Written
+// out because the kernel sources are compiled with -ffp-contract=off (CMakeLists.txt): a compiler
+// free to fuse products on its own may fuse the same expression in one inlined copy and not in
+// another, and the kernels' bits would then depend on the code path (line / paired / strip order:
+// cpu_backend_test's *MatchesLineOrder tests, which failed by one ulp under another GCC).
+static inline vf fmadd(vf a, vf b, vf c) {
+#if FNA_CPU_VW == 16
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif FNA_CPU_VW == 8
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
+}
 static inline vi lanes() {  // 0, 1, .., kVW - 1 (from memory: a loop-built vector is not folded)
   static const int kLanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   vi l;
@@ -99,12 +113,12 @@ static inline vf exp2v(vf x) {
 #endif
   const vf f = x - n;
   vf p = splat(1.5345810970757157e-4f);
-  p = p * f + 1.3399930903688073e-3f;
-  p = p * f + 9.618489071726799e-3f;
-  p = p * f + 5.550328642129898e-2f;
-  p = p * f + 2.4022646248340607e-1f;
-  p = p * f + 6.931471824645996e-1f;
-  p = p * f + 1.0f;
+  p = fmadd(p, f, splat(1.3399930903688073e-3f));
+  p = fmadd(p, f, splat(9.618489071726799e-3f));
+  p = fmadd(p, f, splat(5.550328642129898e-2f));
+  p = fmadd(p, f, splat(2.4022646248340607e-1f));
+  p = fmadd(p, f, splat(6.931471824645996e-1f));
+  p = fmadd(p, f, splat(1.0f));
 #if FNA_CPU_VW == 16
   return (vf)_mm512_maskz_scalef_ps(__mmask16(0xffff), (__m512)p, (__m512)n);
 #else
@@ -121,7 +135,7 @@ static inline float exp2s(float x) { return exp2v(splat(x))[0]; }
 
 static float dot(const float* a, const float* b, int n) {  // n is a multiple of kVW (padded)
   vf acc = vf{};
-  for (int e = 0; e < n; e += kVW) acc += ld(a + e) * ld(b + e);
+  for (int e = 0; e < n; e += kVW) acc = fmadd(ld(a + e), ld(b + e), acc);
   return hsum(acc);
 }
 
@@ -148,13 +162,13 @@ static double dot_f64(const float* a, const float* b, int n) {
 static float scaled_dot(const float* a, float mult, const float* b, int n) {  // n padded
   const vf m = splat(mult);
   vf acc = vf{};
-  for (int e = 0; e < n; e += kVW) acc += (ld(a + e) * m) * ld(b + e);
+  for (int e = 0; e < n; e += kVW) acc = fmadd(ld(a + e) * m, ld(b + e), acc);
   return hsum(acc);
 }
 
 static void axpy(float a, const float* x, float* y, int n) {  // n padded
   const vf b = splat(a);
-  for (int e = 0; e < n; e += kVW) st(y + e, ld(y + e) + b * ld(x + e));
+  for (int e = 0; e < n; e += kVW) st(y + e, fmadd(b, ld(x + e), ld(y + e)));
 }
 
 // Softmax pieces over the scores of a query group (kernels_products.h: Group): NQ queries' planes, qstride

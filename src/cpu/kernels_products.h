@@ -33,7 +33,7 @@ static inline void group_dot(const float* xi, int d0, int d1, const float* const
     for (int i = 0; i < NP; ++i) kv[i] = ld(b0[i] + off);
     for (int g = 0; g < NQ; ++g) {
       const vf b = splat_load(xi + d * XS + g);
-      for (int i = 0; i < NP; ++i) acc[g][i] += b * kv[i];
+      for (int i = 0; i < NP; ++i) acc[g][i] = fmadd(b, kv[i], acc[g][i]);
     }
   }
   for (int g = 0; g < NQ; ++g)
@@ -132,7 +132,7 @@ static FNA_CPU_INLINE void accum_cols(vf (&acc)[NQ][NV], const float* src, int64
     for (int j = 0; j < NV; ++j) v[j] = ld(src + static_cast<int64_t>(c) * pitch + j * kVW);
     for (int g = G0; g < G1; ++g) {
       const vf b = splat_load(wr + g * qstride + c);
-      for (int j = 0; j < NV; ++j) acc[g][j] += b * v[j];
+      for (int j = 0; j < NV; ++j) acc[g][j] = fmadd(b, v[j], acc[g][j]);
     }
   }
 }
@@ -220,7 +220,7 @@ static FNA_CPU_INLINE void outer_cols(const vf (&xv)[NQ][NV], float* dst, int pi
     for (int j = 0; j < NV; ++j) acc[j] = ld(d + j * kVW);
     for (int g = G0; g < G1; ++g) {
       const vf b = splat_load(wr + g * qstride + c);
-      for (int j = 0; j < NV; ++j) acc[j] += b * xv[g][j];
+      for (int j = 0; j < NV; ++j) acc[j] = fmadd(b, xv[g][j], acc[j]);
     }
     for (int j = 0; j < NV; ++j) st(d + j * kVW, acc[j]);
   }
