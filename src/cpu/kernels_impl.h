@@ -1,7 +1,8 @@
-// The CPU tile kernels, written once with GCC vector extensions and compiled once per instruction
-// set: each kernels_<isa>.cpp defines FNA_CPU_ISA (a namespace) and FNA_CPU_VW (floats per vector),
-// sets `#pragma GCC target`, and includes this file AFTER every standard header, so that nothing
-// shared (inline std functions) is ever compiled with a wider ISA than the CPU may have.
+// The CPU tile kernels, written once with GCC vector extensions (which clang also takes) and
+// compiled once per instruction set: each kernels_<isa>.cpp defines FNA_CPU_ISA (a namespace) and
+// FNA_CPU_VW (floats per vector), sets the target (`#pragma GCC target`; clang: `#pragma clang
+// attribute`), and includes this file AFTER every standard header, so that nothing shared (inline
+// std functions) is ever compiled with a wider ISA than the CPU may have.
 // No std:: templates are used below for the same reason.
 //
 // Queries are processed in groups of up to kGroup neighbors whose windows fit in one span of
@@ -19,157 +20,11 @@
 // (key) rows of the other windows of the query's group, so a non-finite V (K) entry there (inf,
 // NaN) would leak as NaN into its neighbors. Scores of masked lanes are replaced, not multiplied.
 
+#include "cpu/kernels_vector.h"
+
 namespace fna {
 namespace cpu {
 namespace FNA_CPU_ISA {
-
-constexpr int kVW = FNA_CPU_VW;
-typedef float vf __attribute__((vector_size(kVW * 4)));
-typedef int vi __attribute__((vector_size(kVW * 4)));
-
-static inline vf ld(const float* p) {
-  vf v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-static inline void st(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(v)); }
-static inline vf splat(float x) { return vf{} + x; }
-// Broadcast of a float in memory. The x86 forms fold into the FMA as an embedded / memory
-// broadcast (a load-port uop); `splat(*p)` compiled to a register broadcast, which competes with
-// the FMAs for port 5 on AVX-512 cores.
-static inline vf splat_load(const float* p) {
-#if FNA_CPU_VW == 16
-  return (vf)_mm512_set1_ps(*p);
-#elif FNA_CPU_VW == 8
-  return (vf)_mm256_broadcast_ss(p);
-#else
-  return vf{} + *p;
-#endif
-}
-// a * b + c, one rounding where the ISA has FMA (AVX2 / AVX-512), two on the generic ISA. Written
-// out because the kernel sources are compiled with -ffp-contract=off (CMakeLists.txt): a compiler
-// free to fuse products on its own may fuse the same expression in one inlined copy and not in
-// another, and the kernels' bits would then depend on the code path (line / paired / strip order:
-// cpu_backend_test's *MatchesLineOrder tests, which failed by one ulp under another GCC).
-static inline vf fmadd(vf a, vf b, vf c) {
-#if FNA_CPU_VW == 16
-  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif FNA_CPU_VW == 8
-  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-  return a * b + c;
-#endif
-}
-static inline vi lanes() {  // 0, 1, .., kVW - 1 (from memory: a loop-built vector is not folded)
-  static const int kLanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  vi l;
-  __builtin_memcpy(&l, kLanes, sizeof(l));
-  return l;
-}
-// Horizontal sum / max: log2(kVW) steps, each combining lanes l and l ^ h (literal shuffle
-// masks: a loop-built index vector is not folded into a constant).
-#if FNA_CPU_VW == 16
-#define FNA_CPU_FOLD(v, OP) \
-  v = OP(v, __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7})); \
-  v = OP(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11})); \
-  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13})); \
-  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}))
-#elif FNA_CPU_VW == 8
-#define FNA_CPU_FOLD(v, OP) \
-  v = OP(v, __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3})); \
-  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5})); \
-  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6}))
-#else
-#define FNA_CPU_FOLD(v, OP) \
-  v = OP(v, __builtin_shuffle(v, vi{2, 3, 0, 1})); \
-  v = OP(v, __builtin_shuffle(v, vi{1, 0, 3, 2}))
-#endif
-static inline vf vadd(vf a, vf b) { return a + b; }
-static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-static inline float hsum(vf v) {
-  FNA_CPU_FOLD(v, vadd);
-  return v[0];
-}
-static inline float hmax(vf v) {
-  FNA_CPU_FOLD(v, vmax);
-  return v[0];
-}
-#undef FNA_CPU_FOLD
-
-// 2^x for x <= 0 (scores minus their max: callers guarantee the sign, see group_exp; x > 0
-// would overflow the exponent bits silently), relative error ~1e-7 (float rounding; 2e-9 before):
-// x = n + f with n integer, f in [-0.5, 0.5]; 2^f by a degree-6 minimax polynomial.
-static inline vf exp2v(vf x) {
-#if FNA_CPU_VW == 16
-  // AVX-512: one rounding and one scaling instruction instead of four integer / float steps;
-  // scalef takes any finite n (2^n underflows to zero); -inf (a difference of scores that
-  // overflowed) would make f = -inf - -inf = NaN, hence the clamp.
-  x = (vf)_mm512_maskz_max_ps(__mmask16(0xffff), (__m512)x, _mm512_set1_ps(-256.f));
-  const vf n = (vf)_mm512_maskz_roundscale_ps(__mmask16(0xffff), (__m512)x,
-                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-  x = x < -126.f ? splat(-126.f) : x;  // the exponent bits below must stay a normal float's
-  const vf n = (x + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23 trick)
-#endif
-  const vf f = x - n;
-  vf p = splat(1.5345810970757157e-4f);
-  p = fmadd(p, f, splat(1.3399930903688073e-3f));
-  p = fmadd(p, f, splat(9.618489071726799e-3f));
-  p = fmadd(p, f, splat(5.550328642129898e-2f));
-  p = fmadd(p, f, splat(2.4022646248340607e-1f));
-  p = fmadd(p, f, splat(6.931471824645996e-1f));
-  p = fmadd(p, f, splat(1.0f));
-#if FNA_CPU_VW == 16
-  return (vf)_mm512_maskz_scalef_ps(__mmask16(0xffff), (__m512)p, (__m512)n);
-#else
-  const vi e = __builtin_convertvector(n, vi) << 23;
-  vi bits;
-  __builtin_memcpy(&bits, &p, sizeof(p));
-  bits += e;
-  vf out;
-  __builtin_memcpy(&out, &bits, sizeof(out));
-  return out;
-#endif
-}
-static inline float exp2s(float x) { return exp2v(splat(x))[0]; }
-
-static float dot(const float* a, const float* b, int n) {  // n is a multiple of kVW (padded)
-  vf acc = vf{};
-  for (int e = 0; e < n; e += kVW) acc = fmadd(ld(a + e), ld(b + e), acc);
-  return hsum(acc);
-}
-
-// sum a[e] * b[e] in double (exact products, kVW / 2 lanes per accumulator); n padded.
-static double dot_f64(const float* a, const float* b, int n) {
-  typedef float vh __attribute__((vector_size(kVW * 2)));
-  typedef double vd __attribute__((vector_size(kVW * 4)));
-  vd acc[2] = {};
-  for (int e = 0; e < n; e += kVW)
-    for (int h = 0; h < 2; ++h) {
-      vh x, y;
-      __builtin_memcpy(&x, a + e + h * kVW / 2, sizeof(x));
-      __builtin_memcpy(&y, b + e + h * kVW / 2, sizeof(y));
-      acc[h] += __builtin_convertvector(x, vd) * __builtin_convertvector(y, vd);
-    }
-  const vd sum = acc[0] + acc[1];
-  double out = 0;
-  for (int l = 0; l < kVW / 2; ++l) out += sum[l];
-  return out;
-}
-
-// sum (a[e] * mult) * b[e]: a score of an additional key, scaled the way tile_scores scales the
-// queries (mult = scale * log2(e) folded into the query operand, rounded, before the products).
-static float scaled_dot(const float* a, float mult, const float* b, int n) {  // n padded
-  const vf m = splat(mult);
-  vf acc = vf{};
-  for (int e = 0; e < n; e += kVW) acc = fmadd(ld(a + e) * m, ld(b + e), acc);
-  return hsum(acc);
-}
-
-static void axpy(float a, const float* x, float* y, int n) {  // n padded
-  const vf b = splat(a);
-  for (int e = 0; e < n; e += kVW) st(y + e, fmadd(b, ld(x + e), ld(y + e)));
-}
 
 // Softmax pieces over the scores of a query group (kernels_products.h: Group): NQ queries' planes, qstride
 // floats apart, each R rows of Wspan floats, of which the lanes [lo[g], hi[g]) hold query g's
@@ -297,21 +152,38 @@ static constexpr Interleave4Masks make_interleave4_masks() {
   return r;
 }
 static constexpr Interleave4Masks kInterleave4 = make_interleave4_masks();
+#if defined(__clang__)
+template <int W>
+struct Il4 {
+  static constexpr int at(int l) { return kInterleave4.m[W][l]; }
+};
+#endif
+#if !defined(__clang__)
 static inline vi interleave4_mask(int w) {
   vi v;
   __builtin_memcpy(&v, kInterleave4.m[w], sizeof(v));
   return v;
 }
+#endif
 static_assert(kDChunk % kVW == 0, "interleave4 writes whole vectors of d");
 static inline void interleave4(const float* x, int64_t xpitch, int dc, float* dst, int xs, float mult) {
   const vf mv = splat(mult);
+#if !defined(__clang__)
   const vi m0 = interleave4_mask(0), m1 = interleave4_mask(1), m2 = interleave4_mask(2), m3 = interleave4_mask(3);
+#endif
   for (int d = 0; d < dc; d += kVW) {
     const vf a0 = ld(x + d), a1 = ld(x + xpitch + d), a2 = ld(x + 2 * xpitch + d), a3 = ld(x + 3 * xpitch + d);
+#if defined(__clang__)
+    const vf p = shuffle2<Il4<0>>(a0, a1), q = shuffle2<Il4<1>>(a0, a1);
+    const vf r = shuffle2<Il4<0>>(a2, a3), t = shuffle2<Il4<1>>(a2, a3);
+    vf out[4] = {shuffle2<Il4<2>>(p, r) * mv, shuffle2<Il4<3>>(p, r) * mv,
+                 shuffle2<Il4<2>>(q, t) * mv, shuffle2<Il4<3>>(q, t) * mv};
+#else
     const vf p = __builtin_shuffle(a0, a1, m0), q = __builtin_shuffle(a0, a1, m1);
     const vf r = __builtin_shuffle(a2, a3, m0), t = __builtin_shuffle(a2, a3, m1);
     vf out[4] = {__builtin_shuffle(p, r, m2) * mv, __builtin_shuffle(p, r, m3) * mv,
                  __builtin_shuffle(q, t, m2) * mv, __builtin_shuffle(q, t, m3) * mv};
+#endif
     float* o = dst + static_cast<int64_t>(d) * xs;
     if (xs == 4) {
       for (int j = 0; j < 4; ++j) st(o + j * kVW, out[j]);
@@ -474,6 +346,25 @@ static int64_t tile_plane(const TileShape& s) {
 // rows are pitch floats apart).
 // An in-register transpose of kVW x kVW blocks: log2(kVW) stages, each swapping one bit of the
 // row index with the same bit of the lane index, one two-input shuffle per row.
+#if defined(__clang__)
+template <int S>
+struct StageLo {
+  static constexpr int at(int l) { return (l & S) ? kVW + l - S : l; }
+};
+template <int S>
+struct StageHi {
+  static constexpr int at(int l) { return (l & S) ? kVW + l : l + S; }
+};
+template <int S>
+static inline void transpose_stage(vf* a) {
+  for (int i = 0; i < kVW; ++i)
+    if (!(i & S)) {
+      const vf x = a[i], y = a[i + S];
+      a[i] = shuffle2<StageLo<S>>(x, y);
+      a[i + S] = shuffle2<StageHi<S>>(x, y);
+    }
+}
+#else
 template <int S>
 static inline void transpose_stage(vf* a) {
   vi lo, hi;  // lanes of the pair (i, i + S): from a[i] / a[i + S] (second operand: + kVW)
@@ -488,6 +379,7 @@ static inline void transpose_stage(vf* a) {
       a[i + S] = __builtin_shuffle(x, y, hi);
     }
 }
+#endif
 
 void transpose_rows(const float* rows, int row_pitch, int n, int dim, float* out, int64_t pitch) {
   for (int e0 = 0; e0 < dim; e0 += kVW) {

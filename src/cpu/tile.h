@@ -20,9 +20,10 @@ namespace cpu {
 #endif
 constexpr int kTileQueries = FNA_CPU_TILE_QUERIES;
 
-// The AVX2 / AVX-512 kernel sets need GCC's target pragmas and x86; elsewhere only the portable
-// kernels are built (and avx2_kernels() / avx512_kernels() report null).
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+// The AVX2 / AVX-512 kernel sets need x86 and GCC's target pragmas (clang: its target attribute
+// pragma); elsewhere only the portable kernels are built (avx2_kernels() / avx512_kernels() report
+// null).
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define FNA_CPU_X86_KERNELS 1
 #else
 #define FNA_CPU_X86_KERNELS 0
