@@ -58,9 +58,20 @@ struct Problem {
   bool is_causal[kMaxRank] = {false, false, false};
   int64_t num_additional = 0;          // N_add: additional (global) keys / values; 0 = none
   DType dtype = DType::f32;            // dtype of Q, K, V, O and gradients (LSE is always f32)
+  // The query region (fused attention only: forward / backward): the queries are the box
+  // [query_offset_a, query_offset_a + query_shape_a) of the grid `shape`, whose keys and values
+  // K / V hold. Windows are those of the whole grid, so the result is the region's rows of the
+  // whole-grid call; only the region's queries are computed. Q, O, dO, dQ and LSE have the
+  // region's extents, K, V, dK, dV the grid's. query_shape_a = 0 means shape_a -
+  // query_offset_a; all zeros (the default) is the whole grid.
+  int64_t query_offset[kMaxRank] = {0, 0, 0};
+  int64_t query_shape[kMaxRank] = {0, 0, 0};
 
   int64_t tokens() const;              // prod(shape[0..rank))
   int64_t window() const;              // prod(kernel_size[0..rank)) = W
+  int64_t query_extent(int axis) const;  // query_shape[axis], or shape - offset where it is 0
+  int64_t query_tokens() const;        // prod(query_extent(a)): the region's tokens
+  bool has_query_region() const;       // the region is not the whole grid
 };
 
 // A strided view. `strides` are in elements, one per dimension of the tensor's role:

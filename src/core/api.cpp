@@ -23,7 +23,7 @@ TensorCheck make(const char* name, const TensorRef& ref, const Problem& p, int r
                  int64_t dim, bool output, bool required, int64_t elem) {
   TensorCheck t{name, &ref, 0, {}, elem, output, required};
   int64_t heads = role_heads == 0 ? p.heads : p.heads_kv;
-  detail::extents_qo(p, heads, dim, t.extents, &t.ndim);
+  detail::extents_qo(p, heads, dim, t.extents, &t.ndim, role_heads == 0);
   return t;
 }
 
@@ -66,6 +66,19 @@ Status prepare(const Problem& p, const Options& opt, const TensorCheck (&checks)
   return Status::Ok();
 }
 
+// The backends whose forward / backward take a query region (Problem::query_offset /
+// query_shape); the others answer `unsupported`, naming the backends that do.
+bool takes_query_region(Backend b) {
+  switch (b) {
+    default: return false;
+  }
+}
+
+Status no_query_region(Backend b) {
+  return {Code::unsupported, std::string("query_offset / query_shape: backend=") + backend_name(b) +
+                                 " does not take a query region"};
+}
+
 Status no_unfused(Backend b) {
   return {Code::unsupported,
           std::string("backend=") + backend_name(b) + " has no unfused (qk / av) operators"};
@@ -88,6 +101,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   Options o;
   Status st = prepare(p, opt, checks, false, &b, &o);
   if (!st.ok()) return st;
+  if (p.has_query_region() && !takes_query_region(b)) return no_query_region(b);
   switch (b) {
     case Backend::reference: return detail::reference_forward(p, a, o);
     case Backend::cpu: return detail::cpu_forward(p, a, o);
@@ -127,6 +141,7 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   Options o;
   Status st = prepare(p, opt, checks, false, &b, &o);
   if (!st.ok()) return st;
+  if (p.has_query_region() && !takes_query_region(b)) return no_query_region(b);
   switch (b) {
     case Backend::reference: return detail::reference_backward(p, a, o);
     case Backend::cpu: return detail::cpu_backward(p, a, o);

@@ -27,6 +27,23 @@ int64_t Problem::tokens() const { return saturating_product(shape, rank); }
 
 int64_t Problem::window() const { return saturating_product(kernel_size, rank); }
 
+int64_t Problem::query_extent(int a) const {
+  return query_shape[a] != 0 ? query_shape[a] : shape[a] - query_offset[a];
+}
+
+int64_t Problem::query_tokens() const {
+  int64_t e[kMaxRank] = {1, 1, 1};
+  for (int a = 0; a < rank && a < kMaxRank; ++a) e[a] = query_extent(a);
+  return saturating_product(e, rank);
+}
+
+bool Problem::has_query_region() const {
+  bool whole = true;
+  for (int a = 0; a < rank && a < kMaxRank; ++a)
+    whole = whole && query_offset[a] == 0 && query_extent(a) == shape[a];
+  return !whole;
+}
+
 namespace {
 
 Status invalid(const std::string& msg) { return {Code::invalid_argument, msg}; }
@@ -96,6 +113,16 @@ Status validate_problem(const Problem& p) {
       return invalid("stride" + ax + "=" + str(p.stride[i]) + " must be in [1, kernel_size" + ax +
                      "=" + str(p.kernel_size[i]) + "]");
   }
+  for (int i = 0; i < p.rank; ++i) {
+    const std::string ax = "[" + str(i) + "]";
+    if (p.query_offset[i] < 0 || p.query_offset[i] >= p.shape[i])
+      return invalid("query_offset" + ax + "=" + str(p.query_offset[i]) + " must be in [0, shape" +
+                     ax + "=" + str(p.shape[i]) + ")");
+    if (p.query_shape[i] < 0 || p.query_shape[i] > p.shape[i] - p.query_offset[i])
+      return invalid("query_shape" + ax + "=" + str(p.query_shape[i]) + " must be in [1, shape" +
+                     ax + " - query_offset" + ax + " = " + str(p.shape[i] - p.query_offset[i]) +
+                     "] (0: the rest of the axis)");
+  }
   // The largest tensors of a call (query / output [B, *shape, H, D or D_v], key / value with
   // H_kv) must be addressable: their element counts and byte sizes may not overflow int64.
   // (The window is at most the token count, so attention rows are checked with their tensors.)
@@ -139,12 +166,13 @@ Status validate_backend_limits(const Problem& p, Backend b) {
 
 namespace detail {
 
-void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim) {
+void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim,
+                bool region) {
   int n = 0;
   out[n++] = p.batch;
   // Runs before validate_problem (the tensor checks are built first): an invalid rank must not
   // index past shape[] or out[].
-  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = p.shape[i];
+  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = region ? p.query_extent(i) : p.shape[i];
   out[n++] = heads;
   out[n++] = dim;
   *ndim = n;
@@ -153,7 +181,7 @@ void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int*
 void extents_lse(const Problem& p, int64_t* out, int* ndim) {
   int n = 0;
   out[n++] = p.batch;
-  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = p.shape[i];
+  for (int i = 0; i < p.rank && i < kMaxRank; ++i) out[n++] = p.query_extent(i);
   out[n++] = p.heads;
   *ndim = n;
 }
@@ -254,6 +282,9 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (cuda_backend && !cuda_device_available())
     return {Code::runtime_error,
             std::string("backend=") + backend_name(r) + " needs a CUDA device, but none is visible"};
+  if (unfused && p.has_query_region())
+    return invalid("query_offset / query_shape: a query region is taken by the fused attention "
+                   "(forward / backward), not by the unfused (qk / av) operators");
   if (unfused && r == Backend::cuda_fused)
     return {Code::unsupported,
             "backend=cuda-fused has no unfused (qk / av) operators; use cuda-naive or cpu"};

@@ -20,7 +20,10 @@ struct TensorCheck {
 Status check_tensor(const TensorCheck& t, const Options& opt);
 
 // Extents of each role for a problem.
-void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim);
+// Q-role tensors (region = true: Q, O, dO, dQ) have the query region's extents
+// (Problem::query_extent), K-role tensors the grid's; LSE has the region's.
+void extents_qo(const Problem& p, int64_t heads, int64_t dim, int64_t* out, int* ndim,
+                bool region = false);
 void extents_lse(const Problem& p, int64_t* out, int* ndim);
 void extents_add(const Problem& p, int64_t dim, int64_t* out, int* ndim);
 
