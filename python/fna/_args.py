@@ -488,6 +488,25 @@ def check_rank(fn, rank, name, t, last="head_dim"):
         )
 
 
+def query_offset(fn, offset, rank):
+    """``query_offset`` of na*d / na_backward: None (the queries are the whole grid), or one int
+    per spatial axis (the query region's first coordinates in the key grid), as a list."""
+    if offset is None:
+        return None
+    if isinstance(offset, int) and not isinstance(offset, bool):
+        offset = (offset,) * rank
+    try:
+        items = list(offset)
+    except TypeError:
+        raise TypeError(f"{fn}: query_offset must be an int or a sequence of {rank} ints, got "
+                        f"{type(offset).__name__}") from None
+    if len(items) != rank or not all(isinstance(v, int) and not isinstance(v, bool)
+                                     for v in items):
+        raise ValueError(f"{fn}: query_offset={offset!r} must be {rank} ints (one per spatial "
+                         f"axis) for a {rank}-D input")
+    return [int(v) for v in items]
+
+
 def check_output_dims(fn, query, value):
     """The sizes that shape the outputs fna allocates (batch, grid, heads, value head dim) within
     the library's limits, checked before anything is allocated, so that a huge expanded (zero

@@ -20,19 +20,25 @@ def _empty(shape, dtype):
     return np.empty(tuple(int(s) for s in shape), dtype=dtype)
 
 
-def forward(q, k, v, add_k, add_v, sp, scale, backend, opts):
+def _region(query_offset):
+    return {} if not query_offset else {"query_offset": list(query_offset)}
+
+
+def forward(q, k, v, add_k, add_v, sp, scale, backend, opts, query_offset=None):
     out = _empty(q.shape[:-1] + (v.shape[-1],), q.dtype)
     lse = _empty(q.shape[:-1], np.float32)
-    _C.forward(q, k, v, out, lse, add_k, add_v, **_kw(sp, backend, scale, opts))
+    _C.forward(q, k, v, out, lse, add_k, add_v, **_kw(sp, backend, scale, opts),
+               **_region(query_offset))
     return out, lse
 
 
-def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts, d_lse=None):
+def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts, d_lse=None,
+             query_offset=None):
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     d_add_k = None if add_k is None else np.empty_like(add_k)
     d_add_v = None if add_v is None else np.empty_like(add_v)
     _C.backward(q, k, v, o, d_o, lse, dq, dk, dv, add_k, add_v, d_add_k, d_add_v, d_lse,
-                **_kw(sp, backend, scale, opts))
+                **_kw(sp, backend, scale, opts), **_region(query_offset))
     return [dq, dk, dv] + ([] if add_k is None else [d_add_k, d_add_v])
 
 

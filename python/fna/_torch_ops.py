@@ -45,14 +45,20 @@ def _stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "", "", 0)):
+def _call(fn, device, *arrays, sp, backend, scale=-1.0, opts=("", False, False, "", "", 0),
+          **region):
     kernel_size, stride, dilation, is_causal = sp
     arrays = [None if a is None else _export(a) for a in arrays]
     config, deterministic, allow_tf32, backward_config, tuning, num_threads = opts
     fn(*arrays, kernel_size=kernel_size, stride=stride, dilation=dilation, is_causal=is_causal,
        backend=backend, scale=scale, stream=_stream_of(device), config=config,
        deterministic=deterministic, allow_tf32=allow_tf32, backward_config=backward_config,
-       tuning=tuning, num_threads=num_threads)
+       tuning=tuning, num_threads=num_threads, **region)
+
+
+def _region(query_offset):
+    """The extension's query_offset keyword (none for the whole grid)."""
+    return {} if not query_offset else {"query_offset": list(query_offset)}
 
 
 # ---- what fna's ops support of torch's autograd modes ----------------------------------------------
@@ -116,28 +122,29 @@ def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optio
                additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                config: str, deterministic: bool, allow_tf32: bool,
-               backward_config: str, tuning: str, num_threads: int = 0) -> Tuple[Tensor, Tensor]:
+               backward_config: str, tuning: str, num_threads: int = 0,
+               query_offset: Optional[List[int]] = None) -> Tuple[Tensor, Tensor]:
     return _forward_impl(query, key, value, additional_keys, additional_values, kernel_size,
                          stride, dilation, is_causal, scale, backend, config, deterministic,
-                         allow_tf32, backward_config, tuning, num_threads)
+                         allow_tf32, backward_config, tuning, num_threads, query_offset)
 
 
 def _forward_impl(query, key, value, additional_keys, additional_values, kernel_size, stride,
                   dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-                  backward_config, tuning, num_threads=0):
+                  backward_config, tuning, num_threads=0, query_offset=None):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     _call(_C.forward, query.device, query, key, value, out, lse, additional_keys,
           additional_values, sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend,
           scale=scale, opts=(config, deterministic, allow_tf32, backward_config, tuning,
-                             num_threads))
+                             num_threads), **_region(query_offset))
     return out, lse
 
 
 @na_forward.register_fake
 def _(query, key, value, additional_keys, additional_values, kernel_size, stride, dilation,
       is_causal, scale, backend, config, deterministic, allow_tf32, backward_config, tuning,
-      num_threads=0):
+      num_threads=0, query_offset=None):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     return out, lse
@@ -149,30 +156,33 @@ def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: 
                 additional_values: Optional[Tensor], kernel_size: List[int], stride: List[int],
                 dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                 config: str, deterministic: bool, allow_tf32: bool,
-                backward_config: str, tuning: str, num_threads: int = 0) -> List[Tensor]:
+                backward_config: str, tuning: str, num_threads: int = 0,
+                query_offset: Optional[List[int]] = None) -> List[Tensor]:
     return _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                           additional_values, kernel_size, stride, dilation, is_causal, scale,
                           backend, config, deterministic, allow_tf32, backward_config, tuning,
-                          num_threads)
+                          num_threads, query_offset)
 
 
 def _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                    additional_values, kernel_size, stride, dilation, is_causal, scale, backend,
-                   config, deterministic, allow_tf32, backward_config, tuning, num_threads=0):
+                   config, deterministic, allow_tf32, backward_config, tuning, num_threads=0,
+                   query_offset=None):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     add = [] if additional_keys is None else [torch.empty_like(additional_keys),
                                               torch.empty_like(additional_values)]
     _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
           additional_keys, additional_values, *(add or [None, None]), d_lse,
           sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale,
-          opts=(config, deterministic, allow_tf32, backward_config, tuning, num_threads))
+          opts=(config, deterministic, allow_tf32, backward_config, tuning, num_threads),
+          **_region(query_offset))
     return grads + add
 
 
 @na_backward.register_fake
 def _(query, key, value, output, lse, d_output, d_lse, additional_keys, additional_values,
       kernel_size, stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-      backward_config, tuning, num_threads=0):
+      backward_config, tuning, num_threads=0, query_offset=None):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
         grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
@@ -182,11 +192,14 @@ def _(query, key, value, output, lse, d_output, d_lse, additional_keys, addition
 def _na_setup(ctx, inputs, output):
     (query, key, value, add_k, add_v, kernel_size, stride, dilation, is_causal, scale, backend,
      config, deterministic, allow_tf32, backward_config, tuning, *rest) = inputs
-    num_threads = rest[0] if rest else 0  # (a default the op's caller may leave out)
+    # (defaults the op's caller may leave out)
+    num_threads = rest[0] if rest else 0
+    query_offset = rest[1] if len(rest) > 1 else None
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend,
-                  config, deterministic, allow_tf32, backward_config, tuning, num_threads)
+                  config, deterministic, allow_tf32, backward_config, tuning, num_threads,
+                  query_offset)
     ctx.num_inputs = len(inputs)
     # Both outputs are differentiable: a gradient into the LSE goes to the backward as d_lse.
     # Unused outputs arrive as None (not zeros), so a loss on the output alone passes no d_lse.

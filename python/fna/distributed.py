@@ -7,10 +7,11 @@
 Each rank gets the rows of the output that the single-process ``fna.na*d`` on the full tensors
 would give for its shard, and autograd gives each rank the gradients of its shard.
 
-How (docs/python.md "Context parallelism"): fna's kernels have no "query offset" yet, so a rank
-runs the ordinary ``fna.na*d`` on a *slab* of rows ``[a, b)`` of axis 0 that holds its queries'
-whole windows: its own rows plus halo rows of K / V received from the ranks that own them. The
-slab's own borders shift the windows of queries near them, so a slab is exact for a query when
+How (docs/python.md "Context parallelism"): a rank runs ``fna.na*d`` with its queries as a
+*query region* (``query_offset``) of a *slab* of rows ``[a, b)`` of axis 0 of K / V that holds
+their whole windows: its own rows plus halo rows received from the ranks that own them. Only its
+own queries are computed. The slab's own borders shift the windows of queries near them, so a
+slab is exact for a query when
 
 * the slab holds every key row of the query's window and the query's stride-group leader (the
   row its window is computed from; for a causal axis the last row of its stride group), and
@@ -20,13 +21,13 @@ slab's own borders shift the windows of queries near them, so a slab is exact fo
 
 :func:`slab_rows` computes the smallest such slab for a range of queries (`_need` uses the
 monotonicity of window bounds in the query index, so it looks at one query per dilation group at
-each end). The halo rows' queries are computed and discarded (their query rows are zero): the
-cost of having no kernel-level query offset yet.
+each end).
 
 With ``overlap=True`` a rank first starts the halo exchange (``batch_isend_irecv``), computes its
 *interior* queries -- those whose exact slab lies inside its own rows -- while the halos travel,
-then waits and computes the two border ranges on their own slabs (where that split costs at most
-``OVERLAP_MAX_EXTRA`` more computed rows: each slab computes its own discarded halo queries).
+then waits and computes the two border ranges on their own slabs (where the slabs together hold
+at most ``OVERLAP_MAX_EXTRA`` more rows than the one slab of the plain path: their key rows are
+read once per slab).
 The backward runs fna's backward on the same slabs, sends the halo rows' dK / dV back to their
 owners (who add them to their own), and all-reduces the gradients of the replicated additional
 keys / values.
@@ -152,8 +153,8 @@ def _interior(ax, s0, e0):
 
 
 # overlap=True splits a rank's queries into interior and border segments only when their slabs
-# together hold at most this much more rows than the one slab of the plain path (each slab
-# computes its own discarded halo queries, so the split costs compute; see docs/python.md).
+# together hold at most this much more rows than the one slab of the plain path (each segment
+# computes only its own queries, but each slab's key rows are read by its own call).
 OVERLAP_MAX_EXTRA = 0.1
 
 
@@ -353,15 +354,6 @@ def _zeros_rows(t, n):
     return t.new_zeros((t.shape[0], n) + tuple(t.shape[2:]))
 
 
-def _pad_rows(t, before, after):
-    """t with `before` / `after` zero rows on axis 1."""
-    if before == 0 and after == 0:
-        return t
-    parts = ([_zeros_rows(t, before)] if before else []) + [t] + (
-        [_zeros_rows(t, after)] if after else [])
-    return torch.cat(parts, 1)
-
-
 class _Slabs:
     """Rows [a, b) of K or V from the halos and the local shard."""
 
@@ -419,17 +411,20 @@ def _assemble_halos(ctx, recv, i, like):
     return cat(left), cat(right)
 
 
+def _offset(ctx, seg):
+    """query_offset of the segment's queries [q0, q1) in its slab [a, b)."""
+    return [seg.q0 - seg.a] + [0] * (ctx.rank - 1)
+
+
 def _run_segment(ctx, seg, q, ks, vs, ak, av):
-    """fna on the segment's slab: (out, lse) of its queries [q0, q1)."""
+    """fna on the segment's slab: (out, lse) of its queries [q0, q1), computed alone (the
+    slab's keys and values, the queries as a query region of it)."""
     pl = ctx.plans[ctx.me]
-    q_slab = _pad_rows(_rows(q, seg.q0 - pl.start, seg.q1 - pl.start), seg.q0 - seg.a,
-                       seg.b - seg.q1)
-    out, lse = getattr(_functional, f"na{ctx.rank}d")(
-        q_slab, ks.rows(seg.a, seg.b), vs.rows(seg.a, seg.b), *ctx.sp, scale=ctx.scale,
-        additional_keys=ak, additional_values=av, backend=ctx.backend, return_lse=True,
-        **ctx.fwd_kwargs)
-    n0, n1 = seg.q0 - seg.a, seg.q1 - seg.a
-    return _rows(out, n0, n1), _rows(lse, n0, n1)
+    return getattr(_functional, f"na{ctx.rank}d")(
+        _rows(q, seg.q0 - pl.start, seg.q1 - pl.start), ks.rows(seg.a, seg.b),
+        vs.rows(seg.a, seg.b), *ctx.sp, scale=ctx.scale, additional_keys=ak,
+        additional_values=av, backend=ctx.backend, return_lse=True,
+        query_offset=_offset(ctx, seg), **ctx.fwd_kwargs)
 
 
 class _ContextParallelNA(torch.autograd.Function):
@@ -487,7 +482,7 @@ class _ContextParallelNA(torch.autograd.Function):
         def add(seg, grads):
             nonlocal dak, dav
             o = seg.q0 - pl.start
-            _rows(dq, o, o + seg.q1 - seg.q0).copy_(_rows(grads[0], seg.q0 - seg.a, seg.q1 - seg.a))
+            _rows(dq, o, o + seg.q1 - seg.q0).copy_(grads[0])
             _rows(dk_ext, seg.a - pl.ext_start, seg.b - pl.ext_start).add_(grads[1])
             _rows(dv_ext, seg.a - pl.ext_start, seg.b - pl.ext_start).add_(grads[2])
             if len(grads) > 3:
@@ -523,18 +518,17 @@ class _ContextParallelNA(torch.autograd.Function):
 
 
 def _segment_backward(ctx, seg, query, ks, vs, ak, av, out, lse, d_out, d_lse):
-    """fna's backward on the segment's slab. Rows of the slab outside the segment's queries get
-    zero query, output, LSE and gradients: their scores are exactly 0, so every weight is
-    exp(0 - 0) = 1 (finite) and, times a zero output gradient, adds nothing."""
+    """fna's backward of the segment's queries (a query region of its slab): d_query of the
+    queries, d_key / d_value of the slab's rows, and the additional keys' gradients."""
     pl = ctx.plans[ctx.me]
-    before, after = seg.q0 - seg.a, seg.b - seg.q1
 
     def sl(t):
-        return _pad_rows(_rows(t, seg.q0 - pl.start, seg.q1 - pl.start), before, after)
+        return _rows(t, seg.q0 - pl.start, seg.q1 - pl.start)
     return _functional.na_backward(
         sl(d_out), sl(query), ks.rows(seg.a, seg.b), vs.rows(seg.a, seg.b), sl(out), sl(lse),
         *ctx.sp, scale=ctx.scale, additional_keys=ak, additional_values=av,
-        backend=ctx.backend, d_lse=None if d_lse is None else sl(d_lse), **ctx.bwd_kwargs)
+        backend=ctx.backend, d_lse=None if d_lse is None else sl(d_lse),
+        query_offset=_offset(ctx, seg), **ctx.bwd_kwargs)
 
 
 # ---- the public functions ------------------------------------------------------------------------

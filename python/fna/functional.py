@@ -150,7 +150,8 @@ def _natten_backend(fn, name, kind, named, query, value, sp, opts, forward=True)
 
 
 def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, backend, return_lse, opts, natten_kwargs, rpb=None):
+        additional_keys, additional_values, backend, return_lse, opts, natten_kwargs, rpb=None,
+        query_offset=None):
     named = [("query", query), ("key", key), ("value", value),
              ("additional_keys", additional_keys), ("additional_values", additional_values)]
     kind = _framework(fn, named)
@@ -163,7 +164,11 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    query_offset = _args.query_offset(fn, query_offset, rank)
     if rpb is not None:
+        if query_offset is not None:
+            raise ValueError(f"{fn}: query_offset with rpb: a call with a relative positional "
+                             "bias runs the unfused operators, which compute whole grids")
         return _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_kwargs)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
@@ -191,6 +196,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     if kind == "torch":
         _check_devices(fn, backend, named)
         inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
+        if query_offset is not None:
+            inputs = inputs + (query_offset,)
         if _compat.torch_ops.check_autograd_mode(fn, inputs[:5]):  # vmap: through the custom op
             out, lse = _compat.torch.ops.fna.na_forward(*inputs)
         else:
@@ -199,7 +206,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _numpy_backend(fn, backend)
         from . import _numpy
         out, lse = _numpy.forward(query, key, value, additional_keys, additional_values, sp,
-                                  scale, backend, opts)
+                                  scale, backend, opts, query_offset)
     return (out, lse) if return_lse else out
 
 
@@ -269,20 +276,20 @@ def _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_k
 def na1d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, rpb=None, **natten_tuning):
+         num_threads=None, rpb=None, query_offset=None, **natten_tuning):
     """1-D neighborhood attention. ``query [B, L, H, D]``, ``key [B, L, H_kv, D]``,
     ``value [B, L, H_kv, D_v]`` -> ``[B, L, H, D_v]`` (and ``lse [B, L, H]`` float32 when
     ``return_lse``). See :func:`na2d`."""
     return _na("na1d", 1, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning, rpb)
+               natten_tuning, rpb, query_offset)
 
 
 def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, rpb=None, **natten_tuning):
+         num_threads=None, rpb=None, query_offset=None, **natten_tuning):
     """2-D neighborhood attention, NATTEN's ``na2d``.
 
     query: ``[B, X, Y, H, D]``; key: ``[B, X, Y, H_kv, D]``; value: ``[B, X, Y, H_kv, D_v]``.
@@ -329,6 +336,13 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     (``return_lse``) is that of the biased logits, and autograd gives the gradient of ``rpb``.
     ``config``, ``backward_config``, ``tuning``, ``num_threads`` and NATTEN's tuning keywords,
     which steer the fused kernels, are a ValueError with ``rpb``.
+    query_offset: None, or one int per axis: ``query`` holds only the queries of the box
+    ``[query_offset_a, query_offset_a + query.shape[1 + a])`` of the grid that ``key`` / ``value``
+    span (their spatial shape). Windows are those of that whole grid, so the result (and the LSE)
+    equals those rows of the call with every query, and only the box's queries are computed;
+    gradients of ``key`` / ``value`` get only these queries' terms. Used by
+    :mod:`fna.distributed` (a rank's queries inside its slab with the halos) and for tiled
+    inference of large grids (docs/python.md "Query regions").
     NATTEN's tuning keywords map onto these: ``q_tile_shape`` / ``kv_tile_shape`` pick the forward
     configuration with those tiles, ``backward_q_tile_shape`` / ``backward_kv_tile_shape`` the
     backward one (the dK / dV kernel's query and key tiles), ``kernel_schedule`` "non" / "coop"
@@ -341,25 +355,26 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     return _na("na2d", 2, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning, rpb)
+               natten_tuning, rpb, query_offset)
 
 
 def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
          additional_keys=None, additional_values=None, backend=None, return_lse=False,
          config=None, deterministic=None, allow_tf32=None, backward_config=None, tuning=None,
-         num_threads=None, rpb=None, **natten_tuning):
+         num_threads=None, rpb=None, query_offset=None, **natten_tuning):
     """3-D neighborhood attention. ``query [B, X, Y, Z, H, D]``; ``rpb``:
     ``[H, 2 K_0 - 1, 2 K_1 - 1, 2 K_2 - 1]``. See :func:`na2d`."""
     return _na("na3d", 3, query, key, value, kernel_size, stride, dilation, is_causal, scale,
                additional_keys, additional_values, backend, return_lse,
                (config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-               natten_tuning, rpb)
+               natten_tuning, rpb, query_offset)
 
 
 def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1, dilation=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
                 backend=None, config=None, deterministic=None, allow_tf32=None,
-                backward_config=None, tuning=None, d_lse=None, num_threads=None):
+                backward_config=None, tuning=None, d_lse=None, num_threads=None,
+                query_offset=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
@@ -379,6 +394,7 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
         raise ValueError(f"{fn}: query has {query.ndim} dims; expected 4, 5 or 6")
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    query_offset = _args.query_offset(fn, query_offset, rank)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
@@ -396,12 +412,12 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
                                                    d_lse))
         grads = _compat.torch.ops.fna.na_backward(query, key, value, output, lse, d_output, d_lse,
                                                   additional_keys, additional_values, *sp, scale,
-                                                  backend, *opts)
+                                                  backend, *opts, query_offset)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
         grads = _numpy.backward(query, key, value, output, lse, d_output, additional_keys,
-                                additional_values, sp, scale, backend, opts, d_lse)
+                                additional_values, sp, scale, backend, opts, d_lse, query_offset)
     return tuple(grads)
 
 

@@ -196,17 +196,18 @@ struct Call {
     return ref(name, *a, extents, float32_only);
   }
 
-  // Extents of each role (the C++ API's table in fna.h).
-  std::vector<int64_t> grid(int64_t heads, int64_t last) const {
+  // Extents of each role (the C++ API's table in fna.h); Q-role tensors and LSE take the query
+  // region's (`region`), K-role ones the grid's.
+  std::vector<int64_t> grid(int64_t heads, int64_t last, bool region = false) const {
     std::vector<int64_t> e{p.batch};
-    for (int i = 0; i < p.rank; ++i) e.push_back(p.shape[i]);
+    for (int i = 0; i < p.rank; ++i) e.push_back(region ? p.query_extent(i) : p.shape[i]);
     e.push_back(heads);
     if (last >= 0) e.push_back(last);
     return e;
   }
-  std::vector<int64_t> q(int64_t dim) const { return grid(p.heads, dim); }
+  std::vector<int64_t> q(int64_t dim) const { return grid(p.heads, dim, true); }
   std::vector<int64_t> kv(int64_t dim) const { return grid(p.heads_kv, dim); }
-  std::vector<int64_t> lse() const { return grid(p.heads, -1); }
+  std::vector<int64_t> lse() const { return grid(p.heads, -1, true); }
   std::vector<int64_t> attn() const { return grid(p.heads, p.window() + p.num_additional); }
   std::vector<int64_t> add(int64_t dim) const { return {p.batch, p.num_additional, p.heads_kv, dim}; }
 };
@@ -247,6 +248,25 @@ void init_problem(Call& c, const char* name, const A& a, const Spatial& s) {
                                "; fna supports float32, float16 and bfloat16 (" +
                                dtype_str(a.dtype()) + " is unsupported)");
   c.note_device(name, a);
+}
+
+// A query region (fna::Problem::query_offset): `offset` per axis (empty: none). The grid is the
+// key's spatial shape, the region's extents the query's (set by init_problem as the shape).
+template <typename A>
+void query_region(Call& c, const A& key, const std::vector<int64_t>& offset) {
+  if (offset.empty()) return;
+  fna::Problem& p = c.p;
+  if (offset.size() != static_cast<size_t>(p.rank))
+    raise(PyExc_ValueError, "query_offset has " + std::to_string(offset.size()) +
+                                " entries for a " + std::to_string(p.rank) + "-D input");
+  if (static_cast<int>(key.ndim()) != p.rank + 3)
+    raise(PyExc_ValueError, "key has " + std::to_string(key.ndim()) + " dimensions; expected " +
+                                std::to_string(p.rank + 3));
+  for (int i = 0; i < p.rank; ++i) {
+    p.query_offset[i] = offset[i];
+    p.query_shape[i] = p.shape[i];
+    p.shape[i] = static_cast<int64_t>(key.shape(1 + i));
+  }
 }
 
 // Reads heads_kv and a head dim from a K or V array (shape checked later by Call::ref).
@@ -319,9 +339,11 @@ void run(F&& fn) {
       nb::arg("tuning") = ""
 
 void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
-             const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS) {
+             const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS,
+             const std::vector<int64_t>& query_offset) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  query_region(c, k, query_offset);
   kv_dims(c, "value", v, &c.p.dim_v);
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != add_v.has_value())
@@ -342,9 +364,10 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
 void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o, const In& lse,
               const Out& dq, const Out& dk, const Out& dv, const OptIn& add_k, const OptIn& add_v,
               const OptOut& d_add_k, const OptOut& d_add_v, const OptIn& d_lse,
-              FNA_OPTION_PARAMS) {
+              FNA_OPTION_PARAMS, const std::vector<int64_t>& query_offset) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
+  query_region(c, k, query_offset);
   kv_dims(c, "value", v, &c.p.dim_v);
   num_additional(c, "additional_keys", add_k);
   if (add_k.has_value() != add_v.has_value() || add_k.has_value() != d_add_k.has_value() ||
@@ -486,16 +509,19 @@ NB_MODULE(_C, m) {
         nb::arg("output"), nb::arg("lse").none() = nb::none(),
         nb::arg("additional_keys").none() = nb::none(),
         nb::arg("additional_values").none() = nb::none(), FNA_OPTION_ARGS,
-        "Fused NA forward into preallocated `output` (and `lse`, float32, if given).");
+        nb::arg("query_offset") = std::vector<int64_t>{},
+        "Fused NA forward into preallocated `output` (and `lse`, float32, if given). With "
+        "`query_offset`, `query` holds the queries of the box at that offset of the key grid.");
   m.def("backward", &backward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("output"), nb::arg("d_output"), nb::arg("lse"), nb::arg("d_query"),
         nb::arg("d_key"), nb::arg("d_value"), nb::arg("additional_keys").none() = nb::none(),
         nb::arg("additional_values").none() = nb::none(),
         nb::arg("d_additional_keys").none() = nb::none(),
         nb::arg("d_additional_values").none() = nb::none(), nb::arg("d_lse").none() = nb::none(),
-        FNA_OPTION_ARGS,
+        FNA_OPTION_ARGS, nb::arg("query_offset") = std::vector<int64_t>{},
         "Fused NA backward into preallocated gradients (overwritten, not accumulated); `d_lse` "
-        "(float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE.");
+        "(float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE. "
+        "`query_offset`: as in forward.");
   m.def("qk_forward", &qk_forward, nb::arg("query"), nb::arg("key"), nb::arg("attn"),
         nb::arg("additional_keys").none() = nb::none(), FNA_OPTION_ARGS,
         "Unfused logits over the neighborhood (+ additional keys) into `attn`.");

@@ -57,6 +57,17 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
   const int lane = threadIdx.x & 31, sub = lane & (tpr - 1);
   if (row >= int64_t(p.batch) * p.tokens * p.heads) return;  // whole rows: the shuffles' groups
+  if (p.region) {
+    // Rows of the grid outside the query region hold no query: +inf LSE (P = 0) and no loads
+    // (the Q-role tensors hold the region only; `dense` is off with a region).
+    const RowPlace r = row_place(p, row);
+    bool in = true;
+    for (int a = 0; a < kAxes; ++a) in = in && fused::in_query_region(p, a, r.x[a]);
+    if (!in) {
+      if (sub == 0) stats[row] = make_float2(INFINITY, 0.f);
+      return;  // the row's lanes all leave: its shuffle group is not used
+    }
+  }
   const T* gdO;
   const T* gO;
   int64_t lse_off, dlse_off;
@@ -228,7 +239,14 @@ void set_tiles(Params* p, int q_rows, int kv_rows, bool own_kv, const int* q, co
   *n_tiles = 1;
   for (int a = 0; a < kAxes; ++a) {
     const int t = own_kv ? p->tkv[a] : p->tq[a];
+    p->tile0[a] = 0;
     p->tiles[a] = (nbr::group_length(p->geo.axis[a], 0) + t - 1) / t;
+    if (!own_kv && p->region) {
+      // The dQ kernel's query tiles: those over the query region (as the forward's fill_params).
+      const int d = p->geo.axis[a].dilation;
+      p->tile0[a] = (p->qlo[a] / d) / t;
+      p->tiles[a] = (((p->qhi[a] + d - 1) / d) + t - 1) / t - p->tile0[a];
+    }
     *n_tiles *= p->tiles[a];
   }
 }
@@ -240,6 +258,17 @@ void set_walk(Params* p, bool own_kv, int resident, const std::string& forced, i
   if (forced.empty() || !fused::lifted_walk(forced, rank, order))
     fused::walk_order(p->geo, own_kv ? p->tkv : p->tq, resident, order);
   fused::walk_divisors(p->tiles, order, p->tdiv);
+}
+
+// The address the element at global coordinates 0 would have in a Q-role tensor (Q, dO, dQ, O,
+// LSE, d_lse) whose data is the query region's first element: moved back by qlo . strides
+// elements of `elem` bytes.
+template <class Ptr>
+Ptr region_base(Ptr data, const TokStrides& s, const Params& p, int64_t elem) {
+  int64_t off = 0;
+  for (int a = 0; a < kAxes; ++a) off += int64_t(p.qlo[a]) * s.x[a];
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
+  return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(data) - off * elem);
 }
 
 Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }
@@ -463,7 +492,14 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   lift(pr, a.o, &so, &unused, 4);
   const TokStrides sl = lift_lse(pr, a.lse);
   const TokStrides sdl = lift_lse(pr, a.d_lse);  // (unused when d_lse is absent)
+  const void* o_data = a.o.data;
+  const float* lse = static_cast<const float*>(a.lse.data);
   const float* d_lse = static_cast<const float*>(a.d_lse.data);
+  if (p.region) {  // as Q, dO and dQ in cuda_fused_backward
+    o_data = region_base(o_data, so, p, int64_t(sizeof(E)));
+    lse = region_base(lse, sl, p, int64_t(sizeof(float)));
+    if (d_lse != nullptr) d_lse = region_base(d_lse, sdl, p, int64_t(sizeof(float)));
+  }
 
   // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
@@ -481,15 +517,15 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
 
   constexpr int kPer = 16 / int(sizeof(E));
   const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
-  const bool dense = dense_rows(p, so, p.dim_v) && dense_rows(p, p.sdo, p.dim_v) &&
+  const bool dense = !p.region && dense_rows(p, so, p.dim_v) && dense_rows(p, p.sdo, p.dim_v) &&
                      dense_rows(p, sl, 1) && (d_lse == nullptr || dense_rows(p, sdl, 1));
   const bool vec = dense && p.dim_v % kPer == 0 && reinterpret_cast<uintptr_t>(a.o.data) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.d_o) % 16 == 0;
   const int threads = 256;
   const unsigned blocks = unsigned(((rows << log_tpr) + threads - 1) / threads);
   stats_kernel<E, std::is_same<T, mma::TF32>::value><<<blocks, threads, 0, stream>>>(
-      p, static_cast<const E*>(a.o.data), so, static_cast<const float*>(a.lse.data), sl, d_lse,
-      sdl, ws.as<float2>(), log_tpr, dense, vec);
+      p, static_cast<const E*>(o_data), so, lse, sl, d_lse, sdl, ws.as<float2>(), log_tpr, dense,
+      vec);
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
   if (plan.dpad == 64) return launch_backward<T, 64>(p, p_dq, plan.launch, stream);
   if (plan.dpad == 256) return launch_backward<T, 256>(p, p_dq, plan.launch, stream);
@@ -591,6 +627,14 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   p.aligned = al;
   p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.d_o = a.d_o.data;
   p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
+  if (pr.has_query_region()) {
+    // Q, dO and dQ hold the query region only: their pointers move back by its offset so that
+    // global coordinates address them (the kernels touch no row outside the region).
+    const int64_t e = dtype_size(pr.dtype);
+    p.q = region_base(p.q, p.sq, p, e);
+    p.d_o = region_base(p.d_o, p.sdo, p, e);
+    p.dq = region_base(p.dq, p.sdq, p, e);
+  }
   p.add_k = a.add_k.data, p.add_v = a.add_v.data;
   p.d_add_k = a.d_add_k.data, p.d_add_v = a.d_add_v.data;
 

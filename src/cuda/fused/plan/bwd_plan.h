@@ -24,6 +24,10 @@ struct BwdTma {
 inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
   BwdTma t{};
   t.on = 0;
+  if (p.region) {
+    *why = "a query region: Q and dO hold only the region's rows";
+    return t;
+  }
   const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
   const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                           p.geo.axis[2].length, p.heads};

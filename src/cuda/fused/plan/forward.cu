@@ -68,6 +68,18 @@ void lift_strides(const TensorRef& t, int rank, int64_t (&out)[5]) {
 }
 
 
+// The address the element at global coordinates 0 of a Q-role tensor would have, given the
+// tensor's data (the query region's first element) and its lifted strides: the data moved back
+// by query_offset . strides elements of `elem` bytes. (Kernels add back at least as much before
+// any access.)
+template <class Ptr>
+Ptr region_base(Ptr data, const Problem& p, const int64_t (&lifted)[5], int64_t elem) {
+  int64_t off = 0;
+  for (int a = 0; a < p.rank; ++a) off += p.query_offset[a] * lifted[1 + (kAxes - p.rank) + a];
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
+  return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(data) - off * elem);
+}
+
 // FwdParams of a call (args null: dense placeholder tensors, for planning without a call).
 void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, FwdParams* fp) {
   *fp = FwdParams{};
@@ -90,6 +102,16 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
         fp->add_k_stride[i] = a->add_k.strides[i];
         fp->add_v_stride[i] = a->add_v.strides[i];
       }
+    // Q, O and LSE hold the query region only: their pointers move back by the region's offset
+    // so that the kernels address a query by its global coordinates (they touch no row outside
+    // the region: q_row_src, store_row).
+    if (p.has_query_region()) {
+      const int64_t e = dtype_size(p.dtype);
+      fp->q = region_base(fp->q, p, fp->q_stride, e);
+      fp->o = region_base(fp->o, p, fp->o_stride, e);
+      if (fp->lse != nullptr)
+        fp->lse = static_cast<float*>(region_base(fp->lse, p, fp->lse_stride, sizeof(float)));
+    }
   } else {
     // Dense [B, L.., H, D] tensors at an aligned placeholder address (the TMA maps are encoded,
     // never used).
@@ -170,7 +192,14 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   fused::FwdLaunch& l = plan->launch;
   fp->q_tiles_total = 1;
   for (int ax = 0; ax < kAxes; ++ax) {
-    fp->q_tiles[ax] = fused::tiles_over(geo.max_group_length(ax), cfg->q[ax]);
+    // Tiles of local coordinates [t0, t1) * q[ax] cover every group's part of the query region
+    // [qlo, qhi): a group's first local query is at least floor(qlo / d), its last below
+    // ceil(qhi / d). Without a region: t0 = 0 and t1 the tiles over the largest group.
+    const int d = geo.axis[ax].dilation, e = cfg->q[ax];
+    const int t0 = (fp->qlo[ax] / d) / e;
+    const int t1 = fused::tiles_over((fp->qhi[ax] + d - 1) / d, e);
+    fp->q_tile0[ax] = t0;
+    fp->q_tiles[ax] = t1 - t0;
     fp->q_tiles_total *= fp->q_tiles[ax];
   }
   if (cfg->family == FwdFamily::strip) {

@@ -105,6 +105,10 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
            " (the box forward takes no additional keys)";
     return false;
   }
+  if (p.has_query_region()) {
+    *why = "a query region (query_offset / query_shape; the box forward computes whole grids)";
+    return false;
+  }
   *bp = fused::box_plan(geo, e.q, e.dim);
   if (!bp->ok) {
     *why = bp->why;
@@ -124,6 +128,10 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
   if (p.num_additional > 0) {
     *why = "num_additional=" + std::to_string(p.num_additional) +
            " (the strip forward takes no additional keys)";
+    return false;
+  }
+  if (p.has_query_region()) {
+    *why = "a query region (query_offset / query_shape; the strip forward computes whole grids)";
     return false;
   }
   *sp = fused::strip_plan(geo, e.dim, e.q[1] / fused::kBoxExt, dev.sms, dev.smem_optin,

@@ -22,6 +22,10 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
     *why = "additional keys are loaded from their own tensors";
     return t;
   }
+  if (p.region) {
+    *why = "a query region: Q holds only the region's rows";
+    return t;
+  }
   const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
   const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                          p.geo.axis[2].length, p.heads};

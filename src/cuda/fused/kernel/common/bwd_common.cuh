@@ -36,6 +36,9 @@ __global__ void dq_convert_kernel(const Params p, int log_tpr, bool dense, bool 
   int64_t base = row * p.dim;  // (b * N + tok) * H + h rows of D
   if (!dense) {
     const RowPlace r = row_place(p, row);
+    bool in = true;  // dQ holds the query region only (`dense` is off with a region)
+    for (int a = 0; a < kAxes; ++a) in = in && fused::in_query_region(p, a, r.x[a]);
+    if (!in) return;
     base = tok_offset(p.sdq, r.b, r.x, r.h);
   }
   E* out = static_cast<E*>(p.dq) + base;
@@ -81,7 +84,7 @@ template <typename T>
 void launch_dq_convert(const Params& p, cudaStream_t stream) {
   using E = typename Elem<T>::type;
   const int log_tpr = log_threads_per_row((p.dim + 3) / 4);
-  const bool dense = dense_rows(p, p.sdq, p.dim);
+  const bool dense = !p.region && dense_rows(p, p.sdq, p.dim);
   const bool vec = dense && p.dim % 4 == 0 &&
                    reinterpret_cast<uintptr_t>(p.dq) % (4 * sizeof(E)) == 0;
   const int64_t threads = (int64_t(p.batch) * p.tokens * p.heads) << log_tpr;

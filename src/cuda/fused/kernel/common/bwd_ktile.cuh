@@ -86,6 +86,14 @@ __device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group
   for (int a = 0; a < kAxes; ++a) {
     const int e = min(kv0[a] + p.tkv[a], G.len[a]);
     qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
+    if (p.region) {
+      // Only the query region's queries: local [ceil((qlo - g) / d), ceil((qhi - g) / d)) of
+      // the group (qlo >= 0 and g < d: the dividends are >= 0, so the division rounds down).
+      const int d = p.geo.axis[a].dilation;
+      const int lo = (p.qlo[a] - G.g[a] + d - 1) / d, hi = (p.qhi[a] - G.g[a] + d - 1) / d;
+      qr[a].begin = max(qr[a].begin, lo);
+      qr[a].end = min(qr[a].end, hi);
+    }
     nq[a] = (qr[a].size() + p.tq[a] - 1) / p.tq[a];
     n_tiles *= nq[a];
   }

@@ -31,7 +31,9 @@ struct AddStrides {
 struct Params : fused::ProblemBlock {
   int tq[kAxes];         // query tile shape, prod = the kernel's query tile size
   int tkv[kAxes];        // key/value tile shape, prod = the kernel's key tile size
-  int tiles[kAxes];      // tiles per axis of the owned tensor over the largest group (group 0)
+  int tiles[kAxes];      // tiles per axis of the owned tensor over the largest group (group 0);
+                         // the dQ kernel's: over the query region's part of it
+  int tile0[kAxes];      // the first of them (the dQ kernel with a query region; else 0)
   int tdiv[kAxes];       // the owned tiles' walk (tiling.cuh walk_divisors)
 
   const void *q, *k, *v, *d_o, *add_k, *add_v;
@@ -70,6 +72,14 @@ __device__ __forceinline__ bool to_global(const Params& p, const Group& G, const
     ok = ok && i[a] >= 0 && i[a] < G.len[a];
     x[a] = i[a] * p.geo.axis[a].dilation + G.g[a];
   }
+  return ok;
+}
+
+// to_global for query rows: false also outside the query region (ProblemBlock::qlo / qhi),
+// whose rows the Q-role tensors (Q, dO, dQ, O, LSE) do not hold.
+__device__ __forceinline__ bool query_global(const Params& p, const Group& G, const int* i, int* x) {
+  bool ok = to_global(p, G, i, x);
+  for (int a = 0; a < kAxes; ++a) ok = ok && fused::in_query_region(p, a, x[a]);
   return ok;
 }
 

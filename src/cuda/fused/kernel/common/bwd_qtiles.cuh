@@ -17,7 +17,7 @@ namespace fna {
 namespace bwd {
 
 // Global coordinates `x` of query row `row` of the query tile at `q0`; false when the row holds
-// no query (outside the group, or past the last token). Neighborhood mode: local coordinates q0 +
+// no query (outside the group, past the last token, or outside the query region). Neighborhood mode: local coordinates q0 +
 // the row's offsets (s_qoff: the query tile shape's packed offsets). Additional mode: the
 // queries are all tokens in flat order, q0[0] numbering tiles of `q_rows` rows.
 __device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G, bool additional,
@@ -27,11 +27,12 @@ __device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G
     int i[kAxes];
     const uint32_t off = s_qoff[row];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-    return to_global(p, G, i, x);
+    return query_global(p, G, i, x);
   }
   const int64_t tok = int64_t(q0[0]) * q_rows + row;
-  const bool valid = tok < p.tokens;
+  bool valid = tok < p.tokens;
   token_coords(p, valid ? tok : 0, x);
+  for (int a = 0; a < kAxes; ++a) valid = valid && fused::in_query_region(p, a, x[a]);
   return valid;
 }
 

@@ -342,7 +342,8 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) {
     int unused;
-    ft.qo[ax] = p.div_q_tiles[ax].divmod(p.div_q_div[ax].div(tile), unused) * QT::ext(ax);
+    ft.qo[ax] =
+        (p.q_tile0[ax] + p.div_q_tiles[ax].divmod(p.div_q_div[ax].div(tile), unused)) * QT::ext(ax);
   }
   bool in = true;
 #pragma unroll
@@ -352,7 +353,8 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
 
 // Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
 // neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
-// is zero-filled; masked, and 0 * 0 keeps O finite).
+// is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the query
+// region (ProblemBlock::qlo / qhi), whose rows Q does not hold.
 template <class QT, int kFirst, class Elem>
 __device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
                                           const int (&qo)[kAxes], const Elem* gQ, int row,
@@ -363,7 +365,7 @@ __device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) {
     c[ax] += qo[ax];
-    ok = ok && c[ax] < gr.len[ax];
+    ok = ok && c[ax] < gr.len[ax] && in_query_region(p, ax, gr.global(p.geo, ax, c[ax]));
   }
   a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
   return ok;
@@ -460,7 +462,8 @@ __device__ __forceinline__ float row_sum(const FwdState<Tr>& st, int mt, int r) 
 }
 
 // Epilogue of one query row (row r of m-tile mt of this thread, row sum l from row_sum):
-// normalize, store O (and LSE) at local coordinates `q`, nothing past an axis's end.
+// normalize, store O (and LSE) at local coordinates `q`, nothing past an axis's end or outside
+// the query region.
 template <class Tr, class T>
 __device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParams& p,
                                           const FwdTile& ft, int mt, int r, float l,
@@ -470,7 +473,9 @@ __device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParam
   Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
   bool valid = true;
 #pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax) valid = valid && q[ax] < ft.gr.len[ax];
+  for (int ax = 0; ax < kAxes; ++ax)
+    valid = valid && q[ax] < ft.gr.len[ax] &&
+            in_query_region(p, ax, ft.gr.global(p.geo, ax, q[ax]));
   if (!valid) return;
   const float inv = l > 0.f ? 1.f / l : 0.f;
   Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);

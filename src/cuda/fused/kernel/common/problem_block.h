@@ -22,10 +22,21 @@ struct ProblemBlock {
   // (the forward's fwd_tile; the backward kernels divide by those, and the strip forward by all:
   // at their register limits the multipliers made them spill).
   FastDiv dil[kAxes], div_groups, div_heads;
+  // The query region per lifted axis, global coordinates [qlo, qhi) (fna::Problem::query_offset
+  // / query_shape; the whole axis without one). Q-role tensors (Q, O, dO, dQ, LSE) hold only the
+  // region: the kernels get their pointers shifted back by the region's offset (fill_params), so
+  // that a query's global coordinates address it, and load or store no row outside [qlo, qhi).
+  int qlo[kAxes], qhi[kAxes];
+  int region;            // the region is not the whole grid
   int64_t tokens;        // tokens of the grid (the product of the axis lengths)
   float scale;           // softmax scale
   float scale_log2;      // scale * log2(e): the softmax runs on exp2
 };
+
+// Whether global coordinate x of axis `ax` is a query of the region.
+FNA_HD bool in_query_region(const ProblemBlock& b, int ax, int x) {
+  return x >= b.qlo[ax] && x < b.qhi[ax];
+}
 
 // The block of problem `p` with softmax scale `scale` (sizes narrowed to int: the plans reject
 // problems whose sizes exceed the kernels' limits before any launch).
@@ -43,6 +54,12 @@ inline ProblemBlock problem_block(const Problem& p, double scale) {
   for (int ax = 0; ax < kAxes; ++ax) b.dil[ax] = FastDiv(uint32_t(b.geo.axis[ax].dilation));
   b.div_groups = FastDiv(uint32_t(b.groups));
   b.div_heads = FastDiv(uint32_t(b.heads));
+  b.region = p.has_query_region() ? 1 : 0;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int src = ax - (kAxes - p.rank);
+    b.qlo[ax] = src < 0 ? 0 : static_cast<int>(p.query_offset[src]);
+    b.qhi[ax] = src < 0 ? 1 : static_cast<int>(p.query_offset[src] + p.query_extent(src));
+  }
   b.tokens = p.tokens();
   b.scale = static_cast<float>(scale);
   b.scale_log2 = static_cast<float>(scale * 1.4426950408889634);

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   {
     const int x = blockIdx.x;
     for (int a = 0; a < kAxes; ++a) {
-      q0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tq[a];
+      q0[a] = (p.tile0[a] + x / p.tdiv[a] % p.tiles[a]) * p.tq[a];
       if (q0[a] >= G.len[a]) return;
     }
   }
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     const uint32_t off = pack_offsets(p.tq, row);
     int i[kAxes], x[kAxes];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-    const bool valid = to_global(p, G, i, x);
+    const bool valid = query_global(p, G, i, x);
     const int so = Swizzled<kDh>::offset(row, c) * 2 / int(sizeof(E));
     load_chunk(sQ + so, valid ? gQ + tok_offset(p.sq, b, x, h) : nullptr, c, p.dim, p.aligned, gQ);
     load_chunk(sdO + so, valid ? gdO + tok_offset(p.sdo, b, x, h) : nullptr, c, p.dim_v,
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     int i[kAxes], x[kAxes];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
     float2 st = make_float2(INFINITY, 0.f);
-    if (to_global(p, G, i, x))
+    if (query_global(p, G, i, x))
       st = p.stats[(int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h];
     lse2[half] = st.x;
     dsum[half] = st.y;
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     const uint32_t off = pack_offsets(p.tq, row);
     int i[kAxes], x[kAxes];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
-    if (!to_global(p, G, i, x)) continue;
+    if (!query_global(p, G, i, x)) continue;
     const int64_t o = tok_offset(p.sdq, b, x, h);
 #pragma unroll
     for (int n = 0; n < kDB; ++n) {
