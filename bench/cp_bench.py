@@ -15,16 +15,17 @@ Methods (each forward, and forward + backward; median of CUDA-event timings, the
 * ``halo``: ``fna.distributed.na3d`` (``--overlap off`` for the plain path, ``always`` to split
   every shard into interior and border slabs).
 * ``all-gather``: every rank all-gathers K and V (shards padded to one length), then computes its
-  queries on the same slab as ``halo`` (so the two differ only in what is sent); the backward
+  queries (a query region) on the same slab as ``halo`` (so the two differ only in what is sent
+  and when); the backward
   reduce-scatters dK / dV (torch.distributed.nn's autograd collectives).
 * ``ulysses``: all-to-all of Q, K, V from "my rows, all heads" to "all rows, my heads", fna on the
   whole grid with H / world heads, all-to-all of the output back (needs heads % world == 0).
 
 Bytes are those one rank sends in the forward (the backward sends as much again: dK / dV for the
 halo and all-gather, dQ / dK / dV and dO for Ulysses); ``halo`` and ``all-gather`` count K and V,
-Ulysses counts Q, K, V and O. ``recompute`` is the slab's rows over the rank's own rows: the
-factor by which a rank computes more query rows than it keeps (fna has no kernel-level query
-offset yet, so halo queries are computed and discarded).
+Ulysses counts Q, K, V and O. ``kv/own`` is the slab's rows over the rank's own rows: the key /
+value rows a rank holds per query row it computes (its queries are a query region of the slab,
+so it computes exactly its own rows).
 """
 
 import argparse
@@ -105,7 +106,7 @@ def plan_rows(args, world, frames=None):
         slab = sum(sg.b - sg.a for sg in pl.segments)
         rows.append(dict(
             rank=r, frames=frames, rows=sizes[r], ext=(pl.ext_start, pl.ext_end),
-            segments=len(pl.segments), slab_rows=slab, recompute=slab / sizes[r],
+            segments=len(pl.segments), slab_rows=slab, kv_own=slab / sizes[r],
             halo_bytes=sent[r], halo_received=received[r],
             allgather_bytes=(world - 1) * pad * kv_row,
             ulysses_bytes=(sizes[r] * qkvo_row * (world - 1)) // world))
@@ -121,17 +122,17 @@ def print_plan(args, worlds, frames_of):
           f"{args.stride}, dilation {args.dilation}, causal frames {bool(args.causal)}, B "
           f"{args.batch}, H {args.heads}, D {args.dim}, {args.dtype}; "
           f"overlap {_overlap(args)!r}")
-    print("GiB sent per rank in the forward (max over ranks); recompute = computed / kept query "
-          "rows (max)")
+    print("GiB sent per rank in the forward (max over ranks); kv/own = slab rows / own rows "
+          "(max)")
     print(f"{'gpus':>4} {'frames':>6} {'shards':>16} {'halo':>8} {'all-gather':>10} "
-          f"{'ulysses':>8} {'recompute':>9}")
+          f"{'ulysses':>8} {'kv/own':>9}")
     for w in worlds:
         rows = plan_rows(args, w, frames_of(w))
         print(f"{w:>4} {rows[0]['frames']:>6} {','.join(str(r['rows']) for r in rows):>16} "
               f"{_gib(max(r['halo_bytes'] for r in rows)):>8} "
               f"{_gib(max(r['allgather_bytes'] for r in rows)):>10} "
               f"{_gib(max(r['ulysses_bytes'] for r in rows)):>8} "
-              f"{max(r['recompute'] for r in rows):>9.2f}")
+              f"{max(r['kv_own'] for r in rows):>9.2f}")
 
 
 # ---- timing (GPU) --------------------------------------------------------------------------------
@@ -195,8 +196,8 @@ def _methods(args, group, world, me, frames, device="cuda"):
 
         def allgather():
             kf, vf = gather(k), gather(v)
-            qs = torch.nn.functional.pad(q, (0, 0) * (q.ndim - 2) + (o - a, b - o - n))
-            return na(qs, kf[:, a:b], vf[:, a:b], **kw)[:, o - a:o - a + n]
+            offset = (o - a,) + (0,) * (len(args.shape) - 1)
+            return na(q, kf[:, a:b], vf[:, a:b], query_offset=offset, **kw)
         out["all-gather"] = run(allgather)
     if "ulysses" in names and args.heads % world == 0:
         hw = args.heads // world
@@ -235,16 +236,16 @@ def _timed(f, q):
 def print_results(args, results):
     """The table: per series, GPU count and method the times, the scaling against the same
     method's 1-GPU time (strong: speedup t1 / tw; weak: efficiency t1 / tw, ideal 1), bytes sent
-    per rank and the halo recomputation factor."""
+    per rank and the slab's rows per own row."""
     base = {(k, n): (tf, tb) for k, w, _, n, tf, tb, _ in results if w == 1}
     print(f"{'series':>6} {'gpus':>4} {'frames':>6} {'method':>10} {'fwd ms':>8} "
           f"{'fwd+bwd ms':>10} {'scale fwd':>9} {'scale f+b':>9} {'GiB sent':>8} "
-          f"{'recompute':>9}")
+          f"{'kv/own':>9}")
     for kind, w, frames, name, tf, tb, sent in results:
         b = base.get((kind, name))
         sf = f"{b[0] / tf:.2f}" if b else "-"
         sb = f"{b[1] / tb:.2f}" if b and tb and b[1] else "-"
-        rec = max(r["recompute"] for r in plan_rows(args, w, frames)) if name != "ulysses" else 1
+        rec = max(r["kv_own"] for r in plan_rows(args, w, frames)) if name != "ulysses" else 1
         print(f"{kind:>6} {w:>4} {frames:>6} {name:>10} {tf:>8.2f} "
               f"{'-' if tb is None else f'{tb:.2f}':>10} {sf:>9} {sb:>9} {_gib(sent):>8} "
               f"{rec:>9.2f}")

@@ -3,12 +3,20 @@
 // Every problem is lifted to rank 3 by padding trailing axes with L = K = d = s = 1: a padded axis
 // has the single window [0, 1), so neighbor order (row-major over the window box, last axis
 // fastest) and token order are those of the original rank.
+//
+// The query region (Problem::query_offset / query_shape, fused forward / backward only): the
+// queries are the box [q_off, q_off + q_len) of the key grid. Query-role tensors (Q, O, dO, dQ,
+// LSE, d_LSE) and the workspace rows are indexed by region coordinates q; a query's window is that
+// of its global coordinate c = q + q_off. Kernels take the region through a `kRegion` template
+// flag and Geo<kRegion>: with it false they are the whole-grid kernels on the plain Geometry,
+// unchanged; with it true they take a RegionGeometry.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/neighborhood.h"
 #include "fna/fna.h"
@@ -30,6 +38,18 @@ struct Geometry {
   int cols;          // W + N_add: one row of attention weights
 };
 
+// A call with a query region: the region's offset and extent per axis (padded axes: 0 and 1) and
+// its token count prod(q_len).
+struct RegionGeometry : Geometry {
+  int q_off[3];
+  int q_len[3];
+  int64_t q_tokens;
+};
+
+// The geometry type of the kernels' kRegion flag.
+template <bool kRegion>
+using Geo = std::conditional_t<kRegion, RegionGeometry, Geometry>;
+
 inline Geometry make_geometry(const Problem& p) {
   Geometry g{};
   for (int a = 0; a < 3; ++a) {
@@ -50,6 +70,36 @@ inline Geometry make_geometry(const Problem& p) {
   g.num_add = static_cast<int>(p.num_additional);
   g.cols = g.window + g.num_add;
   return g;
+}
+
+inline RegionGeometry make_region_geometry(const Problem& p) {
+  RegionGeometry g{};
+  static_cast<Geometry&>(g) = make_geometry(p);
+  for (int a = 0; a < 3; ++a) {
+    g.q_off[a] = a < p.rank ? static_cast<int>(p.query_offset[a]) : 0;
+    g.q_len[a] = a < p.rank ? static_cast<int>(p.query_extent(a)) : 1;
+  }
+  g.q_tokens = int64_t(g.q_len[0]) * g.q_len[1] * g.q_len[2];
+  return g;
+}
+
+template <bool kRegion>
+inline Geo<kRegion> make_geo(const Problem& p) {
+  if constexpr (kRegion)
+    return make_region_geometry(p);
+  else
+    return make_geometry(p);
+}
+
+// Query tokens per (batch, kv head) pair: the region's, or the whole grid's.
+__host__ __device__ __forceinline__ int64_t query_tokens(const Geometry& g) { return g.tokens; }
+__host__ __device__ __forceinline__ int64_t query_tokens(const RegionGeometry& g) {
+  return g.q_tokens;
+}
+// The region's offset on axis `ax` (0 without a region).
+__host__ __device__ __forceinline__ int query_offset(const Geometry&, int) { return 0; }
+__host__ __device__ __forceinline__ int query_offset(const RegionGeometry& g, int ax) {
+  return g.q_off[ax];
 }
 
 // A token-major tensor [B, L0, L1, L2, heads, X] (query, key, value, output, LSE, attention
@@ -106,6 +156,22 @@ inline View workspace_view(const Geometry& g, int64_t p0) {
   return v;
 }
 
+// With a query region the rows are the region's tokens only, row-major over the region and
+// addressed by region coordinates: [pair - p0][region token][g][col].
+inline View workspace_view(const RegionGeometry& g, int64_t p0) {
+  View v{};
+  const int64_t row = g.cols, tok = int64_t(g.group) * row;
+  v.sx = 1;
+  v.sg = row;
+  v.sl[2] = tok;
+  v.sl[1] = tok * g.q_len[2];
+  v.sl[0] = v.sl[1] * g.q_len[1];
+  v.shkv = tok * g.q_tokens;
+  v.sb = v.shkv * g.heads_kv;
+  v.origin = p0 * v.shkv;
+  return v;
+}
+
 // ---- element access: every load widens to f32, every store rounds once -------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -130,6 +196,21 @@ __device__ __forceinline__ void token_coords(const Geometry& g, int64_t n, int* 
   c[0] = static_cast<int>(n / g.axis[1].length);
 }
 
+// Region coordinates of query token n of the region (row-major over q_len, last axis fastest).
+__device__ __forceinline__ void region_coords(const RegionGeometry& g, int64_t n, int* q) {
+  q[2] = static_cast<int>(n % g.q_len[2]);
+  n /= g.q_len[2];
+  q[1] = static_cast<int>(n % g.q_len[1]);
+  q[0] = static_cast<int>(n / g.q_len[1]);
+}
+
+// The local indices of dilation group `grp` (global coordinate i * d + grp) on one axis whose
+// global coordinates lie in [x0, x1) (0 <= x0 < x1): [ceil((x0 - grp) / d), ceil((x1 - grp) / d)).
+// Both numerators are >= 0 since grp < d, so integer division is the ceiling.
+__device__ __forceinline__ nbr::Range group_span(int x0, int x1, int grp, int d) {
+  return {(x0 - grp + d - 1) / d, (x1 - grp + d - 1) / d};
+}
+
 // Where a global coordinate sits in its dilation group: group index, local index, group length.
 struct Local {
   int group, index, length;
@@ -140,22 +221,43 @@ __device__ __forceinline__ Local local_of(const nbr::Axis& a, int x) {
 }
 
 // One row of attention weights of a chunk: which (batch, query token, kv head, query head in
-// group) it belongs to. Rows enumerate [pair][token][g] for pairs p0.. (pair = b * H_kv + kv head).
+// group) it belongs to. Rows enumerate [pair][token][g] for pairs p0.. (pair = b * H_kv + kv head);
+// with kRegion the tokens are the region's (n < q_tokens). `c` is the query's global coordinate
+// (its window), `q` its region coordinate (set with kRegion only); query_coords gives the one that
+// query-role tensors and the workspace are addressed by.
 struct Row {
   int64_t b, n;
   int hkv, g;
   int c[3];
+  int q[3];
 };
-__device__ __forceinline__ Row decode_row(const Geometry& g, int64_t p0, int64_t r) {
+template <bool kRegion = false>
+__device__ __forceinline__ Row decode_row(const Geo<kRegion>& g, int64_t p0, int64_t r) {
   Row row;
   row.g = static_cast<int>(r % g.group);
   r /= g.group;
-  row.n = r % g.tokens;
-  const int64_t pair = p0 + r / g.tokens;
-  row.b = pair / g.heads_kv;
-  row.hkv = static_cast<int>(pair % g.heads_kv);
-  token_coords(g, row.n, row.c);
+  if constexpr (kRegion) {
+    row.n = r % g.q_tokens;
+    const int64_t pair = p0 + r / g.q_tokens;
+    row.b = pair / g.heads_kv;
+    row.hkv = static_cast<int>(pair % g.heads_kv);
+    region_coords(g, row.n, row.q);
+    for (int ax = 0; ax < 3; ++ax) row.c[ax] = row.q[ax] + g.q_off[ax];
+  } else {
+    row.n = r % g.tokens;
+    const int64_t pair = p0 + r / g.tokens;
+    row.b = pair / g.heads_kv;
+    row.hkv = static_cast<int>(pair % g.heads_kv);
+    token_coords(g, row.n, row.c);
+  }
   return row;
+}
+
+// The coordinates of a row's query in query-role tensors and the workspace: its region
+// coordinates, or without a region its global ones.
+template <bool kRegion>
+__device__ __forceinline__ const int* query_coords(const Row& row) {
+  return kRegion ? row.q : row.c;
 }
 
 }  // namespace naive

@@ -8,6 +8,10 @@
 // pairs, so the IN sums over every query (and every query head of the group) of its keys.
 // The backward renormalizes P from the recomputed logits instead of reading the LSE input (see
 // softmax.cu); the LSE is still validated and produced by the forward for callers that need it.
+// A query region (Problem::query_offset / query_shape) runs the kRegion kernels: the workspace
+// holds the region's query rows only (N = query_tokens), query-role tensors (Q, O, dO, dQ, LSE,
+// d_LSE) are read and written at region coordinates, windows are the global coordinates' in the
+// whole grid, and dK / dV / the additional keys' gradients sum over the region's queries only.
 #include <algorithm>
 #include <cmath>
 
@@ -20,10 +24,12 @@ namespace detail {
 namespace {
 
 using naive::AddView;
+using naive::Geo;
 using naive::Geometry;
 using naive::View;
 
-// How many (batch, kv head) pairs one workspace chunk holds, with `buffers` f32 row buffers.
+// How many (batch, kv head) pairs one workspace chunk holds, with `buffers` f32 row buffers (one
+// row per query token of the region, which is the whole grid without one).
 struct Chunks {
   int64_t pairs;      // B * H_kv
   int64_t per_chunk;  // pairs per chunk
@@ -32,10 +38,10 @@ struct Chunks {
 
 // opt.tuning.naive_workspace_bytes, when set, replaces the budget (a tiny one forces one pair per
 // chunk, so small test problems take the chunked path that only large problems take otherwise).
-Chunks plan_chunks(const Geometry& g, int buffers, const Options& opt) {
+Chunks plan_chunks(const Geometry& g, int64_t queries, int buffers, const Options& opt) {
   Chunks c;
   c.pairs = g.batch * g.heads_kv;
-  const size_t per_pair = size_t(g.tokens) * g.group * g.cols * sizeof(float) * buffers;
+  const size_t per_pair = size_t(queries) * g.group * g.cols * sizeof(float) * buffers;
   // Half the free memory at most (the caller's tensors and other streams need the rest), and a
   // cap so one call does not hold many GiB for the naive path's benefit.
   size_t budget = size_t(opt.tuning.naive_workspace_bytes);
@@ -45,9 +51,10 @@ Chunks plan_chunks(const Geometry& g, int buffers, const Options& opt) {
   return c;
 }
 
-template <typename T>
+template <typename T, bool kRegion>
 Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
-  const Geometry g = naive::make_geometry(p);
+  const Geo<kRegion> g = naive::make_geo<kRegion>(p);
+  const int64_t queries = naive::query_tokens(g);
   const int r = p.rank, G = g.group;
   const cudaStream_t stream = stream_of(opt);
   const View vq = naive::user_view(a.q, r, G, true), vk = naive::user_view(a.k, r, 1, true),
@@ -56,26 +63,27 @@ Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const AddView vak = naive::add_view(a.add_k), vav = naive::add_view(a.add_v);
   const float scale = static_cast<float>(opt.scale);
 
-  const Chunks ch = plan_chunks(g, 1, opt);
+  const Chunks ch = plan_chunks(g, queries, 1, opt);
   Workspace ws(stream);
   FNA_TRY(ws.allocate(ch.bytes, "cuda-naive forward attention weights"));
   for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
     const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
-    const int64_t rows = np * g.tokens * G;
+    const int64_t rows = np * queries * G;
     const View vw = naive::workspace_view(g, p0);
-    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data, vak,
-                                 g.dim, ws.get(), vw, scale, -INFINITY, stream)));
+    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
+                                          vak, g.dim, ws.get(), vw, scale, -INFINITY, stream)));
     FNA_CUDA_TRY(naive::launch_softmax_forward(g, p0, rows, ws.as<float>(),
                                                static_cast<float*>(a.lse.data), vlse, stream));
-    FNA_TRY((naive::nn<float, T>(g, p0, rows, ws.get(), vw, a.v.data, vv, a.add_v.data, vav,
-                                 g.dim_v, a.o.data, vo, 1.f, stream)));
+    FNA_TRY((naive::nn<float, T, kRegion>(g, p0, rows, ws.get(), vw, a.v.data, vv, a.add_v.data,
+                                          vav, g.dim_v, a.o.data, vo, 1.f, stream)));
   }
   return Status::Ok();
 }
 
-template <typename T>
+template <typename T, bool kRegion>
 Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
-  const Geometry g = naive::make_geometry(p);
+  const Geo<kRegion> g = naive::make_geo<kRegion>(p);
+  const int64_t queries = naive::query_tokens(g);
   const int r = p.rank, G = g.group;
   const cudaStream_t stream = stream_of(opt);
   const View vq = naive::user_view(a.q, r, G, true), vk = naive::user_view(a.k, r, 1, true),
@@ -87,33 +95,35 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const View vdlse = a.d_lse.data ? naive::user_view(a.d_lse, r, G, false) : View{};
   const float scale = static_cast<float>(opt.scale);
 
-  const Chunks ch = plan_chunks(g, 2, opt);
+  const Chunks ch = plan_chunks(g, queries, 2, opt);
   Workspace ws(stream);
   FNA_TRY(ws.allocate(ch.bytes, "cuda-naive backward attention weights and gradients"));
   float* ws_p = ws.as<float>();                       // S, then P
   float* ws_ds = ws_p + ch.bytes / 2 / sizeof(float);  // dP, then dS
   for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
     const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
-    const int64_t rows = np * g.tokens * G;
+    const int64_t rows = np * queries * G;
     const View vw = naive::workspace_view(g, p0);
-    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data, vak,
-                                 g.dim, ws_p, vw, scale, -INFINITY, stream)));
+    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
+                                          vak, g.dim, ws_p, vw, scale, -INFINITY, stream)));
     // Masked slots of dP only ever meet P = 0, so any finite value does.
-    FNA_TRY((naive::pn<T, float>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv, a.add_v.data, vav,
-                                 g.dim_v, ws_ds, vw, 1.f, 0.f, stream)));
+    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv,
+                                          a.add_v.data, vav, g.dim_v, ws_ds, vw, 1.f, 0.f,
+                                          stream)));
     FNA_CUDA_TRY(naive::launch_softmax_backward(g, p0, rows, ws_p, ws_ds,
                                                 static_cast<const float*>(a.d_lse.data), vdlse,
                                                 stream));
-    FNA_TRY((naive::nn<float, T>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data, vak, g.dim,
-                                 a.dq.data, vdq, scale, stream)));
-    FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.dk.data, vdk,
-                                      scale, stream)));
-    FNA_TRY((naive::inverse<float, T>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v, a.dv.data,
-                                      vdv, 1.f, stream)));
-    FNA_TRY((naive::add_grad<float, T>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim, a.d_add_k.data,
-                                       vdak, scale, stream)));
-    FNA_TRY((naive::add_grad<float, T>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
-                                       a.d_add_v.data, vdav, 1.f, stream)));
+    FNA_TRY((naive::nn<float, T, kRegion>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data,
+                                          vak, g.dim, a.dq.data, vdq, scale, stream)));
+    // dK / dV over every key of the grid (keys no region query sees get 0).
+    FNA_TRY((naive::inverse<float, T, kRegion>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim,
+                                               a.dk.data, vdk, scale, stream)));
+    FNA_TRY((naive::inverse<float, T, kRegion>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
+                                               a.dv.data, vdv, 1.f, stream)));
+    FNA_TRY((naive::add_grad<float, T, kRegion>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim,
+                                                a.d_add_k.data, vdak, scale, stream)));
+    FNA_TRY((naive::add_grad<float, T, kRegion>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
+                                                a.d_add_v.data, vdav, 1.f, stream)));
   }
   return Status::Ok();
 }
@@ -126,15 +136,22 @@ Status cuda_naive_forward(const Problem& p, const ForwardArgs& a, const Options&
   FNA_TRY(validate_backend_limits(p, Backend::cuda_naive));
   DeviceGuard guard;
   FNA_TRY(guard.set(opt.device_index));
-  return naive::dispatch_dtype(p.dtype, [&](auto t) { return forward_t<decltype(t)>(p, a, opt); });
+  const bool region = p.has_query_region();
+  return naive::dispatch_dtype(p.dtype, [&](auto t) {
+    return region ? forward_t<decltype(t), true>(p, a, opt)
+                  : forward_t<decltype(t), false>(p, a, opt);
+  });
 }
 
 Status cuda_naive_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   FNA_TRY(validate_backend_limits(p, Backend::cuda_naive));
   DeviceGuard guard;
   FNA_TRY(guard.set(opt.device_index));
-  return naive::dispatch_dtype(p.dtype,
-                               [&](auto t) { return backward_t<decltype(t)>(p, a, opt); });
+  const bool region = p.has_query_region();
+  return naive::dispatch_dtype(p.dtype, [&](auto t) {
+    return region ? backward_t<decltype(t), true>(p, a, opt)
+                  : backward_t<decltype(t), false>(p, a, opt);
+  });
 }
 
 }  // namespace detail

@@ -20,9 +20,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Every row holds at least the query itself (every window contains its query), so the row maximum
-// is finite and the sum is >= 1.
-__global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws, float* lse,
-                                       View vlse) {
+// is finite and the sum is >= 1. kRegion: the rows are the query region's, LSE at region
+// coordinates.
+template <bool kRegion>
+__global__ void softmax_forward_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, float* ws,
+                                       float* lse, View vlse) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock) {
@@ -36,8 +38,8 @@ __global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, flo
     const float inv = 1.f / sum;
     for (int c = lane; c < g.cols; c += 32) s[c] = expf(s[c] - m) * inv;
     if (lse != nullptr && lane == 0) {
-      const Row row = decode_row(g, p0, r);
-      lse[vlse.at(row.b, row.c, row.hkv, row.g, 0)] = m + logf(sum);
+      const Row row = decode_row<kRegion>(g, p0, r);
+      lse[vlse.at(row.b, query_coords<kRegion>(row), row.hkv, row.g, 0)] = m + logf(sum);
     }
   }
 }
@@ -46,8 +48,9 @@ __global__ void softmax_forward_kernel(Geometry g, int64_t p0, int64_t rows, flo
 // rounded separately, and a row whose softmax is exactly one-hot (K = 1, or a causal row that
 // sees only its query) must give dS = 0 exactly, as the true gradient is.
 // d_lse (a user LSE view; null = zero): the gradient into the row's LSE. d LSE / d s_j = P_j, so
-// it adds P_j * d_lse to dS_j, i.e. it is subtracted from sum(P * dP).
-__global__ void softmax_backward_kernel(Geometry g, int64_t p0, int64_t rows, float* ws_s,
+// it adds P_j * d_lse to dS_j, i.e. it is subtracted from sum(P * dP). kRegion as in the forward.
+template <bool kRegion>
+__global__ void softmax_backward_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, float* ws_s,
                                         float* ws_dp, const float* d_lse, View vdlse) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
@@ -68,8 +71,8 @@ __global__ void softmax_backward_kernel(Geometry g, int64_t p0, int64_t rows, fl
     }
     delta = warp_sum(delta);
     if (d_lse != nullptr) {
-      const Row row = decode_row(g, p0, r);
-      delta -= d_lse[vdlse.at(row.b, row.c, row.hkv, row.g, 0)];
+      const Row row = decode_row<kRegion>(g, p0, r);
+      delta -= d_lse[vdlse.at(row.b, query_coords<kRegion>(row), row.hkv, row.g, 0)];
     }
     for (int c = lane; c < g.cols; c += 32) dp[c] = s[c] * (dp[c] - delta);
   }
@@ -85,15 +88,31 @@ unsigned warp_grid(int64_t rows) {
 
 cudaError_t launch_softmax_forward(const Geometry& g, int64_t p0, int64_t rows, float* ws,
                                    float* lse, const View& vlse, cudaStream_t stream) {
-  softmax_forward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, ws, lse, vlse);
+  softmax_forward_kernel<false><<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, ws, lse,
+                                                                          vlse);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax_forward(const RegionGeometry& g, int64_t p0, int64_t rows, float* ws,
+                                   float* lse, const View& vlse, cudaStream_t stream) {
+  softmax_forward_kernel<true><<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, ws, lse,
+                                                                         vlse);
   return cudaGetLastError();
 }
 
 cudaError_t launch_softmax_backward(const Geometry& g, int64_t p0, int64_t rows, float* s,
                                     float* dp, const float* d_lse, const View& vdlse,
                                     cudaStream_t stream) {
-  softmax_backward_kernel<<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp, d_lse,
-                                                                     vdlse);
+  softmax_backward_kernel<false><<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp,
+                                                                           d_lse, vdlse);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax_backward(const RegionGeometry& g, int64_t p0, int64_t rows, float* s,
+                                    float* dp, const float* d_lse, const View& vdlse,
+                                    cudaStream_t stream) {
+  softmax_backward_kernel<true><<<warp_grid(rows), kThreads, 0, stream>>>(g, p0, rows, s, dp,
+                                                                          d_lse, vdlse);
   return cudaGetLastError();
 }
 
