@@ -7,14 +7,14 @@ from typing import Annotated
 from numpy.typing import NDArray
 
 
-def forward(query: Annotated[NDArray, dict(writable=False)], key: Annotated[NDArray, dict(writable=False)], value: Annotated[NDArray, dict(writable=False)], output: NDArray, lse: NDArray | None = None, additional_keys: Annotated[NDArray, dict(writable=False)] | None = None, additional_values: Annotated[NDArray, dict(writable=False)] | None = None, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], backend: str = 'auto', scale: float = -1.0, stream: int = 0, num_threads: int = 0, deterministic: bool = False, config: str = '', allow_tf32: bool = False, backward_config: str = '', tuning: str = '') -> None:
+def forward(query: Annotated[NDArray, dict(writable=False)], key: Annotated[NDArray, dict(writable=False)], value: Annotated[NDArray, dict(writable=False)], output: NDArray, lse: NDArray | None = None, additional_keys: Annotated[NDArray, dict(writable=False)] | None = None, additional_values: Annotated[NDArray, dict(writable=False)] | None = None, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], backend: str = 'auto', scale: float = -1.0, stream: int = 0, num_threads: int = 0, deterministic: bool = False, config: str = '', allow_tf32: bool = False, backward_config: str = '', tuning: str = '', query_offset: Sequence[int] = []) -> None:
     """
-    Fused NA forward into preallocated `output` (and `lse`, float32, if given).
+    Fused NA forward into preallocated `output` (and `lse`, float32, if given). With `query_offset`, `query` holds the queries of the box at that offset of the key grid.
     """
 
-def backward(query: Annotated[NDArray, dict(writable=False)], key: Annotated[NDArray, dict(writable=False)], value: Annotated[NDArray, dict(writable=False)], output: Annotated[NDArray, dict(writable=False)], d_output: Annotated[NDArray, dict(writable=False)], lse: Annotated[NDArray, dict(writable=False)], d_query: NDArray, d_key: NDArray, d_value: NDArray, additional_keys: Annotated[NDArray, dict(writable=False)] | None = None, additional_values: Annotated[NDArray, dict(writable=False)] | None = None, d_additional_keys: NDArray | None = None, d_additional_values: NDArray | None = None, d_lse: Annotated[NDArray, dict(writable=False)] | None = None, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], backend: str = 'auto', scale: float = -1.0, stream: int = 0, num_threads: int = 0, deterministic: bool = False, config: str = '', allow_tf32: bool = False, backward_config: str = '', tuning: str = '') -> None:
+def backward(query: Annotated[NDArray, dict(writable=False)], key: Annotated[NDArray, dict(writable=False)], value: Annotated[NDArray, dict(writable=False)], output: Annotated[NDArray, dict(writable=False)], d_output: Annotated[NDArray, dict(writable=False)], lse: Annotated[NDArray, dict(writable=False)], d_query: NDArray, d_key: NDArray, d_value: NDArray, additional_keys: Annotated[NDArray, dict(writable=False)] | None = None, additional_values: Annotated[NDArray, dict(writable=False)] | None = None, d_additional_keys: NDArray | None = None, d_additional_values: NDArray | None = None, d_lse: Annotated[NDArray, dict(writable=False)] | None = None, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], backend: str = 'auto', scale: float = -1.0, stream: int = 0, num_threads: int = 0, deterministic: bool = False, config: str = '', allow_tf32: bool = False, backward_config: str = '', tuning: str = '', query_offset: Sequence[int] = []) -> None:
     """
-    Fused NA backward into preallocated gradients (overwritten, not accumulated); `d_lse` (float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE.
+    Fused NA backward into preallocated gradients (overwritten, not accumulated); `d_lse` (float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE. `query_offset`: as in forward.
     """
 
 def qk_forward(query: Annotated[NDArray, dict(writable=False)], key: Annotated[NDArray, dict(writable=False)], attn: NDArray, additional_keys: Annotated[NDArray, dict(writable=False)] | None = None, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], backend: str = 'auto', scale: float = -1.0, stream: int = 0, num_threads: int = 0, deterministic: bool = False, config: str = '', allow_tf32: bool = False, backward_config: str = '', tuning: str = '') -> None:
@@ -48,7 +48,7 @@ def fused_backward_configs(rank: int, dtype: str, dim: int) -> list[str]:
     Names of the cuda-fused backward tile configurations for (rank, dtype, max(D, D_v)).
     """
 
-def fused_plan(query_shape: Sequence[int], dtype: str, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], heads_kv: int = 0, dim_v: int = 0, config: str = '', allow_tf32: bool = False, device_index: int = 0, backward_config: str = '', deterministic: bool = False, tuning: str = '') -> dict:
+def fused_plan(query_shape: Sequence[int], dtype: str, *, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], is_causal: Sequence[bool], heads_kv: int = 0, dim_v: int = 0, config: str = '', allow_tf32: bool = False, device_index: int = 0, backward_config: str = '', deterministic: bool = False, tuning: str = '', query_offset: Sequence[int] = [], grid_shape: Sequence[int] = []) -> dict:
     """
     The cuda-fused plan for a problem: what runs, forward and backward, and how well it tiles.
     """
@@ -72,11 +72,13 @@ def set_num_threads(num_threads: int) -> None:
 def get_num_threads() -> int:
     """The CPU thread count of calls that pass num_threads=0."""
 
+max_threads: int = 1024
+
 def version() -> str: ...
 
-def bench_main(argv: list[str]) -> int:
-    """Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code."""
+def bench_main(argv: Sequence[str]) -> int:
+    """
+    Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code.
+    """
 
-max_threads: int = ...
-
-backends: tuple[str, ...] = ...
+backends: tuple = ...

@@ -130,7 +130,8 @@ def autotune_cache_dir():
 
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
-               device_index=0, backward_config=None, deterministic=None, tuning=None):
+               device_index=0, backward_config=None, deterministic=None, tuning=None,
+               query_offset=None, grid_shape=None):
     """Exactly what cuda-fused runs for a problem (the plan its launch consumes), forward and
     backward, and how well its tiles fit.
 
@@ -149,7 +150,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     key tile and the query tiles it visits), ``backward_grid``, ``backward_smem``,
     ``backward_visited_tiles``,
     ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does
-    not take the problem). ``deterministic=None`` follows
+    not take the problem). ``query_offset`` with ``grid_shape`` (the key grid's spatial shape):
+    the plan of a call whose queries are that region of the grid (:func:`na2d`'s
+    ``query_offset``); tiling figures are the whole grid's. ``deterministic=None`` follows
     ``torch.are_deterministic_algorithms_enabled()`` as a call on torch tensors does (False when
     torch is not imported). Needs a CUDA device (the plan depends on its properties).
     A call with a relative positional bias (``rpb=``) does not run this plan: until the kernels
@@ -162,6 +165,15 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
         raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
                          "1 to 3 spatial axes")
     ks, st, dil, causal = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    query_offset = _args.query_offset("fused_plan", query_offset, rank)
+    region = {}
+    if query_offset is not None:
+        if grid_shape is None or len(grid_shape) != rank:
+            raise ValueError(f"fused_plan: query_offset needs grid_shape, the key grid's {rank} "
+                             f"spatial extents (got grid_shape={grid_shape!r})")
+        region = dict(query_offset=query_offset, grid_shape=[int(x) for x in grid_shape])
+    elif grid_shape is not None:
+        raise ValueError("fused_plan: grid_shape is given only with query_offset")
     deterministic = _args.resolve_deterministic(
         "fused_plan", deterministic, _compat.torch_if_imported() is not None, False)
     config, deterministic, allow_tf32, backward_config, tuning = _args.fused_options(
@@ -172,7 +184,7 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                          dim_v=0 if dim_v is None else int(dim_v), config=config,
                          allow_tf32=allow_tf32, device_index=device_index,
                          backward_config=backward_config, deterministic=deterministic,
-                         tuning=tuning)
+                         tuning=tuning, **region)
 
 
 def version():

@@ -495,6 +495,9 @@ def query_offset(fn, offset, rank):
         return None
     if isinstance(offset, int) and not isinstance(offset, bool):
         offset = (offset,) * rank
+    if isinstance(offset, (str, bytes)):
+        raise TypeError(f"{fn}: query_offset must be an int or a sequence of {rank} ints, got "
+                        f"{type(offset).__name__}")
     try:
         items = list(offset)
     except TypeError:

@@ -565,7 +565,9 @@ NB_MODULE(_C, m) {
                          const std::vector<int64_t>& dilation, const std::vector<bool>& is_causal,
                          int64_t heads_kv, int64_t dim_v, const std::string& config,
                          bool allow_tf32, int device_index, const std::string& backward_config,
-                         bool deterministic, const std::string& tuning) {
+                         bool deterministic, const std::string& tuning,
+                         const std::vector<int64_t>& query_offset,
+                         const std::vector<int64_t>& grid_shape) {
     const size_t nd = query_shape.size();
     if (nd < 4 || nd > 6)
       raise(PyExc_ValueError, "query_shape has " + std::to_string(nd) +
@@ -594,6 +596,18 @@ NB_MODULE(_C, m) {
       p.stride[i] = stride[i];
       p.dilation[i] = dilation[i];
       p.is_causal[i] = is_causal[i];
+    }
+    if (!query_offset.empty()) {  // the queries: a region of the grid `grid_shape`
+      if (query_offset.size() != static_cast<size_t>(p.rank) ||
+          grid_shape.size() != static_cast<size_t>(p.rank))
+        raise(PyExc_ValueError, "query_offset and grid_shape need " + std::to_string(p.rank) +
+                                    " entries each for a " + std::to_string(p.rank) +
+                                    "-D problem");
+      for (int i = 0; i < p.rank; ++i) {
+        p.query_offset[i] = query_offset[i];
+        p.query_shape[i] = p.shape[i];
+        p.shape[i] = grid_shape[i];
+      }
     }
     fna::Options o;
     o.backend = fna::Backend::cuda_fused;
@@ -644,7 +658,8 @@ NB_MODULE(_C, m) {
      nb::arg("stride"), nb::arg("dilation"), nb::arg("is_causal"), nb::arg("heads_kv") = 0,
      nb::arg("dim_v") = 0, nb::arg("config") = "", nb::arg("allow_tf32") = false,
      nb::arg("device_index") = 0, nb::arg("backward_config") = "", nb::arg("deterministic") = false,
-     nb::arg("tuning") = "",
+     nb::arg("tuning") = "", nb::arg("query_offset") = std::vector<int64_t>{},
+     nb::arg("grid_shape") = std::vector<int64_t>{},
      "The cuda-fused plan for a problem: what runs, forward and backward, and how well it tiles.");
   m.def("tuning_keys", &fna::tuning_keys, "The keys Options::tuning accepts.");
   m.def("autotune_clear_memory_cache", [] {

@@ -70,6 +70,10 @@ Status prepare(const Problem& p, const Options& opt, const TensorCheck (&checks)
 // query_shape); the others answer `unsupported`, naming the backends that do.
 bool takes_query_region(Backend b) {
   switch (b) {
+    case Backend::reference:
+    case Backend::cpu:
+    case Backend::cuda_naive:
+    case Backend::cuda_fused: return true;
     default: return false;
   }
 }

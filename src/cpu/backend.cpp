@@ -2,6 +2,15 @@
 // tiles of queries along the last axis (see cpu/tile.h), converts the key / value lines the tiles
 // read into float panels (dtype and strides; PanelStore), and runs the ISA-specific tile kernels.
 // Only the neighborhood is visited: the box comes from nbr::window / nbr::tile_union.
+//
+// A query region (Problem::query_offset / query_shape) is taken natively, not by running the
+// whole grid on scratch copies: the plan (cpu/plan.h) walks only the region's lines and the tiles
+// of its stretch of the last axis, each tile's queries keep their grid tokens (so windows, boxes
+// and panels are the whole grid's, unchanged), and the Q-role tensors (Q, O, LSE; backward also
+// dO, dQ, d_lse) are read and written through region_in_grid views (cpu/strided.h), which map a
+// grid token inside the region to the region tensor's element. That is a few lines in the plan
+// and the views, where the expansion would copy grid-sized Q / O / dO / dQ scratch and compute
+// every query of the grid to keep a few.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -104,9 +113,12 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const bool strips = tun.cpu_strips == Switch::automatic ? strips_fit(p, kern, band)
                                                           : tun.cpu_strips == Switch::on;
   const Plan plan(p, kern.vector_width, band, strips);
-  const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
-  const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
-  const Strided lse = grid_view(a.lse, p, DType::f32, false);
+  // A query region is native (Plan: only the region's lines and last-axis tiles are tasks):
+  // Q, O and LSE are addressed by grid tokens through region_in_grid views of their region-shaped
+  // tensors; K and V are the grid's.
+  const Strided q = region_in_grid(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
+  const Strided v = grid_view(a.v, p, p.dtype), o = region_in_grid(a.o, p, p.dtype);
+  const Strided lse = region_in_grid(a.lse, p, DType::f32, false);
   const Strided add_k = add_view(a.add_k, p), add_v = add_view(a.add_v, p);
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);

@@ -197,10 +197,13 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   // Even bands: work items of two adjacent lines' same tile (Plan::per_item).
   // Tuning::cpu_band overrides (1: line order; odd: no pairs), for experiments.
   const Plan plan(p, kern.vector_width, tun.cpu_band > 0 ? tun.cpu_band : 8);
-  const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
-  const Strided v = grid_view(a.v, p, p.dtype), o = grid_view(a.o, p, p.dtype);
-  const Strided d_o = grid_view(a.d_o, p, p.dtype), dq = grid_view(a.dq, p, p.dtype);
-  const Strided d_lse = grid_view(a.d_lse, p, DType::f32, false);
+  // A query region is native (see backend.cpp): the tasks are the region's tiles, the Q-role
+  // tensors (Q, O, dO, dQ, d_lse) region_in_grid views; dK / dV get the region's queries'
+  // contributions only (keys that no region query sees: zeros, like keys no query sees).
+  const Strided q = region_in_grid(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
+  const Strided v = grid_view(a.v, p, p.dtype), o = region_in_grid(a.o, p, p.dtype);
+  const Strided d_o = region_in_grid(a.d_o, p, p.dtype), dq = region_in_grid(a.dq, p, p.dtype);
+  const Strided d_lse = region_in_grid(a.d_lse, p, DType::f32, false);
   const Strided add_k = add_view(a.add_k, p), add_v = add_view(a.add_v, p);
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int A = static_cast<int>(p.num_additional);

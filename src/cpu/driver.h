@@ -174,8 +174,8 @@ inline void plan_hints(const Plan& plan, int64_t item, int64_t chunk_end, int wo
     const int64_t next = first + per_band;
     int64_t next_lines = std::min<int64_t>(plan.band, plan.tasks() / nt - next / nt);
     if (plan.strips) {  // (the band's lines within its strip)
-      const int64_t in_strip = next % (plan.lines * per_line);
-      next_lines = std::min<int64_t>(plan.band, plan.lines - in_strip / per_band * plan.band);
+      const int64_t in_strip = next % (plan.qlines * per_line);
+      next_lines = std::min<int64_t>(plan.band, plan.qlines - in_strip / per_band * plan.band);
     }
     if (plan.strips && next < chunk_end * per && next < plan.tasks()) {
       // The rows the next band reads: its query rows (Q, O) and the source rows of every KV

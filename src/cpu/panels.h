@@ -190,8 +190,9 @@ class PanelStore {
     // chunk start redoes a box's worth of conversions). Otherwise workers start on one range of
     // lines each and steal halves of the others' ranges down to least_lines_ (parallel_ranges).
     // (Plan::strips: lines of the strips, each of heads_kv tasks, whose panels are per head.)
-    const int64_t line_count = plan.strips ? p.batch * static_cast<int64_t>(plan.last_tiles.size()) * plan.lines
-                                           : p.batch * p.heads_kv * plan.lines;
+    // (Query lines: a query region's tasks walk its lines only.)
+    const int64_t line_count = plan.strips ? p.batch * static_cast<int64_t>(plan.last_tiles.size()) * plan.qlines
+                                           : p.batch * p.heads_kv * plan.qlines;
     chunk_lines_ = std::max<int64_t>(1, line_count / (2 * threads));
     if (chunk_lines_ > plan.band) chunk_lines_ -= chunk_lines_ % plan.band;  // whole bands
     least_lines_ = std::min(chunk_lines_, (span + plan.band - 1) / plan.band * plan.band);

@@ -106,11 +106,18 @@ inline void store_row(const Strided& s, int64_t off, int n, const float* src) {
 }
 
 // The tiling of a problem: lines (all coordinates but the last) x tiles along the last axis.
+// With a query region (Problem::query_offset / query_shape) only the region's queries are tiled:
+// the tasks walk the region's lines (qlines, the region's coordinates on the axes before the
+// last) and last_tiles cover the region's stretch of the last axis; query tokens stay grid tokens
+// (the Q-role tensors are addressed through region_in_grid views), and the key side (`lines`,
+// the panels) is the whole grid's.
 struct Plan {
   const Problem& p;
   int la;  // last axis
   nbr::Axis ax[kMaxRank];
   int64_t N, lines, group;
+  int64_t q_off[kMaxRank] = {0, 0, 0}, q_ext[kMaxRank] = {1, 1, 1};  // the query region
+  int64_t qlines;  // query lines: the region's lines (= lines without a region)
   struct LastTile {
     int g, i0, i1;
   };
@@ -144,22 +151,37 @@ struct Plan {
                static_cast<int>(p.dilation[a]), static_cast<int>(p.stride[a]), p.is_causal[a]};
     lines = N / p.shape[la];
     group = p.heads / p.heads_kv;
+    qlines = 1;
+    for (int a = 0; a < p.rank; ++a) {
+      q_off[a] = p.query_offset[a];
+      q_ext[a] = p.query_extent(a);
+      if (a < la) qlines *= q_ext[a];
+    }
     const nbr::Axis& L = ax[la];
+    // Group g's local indices whose coordinates i * d + g lie in [q_off, q_off + q_ext).
+    const int64_t x0 = q_off[la], x1 = q_off[la] + q_ext[la];
     for (int g = 0; g < L.dilation && g < L.length; ++g) {
-      const int lg = nbr::group_length(L, g);
-      for (int i0 = 0; i0 < lg; i0 += kTileQueries)
-        last_tiles.push_back({g, i0, i0 + kTileQueries < lg ? i0 + kTileQueries : lg});
+      const int lo = x0 > g ? static_cast<int>((x0 - g + L.dilation - 1) / L.dilation) : 0;
+      const int hi = x1 > g ? static_cast<int>((x1 - g + L.dilation - 1) / L.dilation) : 0;
+      for (int i0 = lo; i0 < hi; i0 += kTileQueries)
+        last_tiles.push_back({g, i0, i0 + kTileQueries < hi ? i0 + kTileQueries : hi});
     }
   }
   int64_t tasks() const {
-    return p.batch * p.heads_kv * lines * static_cast<int64_t>(last_tiles.size());
+    return p.batch * p.heads_kv * qlines * static_cast<int64_t>(last_tiles.size());
+  }
+  // The grid coordinate on axis a < la of query line `line` (an index over the region's lines).
+  int64_t line_coord(int64_t line, int a) const {
+    int64_t st = 1;
+    for (int x = a + 1; x < la; ++x) st *= q_ext[x];
+    return q_off[a] + (line / st) % q_ext[a];
   }
 };
 
 // One tile's geometry: which query tokens, which key tokens (rows x columns).
 struct TileGeom {
   int64_t b, hk;  // batch and KV head of the task
-  int64_t line, tile;  // line and last-axis tile (Plan::last_tiles) of the task
+  int64_t line, tile;  // query line (Plan::qlines) and last-axis tile (Plan::last_tiles) of the task
   TileShape s;
   int64_t q_token[kTileQueries];
   std::vector<int64_t> row_token;  // token index of each row's key with last coordinate 0
@@ -177,7 +199,7 @@ struct TileGeom {
     tile = task % nt;
     int64_t rest = task / nt;
     if (pl.strips) {  // see Plan::strips: (b, tile, band, hk, line in band)
-      const int64_t L = pl.lines, H = p.heads_kv, per_b = nt * L * H;
+      const int64_t L = pl.qlines, H = p.heads_kv, per_b = nt * L * H;
       b = task / per_b;
       const int64_t in_b = task % per_b;
       tile = in_b / (L * H);
@@ -191,16 +213,14 @@ struct TileGeom {
       tile = in / len;
       rest = first + in % len;
     }
-    line = rest % pl.lines;
-    rest /= pl.lines;
+    line = rest % pl.qlines;  // (a line of the query region)
+    rest /= pl.qlines;
     hk = rest % p.heads_kv;
     b = rest / p.heads_kv;
     const Plan::LastTile& lt = pl.last_tiles[tile];
-    // Coordinates of the line on the axes before the last, and their windows.
+    // Grid coordinates of the line on the axes before the last, and their windows.
     int64_t coord[kMaxRank] = {0, 0, 0};
-    for (int a = pl.la - 1; a >= 0; --a) {
-      coord[a] = (line / stride_of(p, a, pl.la)) % p.shape[a];
-    }
+    for (int a = pl.la - 1; a >= 0; --a) coord[a] = pl.line_coord(line, a);
     row_token.assign(1, 0);
     for (int a = 0; a < pl.la; ++a) {
       const nbr::Axis& x = pl.ax[a];
@@ -236,13 +256,6 @@ struct TileGeom {
     s.Dv = Dv;
     s.Dvp = round_up(Dv, pl.vw);
     s.A = A;
-  }
-
-  // Token stride of axis a (product of the later axes' lengths) within the line index space.
-  static int64_t stride_of(const Problem& p, int a, int la) {
-    int64_t st = 1;
-    for (int x = a + 1; x < la; ++x) st *= p.shape[x];
-    return st;
   }
 };
 

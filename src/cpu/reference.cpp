@@ -1,6 +1,8 @@
 // The CPU reference: the oracle every other backend is checked against.
 //
-// Straight from docs/semantics.md: for every query it scans ALL key tokens and tests membership with its own
+// Straight from docs/semantics.md: for every query (of the query region, when the problem has one:
+// Q-role tensors are then read and written at region coordinates, each query's window that of its
+// grid coordinate) it scans ALL key tokens and tests membership with its own
 // evaluation of the SPEC formulas (it deliberately does not include core/neighborhood.h, so a bug
 // in the shared window arithmetic cannot hide), then does the math in float64. Slow by design.
 // Its softmax statistics (max, sum, LSE) stay float64 inside, forward and backward: the backward
@@ -46,6 +48,33 @@ SpecWindow spec_window(const SpecAxis& a, int64_t x) {
   if (leader + right >= Lg) start += Lg - right - leader - 1;
   return {g, start, start + a.K};
 }
+
+// The query region (Problem::query_offset / query_shape; the whole grid without one): region
+// token r, row-major over the region's extents, is the grid token of coordinate
+// query_offset_a + i_a. The queries' windows are those of their grid coordinates.
+struct QueryRegion {
+  int rank;
+  int64_t off[kMaxRank] = {0, 0, 0}, ext[kMaxRank] = {1, 1, 1}, shape[kMaxRank] = {1, 1, 1};
+  int64_t count = 1;  // tokens of the region
+  explicit QueryRegion(const Problem& p) : rank(p.rank) {
+    for (int a = 0; a < rank; ++a) {
+      off[a] = p.query_offset[a];
+      ext[a] = p.query_shape[a] != 0 ? p.query_shape[a] : p.shape[a] - p.query_offset[a];
+      shape[a] = p.shape[a];
+      count *= ext[a];
+    }
+  }
+  int64_t grid_token(int64_t r) const {
+    int64_t i[kMaxRank] = {0, 0, 0};
+    for (int a = rank - 1; a >= 0; --a) {
+      i[a] = r % ext[a];
+      r /= ext[a];
+    }
+    int64_t t = 0;
+    for (int a = 0; a < rank; ++a) t = t * shape[a] + off[a] + i[a];
+    return t;
+  }
+};
 
 // Neighbors of each query, found by testing every key token.
 class Membership {
@@ -184,13 +213,15 @@ RowStats row_stats(const std::vector<double>& logits) {
 
 Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Views vw(p, a.k, a.v, a.add_k, a.add_v);
-  const Strided q = cpu::grid_view(a.q, p, p.dtype), o = cpu::grid_view(a.o, p, p.dtype);
-  const Strided lse = cpu::grid_view(a.lse, p, DType::f32, false);
+  // Q, O and LSE have the query region's extents (region token r); K and V the grid's.
+  const Strided q = cpu::region_view(a.q, p, p.dtype), o = cpu::region_view(a.o, p, p.dtype);
+  const Strided lse = cpu::region_view(a.lse, p, DType::f32, false);
   const Membership mem(p);
+  const QueryRegion region(p);
   std::vector<int64_t> keys, slots;
   std::vector<double> qr, vr, logits, acc;
-  for (int64_t t = 0; t < vw.N; ++t) {
-    mem.neighbors(t, &keys, &slots);
+  for (int64_t t = 0; t < region.count; ++t) {
+    mem.neighbors(region.grid_token(t), &keys, &slots);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
         const int64_t hk = h / vw.group;
@@ -216,15 +247,18 @@ Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& 
 // d_lse when given.
 Status reference_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Views vw(p, a.k, a.v, a.add_k, a.add_v);
-  const Strided q = cpu::grid_view(a.q, p, p.dtype);
-  const Strided d_o = cpu::grid_view(a.d_o, p, p.dtype), dq = cpu::grid_view(a.dq, p, p.dtype);
-  const Strided d_lse = cpu::grid_view(a.d_lse, p, DType::f32, false);
+  // Q, dO, dQ and d_lse have the query region's extents (region token r); K, V, dK, dV the
+  // grid's. Only the region's queries contribute to dK / dV (keys no region query sees get 0).
+  const Strided q = cpu::region_view(a.q, p, p.dtype);
+  const Strided d_o = cpu::region_view(a.d_o, p, p.dtype), dq = cpu::region_view(a.dq, p, p.dtype);
+  const Strided d_lse = cpu::region_view(a.d_lse, p, DType::f32, false);
   const Membership mem(p);
+  const QueryRegion region(p);
   KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim), dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
   std::vector<int64_t> keys, slots;
   std::vector<double> qr, dorow, kr, vr, logits, dp, dqr;
-  for (int64_t t = 0; t < vw.N; ++t) {
-    mem.neighbors(t, &keys, &slots);
+  for (int64_t t = 0; t < region.count; ++t) {
+    mem.neighbors(region.grid_token(t), &keys, &slots);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
         const int64_t hk = h / vw.group;

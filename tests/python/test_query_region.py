@@ -212,3 +212,6 @@ def test_region_plan_excludes_whole_grid_kernels():
             fna.na2d(q[box], k, v, 7, query_offset=(20, 0), tuning=tuning)
     out = fna.na2d(q[box], k, v, 7, query_offset=(20, 0))
     assert (out.float() - full[box].float()).abs().max().item() <= 2e-2
+    plan = fna.fused_plan((2, 20, 56, 3, 32), 7, query_offset=(20, 0), grid_shape=(56, 56))
+    assert plan["family"] in ("sm80", "sm90", "sm90ws") and plan["copy"] == "cp_async", plan
+    assert plan["backward_copy"] == "cp_async", plan
