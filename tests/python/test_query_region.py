@@ -198,20 +198,20 @@ def test_region_cuda_naive(case):
 
 @gpu
 def test_region_plan_excludes_whole_grid_kernels():
-    """nat-t's shape takes the strip forward for the whole grid; with a query region the plan
-    runs a tiled kernel instead (the strip, box and SIMT forwards compute whole grids), and the
-    result is still the whole call's rows."""
+    """With a query region the plan runs a tiled kernel (the strip, box and SIMT forwards compute
+    whole grids, and Q-side TMA would read the whole grid), also where tuning asks for them, and
+    the result is still the whole call's rows."""
     g = torch.Generator(device="cuda").manual_seed(seed_of("region-plan"))
     q = torch.randn(2, 56, 56, 3, 32, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(2, 56, 56, 3, 32, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(2, 56, 56, 3, 32, device="cuda", dtype=torch.bfloat16, generator=g)
     full = fna.na2d(q, k, v, 7)
     box = (slice(None), slice(20, 40), slice(0, 56))
-    for tuning in ({"fwd_strip": "on"}, {"fwd_simt": "on"}):
-        with pytest.raises(NotImplementedError, match="query region"):
-            fna.na2d(q[box], k, v, 7, query_offset=(20, 0), tuning=tuning)
-    out = fna.na2d(q[box], k, v, 7, query_offset=(20, 0))
-    assert (out.float() - full[box].float()).abs().max().item() <= 2e-2
-    plan = fna.fused_plan((2, 20, 56, 3, 32), 7, query_offset=(20, 0), grid_shape=(56, 56))
-    assert plan["family"] in ("sm80", "sm90", "sm90ws") and plan["copy"] == "cp_async", plan
-    assert plan["backward_copy"] == "cp_async", plan
+    # "on" asks for those forwards wherever they apply; with a region they apply nowhere.
+    for tuning in (None, {"fwd_strip": "on"}, {"fwd_simt": "on"}, {"fwd_box": "on"}):
+        out = fna.na2d(q[box], k, v, 7, query_offset=(20, 0), tuning=tuning)
+        assert (out.float() - full[box].float()).abs().max().item() <= 2e-2
+        plan = fna.fused_plan((2, 20, 56, 3, 32), 7, query_offset=(20, 0), grid_shape=(56, 56),
+                              tuning=tuning)
+        assert plan["family"] in ("sm80", "sm90", "sm90ws") and plan["copy"] == "cp_async", plan
+        assert plan["backward_copy"] == "cp_async", plan
