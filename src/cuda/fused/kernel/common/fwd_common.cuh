@@ -365,7 +365,12 @@ __device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) {
     c[ax] += qo[ax];
-    ok = ok && c[ax] < gr.len[ax] && in_query_region(p, ax, gr.global(p.geo, ax, c[ax]));
+    ok = ok && c[ax] < gr.len[ax];
+  }
+  if (p.region) {  // (uniform)
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax)
+      ok = ok && in_query_region(p, ax, gr.global(p.geo, ax, c[ax]));
   }
   a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
   return ok;
@@ -473,9 +478,12 @@ __device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParam
   Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
   bool valid = true;
 #pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax)
-    valid = valid && q[ax] < ft.gr.len[ax] &&
-            in_query_region(p, ax, ft.gr.global(p.geo, ax, q[ax]));
+  for (int ax = 0; ax < kAxes; ++ax) valid = valid && q[ax] < ft.gr.len[ax];
+  if (p.region) {  // (uniform, as in q_row_src)
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax)
+      valid = valid && in_query_region(p, ax, ft.gr.global(p.geo, ax, q[ax]));
+  }
   if (!valid) return;
   const float inv = l > 0.f ? 1.f / l : 0.f;
   Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);
