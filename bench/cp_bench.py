@@ -18,6 +18,8 @@ Methods (each forward, and forward + backward; median of CUDA-event timings, the
   queries (a query region) on the same slab as ``halo`` (so the two differ only in what is sent
   and when); the backward
   reduce-scatters dK / dV (torch.distributed.nn's autograd collectives).
+* ``compute``: halo's calls (each segment a query region of its slab) on local random K / V
+  slabs, without any communication: the part of halo's time that is computation.
 * ``ulysses``: all-to-all of Q, K, V from "my rows, all heads" to "all rows, my heads", fna on the
   whole grid with H / world heads, all-to-all of the output back (needs heads % world == 0).
 
@@ -61,7 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--overlap", choices=("on", "always", "off"), default="on",
                     help="fna.distributed's overlap: on (True), always, off (False)")
     ap.add_argument("--no-backward", action="store_true")
-    ap.add_argument("--methods", default="halo,all-gather,ulysses")
+    ap.add_argument("--methods", default="halo,all-gather,ulysses,compute",
+                    help="compute: halo's query regions on local slabs, no communication")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and bytes; no timing")
     args = ap.parse_args(argv)
     for name in ("kernel", "stride", "dilation"):
@@ -181,6 +184,21 @@ def _methods(args, group, world, me, frames, device="cuda"):
         return f
 
     names = args.methods.split(",")
+    if "compute" in names:
+        # What halo computes, without communication: each of the rank's segments as a query
+        # region of a slab of random K / V (the time halo would take with free transfers).
+        ax = fd.Axis(frames, args.kernel[0], args.dilation[0], args.stride[0], bool(args.causal))
+        segs = fd.plan(ax, sizes, overlap=_overlap(args))[me].segments
+        slabs = [tuple(torch.randn((args.batch, sg.b - sg.a, *args.shape[1:], args.heads,
+                                    args.dim), device=device, dtype=dtype, generator=g)
+                       .requires_grad_() for _ in range(2)) for sg in segs]
+
+        def compute():
+            outs = [na(q[:, sg.q0 - o:sg.q1 - o], kk, vv,
+                       query_offset=(sg.q0 - sg.a,) + (0,) * (len(args.shape) - 1), **kw)
+                    for sg, (kk, vv) in zip(segs, slabs)]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        out["compute"] = run(compute)
     if "halo" in names:
         out["halo"] = run(lambda: dna(q, k, v, group=group, overlap=_overlap(args), **kw))
     if "all-gather" in names:
@@ -246,6 +264,7 @@ def print_results(args, results):
         sf = f"{b[0] / tf:.2f}" if b else "-"
         sb = f"{b[1] / tb:.2f}" if b and tb and b[1] else "-"
         rec = max(r["kv_own"] for r in plan_rows(args, w, frames)) if name != "ulysses" else 1
+        # (compute: the same slabs as halo)
         print(f"{kind:>6} {w:>4} {frames:>6} {name:>10} {tf:>8.2f} "
               f"{'-' if tb is None else f'{tb:.2f}':>10} {sf:>9} {sb:>9} {_gib(sent):>8} "
               f"{rec:>9.2f}")
@@ -281,8 +300,9 @@ def main(argv=None):
                 tf = _time(fwd, args, group)
                 tb = None if args.no_backward else _time(fwd_bwd, args, group)
                 rows = plan_rows(args, w, frames)
-                sent = max(r[{"halo": "halo_bytes", "all-gather": "allgather_bytes",
-                              "ulysses": "ulysses_bytes"}[name]] for r in rows)
+                key = {"halo": "halo_bytes", "all-gather": "allgather_bytes",
+                       "ulysses": "ulysses_bytes"}.get(name)
+                sent = max(r[key] for r in rows) if key else 0
                 results.append((kind, w, frames, name, tf, tb, sent))
         dist.barrier()
     if me_world == 0:

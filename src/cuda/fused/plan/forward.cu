@@ -192,14 +192,15 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   fused::FwdLaunch& l = plan->launch;
   fp->q_tiles_total = 1;
   for (int ax = 0; ax < kAxes; ++ax) {
-    // Tiles of local coordinates [t0, t1) * q[ax] cover every group's part of the query region
-    // [qlo, qhi): a group's first local query is at least floor(qlo / d), its last below
-    // ceil(qhi / d). Without a region: t0 = 0 and t1 the tiles over the largest group.
-    const int d = geo.axis[ax].dilation, e = cfg->q[ax];
-    const int t0 = (fp->qlo[ax] / d) / e;
-    const int t1 = fused::tiles_over((fp->qhi[ax] + d - 1) / d, e);
-    fp->q_tile0[ax] = t0;
-    fp->q_tiles[ax] = t1 - t0;
+    // With a query region [qlo, qhi) a group's tiles cover its part of it, local
+    // [ceil((qlo - g) / d), ceil((qhi - g) / d)) (fwd_tile); the most over the groups.
+    // (An interval of E coordinates holds at most ceil(E / d) of one residue class mod d.)
+    int len = geo.max_group_length(ax);
+    if (fp->region) {
+      const int d = geo.axis[ax].dilation;
+      len = (fp->qhi[ax] - fp->qlo[ax] + d - 1) / d;
+    }
+    fp->q_tiles[ax] = fused::tiles_over(len, cfg->q[ax]);
     fp->q_tiles_total *= fp->q_tiles[ax];
   }
   if (cfg->family == FwdFamily::strip) {

@@ -321,13 +321,16 @@ __device__ __forceinline__ void softmax_update(FwdState<Tr>& st,
 }
 
 // The CTA's place in the launch: batch, head, dilation group and query-tile origin (local
-// coordinates of the group). Query tiles of one (batch, head, group) are adjacent block indices,
+// coordinates of the group; with a query region the tiles start at the group's first query of
+// the region). Query tiles of one (batch, head, group) are adjacent block indices,
 // walked in the order of p.q_div (tiling.cuh walk_order), so neighbors share K/V in L2. False when
 // the tile starts past a shorter group's end.
 struct FwdTile {
   int b, h;
   Group gr;
   int qo[kAxes];
+  // The group's queries per axis, local [qlo, qhi): [0, len), or its part of the query region.
+  int qlo[kAxes], qhi[kAxes];
 };
 
 template <class QT>
@@ -342,35 +345,43 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) {
     int unused;
-    ft.qo[ax] =
-        (p.q_tile0[ax] + p.div_q_tiles[ax].divmod(p.div_q_div[ax].div(tile), unused)) * QT::ext(ax);
+    ft.qo[ax] = p.div_q_tiles[ax].divmod(p.div_q_div[ax].div(tile), unused) * QT::ext(ax);
+  }
+  if (p.region) {
+    // The group's tiles start at its first query of the region, local ceil((qlo - g) / d), and
+    // end at its last, below ceil((qhi - g) / d) (dividends >= 0: qlo >= 0, g < d).
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) {
+      const int d1 = p.geo.axis[ax].dilation - 1 - ft.gr.g[ax];
+      ft.qlo[ax] = p.dil[ax].div(p.qlo[ax] + d1);
+      ft.qhi[ax] = p.dil[ax].div(p.qhi[ax] + d1);
+      ft.qo[ax] += ft.qlo[ax];
+    }
+  } else {
+#pragma unroll
+    for (int ax = 0; ax < kAxes; ++ax) ft.qlo[ax] = 0, ft.qhi[ax] = ft.gr.len[ax];
   }
   bool in = true;
 #pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.gr.len[ax];
+  for (int ax = 0; ax < kAxes; ++ax) in = in && ft.qo[ax] < ft.qhi[ax];
   return in;
 }
 
 // Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
 // neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
-// is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the query
-// region (ProblemBlock::qlo / qhi), whose rows Q does not hold.
+// is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the group's
+// queries [ft.qlo, ft.qhi) (with a query region, Q holds no other rows).
 template <class QT, int kFirst, class Elem>
-__device__ __forceinline__ bool q_row_src(const FwdParams& p, const Group& gr,
-                                          const int (&qo)[kAxes], const Elem* gQ, int row,
-                                          const Elem*& a) {
+__device__ __forceinline__ bool q_row_src(const FwdParams& p, const FwdTile& ft, const Elem* gQ,
+                                          int row, const Elem*& a) {
+  const Group& gr = ft.gr;
   int c[kAxes];
   QT::coord(row, c);
   bool ok = true;
 #pragma unroll
   for (int ax = 0; ax < kAxes; ++ax) {
-    c[ax] += qo[ax];
-    ok = ok && c[ax] < gr.len[ax];
-  }
-  if (p.region) {  // (uniform)
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax)
-      ok = ok && in_query_region(p, ax, gr.global(p.geo, ax, c[ax]));
+    c[ax] += ft.qo[ax];
+    ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
   }
   a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
   return ok;
@@ -469,7 +480,9 @@ __device__ __forceinline__ float row_sum(const FwdState<Tr>& st, int mt, int r) 
 // Epilogue of one query row (row r of m-tile mt of this thread, row sum l from row_sum):
 // normalize, store O (and LSE) at local coordinates `q`, nothing past an axis's end or outside
 // the query region.
-template <class Tr, class T>
+// kRegion = false: the caller never runs with a query region (the strip and box forwards, which
+// the plan rules out for one) and may leave ft.qlo / qhi unset: rows are tested against the group.
+template <class Tr, class T, bool kRegion = true>
 __device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParams& p,
                                           const FwdTile& ft, int mt, int r, float l,
                                           const int (&q)[kAxes], int lane) {
@@ -478,12 +491,8 @@ __device__ __forceinline__ void store_row(const FwdState<Tr>& st, const FwdParam
   Elem* gO = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
   bool valid = true;
 #pragma unroll
-  for (int ax = 0; ax < kAxes; ++ax) valid = valid && q[ax] < ft.gr.len[ax];
-  if (p.region) {  // (uniform, as in q_row_src)
-#pragma unroll
-    for (int ax = 0; ax < kAxes; ++ax)
-      valid = valid && in_query_region(p, ax, ft.gr.global(p.geo, ax, q[ax]));
-  }
+  for (int ax = 0; ax < kAxes; ++ax)
+    valid = valid && (kRegion ? q[ax] >= ft.qlo[ax] && q[ax] < ft.qhi[ax] : q[ax] < ft.gr.len[ax]);
   if (!valid) return;
   const float inv = l > 0.f ? 1.f / l : 0.f;
   Elem* row = gO + token_offset<kFirst>(p.geo, ft.gr, q, p.o_stride);

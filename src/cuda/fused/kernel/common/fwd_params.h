@@ -28,8 +28,8 @@ struct FwdParams : ProblemBlock {
   int64_t q_stride[5], k_stride[5], v_stride[5], o_stride[5], lse_stride[5];
   // Additional keys / values: [batch, token, head].
   int64_t add_k_stride[3], add_v_stride[3];
-  int q_tiles[kAxes];  // query tiles per axis over the largest group (over the query region)
-  int q_tile0[kAxes];  // index of the first of them (nonzero only with a query region)
+  int q_tiles[kAxes];  // query tiles per axis over the largest group (its part of the query
+                       // region, with one)
   int q_tiles_total;
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
   // fwd_tile's divisions by the three values above as multiply-and-shift (set with them).

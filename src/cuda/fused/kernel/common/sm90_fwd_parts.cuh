@@ -124,7 +124,7 @@ __device__ __forceinline__ void copy_q_tile(int tid, const FwdParams& p, const F
   using Elem = typename Tr::Elem;
   const Elem* gQ = static_cast<const Elem*>(p.q) + ft.b * p.q_stride[0] + ft.h * p.q_stride[4];
   auto src = [&](int row, const typename Tr::Elem*& a, const typename Tr::Elem*&) {
-    return q_row_src<QT, Tr::kFirstAxis>(p, ft.gr, ft.qo, gQ, row, a);
+    return q_row_src<QT, Tr::kFirstAxis>(p, ft, gQ, row, a);
   };
   copy_rows_sw<Tr, Tr::kQ, false, kThr, decltype(src), kSpread>(tid, sQ, p.dim, p.q, 0, 0,
                                                                 nullptr, src);

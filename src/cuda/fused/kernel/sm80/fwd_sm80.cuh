@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
 
   copy_rows<Tr, Tr::kQ, false>(sQ, p.dim, p.q, nullptr, 0, nullptr,
                                [&](int row, const Elem*& a, const Elem*&) {
-                                 return q_row_src<QT, kFirst>(p, gr, ft.qo, gQ, row, a);
+                                 return q_row_src<QT, kFirst>(p, ft, gQ, row, a);
                                });
   mma::cp_async_commit();
 

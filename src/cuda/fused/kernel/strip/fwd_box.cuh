@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
     const float l = row_sum(st, 0, r);
     const int i = (lane >> 2) + 8 * r;
     const int q[kAxes] = {0, qb1 + (i >> 2), qb2 + (i & 3)};
-    store_row<Tr, T>(st, p, ft, 0, r, l, q, lane);
+    store_row<Tr, T, false>(st, p, ft, 0, r, l, q, lane);
   }
 }
 

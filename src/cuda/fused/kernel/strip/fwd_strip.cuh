@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
       const float l = row_sum(st, 0, r);
       const int i = (lane >> 2) + 8 * r;
       const int q[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
-      if (q[1] < r1) store_row<Tr, T>(st, p, fo, 0, r, l, q, lane);
+      if (q[1] < r1) store_row<Tr, T, false>(st, p, fo, 0, r, l, q, lane);
     }
   }
   release_below(n_release);
