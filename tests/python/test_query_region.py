@@ -171,7 +171,10 @@ def _gpu_variants():
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain", "bwd_kernel": "sm90"}}),
               ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized",
-                                      "bwd_kernel": "sm90ws"}})]
+                                      "bwd_kernel": "sm90ws"}}),  # TMA where it applies
+              ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
+                                         "fwd_copy": "cp_async", "bwd_kernel": "sm90ws",
+                                         "bwd_copy": "cp_async"}})]
     return v
 
 
@@ -199,8 +202,8 @@ def test_region_cuda_naive(case):
 @gpu
 def test_region_plan_excludes_whole_grid_kernels():
     """With a query region the plan runs a tiled kernel (the strip, box and SIMT forwards compute
-    whole grids, and Q-side TMA would read the whole grid), also where tuning asks for them, and
-    the result is still the whole call's rows."""
+    whole grids), also where tuning asks for them, and the result is still the whole call's
+    rows."""
     g = torch.Generator(device="cuda").manual_seed(seed_of("region-plan"))
     q = torch.randn(2, 56, 56, 3, 32, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(2, 56, 56, 3, 32, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -213,5 +216,34 @@ def test_region_plan_excludes_whole_grid_kernels():
         assert (out.float() - full[box].float()).abs().max().item() <= 2e-2
         plan = fna.fused_plan((2, 20, 56, 3, 32), 7, query_offset=(20, 0), grid_shape=(56, 56),
                               tuning=tuning)
-        assert plan["family"] in ("sm80", "sm90", "sm90ws") and plan["copy"] == "cp_async", plan
-        assert plan["backward_copy"] == "cp_async", plan
+        assert plan["family"] in ("sm80", "sm90", "sm90ws"), plan
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs compute capability 9.0")
+def test_region_tma():
+    """The warp-specialized Hopper kernels load a region's Q (and dO) by TMA, their maps spanning
+    the region: a 3-D region at an offset on every axis, against the whole call's rows, forward
+    and backward, with TMA asked for (an error where it cannot load the tiles)."""
+    tuning = {"fwd_schedule": "warp_specialized", "fwd_copy": "tma", "bwd_kernel": "sm90ws",
+              "bwd_copy": "tma"}
+    grid, off, ext, ks = (12, 16, 24), (3, 5, 8), (6, 9, 13), (5, 7, 9)
+    plan = fna.fused_plan((1, *ext, 4, 64), ks, query_offset=off, grid_shape=grid, tuning=tuning)
+    assert plan["copy"] == "tma" and plan["backward_copy"] == "tma", plan
+    g = torch.Generator(device="cuda").manual_seed(seed_of("region-tma"))
+    q, k, v = (torch.randn((1, *grid, 4, 64), device="cuda", dtype=torch.bfloat16,
+                           generator=g).requires_grad_() for _ in range(3))
+    box = (slice(None),) + tuple(slice(o, o + e) for o, e in zip(off, ext))
+    d_out = torch.randn((1, *ext, 4, 64), device="cuda", dtype=torch.bfloat16, generator=g)
+    full = fna.na3d(q, k, v, ks)
+    full_g = torch.zeros_like(full)
+    full_g[box] = d_out
+    dq_f, dk_f, dv_f = torch.autograd.grad(full, (q, k, v), full_g)
+    qr = q.detach()[box].clone().requires_grad_()
+    out = fna.na3d(qr, k, v, ks, query_offset=off, tuning=tuning)
+    dq, dk, dv = torch.autograd.grad(out, (qr, k, v), d_out)
+    for a, b, name in ((out, full[box], "out"), (dq, dq_f[box], "dq"), (dk, dk_f, "dk"),
+                       (dv, dv_f, "dv")):
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= 3e-2 * max(1.0, b.float().abs().max().item()), (name, err)

@@ -24,23 +24,28 @@ struct BwdTma {
 inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
   BwdTma t{};
   t.on = 0;
-  if (p.region) {
-    *why = "a query region: Q and dO hold only the region's rows";
-    return t;
-  }
   const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
-  const int64_t len[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                          p.geo.axis[2].length, p.heads};
+  // Q and dO span the query region (the whole grid without one): the maps describe the
+  // tensors as they are (their pointers moved forward again by the region's offset, see
+  // cuda_fused_backward), and the kernel's coordinates are global minus qlo; rows past the
+  // region's end read as zeros (TMA's out-of-bounds fill).
+  const int64_t len[5] = {p.batch, p.qhi[0] - p.qlo[0], p.qhi[1] - p.qlo[1], p.qhi[2] - p.qlo[2],
+                          p.heads};
   auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
     out[0] = s.b;
     for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
     out[4] = s.h;
   };
+  auto data = [&](const void* shifted, const TokStrides& s) {
+    int64_t off = 0;
+    for (int a = 0; a < kAxes; ++a) off += int64_t(p.qlo[a]) * s.x[a];
+    return static_cast<const void*>(static_cast<const char*>(shifted) + off * 2);  // 16-bit
+  };
   int64_t sq[5], so[5];
   strides(p.sq, sq);
   strides(p.sdo, so);
-  if (!tma::token_map(&t.q, p.q, p.dim, len, sq, p.tq, dil, why) ||
-      !tma::token_map(&t.o, p.d_o, p.dim_v, len, so, p.tq, dil, why))
+  if (!tma::token_map(&t.q, data(p.q, p.sq), p.dim, len, sq, p.tq, dil, why) ||
+      !tma::token_map(&t.o, data(p.d_o, p.sdo), p.dim_v, len, so, p.tq, dil, why))
     return t;
   t.on = 1;
   return t;

@@ -22,16 +22,18 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
     *why = "additional keys are loaded from their own tensors";
     return t;
   }
-  if (p.region) {
-    *why = "a query region: Q holds only the region's rows";
-    return t;
-  }
   const int dil[kAxes] = {p.geo.axis[0].dilation, p.geo.axis[1].dilation, p.geo.axis[2].dilation};
-  const int64_t lq[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
-                         p.geo.axis[2].length, p.heads};
+  // Q spans the query region (the whole grid without one): its map describes the tensor as it is
+  // (the pointer moved forward again by the region's offset, see fill_params), and the kernel's
+  // coordinates are global minus qlo; rows past the region's end read as zeros.
+  const int64_t lq[5] = {p.batch, p.qhi[0] - p.qlo[0], p.qhi[1] - p.qlo[1], p.qhi[2] - p.qlo[2],
+                         p.heads};
+  int64_t q_off = 0;
+  for (int a = 0; a < kAxes; ++a) q_off += int64_t(p.qlo[a]) * p.q_stride[1 + a];
+  const void* q_data = static_cast<const char*>(p.q) + q_off * 2;  // 16-bit elements
   const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                          p.geo.axis[2].length, p.heads / p.heads_per_kv};
-  if (!tma::token_map(&t.q, p.q, p.dim, lq, p.q_stride, qext, dil, why) ||
+  if (!tma::token_map(&t.q, q_data, p.dim, lq, p.q_stride, qext, dil, why) ||
       !tma::token_map(&t.k, p.k, p.dim, lk, p.k_stride, kvext, dil, why) ||
       !tma::token_map(&t.v, p.v, p.dim_v, lk, p.v_stride, kvext, dil, why))
     return t;

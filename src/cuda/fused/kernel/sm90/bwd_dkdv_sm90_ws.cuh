@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
             const uint32_t dO = base + Tr::kOffO + st * Tr::kQBytes;
             int cq[4], co[4], og[kAxes];
 #pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, w.q0[a]);
+            // (the maps of Q and dO span the query region: coordinates from its first row)
+            for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, w.q0[a]) - p.qlo[a];
             tma::box_coords(tm.q, b, og, w.h, cq);
             tma::box_coords(tm.o, b, og, w.h, co);
 #pragma unroll

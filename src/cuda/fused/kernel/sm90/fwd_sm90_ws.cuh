@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
             int cq[4], og[kAxes];
 #pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, ft.qo[a]);
-            tma::box_coords(tm.q, ft.b, og, ft.h, cq);
+            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, ft.qo[a]) - p.qlo[a];
+            tma::box_coords(tm.q, ft.b, og, ft.h, cq);  // (Q's map spans the query region)
 #pragma unroll
             for (int c = 0; c < kD / 64; ++c)
               tma::load_box(sQ + c * Tr::kQ * 128, tm.q, 64 * c, cq, q_full);
