@@ -61,9 +61,7 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
     // Rows of the grid outside the query region hold no query: +inf LSE (P = 0) and no loads
     // (the Q-role tensors hold the region only; `dense` is off with a region).
     const RowPlace r = row_place(p, row);
-    bool in = true;
-    for (int a = 0; a < kAxes; ++a) in = in && fused::in_query_region(p, a, r.x[a]);
-    if (!in) {
+    if (!fused::in_query_region(p, r.x)) {
       if (sub == 0) stats[row] = make_float2(INFINITY, 0.f);
       return;  // the row's lanes all leave: its shuffle group is not used
     }
@@ -260,15 +258,10 @@ void set_walk(Params* p, bool own_kv, int resident, const std::string& forced, i
   fused::walk_divisors(p->tiles, order, p->tdiv);
 }
 
-// The address the element at global coordinates 0 would have in a Q-role tensor (Q, dO, dQ, O,
-// LSE, d_lse) whose data is the query region's first element: moved back by qlo . strides
-// elements of `elem` bytes.
+// A Q-role tensor's pointer moved back by the query region's offset (fused::region_elements).
 template <class Ptr>
 Ptr region_base(Ptr data, const TokStrides& s, const Params& p, int64_t elem) {
-  int64_t off = 0;
-  for (int a = 0; a < kAxes; ++a) off += int64_t(p.qlo[a]) * s.x[a];
-  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
-  return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(data) - off * elem);
+  return fused::moved(data, -fused::region_elements(p, s.x), elem);
 }
 
 Status invalid(const std::string& m) { return {Code::invalid_argument, m}; }

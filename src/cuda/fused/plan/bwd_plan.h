@@ -36,10 +36,8 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
     for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
     out[4] = s.h;
   };
-  auto data = [&](const void* shifted, const TokStrides& s) {
-    int64_t off = 0;
-    for (int a = 0; a < kAxes; ++a) off += int64_t(p.qlo[a]) * s.x[a];
-    return static_cast<const void*>(static_cast<const char*>(shifted) + off * 2);  // 16-bit
+  auto data = [&](const void* shifted, const TokStrides& s) {  // 16-bit elements
+    return fused::moved(shifted, fused::region_elements(p, s.x), 2);
   };
   int64_t sq[5], so[5];
   strides(p.sq, sq);

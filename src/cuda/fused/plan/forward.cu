@@ -68,18 +68,6 @@ void lift_strides(const TensorRef& t, int rank, int64_t (&out)[5]) {
 }
 
 
-// The address the element at global coordinates 0 of a Q-role tensor would have, given the
-// tensor's data (the query region's first element) and its lifted strides: the data moved back
-// by query_offset . strides elements of `elem` bytes. (Kernels add back at least as much before
-// any access.)
-template <class Ptr>
-Ptr region_base(Ptr data, const Problem& p, const int64_t (&lifted)[5], int64_t elem) {
-  int64_t off = 0;
-  for (int a = 0; a < p.rank; ++a) off += p.query_offset[a] * lifted[1 + (kAxes - p.rank) + a];
-  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
-  return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(data) - off * elem);
-}
-
 // FwdParams of a call (args null: dense placeholder tensors, for planning without a call).
 void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, FwdParams* fp) {
   *fp = FwdParams{};
@@ -102,16 +90,6 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
         fp->add_k_stride[i] = a->add_k.strides[i];
         fp->add_v_stride[i] = a->add_v.strides[i];
       }
-    // Q, O and LSE hold the query region only: their pointers move back by the region's offset
-    // so that the kernels address a query by its global coordinates (they touch no row outside
-    // the region: q_row_src, store_row).
-    if (p.has_query_region()) {
-      const int64_t e = dtype_size(p.dtype);
-      fp->q = region_base(fp->q, p, fp->q_stride, e);
-      fp->o = region_base(fp->o, p, fp->o_stride, e);
-      if (fp->lse != nullptr)
-        fp->lse = static_cast<float*>(region_base(fp->lse, p, fp->lse_stride, sizeof(float)));
-    }
   } else {
     // Dense [B, L.., H, D] tensors at an aligned placeholder address (the TMA maps are encoded,
     // never used).
@@ -133,6 +111,16 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
     if (p.num_additional > 0) fp->add_k = fp->add_v = placeholder;
   }
   static_cast<fused::ProblemBlock&>(*fp) = fused::problem_block(p, opt.scale);
+  // Q, O and LSE hold the query region only: their pointers move back by the region's offset so
+  // that the kernels address a query by its global coordinates (they touch no row outside the
+  // region: q_row_src, store_row).
+  if (a != nullptr && fp->region) {
+    const int64_t e = dtype_size(p.dtype);
+    fp->q = fused::moved(fp->q, -fused::region_elements(*fp, fp->q_stride + 1), e);
+    fp->o = fused::moved(fp->o, -fused::region_elements(*fp, fp->o_stride + 1), e);
+    if (fp->lse != nullptr)
+      fp->lse = fused::moved(fp->lse, -fused::region_elements(*fp, fp->lse_stride + 1), 4);
+  }
 }
 
 // Tuning fields that only a family's kernel has: asked of a problem the plan gives another

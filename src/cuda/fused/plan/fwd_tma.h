@@ -28,9 +28,7 @@ inline FwdTma fwd_tma_maps(const FwdParams& p, const int (&qext)[kAxes],
   // coordinates are global minus qlo; rows past the region's end read as zeros.
   const int64_t lq[5] = {p.batch, p.qhi[0] - p.qlo[0], p.qhi[1] - p.qlo[1], p.qhi[2] - p.qlo[2],
                          p.heads};
-  int64_t q_off = 0;
-  for (int a = 0; a < kAxes; ++a) q_off += int64_t(p.qlo[a]) * p.q_stride[1 + a];
-  const void* q_data = static_cast<const char*>(p.q) + q_off * 2;  // 16-bit elements
+  const void* q_data = moved(p.q, region_elements(p, p.q_stride + 1), 2);  // 16-bit elements
   const int64_t lk[5] = {p.batch, p.geo.axis[0].length, p.geo.axis[1].length,
                          p.geo.axis[2].length, p.heads / p.heads_per_kv};
   if (!tma::token_map(&t.q, q_data, p.dim, lq, p.q_stride, qext, dil, why) ||

@@ -36,9 +36,8 @@ __global__ void dq_convert_kernel(const Params p, int log_tpr, bool dense, bool 
   int64_t base = row * p.dim;  // (b * N + tok) * H + h rows of D
   if (!dense) {
     const RowPlace r = row_place(p, row);
-    bool in = true;  // dQ holds the query region only (`dense` is off with a region)
-    for (int a = 0; a < kAxes; ++a) in = in && fused::in_query_region(p, a, r.x[a]);
-    if (!in) return;
+    // dQ holds the query region only (`dense` is off with a region)
+    if (!fused::in_query_region(p, r.x)) return;
     base = tok_offset(p.sdq, r.b, r.x, r.h);
   }
   E* out = static_cast<E*>(p.dq) + base;

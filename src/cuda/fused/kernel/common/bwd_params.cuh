@@ -78,10 +78,8 @@ __device__ __forceinline__ bool to_global(const Params& p, const Group& G, const
 // to_global for query rows: false also outside the query region (ProblemBlock::qlo / qhi),
 // whose rows the Q-role tensors (Q, dO, dQ, O, LSE) do not hold.
 __device__ __forceinline__ bool query_global(const Params& p, const Group& G, const int* i, int* x) {
-  bool ok = to_global(p, G, i, x);
-  if (p.region)
-    for (int a = 0; a < kAxes; ++a) ok = ok && fused::in_query_region(p, a, x[a]);
-  return ok;
+  const bool ok = to_global(p, G, i, x);
+  return p.region ? ok && fused::in_query_region(p, x) : ok;
 }
 
 // Flat token index -> global coordinates.

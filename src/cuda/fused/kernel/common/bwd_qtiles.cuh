@@ -30,10 +30,9 @@ __device__ __forceinline__ bool query_row_coords(const Params& p, const Group& G
     return query_global(p, G, i, x);
   }
   const int64_t tok = int64_t(q0[0]) * q_rows + row;
-  bool valid = tok < p.tokens;
+  const bool valid = tok < p.tokens;
   token_coords(p, valid ? tok : 0, x);
-  for (int a = 0; a < kAxes; ++a) valid = valid && fused::in_query_region(p, a, x[a]);
-  return valid;
+  return valid && fused::in_query_region(p, x);
 }
 
 struct QWalk {

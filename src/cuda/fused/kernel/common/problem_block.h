@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/fused/kernel/common/fast_div.h"
 #include "cuda/fused/kernel/common/tiling.cuh"
@@ -36,6 +37,27 @@ struct ProblemBlock {
 // Whether global coordinate x of axis `ax` is a query of the region.
 FNA_HD bool in_query_region(const ProblemBlock& b, int ax, int x) {
   return x >= b.qlo[ax] && x < b.qhi[ax];
+}
+// Whether global coordinates x (every axis) are a query of the region.
+FNA_HD bool in_query_region(const ProblemBlock& b, const int* x) {
+  bool in = true;
+  for (int a = 0; a < kAxes; ++a) in = in && in_query_region(b, a, x[a]);
+  return in;
+}
+
+// Elements from global coordinates 0 to the region's first query in a Q-role tensor with
+// element strides `axis` (lifted axes 0..2): qlo . axis. The host moves those tensors' pointers
+// back by it (kernels address queries by global coordinates) and TMA maps forward again.
+inline int64_t region_elements(const ProblemBlock& b, const int64_t* axis) {
+  int64_t n = 0;
+  for (int a = 0; a < kAxes; ++a) n += int64_t(b.qlo[a]) * axis[a];
+  return n;
+}
+// `ptr` moved by `elems` elements of `bytes` bytes (a pointer into or before a tensor).
+template <class Ptr>
+Ptr moved(Ptr ptr, int64_t elems, int64_t bytes) {
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
+  return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(ptr) + elems * bytes);
 }
 
 // The block of problem `p` with softmax scale `scale` (sizes narrowed to int: the plans reject
