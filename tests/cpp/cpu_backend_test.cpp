@@ -10,6 +10,7 @@
 
 #include "cpu/tile.h"
 #include "support/check.h"
+#include "support/kernel_sets.h"
 
 namespace fna_test {
 namespace {
@@ -17,16 +18,6 @@ namespace {
 int intensity() {
   const char* s = std::getenv("FNA_TEST_INTENSITY");
   return s ? std::max(1, std::atoi(s)) : 1;
-}
-
-// Every kernel set the CPU (and the build) has: those kernels_for finds.
-std::vector<std::string> kernel_sets() {
-  std::vector<std::string> v;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    fna::Tuning t;
-    if (fna::set_tuning(&t, "cpu_isa", isa).ok() && fna::cpu::kernels_for(t.cpu_isa)) v.push_back(isa);
-  }
-  return v;
 }
 
 // The cpu backend's options for case c with tuning t.

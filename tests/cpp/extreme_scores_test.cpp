@@ -25,18 +25,10 @@
 #include "cpu/tile.h"
 #include "support/check.h"
 #include "support/tensor.h"
+#include "support/kernel_sets.h"
 
 namespace fna_test {
 namespace {
-
-std::vector<std::string> kernel_sets() {
-  std::vector<std::string> v;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    fna::Tuning t;
-    if (fna::set_tuning(&t, "cpu_isa", isa).ok() && fna::cpu::kernels_for(t.cpu_isa)) v.push_back(isa);
-  }
-  return v;
-}
 
 // Logical index helpers ([B, tokens, heads, dim] and [B, A, heads, dim]).
 struct Shape {

@@ -37,6 +37,7 @@
 
 #include "cpu/tile.h"
 #include "support/check.h"
+#include "support/kernel_sets.h"
 
 namespace fna_test {
 namespace {
@@ -387,16 +388,6 @@ double max_abs(std::initializer_list<const std::vector<double>*> vs) {
 }
 
 // ---- cpu tunings --------------------------------------------------------------------------------
-
-// Every kernel set the CPU (and the build) has.
-std::vector<std::string> kernel_sets() {
-  std::vector<std::string> v;
-  for (const char* isa : {"generic", "avx2", "avx512"}) {
-    fna::Tuning t;
-    if (fna::set_tuning(&t, "cpu_isa", isa).ok() && fna::cpu::kernels_for(t.cpu_isa)) v.push_back(isa);
-  }
-  return v;
-}
 
 // The cpu backend's options for case number i with kernel set isa: threads 1-3, both panel
 // stores, line order (band 1) in some, strip order forced on in some rank-2 cases, deterministic
