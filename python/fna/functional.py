@@ -383,6 +383,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     ``(d_query, d_key, d_value)``, plus ``(d_additional_keys, d_additional_values)`` when
     additional keys/values are given. Works for NumPy arrays and torch tensors. config /
     deterministic / allow_tf32 / backward_config / tuning / num_threads: see :func:`na2d`.
+    query_offset: as in :func:`na2d` (``query``, ``output``, ``lse``, ``d_output`` and the
+    returned ``d_query`` then hold the query region; ``key`` / ``value`` the whole grid).
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
