@@ -27,10 +27,25 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import importlib.util
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fna import _window  # noqa: E402
 from problem_sets import PROBLEMS, SMALL  # noqa: E402
+
+
+def _load_window():
+    """fna's window arithmetic (python/fna/_window.py, pure Python) from this checkout, loaded
+    by path: no built extension needed, and nothing added to sys.path (which processes spawned
+    later would inherit)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "fna",
+                        "_window.py")
+    spec = importlib.util.spec_from_file_location("fna_window_for_tiling_bound", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_window = _load_window()
 
 Q_ROWS = (64, 128, 192)
 KV_ROWS = (64, 128)
