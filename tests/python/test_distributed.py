@@ -4,6 +4,8 @@ gloo processes on the CPU, forward, LSE and gradients against fna.na*d on the wh
 the argument errors."""
 
 import datetime
+import faulthandler
+import gc
 import os
 import random
 
@@ -302,11 +304,15 @@ def _errors(me, world):
 
 
 def _worker(me, world, init):
+    # A crash in a worker (an abort in a communication thread) prints every thread's Python
+    # stack into the test's captured output instead of only a signal name.
+    faulthandler.enable()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     fna.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=me, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    groups = []  # the subgroups, released before the teardown
     try:
         for i, case in enumerate(CASES):
             for overlap in (False, "always"):
@@ -315,19 +321,28 @@ def _worker(me, world, init):
                 _check_case(me, world, case, overlap)
         if world == 3:
             # bf16, uneven shards, through a subgroup of the world (ranks 0 and 2)
-            sub = dist.new_group([0, 2])
+            groups.append(dist.new_group([0, 2]))
             if me != 1:
-                _check_case([0, 2].index(me), 2, CASES[1], "always", group=sub,
+                _check_case([0, 2].index(me), 2, CASES[1], "always", group=groups[-1],
                             dtype=torch.bfloat16)
         # groups of one rank: each rank alone is the whole problem
         singles = [dist.new_group([r]) for r in range(world)]
+        groups += singles
         _check_case(0, 1, CASES[0], True, group=singles[me], sizes=[23])
+        del singles
         # overlap=True, which splits here (wide shards, small kernel)
         _check_case(me, world, ((60, 3),) + CASES[0][1:5] + (([30, 30], [20, 25, 15]),
                                                              dict(kernel_size=3), 1), True)
         _errors(me, world)
+        dist.barrier()  # no rank tears down while another still talks to it
     finally:
+        # Free every object that holds a process group (autograd contexts in reference cycles
+        # included) while the interpreter is fully alive: a gloo group destroyed during
+        # interpreter shutdown can abort the process.
+        groups.clear()
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def _spawn(world, tmp_path):
