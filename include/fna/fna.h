@@ -190,10 +190,17 @@ struct Options {
   Tuning tuning;                 // kernel choices the plan would otherwise make (see Tuning)
 };
 
+// Relative positional bias (NATTEN 0.17's layout): an optional float32 table
+// rpb [H, 2 K_0 - 1 (, 2 K_1 - 1 (, 2 K_2 - 1))] (rank + 1 dims, any strides). The logit of query
+// q and grid key k of head h is scale * q.k + rpb[h, i_0 .. i_{r-1}] with
+// i_a = (k_a - q_a) / dilation_a + K_a - 1 (the two share a dilation group, so the division is
+// exact); additional keys get no bias. Odd and even kernels, stride and causal axes alike.
+// Backends reference and cpu take it; the others answer `unsupported`.
 struct ForwardArgs {
   TensorRef q, k, v, o;
   TensorRef lse;                 // optional output
   TensorRef add_k, add_v;        // required iff problem.num_additional > 0
+  TensorRef rpb;                 // optional (see above)
 };
 
 struct BackwardArgs {
@@ -207,6 +214,8 @@ struct BackwardArgs {
   TensorRef dq, dk, dv;          // outputs (overwritten, not accumulated)
   TensorRef add_k, add_v;        // required iff problem.num_additional > 0
   TensorRef d_add_k, d_add_v;    // outputs, required iff problem.num_additional > 0
+  TensorRef rpb;                 // optional: the forward's bias (ForwardArgs::rpb)
+  TensorRef d_rpb;               // output like rpb (float32), required iff rpb is given
 };
 
 // Fused attention.

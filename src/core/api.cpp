@@ -48,6 +48,24 @@ TensorCheck make_attn(const char* name, const TensorRef& ref, const Problem& p, 
   return t;
 }
 
+// The bias table of ForwardArgs::rpb: [H, 2 K_a - 1 ..], float32.
+TensorCheck make_rpb(const char* name, const TensorRef& ref, const Problem& p, bool output,
+                     bool required) {
+  TensorCheck t{name, &ref, p.rank + 1, {}, 4, output, required};
+  t.extents[0] = p.heads;
+  for (int a = 0; a < p.rank; ++a) t.extents[a + 1] = 2 * p.kernel_size[a] - 1;
+  return t;
+}
+
+// The backends whose forward / backward add a relative positional bias (ForwardArgs::rpb).
+bool takes_rpb(Backend b) { return b == Backend::reference || b == Backend::cpu; }
+
+Status no_rpb(Backend b) {
+  return {Code::unsupported, std::string("rpb: backend=") + backend_name(b) +
+                                 " does not take a relative positional bias (backends reference "
+                                 "and cpu do)"};
+}
+
 // Validates the problem, options and every tensor; resolves backend and scale into `out`.
 template <size_t N>
 Status prepare(const Problem& p, const Options& opt, const TensorCheck (&checks)[N], bool unfused,
@@ -100,12 +118,14 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
       make_lse("lse", a.lse, p, true, false),
       make_add("additional_keys", a.add_k, p, p.dim, false, e),
       make_add("additional_values", a.add_v, p, p.dim_v, false, e),
+      make_rpb("rpb", a.rpb, p, false, false),
   };
   Backend b;
   Options o;
   Status st = prepare(p, opt, checks, false, &b, &o);
   if (!st.ok()) return st;
   if (p.has_query_region() && !takes_query_region(b)) return no_query_region(b);
+  if (a.rpb.data && !takes_rpb(b)) return no_rpb(b);
   switch (b) {
     case Backend::reference: return detail::reference_forward(p, a, o);
     case Backend::cpu: return detail::cpu_forward(p, a, o);
@@ -140,12 +160,18 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       make_add("additional_values", a.add_v, p, p.dim_v, false, e),
       make_add("d_additional_keys", a.d_add_k, p, p.dim, true, e),
       make_add("d_additional_values", a.d_add_v, p, p.dim_v, true, e),
+      make_rpb("rpb", a.rpb, p, false, false),
+      make_rpb("d_rpb", a.d_rpb, p, true, a.rpb.data != nullptr),
   };
+  if (a.d_rpb.data && !a.rpb.data)
+    return {Code::invalid_argument, "d_rpb is given but rpb is a null pointer (the gradient of a "
+                                    "bias needs the bias)"};
   Backend b;
   Options o;
   Status st = prepare(p, opt, checks, false, &b, &o);
   if (!st.ok()) return st;
   if (p.has_query_region() && !takes_query_region(b)) return no_query_region(b);
+  if (a.rpb.data && !takes_rpb(b)) return no_rpb(b);
   switch (b) {
     case Backend::reference: return detail::reference_backward(p, a, o);
     case Backend::cpu: return detail::cpu_backward(p, a, o);

@@ -35,6 +35,29 @@ typename V::value_type* sized(V& v, int64_t n) {
   return v.data();
 }
 
+// ForwardArgs::rpb (float32 [H, 2 K_a - 1 ..], any strides) as dense tables, head after head,
+// times `mult` (log2(e): the kernels' scores are base 2); empty without a bias. *per_head: the
+// floats of one head's table.
+inline std::vector<float> bias_tables(const Problem& p, const TensorRef& rpb, float mult, int64_t* per_head) {
+  *per_head = bias_elements(p) / p.heads;
+  std::vector<float> out;
+  if (!rpb.data) return out;
+  out.resize(static_cast<size_t>(bias_elements(p)));
+  const float* src = static_cast<const float*>(rpb.data);
+  for (int64_t i = 0; i < bias_elements(p); ++i) out[static_cast<size_t>(i)] = src[bias_offset(p, rpb, i)] * mult;
+  return out;
+}
+
+// The bias arguments of a tile of head h (TileBias; none without tables).
+inline TileBias tile_bias(const std::vector<float>& tables, int64_t per_head, const TileGeom& tg, int64_t h) {
+  TileBias b;
+  if (tables.empty()) return b;
+  b.table = tables.data() + h * per_head;
+  b.row = tg.bias_row.data();
+  b.col = tg.bias_col;
+  return b;
+}
+
 inline int max_count(const TileShape& s) {
   int w = 0;
   for (int t = 0; t < s.T; ++t) w = s.col_count[t] > w ? s.col_count[t] : w;

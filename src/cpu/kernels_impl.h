@@ -398,6 +398,44 @@ void transpose_rows(const float* rows, int row_pitch, int n, int dim, float* out
   }
 }
 
+// The relative positional bias (tile.h: TileBias) added to the scores in `buf` (base 2, like
+// the table): query t's own lanes [lo, hi) of each row; the other lanes stay masked.
+static void tile_add_bias(const TileShape& s, const Group* grs, int ng, int64_t plane, const TileBias& b,
+                          float* buf) {
+  for (int i = 0; i < ng; ++i) {
+    const Group& gr = grs[i];
+    const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    for (int t = gr.t0; t < gr.t1; ++t) {
+      const int lo = s.col_begin[t] - gr.cb, hi = lo + s.col_count[t];
+      float* sq = buf + gr.t0 * plane + (t - gr.t0) * qstride;
+      for (int r = 0; r < s.R; ++r) {
+        float* row = sq + static_cast<int64_t>(r) * gr.Wspan;
+        const float* src = b.table + b.row[r] + b.col[t] + gr.cb;
+        for (int c = lo; c < hi; ++c) row[c] += src[c];
+      }
+    }
+  }
+}
+
+// The bias's gradient: d_bias[row[r] + col[t] + m] += dS of every pair of the tile (`ds` laid out
+// as the scores).
+static void tile_bias_grad(const TileShape& s, const Group* grs, int ng, int64_t plane, const TileBias& b,
+                           const float* ds, double* d_bias) {
+  for (int i = 0; i < ng; ++i) {
+    const Group& gr = grs[i];
+    const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
+    for (int t = gr.t0; t < gr.t1; ++t) {
+      const int lo = s.col_begin[t] - gr.cb, hi = lo + s.col_count[t];
+      const float* sq = ds + gr.t0 * plane + (t - gr.t0) * qstride;
+      for (int r = 0; r < s.R; ++r) {
+        const float* row = sq + static_cast<int64_t>(r) * gr.Wspan;
+        double* dst = d_bias + b.row[r] + b.col[t] + gr.cb;
+        for (int c = lo; c < hi; ++c) dst[c] += row[c];
+      }
+    }
+  }
+}
+
 // A forward tile once its scores are in its scratch: softmax, P V, normalization, LSE.
 static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64_t plane, Hints* hints) {
   const TileShape& s = a.s;
@@ -449,6 +487,8 @@ void forward_tiles(const ForwardTile* a, int n) {
   ScoreSide side[2] = {};
   for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].scratch};
   tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, a[0].scale_log2, &hints);
+  for (int k = 0; k < n; ++k)
+    if (a[k].bias.table) tile_add_bias(s, grs, ng, plane, a[k].bias, a[k].scratch);
   for (int k = 0; k < n; ++k) forward_finish(a[k], grs, ng, plane, &hints);
   hints.finish();
 }
@@ -505,6 +545,7 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
       }
     }
   }
+  if (a.bias.table) tile_bias_grad(s, grs, ng, plane, a.bias, a.ds, a.d_bias);
   tile_weighted_rows(s, grs, ng, a.ds, plane, a.k_rows, s.Dp, s.Dp / kVW, a.dq, a.dq_pitch, hints);
   tile_outer(s, grs, ng, a.ds, plane, a.q, a.q_pitch, a.scale, a.dk_rows, s.Dp, s.Dp / kVW, hints);
   tile_outer(s, grs, ng, a.p, plane, a.d_o, a.do_pitch, 1.f, a.dv_rows, s.Dvp, s.Dvp / kVW, hints);
@@ -544,6 +585,8 @@ void backward_tiles(const BackwardTile* a, int n) {
   ScoreSide side[2] = {};
   for (int k = 0; k < n; ++k) side[k] = {a[k].q, a[k].q_pitch, a[k].kt_rows, a[k].p};
   tile_scores(s, grs, ng, s.D, a[0].pitch, side, n, plane, a[0].scale_log2, &hints);
+  for (int k = 0; k < n; ++k)
+    if (a[k].bias.table) tile_add_bias(s, grs, ng, plane, a[k].bias, a[k].p);
   for (int k = 0; k < n; ++k) side[k] = {a[k].d_o, a[k].do_pitch, a[k].vt_rows, a[k].ds};
   tile_scores(s, grs, ng, s.Dv, a[0].pitch, side, n, plane, 1.f, &hints);  // dP
   for (int k = 0; k < n; ++k) backward_finish(a[k], grs, ng, plane, &hints);

@@ -185,6 +185,11 @@ struct TileGeom {
   TileShape s;
   int64_t q_token[kTileQueries];
   std::vector<int64_t> row_token;  // token index of each row's key with last coordinate 0
+  // Relative positional bias (tile.h: TileBias): each row's offset into a head's dense table
+  // [2 K_0 - 1 ..] (its axes before the last), and each query's offset of box column 0 on the
+  // last axis: (u0 - i_t) + K_last - 1.
+  std::vector<int64_t> bias_row;
+  int64_t bias_col[kTileQueries];
   int u0, g, d_last;
 
   int64_t key_token(int r, int m) const { return row_token[r] + static_cast<int64_t>(u0 + m) * d_last + g; }
@@ -222,16 +227,27 @@ struct TileGeom {
     int64_t coord[kMaxRank] = {0, 0, 0};
     for (int a = pl.la - 1; a >= 0; --a) coord[a] = pl.line_coord(line, a);
     row_token.assign(1, 0);
+    bias_row.assign(1, 0);
     for (int a = 0; a < pl.la; ++a) {
       const nbr::Axis& x = pl.ax[a];
-      const int ga = static_cast<int>(coord[a] % x.dilation);
-      const nbr::Range w = nbr::window(x, nbr::group_length(x, ga), static_cast<int>(coord[a] / x.dilation));
+      const int ga = static_cast<int>(coord[a] % x.dilation), ia = static_cast<int>(coord[a] / x.dilation);
+      const nbr::Range w = nbr::window(x, nbr::group_length(x, ga), ia);
+      const int64_t span = 2 * static_cast<int64_t>(x.kernel) - 1;  // the table's extent on this axis
       std::vector<int64_t> next;
+      std::vector<int64_t> next_bias;
       next.reserve(row_token.size() * static_cast<size_t>(w.size()));
-      for (int64_t base : row_token)
-        for (int j = w.begin; j < w.end; ++j)
-          next.push_back((base + static_cast<int64_t>(j) * x.dilation + ga) * p.shape[a + 1]);
+      next_bias.reserve(next.capacity());
+      for (size_t r = 0; r < row_token.size(); ++r)
+        for (int j = w.begin; j < w.end; ++j) {
+          next.push_back((row_token[r] + static_cast<int64_t>(j) * x.dilation + ga) * p.shape[a + 1]);
+          next_bias.push_back(bias_row[r] * span + (j - ia + x.kernel - 1));
+        }
       row_token.swap(next);
+      bias_row.swap(next_bias);
+    }
+    {  // the last axis is the table's fastest: scale the rows' offsets by its extent
+      const int64_t span = 2 * static_cast<int64_t>(pl.ax[pl.la].kernel) - 1;
+      for (int64_t& o : bias_row) o *= span;
     }
     // Tokens of queries: line offset + last coordinate.
     int64_t line_token = 0;
@@ -249,6 +265,7 @@ struct TileGeom {
       const nbr::Range w = nbr::window(L, lg, lt.i0 + t);
       s.col_begin[t] = w.begin - u0;
       s.col_count[t] = w.size();
+      bias_col[t] = static_cast<int64_t>(u0) - (lt.i0 + t) + L.kernel - 1;
       q_token[t] = line_token + static_cast<int64_t>(lt.i0 + t) * L.dilation + lt.g;
     }
     s.D = D;

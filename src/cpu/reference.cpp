@@ -179,14 +179,67 @@ struct KVAccum {
   }
 };
 
-// Logits (scaled) of one query row over its neighbors then the additional keys.
-void row_logits(const Views& vw, const std::vector<double>& q, int64_t b, int64_t hk,
-                const std::vector<int64_t>& keys, double scale, std::vector<double>* logits) {
+// The relative positional bias (ForwardArgs::rpb, float32 [H, 2 K_a - 1 ..]) from its
+// definition: query grid token qt and grid key token kt of head h get
+// rpb[h, (k_a - q_a) / dilation_a + K_a - 1 ..] (the key is in the query's window, so in its
+// dilation group). The gradient accumulates in float64 and is stored by store_grad.
+class Bias {
+ public:
+  Bias(const Problem& p, const TensorRef& rpb) : p_(p), ref_(rpb), size_(cpu::bias_elements(p)) {}
+  bool present() const { return ref_.data != nullptr; }
+  // The element offset (strides of `ref`) and the dense index of the pair's entry.
+  void index(int64_t h, int64_t qt, int64_t kt, const TensorRef& ref, int64_t* off,
+             int64_t* dense) const {
+    int64_t qc[kMaxRank] = {0, 0, 0}, kc[kMaxRank] = {0, 0, 0};
+    for (int a = p_.rank - 1; a >= 0; --a) {
+      qc[a] = qt % p_.shape[a];
+      qt /= p_.shape[a];
+      kc[a] = kt % p_.shape[a];
+      kt /= p_.shape[a];
+    }
+    *off = h * ref.strides[0];
+    *dense = h;
+    for (int a = 0; a < p_.rank; ++a) {
+      const int64_t i = (kc[a] - qc[a]) / p_.dilation[a] + p_.kernel_size[a] - 1;
+      *off += i * ref.strides[a + 1];
+      *dense = *dense * (2 * p_.kernel_size[a] - 1) + i;
+    }
+  }
+  double at(int64_t h, int64_t qt, int64_t kt) const {
+    int64_t off = 0, dense = 0;
+    index(h, qt, kt, ref_, &off, &dense);
+    return static_cast<const float*>(ref_.data)[off];
+  }
+  // d_rpb (float64, dense) += g at the pair's entry.
+  void add_grad(std::vector<double>* grad, int64_t h, int64_t qt, int64_t kt, double g) const {
+    int64_t off = 0, dense = 0;
+    index(h, qt, kt, ref_, &off, &dense);
+    if (grad->empty()) grad->assign(static_cast<size_t>(size_), 0.0);
+    (*grad)[static_cast<size_t>(dense)] += g;
+  }
+  // Writes the dense float64 gradient into d_rpb (its strides), zeros where nothing was added.
+  void store_grad(const std::vector<double>& grad, const TensorRef& d_rpb) const {
+    for (int64_t i = 0; i < size_; ++i)
+      static_cast<float*>(d_rpb.data)[cpu::bias_offset(p_, d_rpb, i)] =
+          grad.empty() ? 0.f : static_cast<float>(grad[static_cast<size_t>(i)]);
+  }
+
+ private:
+  const Problem& p_;
+  TensorRef ref_;
+  int64_t size_;
+};
+
+// Logits (scaled, plus the bias when given) of one query row (grid token qt, head h) over its
+// neighbors then the additional keys (no bias).
+void row_logits(const Views& vw, const std::vector<double>& q, int64_t b, int64_t h, int64_t hk,
+                int64_t qt, const Bias& bias, const std::vector<int64_t>& keys, double scale,
+                std::vector<double>* logits) {
   std::vector<double> kr;
   logits->clear();
   for (int64_t j : keys) {
     vw.key(b, j, hk, &kr);
-    logits->push_back(scale * dot(q, kr));
+    logits->push_back(scale * dot(q, kr) + (bias.present() ? bias.at(h, qt, j) : 0.0));
   }
   for (int64_t n = 0; n < vw.A; ++n) {
     vw.key(b, vw.N + n, hk, &kr);
@@ -218,15 +271,17 @@ Status reference_forward(const Problem& p, const ForwardArgs& a, const Options& 
   const Strided lse = cpu::region_view(a.lse, p, DType::f32, false);
   const Membership mem(p);
   const QueryRegion region(p);
+  const Bias bias(p, a.rpb);
   std::vector<int64_t> keys, slots;
   std::vector<double> qr, vr, logits, acc;
   for (int64_t t = 0; t < region.count; ++t) {
-    mem.neighbors(region.grid_token(t), &keys, &slots);
+    const int64_t qt = region.grid_token(t);
+    mem.neighbors(qt, &keys, &slots);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
         const int64_t hk = h / vw.group;
         vw.load_row(q, b, t, h, p.dim, &qr);
-        row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
+        row_logits(vw, qr, b, h, hk, qt, bias, keys, opt.scale, &logits);
         const RowStats st = row_stats(logits);
         acc.assign(static_cast<size_t>(p.dim_v), 0.0);
         for (size_t w = 0; w < logits.size(); ++w) {
@@ -255,16 +310,19 @@ Status reference_backward(const Problem& p, const BackwardArgs& a, const Options
   const Membership mem(p);
   const QueryRegion region(p);
   KVAccum dk(p.batch, vw.N, vw.A, p.heads_kv, p.dim), dv(p.batch, vw.N, vw.A, p.heads_kv, p.dim_v);
+  const Bias bias(p, a.rpb);
+  std::vector<double> d_bias;  // dense [H, 2 K_a - 1 ..]: the sum of dS over each entry's pairs
   std::vector<int64_t> keys, slots;
   std::vector<double> qr, dorow, kr, vr, logits, dp, dqr;
   for (int64_t t = 0; t < region.count; ++t) {
-    mem.neighbors(region.grid_token(t), &keys, &slots);
+    const int64_t qt = region.grid_token(t);
+    mem.neighbors(qt, &keys, &slots);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
         const int64_t hk = h / vw.group;
         vw.load_row(q, b, t, h, p.dim, &qr);
         vw.load_row(d_o, b, t, h, p.dim_v, &dorow);
-        row_logits(vw, qr, b, hk, keys, opt.scale, &logits);
+        row_logits(vw, qr, b, h, hk, qt, bias, keys, opt.scale, &logits);
         // The weights from the row's float64 statistics, recomputed (not from the float32 LSE
         // input), and D_i = sum_j P_ij dP_ij in float64 (not rowsum(dO * O) of the rounded O):
         // the gradient of the inputs Q, K, V alone, exact at any score magnitude.
@@ -286,6 +344,7 @@ Status reference_backward(const Problem& p, const BackwardArgs& a, const Options
           vw.key(b, j, hk, &kr);
           const double pw = st.weight(logits[w]);
           const double ds = pw * (dp[w] - delta);
+          if (bias.present() && j < vw.N) bias.add_grad(&d_bias, h, qt, j, ds);
           double* dkj = dk.at(b, j, hk);
           double* dvj = dv.at(b, j, hk);
           for (int64_t e = 0; e < p.dim; ++e) {
@@ -300,6 +359,7 @@ Status reference_backward(const Problem& p, const BackwardArgs& a, const Options
   }
   dk.write(p, a.dk, a.d_add_k);
   dv.write(p, a.dv, a.d_add_v);
+  if (bias.present()) bias.store_grad(d_bias, a.d_rpb);
   return Status::Ok();
 }
 

@@ -75,5 +75,22 @@ inline Strided add_view(const TensorRef& r, const Problem& p) {
   return Strided(r, p.dtype, 1, n);
 }
 
+// A relative positional bias table (ForwardArgs::rpb, BackwardArgs::d_rpb: float32
+// [H, 2 K_0 - 1 ..]): its elements, and the element offset (t's strides) of dense row-major index i.
+inline int64_t bias_elements(const Problem& p) {
+  int64_t n = p.heads;
+  for (int a = 0; a < p.rank; ++a) n *= 2 * p.kernel_size[a] - 1;
+  return n;
+}
+inline int64_t bias_offset(const Problem& p, const TensorRef& t, int64_t i) {
+  int64_t off = 0;
+  for (int d = p.rank; d >= 1; --d) {
+    const int64_t ext = 2 * p.kernel_size[d - 1] - 1;
+    off += i % ext * t.strides[d];
+    i /= ext;
+  }
+  return off + i * t.strides[0];
+}
+
 }  // namespace cpu
 }  // namespace fna

@@ -54,8 +54,19 @@ struct Prefetch {
   int n = 0, lines = 0;
 };
 
+// A relative positional bias (ForwardArgs::rpb) of one head, for the kernels: `table` is the
+// head's dense table [2 K_0 - 1 ..] scaled by log2(e) (scores are base 2), and the bias of query
+// t and box column m of row r is table[row[r] + col[t] + m] (TileGeom::bias_row / bias_col).
+// Null table: no bias.
+struct TileBias {
+  const float* table = nullptr;
+  const int64_t* row = nullptr;  // [R]
+  const int64_t* col = nullptr;  // [T]
+};
+
 struct ForwardTile {
   TileShape s;
+  TileBias bias;
   Prefetch prefetch;
   int pitch = 0;                // columns per transposed panel row (>= every read, zero padded)
   float scale_log2 = 0;         // scale * log2(e): scores are kept in base 2
@@ -77,6 +88,9 @@ struct ForwardTile {
 // LSE: kernels_impl.h, backward_finish), dS, dQ; dK / dV are accumulated in place.
 struct BackwardTile {
   TileShape s;
+  TileBias bias;
+  double* d_bias = nullptr;     // with a bias: the head's dense gradient table (accumulated:
+                                // += dS of every pair, natural-log units)
   Prefetch prefetch;
   int pitch = 0;
   float scale = 0, scale_log2 = 0;
