@@ -256,6 +256,7 @@ Status parse_backend(const std::string& name, Backend* out);
 const char* dtype_name(DType t);           // "float32", "float16", "bfloat16"
 bool backend_compiled(Backend b);          // is this backend in this build?
 bool cuda_available();                     // compiled with CUDA and a device is visible
+bool takes_rpb(Backend b);                 // does b's forward / backward take ForwardArgs::rpb?
 // Resolve `automatic` for a device; returns the backend that would run.
 Backend resolve_backend(Backend requested, Device device);
 // Validation alone (what every entry point runs first). Exposed for bindings and tests.

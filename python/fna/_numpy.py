@@ -24,11 +24,12 @@ def _region(query_offset):
     return {} if not query_offset else {"query_offset": list(query_offset)}
 
 
-def forward(q, k, v, add_k, add_v, sp, scale, backend, opts, query_offset=None):
+def forward(q, k, v, add_k, add_v, sp, scale, backend, opts, query_offset=None, rpb=None):
     out = _empty(q.shape[:-1] + (v.shape[-1],), q.dtype)
     lse = _empty(q.shape[:-1], np.float32)
+    bias = {} if rpb is None else {"rpb": np.asarray(rpb, dtype=np.float32)}
     _C.forward(q, k, v, out, lse, add_k, add_v, **_kw(sp, backend, scale, opts),
-               **_region(query_offset))
+               **_region(query_offset), **bias)
     return out, lse
 
 

@@ -123,28 +123,34 @@ def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optio
                dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                config: str, deterministic: bool, allow_tf32: bool,
                backward_config: str, tuning: str, num_threads: int = 0,
-               query_offset: Optional[List[int]] = None) -> Tuple[Tensor, Tensor]:
+               query_offset: Optional[List[int]] = None,
+               rpb: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _forward_impl(query, key, value, additional_keys, additional_values, kernel_size,
                          stride, dilation, is_causal, scale, backend, config, deterministic,
-                         allow_tf32, backward_config, tuning, num_threads, query_offset)
+                         allow_tf32, backward_config, tuning, num_threads, query_offset, rpb)
+
+
+def _bias(rpb):
+    """The extension's rpb keyword: the table in float32 (the kernels add it in float32)."""
+    return {} if rpb is None else {"rpb": _export(rpb.to(torch.float32))}
 
 
 def _forward_impl(query, key, value, additional_keys, additional_values, kernel_size, stride,
                   dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-                  backward_config, tuning, num_threads=0, query_offset=None):
+                  backward_config, tuning, num_threads=0, query_offset=None, rpb=None):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     _call(_C.forward, query.device, query, key, value, out, lse, additional_keys,
           additional_values, sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend,
           scale=scale, opts=(config, deterministic, allow_tf32, backward_config, tuning,
-                             num_threads), **_region(query_offset))
+                             num_threads), **_region(query_offset), **_bias(rpb))
     return out, lse
 
 
 @na_forward.register_fake
 def _(query, key, value, additional_keys, additional_values, kernel_size, stride, dilation,
       is_causal, scale, backend, config, deterministic, allow_tf32, backward_config, tuning,
-      num_threads=0, query_offset=None):
+      num_threads=0, query_offset=None, rpb=None):
     out = query.new_empty(_out_shape(query, value))
     lse = query.new_empty(tuple(query.shape[:-1]), dtype=torch.float32)
     return out, lse
@@ -157,35 +163,43 @@ def na_backward(query: Tensor, key: Tensor, value: Tensor, output: Tensor, lse: 
                 dilation: List[int], is_causal: List[bool], scale: float, backend: str,
                 config: str, deterministic: bool, allow_tf32: bool,
                 backward_config: str, tuning: str, num_threads: int = 0,
-                query_offset: Optional[List[int]] = None) -> List[Tensor]:
+                query_offset: Optional[List[int]] = None,
+                rpb: Optional[Tensor] = None) -> List[Tensor]:
     return _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                           additional_values, kernel_size, stride, dilation, is_causal, scale,
                           backend, config, deterministic, allow_tf32, backward_config, tuning,
-                          num_threads, query_offset)
+                          num_threads, query_offset, rpb)
 
 
 def _backward_impl(query, key, value, output, lse, d_output, d_lse, additional_keys,
                    additional_values, kernel_size, stride, dilation, is_causal, scale, backend,
                    config, deterministic, allow_tf32, backward_config, tuning, num_threads=0,
-                   query_offset=None):
+                   query_offset=None, rpb=None):
+    """dQ, dK, dV (then the additional keys' and values' gradients, then rpb's, where given)."""
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     add = [] if additional_keys is None else [torch.empty_like(additional_keys),
                                               torch.empty_like(additional_values)]
+    bias = _bias(rpb)
+    if rpb is not None:
+        d_rpb = torch.empty(rpb.shape, dtype=torch.float32, device=rpb.device)
+        bias["d_rpb"] = _export(d_rpb)
     _call(_C.backward, query.device, query, key, value, output, d_output, lse, *grads,
           additional_keys, additional_values, *(add or [None, None]), d_lse,
           sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale,
           opts=(config, deterministic, allow_tf32, backward_config, tuning, num_threads),
-          **_region(query_offset))
-    return grads + add
+          **_region(query_offset), **bias)
+    return grads + add + ([] if rpb is None else [d_rpb.to(rpb.dtype)])
 
 
 @na_backward.register_fake
 def _(query, key, value, output, lse, d_output, d_lse, additional_keys, additional_values,
       kernel_size, stride, dilation, is_causal, scale, backend, config, deterministic, allow_tf32,
-      backward_config, tuning, num_threads=0, query_offset=None):
+      backward_config, tuning, num_threads=0, query_offset=None, rpb=None):
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
         grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
+    if rpb is not None:
+        grads.append(torch.empty_like(rpb))
     return grads
 
 
@@ -195,8 +209,9 @@ def _na_setup(ctx, inputs, output):
     # (defaults the op's caller may leave out)
     num_threads = rest[0] if rest else 0
     query_offset = rest[1] if len(rest) > 1 else None
+    rpb = rest[2] if len(rest) > 2 else None
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, add_k, add_v)
+    ctx.save_for_backward(query, key, value, out, lse, add_k, add_v, rpb)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend,
                   config, deterministic, allow_tf32, backward_config, tuning, num_threads,
                   query_offset)
@@ -207,16 +222,20 @@ def _na_setup(ctx, inputs, output):
 
 
 def _na_grads(ctx, d_out, d_lse, backward):
-    query, key, value, out, lse, add_k, add_v = ctx.saved_tensors
+    query, key, value, out, lse, add_k, add_v, rpb = ctx.saved_tensors
     if d_out is None:
         d_out = torch.zeros_like(out)
     elif d_out.stride(-1) != 1:
         # e.g. out.sum().backward() hands an expanded (all-zero-stride) gradient; the fused
         # backward reads rows with unit stride on the head dim, so materialize it once.
         d_out = d_out.contiguous()
-    grads = backward(query, key, value, out, lse, d_out, d_lse, add_k, add_v, *ctx.params)
+    bias = () if rpb is None else (rpb,)
+    grads = backward(query, key, value, out, lse, d_out, d_lse, add_k, add_v, *ctx.params, *bias)
     d_add = (grads[3], grads[4]) if add_k is not None else (None, None)
-    return (grads[0], grads[1], grads[2]) + d_add + (None,) * (ctx.num_inputs - 5)
+    rest = (None,) * (ctx.num_inputs - 5)
+    if rpb is not None:  # rpb is the op's last input (index 18)
+        rest = rest[:-1] + (grads[-1],)
+    return (grads[0], grads[1], grads[2]) + d_add + rest
 
 
 def _na_backward(ctx, d_out, d_lse):
@@ -255,7 +274,8 @@ def na_forward_call(*inputs):
         # Traced, or under a TorchDispatchMode (FlopCounterMode, FakeTensorMode, ...), which must
         # see the op and its backward op.
         return torch.ops.fna.na_forward(*inputs)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:5]):
+    tensors = inputs[:5] + inputs[18:19]  # (rpb, where given, is the op's last input)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _NaEager.apply(*inputs)
     return _forward_impl(*inputs)
 

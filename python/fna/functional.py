@@ -165,11 +165,14 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     query_offset = _args.query_offset(fn, query_offset, rank)
-    if rpb is not None:
+    if rpb is not None and not _native_rpb(kind, backend, query):
         if query_offset is not None:
-            raise ValueError(f"{fn}: query_offset with rpb: a call with a relative positional "
-                             "bias runs the unfused operators, which compute whole grids")
+            raise ValueError(f"{fn}: query_offset with rpb: on this backend a call with a "
+                             "relative positional bias runs the unfused operators, which compute "
+                             "whole grids (backends reference and cpu take both)")
         return _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_kwargs)
+    if rpb is not None:  # the backend adds the bias itself
+        _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
@@ -194,11 +197,13 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     opts = (*_args.fused_options(config, deterministic, allow_tf32, kind == "torch",
                                  backward_config, tuning), _args.num_threads_value(num_threads))
     if kind == "torch":
-        _check_devices(fn, backend, named)
+        _check_devices(fn, backend, named + ([] if rpb is None else [("rpb", rpb)]))
         inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
-        if query_offset is not None:
+        if query_offset is not None or rpb is not None:
             inputs = inputs + (query_offset,)
-        if _compat.torch_ops.check_autograd_mode(fn, inputs[:5]):  # vmap: through the custom op
+        if rpb is not None:
+            inputs = inputs + (rpb,)
+        if _compat.torch_ops.check_autograd_mode(fn, inputs[:5] + inputs[18:]):  # vmap: the op
             out, lse = _compat.torch.ops.fna.na_forward(*inputs)
         else:
             out, lse = _compat.torch_ops.na_forward_call(*inputs)
@@ -206,8 +211,28 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _numpy_backend(fn, backend)
         from . import _numpy
         out, lse = _numpy.forward(query, key, value, additional_keys, additional_values, sp,
-                                  scale, backend, opts, query_offset)
+                                  scale, backend, opts, query_offset, rpb)
     return (out, lse) if return_lse else out
+
+
+# The backends that add a relative positional bias themselves (fna._C.takes_rpb), read once:
+# extension calls cannot be traced by torch.compile.
+_RPB_BACKENDS = frozenset(n for n in ("reference", "cpu", "cuda-naive", "cuda-fused")
+                          if _C.takes_rpb(n))
+
+
+def _native_rpb(kind, backend, query):
+    """Whether the backend that runs the call adds a relative positional bias itself (reference
+    and cpu); the others run the unfused composition."""
+    if _args.natten_backend(backend) is not None:
+        return False  # NATTEN's names run cuda-fused
+    try:
+        name = _args.backend_name(backend)
+    except ValueError:
+        return False  # the composition's path reports the error
+    if name == "auto":  # (what fna._C.resolve_backend answers for the device)
+        name = "cuda-fused" if kind == "torch" and query.device.type == "cuda" else "cpu"
+    return name in _RPB_BACKENDS
 
 
 def _check_rpb(fn, kind, rpb, heads, kernel_size, query):

@@ -6,11 +6,11 @@ The constructors take the keywords of NATTEN 0.21 (``embed_dim``, ``stride``, ..
 ``attn_drop``, ``proj_drop``), so NATTEN checkpoints load with ``strict=True``. See
 docs/python.md "Modules".
 
-Where the fused kernels cannot compute what NATTEN computes -- a relative positional bias
-(``rpb``), or dropout on the attention weights while training -- the forward runs the unfused
-operators (``na*d_qk``, softmax, ``na*d_av``) and adds the bias / applies the dropout in PyTorch,
-as NATTEN's unfused path does (the bias through fna._rpb, which ``na*d(..., rpb=)`` uses too);
-otherwise it runs the fused ``na*d``.
+The forward runs ``na*d`` (with ``rpb=`` where the module has a relative positional bias: fused
+on the backends that add a bias themselves, reference and cpu, else the unfused composition of
+fna._rpb). Dropout on the attention weights while training needs the weights, so it runs the
+unfused operators (``na*d_qk``, bias, softmax, dropout, ``na*d_av``), as NATTEN's unfused path
+does.
 """
 
 import numbers
@@ -112,12 +112,12 @@ class _NeighborhoodAttention(nn.Module):
             )
         qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))
         q, k, v = qkv.unbind(dim=-3)
-        if self.rpb is not None or (self.training and self.attn_drop_rate > 0):
+        if self.training and self.attn_drop_rate > 0:
             out = self._unfused(q, k, v)
-        else:
+        else:  # (a bias: na*d(..., rpb=), fused where the backend adds it, else the composition)
             out = _FUNCS[self.rank](q, k, v, self.kernel_size, stride=self.stride,
                                     dilation=self.dilation, is_causal=self.is_causal,
-                                    scale=self.scale, backend=self.backend)
+                                    scale=self.scale, backend=self.backend, rpb=self.rpb)
         return self.proj_drop(self.proj(out.flatten(-2)))
 
     def _unfused(self, q, k, v):

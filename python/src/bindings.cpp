@@ -211,6 +211,11 @@ struct Call {
   std::vector<int64_t> lse() const { return grid(p.heads, -1, true); }
   std::vector<int64_t> attn() const { return grid(p.heads, p.window() + p.num_additional); }
   std::vector<int64_t> add(int64_t dim) const { return {p.batch, p.num_additional, p.heads_kv, dim}; }
+  std::vector<int64_t> rpb() const {  // [H, 2 K_a - 1 ..]
+    std::vector<int64_t> e{p.heads};
+    for (int i = 0; i < p.rank; ++i) e.push_back(2 * p.kernel_size[i] - 1);
+    return e;
+  }
 };
 
 // Fills rank, batch, shape, heads, dim (= last dim) and dtype from the array that defines the
@@ -341,7 +346,7 @@ void run(F&& fn) {
 
 void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& lse,
              const OptIn& add_k, const OptIn& add_v, FNA_OPTION_PARAMS,
-             const std::vector<int64_t>& query_offset) {
+             const std::vector<int64_t>& query_offset, const OptIn& rpb) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
   query_region(c, k, query_offset);
@@ -359,13 +364,15 @@ void forward(const In& q, const In& k, const In& v, const Out& o, const OptOut& 
   a.lse = c.opt_ref("lse", lse, c.lse(), true);
   a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
   a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
+  a.rpb = c.opt_ref("rpb", rpb, c.rpb(), true);
   run([&] { return fna::forward(c.p, a, c.opt); });
 }
 
 void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o, const In& lse,
               const Out& dq, const Out& dk, const Out& dv, const OptIn& add_k, const OptIn& add_v,
               const OptOut& d_add_k, const OptOut& d_add_v, const OptIn& d_lse,
-              FNA_OPTION_PARAMS, const std::vector<int64_t>& query_offset) {
+              FNA_OPTION_PARAMS, const std::vector<int64_t>& query_offset, const OptIn& rpb,
+              const OptOut& d_rpb) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
   query_region(c, k, query_offset);
@@ -393,6 +400,10 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
   a.add_v = c.opt_ref("additional_values", add_v, c.add(c.p.dim_v));
   a.d_add_k = c.opt_ref("d_additional_keys", d_add_k, c.add(c.p.dim));
   a.d_add_v = c.opt_ref("d_additional_values", d_add_v, c.add(c.p.dim_v));
+  if (rpb.has_value() != d_rpb.has_value())
+    raise(PyExc_ValueError, "rpb and d_rpb must be given together");
+  a.rpb = c.opt_ref("rpb", rpb, c.rpb(), true);
+  a.d_rpb = c.opt_ref("d_rpb", d_rpb, c.rpb(), true);
   run([&] { return fna::backward(c.p, a, c.opt); });
 }
 
@@ -518,9 +529,10 @@ NB_MODULE(_C, m) {
         nb::arg("output"), nb::arg("lse").none() = nb::none(),
         nb::arg("additional_keys").none() = nb::none(),
         nb::arg("additional_values").none() = nb::none(), FNA_OPTION_ARGS,
-        nb::arg("query_offset") = std::vector<int64_t>{},
+        nb::arg("query_offset") = std::vector<int64_t>{}, nb::arg("rpb").none() = nb::none(),
         "Fused NA forward into preallocated `output` (and `lse`, float32, if given). With "
-        "`query_offset`, `query` holds the queries of the box at that offset of the key grid.");
+        "`query_offset`, `query` holds the queries of the box at that offset of the key grid. "
+        "`rpb`: a float32 relative positional bias [H, 2K-1 ..] (backends reference, cpu).");
   m.def("backward", &backward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("output"), nb::arg("d_output"), nb::arg("lse"), nb::arg("d_query"),
         nb::arg("d_key"), nb::arg("d_value"), nb::arg("additional_keys").none() = nb::none(),
@@ -528,9 +540,11 @@ NB_MODULE(_C, m) {
         nb::arg("d_additional_keys").none() = nb::none(),
         nb::arg("d_additional_values").none() = nb::none(), nb::arg("d_lse").none() = nb::none(),
         FNA_OPTION_ARGS, nb::arg("query_offset") = std::vector<int64_t>{},
+        nb::arg("rpb").none() = nb::none(), nb::arg("d_rpb").none() = nb::none(),
         "Fused NA backward into preallocated gradients (overwritten, not accumulated); `d_lse` "
         "(float32, like `lse`; None = zero) is the gradient flowing into the forward's LSE. "
-        "`query_offset`: as in forward.");
+        "`query_offset`, `rpb`: as in forward; `d_rpb` (float32, like `rpb`) receives its "
+        "gradient.");
   m.def("qk_forward", &qk_forward, nb::arg("query"), nb::arg("key"), nb::arg("attn"),
         nb::arg("additional_keys").none() = nb::none(), FNA_OPTION_ARGS,
         "Unfused logits over the neighborhood (+ additional keys) into `attn`.");
@@ -544,6 +558,8 @@ NB_MODULE(_C, m) {
         nb::arg("d_attn"), nb::arg("d_value"), nb::arg("additional_values").none() = nb::none(),
         nb::arg("d_additional_values").none() = nb::none(), FNA_OPTION_ARGS);
 
+  m.def("takes_rpb", [](const std::string& name) { return fna::takes_rpb(backend_arg(name)); },
+        nb::arg("backend"), "Does the named backend's forward / backward take `rpb` natively?");
   m.def("backend_compiled", [](const std::string& name) {
     return fna::backend_compiled(backend_arg(name));
   }, nb::arg("backend"), "Is the named backend in this build?");

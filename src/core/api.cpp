@@ -57,9 +57,6 @@ TensorCheck make_rpb(const char* name, const TensorRef& ref, const Problem& p, b
   return t;
 }
 
-// The backends whose forward / backward add a relative positional bias (ForwardArgs::rpb).
-bool takes_rpb(Backend b) { return b == Backend::reference || b == Backend::cpu; }
-
 Status no_rpb(Backend b) {
   return {Code::unsupported, std::string("rpb: backend=") + backend_name(b) +
                                  " does not take a relative positional bias (backends reference "
@@ -107,6 +104,9 @@ Status no_unfused(Backend b) {
 }
 
 }  // namespace
+
+// The backends whose forward / backward add a relative positional bias (ForwardArgs::rpb).
+bool takes_rpb(Backend b) { return b == Backend::reference || b == Backend::cpu; }
 
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const int64_t e = detail::dtype_size(p.dtype);

@@ -628,17 +628,18 @@ def test_flop_counter_counts_fna_ops(rank):
 
 
 def test_flop_counter_modules():
-    """A module's attention is counted: the fused op without rpb, the unfused ops with it."""
+    """A module's attention is counted: the fused op, with or without rpb (on the CPU the cpu
+    backend adds the bias itself); with attention dropout in training, the unfused ops."""
     torch.manual_seed(seed_of("flop-module"))
     x = torch.randn(2, 9, 8, 16)
     P = mask_pairs([9, 8], [3, 5], [1, 1], [2, 1], [False, False])
-    for rpb in (False, True):
+    for rpb, drop in ((False, 0.0), (True, 0.0), (True, 0.5)):
         m = fna.NeighborhoodAttention2D(dim=16, num_heads=4, kernel_size=(3, 5), dilation=(2, 1),
-                                        rel_pos_bias=rpb)
+                                        rel_pos_bias=rpb, attn_drop=drop)
         counts = counts_of(lambda: m(x).sum().backward())
         assert counts["aten.addmm"] > 0 or counts.get("aten.mm", 0) > 0
         fna_counts = {op: n for op, n in counts.items() if op.startswith("fna.")}
-        if rpb:
+        if drop:
             assert fna_counts == {"fna.na_qk": 2 * 2 * 4 * P * 4, "fna.na_av": 2 * 2 * 4 * P * 4,
                                   "fna.na_qk_backward": 4 * 2 * 4 * P * 4,
                                   "fna.na_av_backward": 4 * 2 * 4 * P * 4}

@@ -151,9 +151,36 @@ def test_region_errors():
         fna.na2d(q, k, k, 3, query_offset="x", backend="cpu")
     with pytest.raises(ValueError, match="key has shape"):  # no region: shapes must agree
         fna.na2d(q, k, k, 3, backend="cpu")
-    rpb = torch.zeros(2, 5, 5)
-    with pytest.raises(ValueError, match="query_offset with rpb"):
-        fna.na2d(q, k, k, 3, query_offset=(0, 0), rpb=rpb)
+
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_region_with_rpb(backend):
+    """A relative positional bias with a query region (the CPU backends add both natively): the
+    region's rows of the whole-grid call, forward and gradients (dK, dV, d_rpb: the whole call's
+    with dO zero outside the region)."""
+    g = torch.Generator().manual_seed(seed_of("region-rpb", backend))
+    B, shape, H, D, ks = 2, (9, 11), 4, 8, (3, 5)
+    kw = dict(dilation=(2, 1), is_causal=(False, True), backend=backend)
+    x = {n: torch.randn(B, *shape, H, D, generator=g) for n in ("q", "k", "v")}
+    x["rpb"] = torch.randn(H, 5, 9, generator=g)
+    d_out = torch.randn(B, *shape, H, D, generator=g)
+    off, ext = (2, 3), (5, 6)
+    rows = (slice(None), slice(off[0], off[0] + ext[0]), slice(off[1], off[1] + ext[1]))
+    whole = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    out = fna.na2d(whole["q"], whole["k"], whole["v"], ks, rpb=whole["rpb"], **kw)
+    mask = torch.zeros_like(d_out)
+    mask[rows] = 1
+    (out * d_out * mask).sum().backward()
+    part = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+    q_region = part["q"][rows].detach().requires_grad_(True)
+    out_r = fna.na2d(q_region, part["k"], part["v"], ks, rpb=part["rpb"], query_offset=off,
+                     **kw)
+    (out_r * d_out[rows]).sum().backward()
+    torch.testing.assert_close(out_r, out[rows].detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q_region.grad, whole["q"].grad[rows], rtol=1e-5, atol=1e-5)
+    for n in ("k", "v", "rpb"):
+        torch.testing.assert_close(part[n].grad, whole[n].grad, rtol=1e-4, atol=1e-5)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------

@@ -104,9 +104,14 @@ def run_case(case, backend, seed, what):
     low, ref = make(case, seed)
     scale = 0.45
     kw = dict(stride=st, dilation=dil, is_causal=causal, scale=scale)
-    out, lse = NA[rank](low["q"], low["k"], low["v"], ks, **kw, additional_keys=low["add_k"],
-                        additional_values=low["add_v"], backend=backend, return_lse=True,
-                        rpb=low["rpb"])
+    if backend == "composition":  # what the CUDA backends run: qk, gathered bias, softmax, av
+        sp = (list(ks), list(st), list(dil), list(causal))
+        out, lse = _rpb.attention(low["q"], low["k"], low["v"], low["rpb"], sp, scale,
+                                  low["add_k"], low["add_v"], "cpu", return_lse=True)
+    else:  # the backend adds the bias in its kernels
+        out, lse = NA[rank](low["q"], low["k"], low["v"], ks, **kw, additional_keys=low["add_k"],
+                            additional_values=low["add_v"], backend=backend, return_lse=True,
+                            rpb=low["rpb"])
     r_out, r_lse = reference(ref["q"], ref["k"], ref["v"], ref["rpb"], ks, st, dil, causal,
                              scale, ref["add_k"], ref["add_v"])
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
@@ -125,7 +130,7 @@ def run_case(case, backend, seed, what):
     return out
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", "composition"])
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_matches_float64_reference(i, backend):
     case = CASES[i]
@@ -135,7 +140,8 @@ def test_matches_float64_reference(i, backend):
     rank, shape, ks, st, dil, causal = case[:6]
     plain = NA[rank](low["q"], low["k"], low["v"], ks, stride=st, dilation=dil,
                      is_causal=causal, scale=0.45, additional_keys=low["add_k"],
-                     additional_values=low["add_v"], backend=backend)
+                     additional_values=low["add_v"],
+                     backend="cpu" if backend == "composition" else backend)
     assert (out - plain).abs().max() > 0.05
 
 
@@ -146,7 +152,9 @@ def test_random_problems(rank):
         rng = np.random.default_rng(seed_of("rpb-random", rank, c))
         shape, ks, st, dil, causal = random_params(rng, rank, max_len=[12, 7, 5][rank - 1])
         case = (rank, shape, ks, st, dil, causal, 2, 1 + c % 2, c % 2)
-        run_case(case, "auto", seed_of("rpb-random-data", rank, c), f"random {case}")
+        for backend in ("auto", "composition"):
+            run_case(case, backend, seed_of("rpb-random-data", rank, c),
+                     f"random {case} {backend}")
 
 
 def test_index_in_range_for_every_window():
@@ -329,13 +337,14 @@ def test_errors():
     with pytest.raises(TypeError, match=r"na2d: rpb must be a numpy.ndarray .* got Tensor"):
         fna.na2d(qn, qn, qn, **good, rpb=rpb)
     assert isinstance(fna.na2d_qk(qn, qn, **good, rpb=rpb.numpy()), np.ndarray)
-    for kw in ({"config": "fna_fwd_x"}, {"backward_config": "b"}, {"tuning": {"cpu_isa": "avx2"}},
-               {"num_threads": 2}):
+    # On the CPU the backend adds the bias itself: the options are those of a call without it.
+    for kw in ({"config": "fna_fwd_x"}, {"backward_config": "b"}):
         name = next(iter(kw))
-        with pytest.raises(ValueError, match=rf"na2d: {name}=.* with rpb: .*unfused operators"):
+        with pytest.raises(ValueError, match=rf"{name}=.*but backend=cpu runs this call"):
             fna.na2d(q, q, q, **good, rpb=rpb, **kw)
+    fna.na2d(q, q, q, **good, rpb=rpb, num_threads=2, tuning={"cpu_isa": "generic"})
     fna.na2d(q, q, q, **good, rpb=rpb, num_threads=0, deterministic=True, allow_tf32=False)
-    with pytest.raises(ValueError, match=r"q_tile_shape with rpb"):
+    with pytest.raises(ValueError, match=r"q_tile_shape tune the cuda-fused backend"):
         fna.na2d(q, q, q, **good, rpb=rpb, q_tile_shape=(8, 8))
     fna.na2d(q, q, q, **good, rpb=rpb, q_tile_shape=None, try_fuse_additional_kv=True)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'"):
@@ -377,7 +386,7 @@ def test_mutations_of_the_index_are_caught(monkeypatch, how):
     failed = 0
     for i in (0, 3, 4):
         try:
-            run_case(CASES[i], "cpu", seed_of("rpb", i), f"mutated {how} case {i}")
+            run_case(CASES[i], "composition", seed_of("rpb", i), f"mutated {how} case {i}")
         except AssertionError:
             failed += 1
     assert failed == 3
