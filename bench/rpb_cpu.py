@@ -1,7 +1,7 @@
 """Relative positional bias on the CPU: the cpu backend's biased attention (the bias added in its
 tile kernels) against the same call without a bias and against the unfused composition that the
 CUDA backends run (na*d_qk, gathered bias, softmax, na*d_av; fna._rpb.attention on the cpu
-backend's unfused operators), forward and forward + backward, in one process, alternating.
+backend's unfused operators), forward and forward + backward, in one process (the two fused calls in alternating rounds).
 
     PYTHONPATH=python python3 bench/rpb_cpu.py [--repeats 7] [--threads 2] [--problems nat-t,...]
 
@@ -83,13 +83,17 @@ def run(names, repeats, out=sys.stdout):
         for backward in (False, True):
             times = {n: [] for n in fns}
             leaves = [t.clone().requires_grad_(backward) for t in (q, k, v, rpb)]
-            for n, fn in fns.items():  # warm-up
-                time_once(fn, leaves, backward)
-            for _ in range(repeats):  # rounds: each variant once, alternating
-                for n, fn in fns.items():
-                    for t in leaves:
-                        t.grad = None
-                    times[n].append(time_once(fn, leaves, backward))
+            # Rounds of the two fused calls alternating, then the composition's own rounds: its
+            # attention tensors (tens of MB) evict the caches, which slowed whichever call ran
+            # after it.
+            for group in (("no bias", "rpb (cpu kernels)"), ("rpb (composition)",)):
+                for n in group:  # warm-up
+                    time_once(fns[n], leaves, backward)
+                for _ in range(repeats):
+                    for n in group:
+                        for t in leaves:
+                            t.grad = None
+                        times[n].append(time_once(fns[n], leaves, backward))
             med = {n: statistics.median(ts) for n, ts in times.items()}
             rows.append((pname, "fwd+bwd" if backward else "fwd", med))
     print("| problem | mode | no bias (ms) | rpb, cpu kernels (ms) | rpb, composition (ms) | "

@@ -134,8 +134,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   PanelStore store(plan, panels.count, threads, {kt_floats, v_floats}, &tl_panels, tun.cpu_panels);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const float scale_log2 = static_cast<float>(opt.scale) * kLog2e;
-  int64_t bias_floats = 0;  // per head
-  const std::vector<float> bias = bias_tables(p, a.rpb, kLog2e, &bias_floats);
+  const BiasTables bias(p, a.rpb, kLog2e);
   const int64_t tpl = PanelStore::tasks_per_line(plan);
   const int64_t chunk = std::max<int64_t>(1, store.chunk(tpl) / plan.per_item());  // in items
   auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
@@ -191,7 +190,7 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
           const TileGeom& tg = ts.tg;
           ForwardTile& f = ft[i];
           const int64_t h = tg.hk * plan.group + gi;
-          f.bias = tile_bias(bias, bias_floats, tg, h);
+          f.bias = tile_bias(bias, tg, h);
           const float* qd = direct_rows<const float>(q, D, Dp, plan, tg, h, &f.q_pitch);
           float* od = direct_rows<float>(o, Dv, Dvp, plan, tg, h, &f.o_pitch);
           o_direct[i] = od != nullptr;

@@ -248,13 +248,12 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
   // The relative positional bias: the forward's tables, and per worker a float64 gradient table
   // of every head (summed in worker order at the end).
-  int64_t bias_floats = 0;
-  const std::vector<float> bias = bias_tables(p, a.rpb, kLog2e, &bias_floats);
+  const BiasTables bias(p, a.rpb, kLog2e);
   std::vector<std::vector<double>> d_bias(bias.empty() ? 0 : static_cast<size_t>(threads));
   auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];
     if (!bias.empty() && d_bias[static_cast<size_t>(worker)].empty())
-      d_bias[static_cast<size_t>(worker)].assign(bias.size(), 0.0);
+      d_bias[static_cast<size_t>(worker)].assign(bias.data.size(), 0.0);  // (the tables' layout)
     Floats& ac = acc[static_cast<size_t>(worker)];
     std::vector<char>& mine = touched[static_cast<size_t>(worker)];
     if (!used[static_cast<size_t>(worker)]) {
@@ -297,8 +296,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
           dq_direct[i] = backward_rows(plan, q, d_o, o, dq, d_lse, sc.tile[j0 + i], gi, D, Dv, &bt[i]);
           const TileGeom& tg = sc.tile[j0 + i].tg;
           const int64_t h = tg.hk * plan.group + gi;
-          bt[i].bias = tile_bias(bias, bias_floats, tg, h);
-          if (!bias.empty()) bt[i].d_bias = d_bias[static_cast<size_t>(worker)].data() + h * bias_floats;
+          bt[i].bias = tile_bias(bias, tg, h);
+          if (!bias.empty())
+            bt[i].d_bias = d_bias[static_cast<size_t>(worker)].data() + h * bias.stride + bias.pad;
         }
         kern.backward(bt, m);
         for (int i = 0; i < m; ++i) {
@@ -387,12 +387,13 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
     store_row(dav, dav.token_offset(b, n, hk), Dv, sum.data() + Dp);
   }
   if (!bias.empty())  // d_rpb: the workers' tables summed in worker order
-    for (int64_t i = 0; i < static_cast<int64_t>(bias.size()); ++i) {
-      double sum = 0;
-      for (const std::vector<double>& w : d_bias)
-        if (!w.empty()) sum += w[static_cast<size_t>(i)];
-      static_cast<float*>(a.d_rpb.data)[bias_offset(p, a.d_rpb, i)] = static_cast<float>(sum);
-    }
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t e = 0; e < bias.n; ++e) {
+        double sum = 0;
+        for (const std::vector<double>& w : d_bias)
+          if (!w.empty()) sum += w[static_cast<size_t>(h * bias.stride + bias.pad + e)];
+        static_cast<float*>(a.d_rpb.data)[bias_offset(p, a.d_rpb, h * bias.n + e)] = static_cast<float>(sum);
+      }
   return Status::Ok();
 }
 

@@ -35,24 +35,34 @@ typename V::value_type* sized(V& v, int64_t n) {
   return v.data();
 }
 
-// ForwardArgs::rpb (float32 [H, 2 K_a - 1 ..], any strides) as dense tables, head after head,
-// times `mult` (log2(e): the kernels' scores are base 2); empty without a bias. *per_head: the
-// floats of one head's table.
-inline std::vector<float> bias_tables(const Problem& p, const TensorRef& rpb, float mult, int64_t* per_head) {
-  *per_head = bias_elements(p) / p.heads;
-  std::vector<float> out;
-  if (!rpb.data) return out;
-  out.resize(static_cast<size_t>(bias_elements(p)));
-  const float* src = static_cast<const float*>(rpb.data);
-  for (int64_t i = 0; i < bias_elements(p); ++i) out[static_cast<size_t>(i)] = src[bias_offset(p, rpb, i)] * mult;
-  return out;
-}
+// ForwardArgs::rpb (float32 [H, 2 K_a - 1 ..], any strides) as dense tables, one per head, times
+// `mult` (log2(e): the kernels' scores are base 2); empty without a bias. Each head's `n` entries
+// sit between `pad` zeros on either side: the kernels add whole vectors of a query group's span,
+// whose lanes outside a query's own window read up to a span (< K_last + 4 + 2 vectors) beyond
+// the query's entries (kernels_impl.h: tile_add_bias).
+struct BiasTables {
+  std::vector<float> data;
+  int64_t n = 0, pad = 0, stride = 0;  // entries per head, zeros on either side, floats per head
+  bool empty() const { return data.empty(); }
+  const float* head(int64_t h) const { return data.data() + h * stride + pad; }
+  BiasTables(const Problem& p, const TensorRef& rpb, float mult) {
+    n = bias_elements(p) / p.heads;
+    pad = p.kernel_size[p.rank - 1] + 64;
+    stride = n + 2 * pad;
+    if (!rpb.data) return;
+    data.assign(static_cast<size_t>(stride * p.heads), 0.f);
+    const float* src = static_cast<const float*>(rpb.data);
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t e = 0; e < n; ++e)
+        data[static_cast<size_t>(h * stride + pad + e)] = src[bias_offset(p, rpb, h * n + e)] * mult;
+  }
+};
 
 // The bias arguments of a tile of head h (TileBias; none without tables).
-inline TileBias tile_bias(const std::vector<float>& tables, int64_t per_head, const TileGeom& tg, int64_t h) {
+inline TileBias tile_bias(const BiasTables& tables, const TileGeom& tg, int64_t h) {
   TileBias b;
   if (tables.empty()) return b;
-  b.table = tables.data() + h * per_head;
+  b.table = tables.head(h);
   b.row = tg.bias_row.data();
   b.col = tg.bias_col;
   return b;

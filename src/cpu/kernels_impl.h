@@ -399,19 +399,21 @@ void transpose_rows(const float* rows, int row_pitch, int n, int dim, float* out
 }
 
 // The relative positional bias (tile.h: TileBias) added to the scores in `buf` (base 2, like
-// the table): query t's own lanes [lo, hi) of each row; the other lanes stay masked.
+// the table), whole vectors of each group's span: a query's own lanes [lo, hi) get its entries;
+// its other lanes get neighbouring entries of the padded table (cpu/driver.h: BiasTables), which
+// nothing reads as scores (group_max and group_exp mask them, and exp writes exact zeros there).
 static void tile_add_bias(const TileShape& s, const Group* grs, int ng, int64_t plane, const TileBias& b,
                           float* buf) {
   for (int i = 0; i < ng; ++i) {
     const Group& gr = grs[i];
     const int64_t qstride = static_cast<int64_t>(s.R) * gr.Wspan;
     for (int t = gr.t0; t < gr.t1; ++t) {
-      const int lo = s.col_begin[t] - gr.cb, hi = lo + s.col_count[t];
       float* sq = buf + gr.t0 * plane + (t - gr.t0) * qstride;
+      const float* src_t = b.table + b.col[t] + gr.cb;
       for (int r = 0; r < s.R; ++r) {
         float* row = sq + static_cast<int64_t>(r) * gr.Wspan;
-        const float* src = b.table + b.row[r] + b.col[t] + gr.cb;
-        for (int c = lo; c < hi; ++c) row[c] += src[c];
+        const float* src = src_t + b.row[r];
+        for (int c = 0; c < gr.Wspan; c += kVW) st(row + c, ld(row + c) + ld(src + c));
       }
     }
   }
