@@ -34,13 +34,18 @@ def forward(q, k, v, add_k, add_v, sp, scale, backend, opts, query_offset=None, 
 
 
 def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts, d_lse=None,
-             query_offset=None):
+             query_offset=None, rpb=None):
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     d_add_k = None if add_k is None else np.empty_like(add_k)
     d_add_v = None if add_v is None else np.empty_like(add_v)
+    bias = {}
+    if rpb is not None:
+        d_rpb = np.empty(rpb.shape, dtype=np.float32)
+        bias = {"rpb": np.asarray(rpb, dtype=np.float32), "d_rpb": d_rpb}
     _C.backward(q, k, v, o, d_o, lse, dq, dk, dv, add_k, add_v, d_add_k, d_add_v, d_lse,
-                **_kw(sp, backend, scale, opts), **_region(query_offset))
-    return [dq, dk, dv] + ([] if add_k is None else [d_add_k, d_add_v])
+                **_kw(sp, backend, scale, opts), **_region(query_offset), **bias)
+    return ([dq, dk, dv] + ([] if add_k is None else [d_add_k, d_add_v])
+            + ([] if rpb is None else [d_rpb.astype(rpb.dtype, copy=False)]))
 
 
 def qk(q, k, add_k, sp, backend, scale=-1.0):

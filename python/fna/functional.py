@@ -399,7 +399,7 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
                 is_causal=False, scale=None, additional_keys=None, additional_values=None,
                 backend=None, config=None, deterministic=None, allow_tf32=None,
                 backward_config=None, tuning=None, d_lse=None, num_threads=None,
-                query_offset=None):
+                query_offset=None, rpb=None):
     """Gradients of ``na{1,2,3}d`` (the rank is ``query.ndim - 3``), without autograd.
 
     ``output`` and ``lse`` are what the forward returned with ``return_lse=True`` (same scale,
@@ -410,6 +410,9 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     deterministic / allow_tf32 / backward_config / tuning / num_threads: see :func:`na2d`.
     query_offset: as in :func:`na2d` (``query``, ``output``, ``lse``, ``d_output`` and the
     returned ``d_query`` then hold the query region; ``key`` / ``value`` the whole grid).
+    rpb: the forward's relative positional bias (backends reference and cpu; the CUDA backends
+    add none in their kernels, see :func:`na2d`); its gradient ``d_rpb`` (in rpb's dtype) is
+    returned last.
     """
     fn = "na_backward"
     named = [("d_output", d_output), ("query", query), ("key", key), ("value", value),
@@ -422,6 +425,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     query_offset = _args.query_offset(fn, query_offset, rank)
+    if rpb is not None:
+        _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
@@ -434,17 +439,19 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     opts = (*_args.fused_options(config, deterministic, allow_tf32, kind == "torch",
                                  backward_config, tuning), _args.num_threads_value(num_threads))
     if kind == "torch":
-        _check_devices(fn, backend, named)
+        _check_devices(fn, backend, named + ([] if rpb is None else [("rpb", rpb)]))
         _compat.torch_ops.check_autograd_mode(fn, (query, key, value, output, lse, d_output,
-                                                   d_lse))
+                                                   d_lse, rpb))
+        bias = () if rpb is None else (rpb,)
         grads = _compat.torch.ops.fna.na_backward(query, key, value, output, lse, d_output, d_lse,
                                                   additional_keys, additional_values, *sp, scale,
-                                                  backend, *opts, query_offset)
+                                                  backend, *opts, query_offset, *bias)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy
         grads = _numpy.backward(query, key, value, output, lse, d_output, additional_keys,
-                                additional_values, sp, scale, backend, opts, d_lse, query_offset)
+                                additional_values, sp, scale, backend, opts, d_lse, query_offset,
+                                rpb)
     return tuple(grads)
 
 

@@ -276,6 +276,33 @@ def test_compile_fullgraph():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("i", [2, 4, 6])
+def test_explicit_backward(i):
+    """fna.na_backward(..., rpb=) on torch tensors and NumPy arrays: autograd's gradients of a
+    loss on the output and the LSE, d_rpb last."""
+    case = CASES[i]
+    rank, shape, ks, st, dil, causal = case[:6]
+    low, _ = make(case, seed_of("rpb-explicit", i))
+    kw = dict(stride=st, dilation=dil, is_causal=causal, scale=0.45)
+    out, lse = NA[rank](low["q"], low["k"], low["v"], ks, **kw, additional_keys=low["add_k"],
+                        additional_values=low["add_v"], return_lse=True, rpb=low["rpb"])
+    g = torch.Generator().manual_seed(seed_of("rpb-explicit-grad", i))
+    d_out, d_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    names = [n for n in ("q", "k", "v", "add_k", "add_v", "rpb") if low[n] is not None]
+    want = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), [low[n] for n in names])
+    x = {n: None if t is None else t.detach() for n, t in low.items()}
+    args = (out.detach(), lse.detach(), ks)
+    for kind in ("torch", "numpy"):
+        conv = (lambda t: t) if kind == "torch" else (lambda t: None if t is None else t.numpy())
+        got = fna.na_backward(conv(d_out), conv(x["q"]), conv(x["k"]), conv(x["v"]),
+                              *map(conv, args[:2]), ks, **kw, additional_keys=conv(x["add_k"]),
+                              additional_values=conv(x["add_v"]), d_lse=conv(d_lse),
+                              rpb=conv(x["rpb"]))
+        assert len(got) == len(names)
+        for n, a, b in zip(names, got, want):
+            check_close(np.asarray(a, dtype=np.float64), np64(b), what=f"{kind} d {n}")
+
+
 # ---- modules -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rank", [1, 2, 3])
