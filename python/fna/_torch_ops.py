@@ -198,8 +198,8 @@ def _(query, key, value, output, lse, d_output, d_lse, additional_keys, addition
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     if additional_keys is not None:
         grads += [torch.empty_like(additional_keys), torch.empty_like(additional_values)]
-    if rpb is not None:
-        grads.append(torch.empty_like(rpb))
+    if rpb is not None:  # (contiguous, as the real op's)
+        grads.append(torch.empty(rpb.shape, dtype=rpb.dtype, device=rpb.device))
     return grads
 
 

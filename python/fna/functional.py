@@ -182,7 +182,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         tuning = _args.DEFAULT_TUNING  # a NATTEN backend name picks its kernels itself
     tuning = _args.tuning_text(tuning)
     deterministic = _args.resolve_deterministic(
-        fn, deterministic, kind == "torch", lambda: _records_grad(kind, [t for _, t in named]))
+        fn, deterministic, kind == "torch",
+        lambda: _records_grad(kind, [t for _, t in named] + [rpb]))
     if natten_kwargs:
         hopper = _hopper(kind, query)
         if natten_backend == "cutlass-fna" and hopper:

@@ -26,8 +26,9 @@ positional bias, then a GELU MLP, each residual, optionally scaled per channel b
 the channels between levels, a final LayerNorm, global average pooling and a linear head. Tokens
 are channels-last ``[B, X, Y, C]`` throughout, as fna's modules take them.
 
-The relative positional bias is not added by fna's kernels: attention with ``rpb`` runs the unfused
-operators (``na2d_qk``, softmax, ``na2d_av``), see docs/python.md "Modules". Spatial sizes must fit
+The relative positional bias is added by the cpu backend's kernels; on CUDA attention with ``rpb``
+runs the unfused operators (``na2d_qk``, softmax, ``na2d_av``), see docs/python.md "Modules".
+Spatial sizes must fit
 the windows (``kernel_size * dilation`` tokens per axis at every level, as NATTEN 0.17+ requires):
 224x224 inputs, the published training size, fit every config here; NAT needs at least 193x193,
 DiNAT 221x221.

@@ -49,11 +49,16 @@ TensorCheck make_attn(const char* name, const TensorRef& ref, const Problem& p, 
 }
 
 // The bias table of ForwardArgs::rpb: [H, 2 K_a - 1 ..], float32.
+// Built before validate_problem runs (as the other checks): an invalid rank must not index past
+// kernel_size[] or extents[], nor a hostile kernel size overflow (the problem's error comes first).
 TensorCheck make_rpb(const char* name, const TensorRef& ref, const Problem& p, bool output,
                      bool required) {
-  TensorCheck t{name, &ref, p.rank + 1, {}, 4, output, required};
+  TensorCheck t{name, &ref, 1, {}, 4, output, required};
   t.extents[0] = p.heads;
-  for (int a = 0; a < p.rank; ++a) t.extents[a + 1] = 2 * p.kernel_size[a] - 1;
+  for (int a = 0; a < p.rank && a < kMaxRank; ++a) {
+    const int64_t k = p.kernel_size[a];
+    t.extents[t.ndim++] = k >= 1 && k <= (int64_t(1) << 40) ? 2 * k - 1 : 1;
+  }
   return t;
 }
 

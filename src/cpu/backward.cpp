@@ -214,7 +214,9 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t panel_k = static_cast<int64_t>(panels.pitch) * Dp;
   const int64_t panel_v = static_cast<int64_t>(panels.pitch) * Dvp;
   const int64_t add_floats = p.batch * A * p.heads_kv;
-  const int64_t acc_floats = panels.count * (panel_k + panel_v) + add_floats * (Dp + Dvp);
+  const BiasTables bias(p, a.rpb, kLog2e);  // (with a bias: a float64 gradient table per worker)
+  const int64_t acc_floats = panels.count * (panel_k + panel_v) + add_floats * (Dp + Dvp) +
+                             2 * static_cast<int64_t>(bias.data.size());
   int threads = resolve_threads(opt.num_threads, plan.items());
   const int64_t cap = std::max<int64_t>(1, (int64_t(1) << 28) / std::max<int64_t>(acc_floats, 1));
   threads = static_cast<int>(std::min<int64_t>(threads, cap));
@@ -248,7 +250,6 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const int64_t chunk = std::max<int64_t>(1, store.chunk(nt) / plan.per_item());  // in items
   // The relative positional bias: the forward's tables, and per worker a float64 gradient table
   // of every head (summed in worker order at the end).
-  const BiasTables bias(p, a.rpb, kLog2e);
   std::vector<std::vector<double>> d_bias(bias.empty() ? 0 : static_cast<size_t>(threads));
   auto run_item = [&](int64_t item, int64_t chunk_end, int worker) {
     Scratch& sc = scratch[static_cast<size_t>(worker)];

@@ -424,6 +424,23 @@ TEST(RpbValidation, ErrorsNameTheArgument) {
   st = fna::forward(rc.c.p, f, opt);
   EXPECT_EQ(st.code, fna::Code::invalid_argument);
   EXPECT_NE(st.message.find("rpb pointer"), std::string::npos) << st.message;
+  // an invalid rank or a hostile kernel size with a table: the problem's error, no access
+  // beyond the problem's arrays while the table's extents are formed (before validation)
+  for (int bad_rank : {0, 4, 8, -1}) {
+    fna::Problem bad = rc.c.p;
+    bad.rank = bad_rank;
+    f = forward_args(r);
+    st = fna::forward(bad, f, opt);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument) << bad_rank;
+    EXPECT_NE(st.message.find("rank=" + std::to_string(bad_rank)), std::string::npos) << st.message;
+  }
+  {
+    fna::Problem bad = rc.c.p;
+    bad.kernel_size[0] = int64_t(1) << 62;
+    st = fna::forward(bad, forward_args(r), opt);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument);
+    EXPECT_NE(st.message.find("kernel_size[0]"), std::string::npos) << st.message;
+  }
   // the unfused-only / CUDA backends do not take a bias (checked before any device is needed
   // where the backend is compiled; otherwise the build says it lacks the backend)
   f.rpb = r.rpb.ref();

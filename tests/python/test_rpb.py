@@ -303,6 +303,57 @@ def test_explicit_backward(i):
             check_close(np.asarray(a, dtype=np.float64), np64(b), what=f"{kind} d {n}")
 
 
+def test_only_rpb_trainable_follows_deterministic_algorithms():
+    """A call where only rpb records a gradient (bias-only fine-tuning) still asks for a
+    backward: deterministic=False under torch.use_deterministic_algorithms(True) is an error, as
+    with a trainable query."""
+    q = torch.randn(1, 8, 8, 2, 8)
+    rpb = torch.randn(2, 5, 5, requires_grad=True)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="deterministic=False asks for a backward"):
+            fna.na2d(q, q, q, 3, rpb=rpb, deterministic=False)
+        fna.na2d(q, q, q, 3, rpb=rpb.detach(), deterministic=False)  # no graph: allowed
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_rpb_gets_its_gradient_in_its_dtype(dtype):
+    """A float16 / bfloat16 table's gradient comes back in its dtype: the float32 gradient of the
+    same (rounded) table, rounded once."""
+    case = CASES[3]
+    rank, shape, ks, st, dil, causal = case[:6]
+    low, _ = make(case, seed_of("rpb-lowp-grad", str(dtype)))
+    table = low["rpb"].detach().to(dtype)
+    grads = {}
+    for dt in (torch.float32, dtype):
+        rpb = table.to(dt).requires_grad_(True)
+        out = NA[rank](low["q"].detach(), low["k"].detach(), low["v"].detach(), ks, stride=st,
+                       dilation=dil, is_causal=causal, rpb=rpb)
+        (g,) = torch.autograd.grad(out.square().sum(), [rpb])
+        assert g.dtype == dt
+        grads[dt] = g
+    assert torch.equal(grads[dtype], grads[torch.float32].to(dtype))
+
+
+def test_fake_backward_matches_the_real_strides():
+    """The fake na_backward's d_rpb has the real op's (contiguous) layout for a permuted rpb
+    (torch.compile checks a custom op's output strides against its fake)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    q = torch.randn(1, 7, 7, 2, 8)
+    rpb = torch.randn(5, 5, 2).permute(2, 0, 1)
+    out, lse = fna.na2d(q, q, q, 3, rpb=rpb, return_lse=True)
+    args = (q, q, q, out, lse, out, None, None, None, [3, 3], [1, 1], [1, 1], [False, False],
+            8 ** -0.5, "cpu", "", False, False, "", "", 0, None)
+    real = torch.ops.fna.na_backward(*args, rpb)[-1]
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = torch.ops.fna.na_backward(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                                           else a for a in args), mode.from_tensor(rpb))[-1]
+    assert fake.shape == real.shape and fake.stride() == real.stride() == (25, 5, 1)
+
+
 # ---- modules -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rank", [1, 2, 3])
