@@ -12,9 +12,9 @@
 // (The Python tests check the same calls against the unfused composition qk + gathered bias +
 // softmax + av, whose index arithmetic is fna/_rpb.py's.)
 // The cpu backend is checked against the reference: O, LSE, dQ, dK, dV, the additional keys'
-// gradients and d_rpb, with each kernel set, threads 1-3, both panel stores, deterministic mode,
-// query regions, ranks 1-3 with dilation, stride, causal axes, even kernels, GQA and
-// dim_v != dim. Inputs are random (never zero), each case seeded; the table has strides of its
+// gradients and d_rpb, with each kernel set, threads 1-3, both panel stores, line and strip order,
+// deterministic mode, query regions, ranks 1-3 with dilation, stride, causal axes, even kernels,
+// GQA and dim_v != dim. Inputs are random (never zero), each case seeded; the table has strides of its
 // own (heads last in memory) in half of the cases.
 // Then the validation at the API boundary.
 #include <gtest/gtest.h>
@@ -168,6 +168,7 @@ fna::Options cpu_options(const Case& c, int i, const std::string& isa) {
   EXPECT_TRUE(fna::set_tuning(&o.tuning, "cpu_isa", isa).ok());
   o.tuning.cpu_panels = i % 2 ? fna::CpuPanels::shared : fna::CpuPanels::rings;
   if (i % 4 == 3) o.tuning.cpu_band = 1;
+  if (c.p.rank == 2 && i % 3 == 1) o.tuning.cpu_strips = fna::Switch::on;  // strip order
   o.deterministic = i % 5 == 4;
   return o;
 }
