@@ -373,6 +373,52 @@ TEST_P(Rpb, CpuMatchesReference) {
   }
 }
 
+// Wide windows (a query group's span of vector lanes reaches furthest past a query's own entries
+// into the padded table): a 1-D kernel of 31 and a 2-D 13 x 9 window, against the reference.
+TEST(RpbWide, CpuMatchesReference) {
+  for (int which = 0; which < 2; ++which) {
+    RpbCase rc;
+    rc.c = random_case(0x7b9000 + which, which + 1);
+    fna::Problem& p = rc.c.p;
+    p.dtype = fna::DType::f32;
+    p.batch = 1;
+    p.heads = 2;
+    p.heads_kv = 1;
+    p.dim = p.dim_v = 16;
+    p.num_additional = 0;
+    for (int a = 0; a < fna::kMaxRank; ++a) p.query_offset[a] = p.query_shape[a] = 0;
+    if (which == 0) {
+      p.shape[0] = 150, p.kernel_size[0] = 31, p.dilation[0] = 2, p.stride[0] = 1;
+      p.is_causal[0] = false;
+    } else {
+      p.shape[0] = 20, p.shape[1] = 22, p.kernel_size[0] = 13, p.kernel_size[1] = 9;
+      p.dilation[0] = 1, p.dilation[1] = 2, p.stride[0] = p.stride[1] = 1;
+      p.is_causal[0] = false, p.is_causal[1] = true;
+    }
+    rc.c.with_lse = true;
+    Call ref = make_run(rc, 21 + which);
+    const fna::Options ropt = options_for(rc.c, fna::Backend::reference);
+    ASSERT_TRUE(forward(ref, ropt).ok());
+    ASSERT_TRUE(backward(ref, ropt).ok());
+    for (const std::string& isa : kernel_sets()) {
+      SCOPED_TRACE(isa + ": " + rc.str());
+      Call got = make_run(rc, 21 + which);
+      const fna::Options opt = cpu_options(rc.c, which, isa);
+      ASSERT_TRUE(forward(got, opt).ok());
+      ASSERT_TRUE(backward(got, opt).ok());
+      const std::vector<double> gq = ref.qs.dq.to_double(), gk = ref.g.dk.to_double();
+      const double mag = std::max(max_abs(gq), max_abs(gk));
+      Check c = near("output", got.qs.o.to_double(), ref.qs.o.to_double(), 1e-5);
+      c.merge(near("lse", got.qs.lse.to_double(), ref.qs.lse.to_double(), 1e-5));
+      c.merge(near("d_query", got.qs.dq.to_double(), gq, 1e-5, mag));
+      c.merge(near("d_key", got.g.dk.to_double(), gk, 1e-5, mag));
+      c.merge(near("d_value", got.g.dv.to_double(), ref.g.dv.to_double(), 1e-5, mag));
+      c.merge(near("d_rpb", got.d_rpb.to_double(), ref.d_rpb.to_double(), 1e-5, mag));
+      EXPECT_TRUE(c.ok) << c.str();
+    }
+  }
+}
+
 // Deterministic mode: d_rpb (and everything else) bitwise the same run to run.
 TEST_P(Rpb, CpuDeterministicRepeats) {
   const RpbCase rc = rpb_case(300, rank());
