@@ -66,6 +66,10 @@ struct Problem {
   // query_offset_a; all zeros (the default) is the whole grid.
   int64_t query_offset[kMaxRank] = {0, 0, 0};
   int64_t query_shape[kMaxRank] = {0, 0, 0};
+  // The call adds a relative positional bias (ForwardArgs::rpb). forward / backward set it from
+  // their arguments (true without a bias given is an error); fused_plan plans a call with a bias
+  // when it is set.
+  bool rpb = false;
 
   int64_t tokens() const;              // prod(shape[0..rank))
   int64_t window() const;              // prod(kernel_size[0..rank)) = W

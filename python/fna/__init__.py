@@ -131,7 +131,7 @@ def autotune_cache_dir():
 def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                dtype="bfloat16", heads_kv=None, dim_v=None, config=None, allow_tf32=False,
                device_index=0, backward_config=None, deterministic=None, tuning=None,
-               query_offset=None, grid_shape=None):
+               query_offset=None, grid_shape=None, rpb=False):
     """Exactly what cuda-fused runs for a problem (the plan its launch consumes), forward and
     backward, and how well its tiles fit.
 
@@ -155,9 +155,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     ``query_offset``); tiling figures are the whole grid's. ``deterministic=None`` follows
     ``torch.are_deterministic_algorithms_enabled()`` as a call on torch tensors does (False when
     torch is not imported). Needs a CUDA device (the plan depends on its properties).
-    A call with a relative positional bias (``rpb=``) does not run this plan: until the kernels
-    add the bias themselves it runs the unfused composition (``na*d_qk``, softmax, ``na*d_av``,
-    the attention weights in memory; docs/python.md "Relative positional bias").
+    ``rpb=True``: the plan of a call with a relative positional bias (:func:`na2d`'s ``rpb``),
+    which the tiled kernels add (the strip, box and SIMT forwards and the Hopper backward kernels
+    do not, so the plan chooses among the others).
     """
     from . import _args
     rank = len(query_shape) - 3
@@ -184,7 +184,7 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
                          dim_v=0 if dim_v is None else int(dim_v), config=config,
                          allow_tf32=allow_tf32, device_index=device_index,
                          backward_config=backward_config, deterministic=deterministic,
-                         tuning=tuning, **region)
+                         tuning=tuning, rpb=bool(rpb), **region)
 
 
 def version():

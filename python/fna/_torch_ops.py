@@ -132,7 +132,7 @@ def na_forward(query: Tensor, key: Tensor, value: Tensor, additional_keys: Optio
 
 def _bias(rpb):
     """The extension's rpb keyword: the table in float32 (the kernels add it in float32)."""
-    return {} if rpb is None else {"rpb": _export(rpb.to(torch.float32))}
+    return {} if rpb is None else {"rpb": _export(rpb.to(torch.float32).contiguous())}
 
 
 def _forward_impl(query, key, value, additional_keys, additional_values, kernel_size, stride,

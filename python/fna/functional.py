@@ -165,7 +165,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     query_offset = _args.query_offset(fn, query_offset, rank)
-    if rpb is not None and not _native_rpb(kind, backend, query):
+    if rpb is not None and not _native_rpb(fn, kind, backend, query, opts[1],
+                                           lambda: _records_grad(kind, [t for _, t in named] + [rpb])):
         if query_offset is not None:
             raise ValueError(f"{fn}: query_offset with rpb: on this backend a call with a "
                              "relative positional bias runs the unfused operators, which compute "
@@ -222,17 +223,22 @@ _RPB_BACKENDS = frozenset(n for n in ("reference", "cpu", "cuda-naive", "cuda-fu
                           if _C.takes_rpb(n))
 
 
-def _native_rpb(kind, backend, query):
-    """Whether the backend that runs the call adds a relative positional bias itself (reference
-    and cpu); the others run the unfused composition."""
-    if _args.natten_backend(backend) is not None:
-        return False  # NATTEN's names run cuda-fused
+def _native_rpb(fn, kind, backend, query, deterministic, records_grad):
+    """Whether the backend that runs the call adds a relative positional bias itself (reference,
+    cpu, cuda-fused); the others run the unfused composition, and so does cuda-fused when the call
+    is deterministic (its backward sums the bias gradient with atomics)."""
     try:
-        name = _args.backend_name(backend)
+        name = _args.natten_backend(backend) and "cuda-fused" or _args.backend_name(backend)
     except ValueError:
         return False  # the composition's path reports the error
     if name == "auto":  # (what fna._C.resolve_backend answers for the device)
         name = "cuda-fused" if kind == "torch" and query.device.type == "cuda" else "cpu"
+    if name == "cuda-fused" and kind == "torch":
+        try:
+            if _args.resolve_deterministic(fn, deterministic, True, records_grad):
+                return False
+        except (TypeError, ValueError):
+            return False  # the composition's path reports the error
     return name in _RPB_BACKENDS
 
 

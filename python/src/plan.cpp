@@ -23,7 +23,7 @@ void bind_fused_plan(nb::module_& m) {
                          bool allow_tf32, int device_index, const std::string& backward_config,
                          bool deterministic, const std::string& tuning,
                          const std::vector<int64_t>& query_offset,
-                         const std::vector<int64_t>& grid_shape) {
+                         const std::vector<int64_t>& grid_shape, bool rpb) {
     const size_t nd = query_shape.size();
     if (nd < 4 || nd > 6)
       raise_error(PyExc_ValueError, "query_shape has " + std::to_string(nd) +
@@ -37,6 +37,7 @@ void bind_fused_plan(nb::module_& m) {
     p.heads_kv = heads_kv > 0 ? heads_kv : p.heads;
     p.dim_v = dim_v > 0 ? dim_v : p.dim;
     p.dtype = dtype_of_name(dtype);
+    p.rpb = rpb;
     const std::vector<int64_t>* per_axis[] = {&kernel_size, &stride, &dilation};
     const char* names[] = {"kernel_size", "stride", "dilation"};
     for (int k = 0; k < 3; ++k)
@@ -115,7 +116,7 @@ void bind_fused_plan(nb::module_& m) {
      nb::arg("dim_v") = 0, nb::arg("config") = "", nb::arg("allow_tf32") = false,
      nb::arg("device_index") = 0, nb::arg("backward_config") = "", nb::arg("deterministic") = false,
      nb::arg("tuning") = "", nb::arg("query_offset") = std::vector<int64_t>{},
-     nb::arg("grid_shape") = std::vector<int64_t>{},
+     nb::arg("grid_shape") = std::vector<int64_t>{}, nb::arg("rpb") = false,
      "The cuda-fused plan for a problem: what runs, forward and backward, and how well it tiles.");
 }
 

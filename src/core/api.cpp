@@ -64,8 +64,19 @@ TensorCheck make_rpb(const char* name, const TensorRef& ref, const Problem& p, b
 
 Status no_rpb(Backend b) {
   return {Code::unsupported, std::string("rpb: backend=") + backend_name(b) +
-                                 " does not take a relative positional bias (backends reference "
-                                 "and cpu do)"};
+                                 " does not take a relative positional bias (backends reference, "
+                                 "cpu and cuda-fused do)"};
+}
+
+// The problem of a call with bias table `rpb` (null: none): Problem::rpb set from it; the flag
+// without a table is an error.
+Status with_bias(const Problem& p, const TensorRef& rpb, Problem* out) {
+  if (p.rpb && rpb.data == nullptr)
+    return {Code::invalid_argument,
+            "problem.rpb=true but rpb is a null pointer (the flag announces a bias table)"};
+  *out = p;
+  out->rpb = rpb.data != nullptr;
+  return Status::Ok();
 }
 
 // Validates the problem, options and every tensor; resolves backend and scale into `out`.
@@ -111,9 +122,14 @@ Status no_unfused(Backend b) {
 }  // namespace
 
 // The backends whose forward / backward add a relative positional bias (ForwardArgs::rpb).
-bool takes_rpb(Backend b) { return b == Backend::reference || b == Backend::cpu; }
+bool takes_rpb(Backend b) {
+  return b == Backend::reference || b == Backend::cpu || b == Backend::cuda_fused;
+}
 
-Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+Status forward(const Problem& p_in, const ForwardArgs& a, const Options& opt) {
+  Problem p;
+  Status bst = with_bias(p_in, a.rpb, &p);
+  if (!bst.ok()) return bst;
   const int64_t e = detail::dtype_size(p.dtype);
   const TensorCheck checks[] = {
       make("query", a.q, p, 0, p.dim, false, true, e),
@@ -138,9 +154,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
     case Backend::cuda_fused: {
       st = detail::cuda_fused_forward(p, a, o);
       // `auto` falls back to the naive kernels for problems the fused tiles do not cover, unless
-      // the caller named a fused configuration or tuning (which the naive kernels would ignore).
+      // the caller named a fused configuration or tuning (which the naive kernels would ignore)
+      // or gave a bias (which they do not add).
       if (st.code == Code::unsupported && opt.backend == Backend::automatic && opt.config.empty() &&
-          !tuning_binds_fused(opt.tuning))
+          !tuning_binds_fused(opt.tuning) && (!p.rpb || takes_rpb(Backend::cuda_naive)))
         return detail::cuda_naive_forward(p, a, o);
       return st;
     }
@@ -148,7 +165,10 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
   }
 }
 
-Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+Status backward(const Problem& p_in, const BackwardArgs& a, const Options& opt) {
+  Problem p;
+  Status bst = with_bias(p_in, a.rpb, &p);
+  if (!bst.ok()) return bst;
   const int64_t e = detail::dtype_size(p.dtype);
   const TensorCheck checks[] = {
       make("query", a.q, p, 0, p.dim, false, true, e),
@@ -185,7 +205,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
       st = detail::cuda_fused_backward(p, a, o);
       // As in the forward: no silent fallback from a named backward configuration.
       if (st.code == Code::unsupported && opt.backend == Backend::automatic &&
-          opt.backward_config.empty() && !tuning_binds_fused(opt.tuning))
+          opt.backward_config.empty() && !tuning_binds_fused(opt.tuning) &&
+          (!p.rpb || takes_rpb(Backend::cuda_naive)))
         return detail::cuda_naive_backward(p, a, o);
       return st;
     }

@@ -285,6 +285,9 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (unfused && p.has_query_region())
     return invalid("query_offset / query_shape: a query region is taken by the fused attention "
                    "(forward / backward), not by the unfused (qk / av) operators");
+  if (unfused && p.rpb)
+    return invalid("problem.rpb=true: the unfused (qk / av) operators take no bias table (add it to "
+                   "the attention weights)");
   if (unfused && r == Backend::cuda_fused)
     return {Code::unsupported,
             "backend=cuda-fused has no unfused (qk / av) operators; use cuda-naive or cpu"};

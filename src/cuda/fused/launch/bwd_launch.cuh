@@ -81,13 +81,16 @@ struct DkdvLaunch {
   using Tr = DkdvTraits<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub, kAtomicDq>;
   static constexpr auto kernel = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
                                              kAtomicDq, kPass>;
-  static Status prepare(const char* name) { return set_smem(kernel, Tr::kSmem, name); }
-  static Status launch(const Params& p, dim3 grid, dim3 grid_add, cudaStream_t stream,
-                       const char* name) {
-    kernel<<<grid, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+  // extra: shared memory after the kernel's own (BwdLaunch::bias_smem).
+  static Status prepare(const char* name, size_t extra) {
+    return set_smem(kernel, Tr::kSmem + extra, name);
+  }
+  static Status launch(const Params& p, dim3 grid, dim3 grid_add, size_t extra,
+                       cudaStream_t stream, const char* name) {
+    kernel<<<grid, Tr::kThreads, Tr::kSmem + extra, stream>>>(p, false);
     Status st = launch_error(name);
     if (!st.ok() || grid_add.x == 0) return st;
-    kernel<<<grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+    kernel<<<grid_add, Tr::kThreads, Tr::kSmem + extra, stream>>>(p, true);
     return launch_error(name);
   }
 };
@@ -140,34 +143,35 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
     using Dv = DkdvLaunch<T, kD, false, kPassDv>;
     using DkAtomic = DkdvLaunch<T, kD, true, kPassDk>;
     using Dk = DkdvLaunch<T, kD, false, kPassDk>;
-    Status st = Dv::prepare("dkdv kernel (dV pass)");
-    if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)")
-                             : Dk::prepare("dkdv kernel (dK pass)");
+    Status st = Dv::prepare("dkdv kernel (dV pass)", l.bias_smem);
+    if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)", l.bias_smem)
+                             : Dk::prepare("dkdv kernel (dK pass)", l.bias_smem);
     if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
-    st = Dv::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dV pass)");
+    st = Dv::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv (dV pass)");
     if (!st.ok()) return st;
     if (atomic) {
-      st = DkAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dK pass, atomic dq)");
+      st = DkAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv (dK pass, atomic dq)");
       if (!st.ok()) return st;
       launch_dq_convert<T>(p_dkdv, stream);
       return launch_error("dq convert");
     }
-    st = Dk::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (dK pass)");
+    st = Dk::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv (dK pass)");
     if (!st.ok()) return st;
   } else {
     using Both = DkdvLaunch<T, kD, false, kPassBoth>;
     using BothAtomic = DkdvLaunch<T, kD, true, kPassBoth>;
-    Status st = atomic ? BothAtomic::prepare("dkdv kernel (atomic dq)") : Both::prepare("dkdv kernel");
+    Status st = atomic ? BothAtomic::prepare("dkdv kernel (atomic dq)", l.bias_smem)
+                           : Both::prepare("dkdv kernel", l.bias_smem);
     if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
     if (atomic) {
-      st = BothAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv (atomic dq)");
+      st = BothAtomic::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv (atomic dq)");
       if (!st.ok()) return st;
       launch_dq_convert<T>(p_dkdv, stream);
       return launch_error("dq convert");
     }
-    st = Both::launch(p_dkdv, l.grid_dkdv, l.grid_add, stream, "dkdv");
+    st = Both::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv");
     if (!st.ok()) return st;
   }
   dq<<<l.grid_dq, DqT::kThreads, DqT::kSmem, stream>>>(p_dq);

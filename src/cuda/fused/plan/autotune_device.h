@@ -51,7 +51,7 @@ inline std::string autotune_signature(const char* dir, const Problem& p, const O
                   (opt.deterministic ? "|det" : "") + "|b" + std::to_string(p.batch) + "|h" +
                   std::to_string(p.heads) + "/" + std::to_string(p.heads_kv) + "|d" +
                   std::to_string(p.dim) + "/" + std::to_string(p.dim_v) + "|add" +
-                  std::to_string(p.num_additional);
+                  std::to_string(p.num_additional) + (p.rpb ? "|rpb" : "");
   for (int i = 0; i < p.rank; ++i)
     s += "|ax" + std::to_string(p.shape[i]) + "k" + std::to_string(p.kernel_size[i]) + "d" +
          std::to_string(p.dilation[i]) + "s" + std::to_string(p.stride[i]) +

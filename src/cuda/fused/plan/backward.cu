@@ -379,6 +379,16 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     family = dpad == 128 && bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
                                                                           : fused::BwdFamily::sm90;
   }
+  if (pr.rpb) {
+    // The bias is in the sm80 dK / dV kernel only, whose d rpb sums end in atomics.
+    if (opt.deterministic)
+      return unsupported("rpb: the fused backward sums d rpb with atomics (not deterministic); "
+                         "deterministic=true with a bias runs on backends reference and cpu");
+    if (named == nullptr && t.bwd_kernel == BwdKernel::automatic) family = fused::BwdFamily::sm80;
+    if (family != fused::BwdFamily::sm80)
+      return unsupported("rpb: the " + std::string(fused::family_name(family)) +
+                         " backward adds no bias (the sm80 kernels do)");
+  }
   if (family != fused::BwdFamily::sm80) {
     const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"
                                               : "tuning bwd_kernel='" +
@@ -406,6 +416,18 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     l.kv_rows = sm90_key_rows(p, dpad);
   }
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
+  if (pr.rpb) {
+    int64_t elems = 1;
+    for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
+    l.bias_smem = size_t(elems * sizeof(float) + 15) / 16 * 16;
+    l.smem += l.bias_smem;
+    if (l.smem > static_cast<size_t>(dev.smem_optin))
+      return unsupported("rpb: the dK / dV kernel sums d rpb per head in shared memory; its " +
+                         std::to_string(elems) + " entries (" + std::to_string(l.bias_smem) +
+                         " bytes) do not fit next to the kernel's own " +
+                         std::to_string(l.smem - l.bias_smem) + " (the device has " +
+                         std::to_string(dev.smem_optin) + " per block)");
+  }
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported(std::string(fused::family_name(family)) + " kernels need " +
                        std::to_string(l.smem) + " bytes of shared memory per block, the device has " +
@@ -507,6 +529,8 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   }
   Params p_dq = plan.p_dq;
   p_dq.stats = p.stats;
+  if (p.d_rpb != nullptr)
+    FNA_CUDA_TRY(cudaMemsetAsync(p.d_rpb, 0, size_t(p.heads) * p.rpb_elems * sizeof(float), stream));
 
   constexpr int kPer = 16 / int(sizeof(E));
   const int log_tpr = log_threads_per_row((p.dim_v + kPer - 1) / kPer);
@@ -630,6 +654,13 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   }
   p.add_k = a.add_k.data, p.add_v = a.add_v.data;
   p.d_add_k = a.d_add_k.data, p.d_add_v = a.d_add_v.data;
+  if (a.rpb.data != nullptr) {
+    if (!fused::dense_bias(pr.rank, a.rpb.strides, pr.kernel_size) ||
+        !fused::dense_bias(pr.rank, a.d_rpb.strides, pr.kernel_size))
+      return unsupported("rpb / d_rpb: the fused backward needs dense (contiguous) bias tables");
+    fused::set_bias(p, pr.rank, a.rpb.data, a.rpb.strides, pr.kernel_size);
+    p.d_rpb = static_cast<float*>(a.d_rpb.data);
+  }
 
   DeviceGuard guard;
   Status st = guard.set(opt_in.device_index);

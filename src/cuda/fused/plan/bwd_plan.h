@@ -56,6 +56,7 @@ struct BwdLaunch {
   bool deterministic = false;  // dQ by its own kernel (sm80 only), else by atomics
   dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
   size_t smem = 0;             // the most dynamic shared memory one of its kernels takes
+  size_t bias_smem = 0;        // with a bias: the dK / dV kernel's d rpb table (shared memory)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
 };
 

@@ -111,6 +111,8 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
     if (p.num_additional > 0) fp->add_k = fp->add_v = placeholder;
   }
   static_cast<fused::ProblemBlock&>(*fp) = fused::problem_block(p, opt.scale);
+  if (a != nullptr && a->rpb.data != nullptr)
+    fused::set_bias(*fp, p.rank, a->rpb.data, a->rpb.strides, p.kernel_size);
   // Q, O and LSE hold the query region only: their pointers move back by the region's offset so
   // that the kernels address a query by its global coordinates (they touch no row outside the
   // region: q_row_src, store_row).
@@ -464,6 +466,13 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     const int64_t add_ext_v[4] = {p.batch, p.num_additional, p.heads_kv, p.dim_v};
     if (!(st = check_rows("additional_keys", a.add_k, 4, add_ext, vec)).ok()) return st;
     if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v, vec)).ok()) return st;
+  }
+  if (a.rpb.data != nullptr) {
+    fused::ProblemBlock b = fused::problem_block(p, 1.0);
+    if (!fused::set_bias(b, p.rank, a.rpb.data, a.rpb.strides, p.kernel_size))
+      return unsupported("rpb: the kernels index the bias table with 32-bit offsets from its "
+                         "first element; its strides (negative, or an extent past 2^31 "
+                         "elements) do not allow that: pass a contiguous table");
   }
   DeviceGuard guard;
   if (!(st = guard.set(opt_in.device_index)).ok()) return st;

@@ -109,6 +109,10 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
     *why = "a query region (query_offset / query_shape; the box forward computes whole grids)";
     return false;
   }
+  if (p.rpb) {
+    *why = "a relative positional bias (rpb; the box forward adds none)";
+    return false;
+  }
   *bp = fused::box_plan(geo, e.q, e.dim);
   if (!bp->ok) {
     *why = bp->why;
@@ -132,6 +136,10 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
   }
   if (p.has_query_region()) {
     *why = "a query region (query_offset / query_shape; the strip forward computes whole grids)";
+    return false;
+  }
+  if (p.rpb) {
+    *why = "a relative positional bias (rpb; the strip forward adds none)";
     return false;
   }
   *sp = fused::strip_plan(geo, e.dim, e.q[1] / fused::kBoxExt, dev.sms, dev.smem_optin,

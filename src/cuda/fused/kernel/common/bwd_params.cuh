@@ -50,6 +50,9 @@ struct Params : fused::ProblemBlock {
   // up to 8 (8-byte aligned pairs for vector atomics).
   float* dq_accum;
   int dq_row;
+  // d rpb (with ProblemBlock::rpb; both dense [H, 2 K_a - 1 ..]), zeroed by the host: the dK / dV
+  // kernel sums each CTA's dS per table entry in shared memory and adds the sums with atomics.
+  float* d_rpb;
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word

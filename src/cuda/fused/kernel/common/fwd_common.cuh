@@ -367,6 +367,94 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
   return in;
 }
 
+// Relative positional bias (ProblemBlock::rpb). The thread's rows (two per m-tile) each hold
+// the offset of local key coordinates 0 into their head's table, sum_a (K_a - 1 - q_a) *
+// stride_a, and whether the CTA stores the row (rows past the group or outside the query region
+// are never read: their keys may lie outside the table).
+template <class Tr>
+struct BiasRows {
+  const float* tab;  // the head's table; null: no bias
+  int off[Tr::kMT][2];
+  bool ok[Tr::kMT][2];
+};
+
+// The rows of the warp starting at tile row `row0` (the FwdState layout).
+template <class Tr, class QT>
+__device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft, int row0,
+                                          BiasRows<Tr>& br) {
+  const int lane = threadIdx.x & 31;
+  br.tab = p.rpb == nullptr ? nullptr : p.rpb + ft.h * p.rpb_stride[0];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int q[kAxes];
+      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
+      bool ok = true;
+      int off = 0;
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
+        q[ax] += ft.qo[ax];
+        ok = ok && q[ax] >= ft.qlo[ax] && q[ax] < ft.qhi[ax];
+        off += (p.geo.axis[ax].kernel - 1 - q[ax]) * p.rpb_stride[1 + ax];
+      }
+      br.off[mt][r] = off;
+      br.ok[mt][r] = ok;
+    }
+}
+
+// s = s * scale_log2 + bias * log2(e) for one step's scores (keys [col0, col0 + kStepN) of
+// `tile`): logits in the softmax's log2 units, so the caller runs softmax_update with a scale of
+// 1. Masked scores (-inf) and rows the CTA does not store read no bias; additional keys have none.
+template <class Tr, class KT>
+__device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                         const KvTile& tile, const BiasRows<Tr>& br,
+                                         const FwdParams& p, int col0) {
+  constexpr int kN = Tr::kStepN;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float sl2 = p.scale_log2;
+  if (tile.add_begin >= 0) {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][j][i] *= sl2;
+    return;
+  }
+  const int t2 = 2 * (threadIdx.x & 3);
+  constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
+  int toff = 0;
+#pragma unroll
+  for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) toff += tile.origin[ax] * p.rpb_stride[1 + ax];
+  if (kFast8) toff += t2 * p.rpb_stride[kAxes];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int c[kAxes];
+      if constexpr (kFast8) {
+        KT::coord(col0 + j * 8, c);  // compile-time; t2 + e is on the fast axis
+        c[kAxes - 1] += e;
+      } else {
+        KT::coord(col0 + j * 8 + t2 + e, c);
+      }
+      int coff = toff;
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) coff += c[ax] * p.rpb_stride[1 + ax];
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float& x = s[mt][j][2 * r + e];
+          const bool use = br.ok[mt][r] && x != -INFINITY;
+          const float b = use ? __ldg(br.tab + br.off[mt][r] + coff) : 0.f;
+          x = fmaf(b, kLog2e, x * sl2);
+        }
+    }
+  }
+}
+
 // Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
 // neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
 // is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the group's

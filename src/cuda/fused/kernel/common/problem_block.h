@@ -32,7 +32,45 @@ struct ProblemBlock {
   int64_t tokens;        // tokens of the grid (the product of the axis lengths)
   float scale;           // softmax scale
   float scale_log2;      // scale * log2(e): the softmax runs on exp2
+  // The relative positional bias (fna::ForwardArgs::rpb; null: none): float32 tables, element
+  // strides [head, lifted axis 0, 1, 2] (lifted axes 0), so that the bias of a query at local
+  // coordinates q and a key at local k (both in units of the dilation, in one group) is
+  // rpb[h * rpb_stride[0] + sum_a (k_a - q_a + K_a - 1) * rpb_stride[1 + a]] (set_bias).
+  const float* rpb;
+  int rpb_stride[4];
+  int rpb_elems;  // entries of one head's table (prod 2 K_a - 1)
 };
+
+// The bias table `data` with strides `strides` ([H, 2 K_a - 1 ..], rank + 1 entries) into `b`;
+// false when an element offset of the table exceeds 32 bits (the kernels index it with int).
+inline bool set_bias(ProblemBlock& b, int rank, const void* data, const int64_t* strides,
+                     const int64_t* kernel) {
+  b.rpb = static_cast<const float*>(data);
+  for (int i = 0; i < 4; ++i) b.rpb_stride[i] = 0;
+  b.rpb_elems = 0;
+  if (data == nullptr) return true;
+  b.rpb_elems = 1;
+  for (int a = 0; a < rank; ++a) b.rpb_elems *= static_cast<int>(2 * kernel[a] - 1);
+  int64_t span = int64_t(b.heads - 1) * strides[0];
+  b.rpb_stride[0] = static_cast<int>(strides[0]);
+  for (int a = 0; a < rank; ++a) {
+    span += (2 * kernel[a] - 2) * strides[1 + a];
+    b.rpb_stride[1 + kAxes - rank + a] = static_cast<int>(strides[1 + a]);
+  }
+  bool ok = span >= 0 && span < (int64_t(1) << 31) && b.rpb_elems > 0;
+  for (int i = 0; i <= rank; ++i) ok = ok && strides[i] >= 0 && strides[i] < (int64_t(1) << 31);
+  return ok;
+}
+
+// Whether a bias-shaped table (rank + 1 strides) is laid out densely: [H, 2 K_a - 1 ..] row-major.
+inline bool dense_bias(int rank, const int64_t* strides, const int64_t* kernel) {
+  int64_t expect = 1;
+  for (int a = rank - 1; a >= 0; --a) {
+    if (strides[1 + a] != expect && kernel[a] != 1) return false;
+    expect *= 2 * kernel[a] - 1;
+  }
+  return strides[0] == expect;
+}
 
 // Whether global coordinate x of axis `ax` is a query of the region.
 FNA_HD bool in_query_region(const ProblemBlock& b, int ax, int x) {

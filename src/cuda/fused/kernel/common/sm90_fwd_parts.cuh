@@ -204,17 +204,22 @@ __device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN 
   wgmma::fence_operands(a);
 }
 
-// One key/value tile for one warpgroup: S = Q K^T, mask, online softmax, O += P V.
+// One key/value tile for one warpgroup: S = Q K^T, mask, bias, online softmax, O += P V.
 template <class Tr, class T, class KT, bool kMasked>
 __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
                                           uint32_t sV, const KvTile& tile, const RowWindow* sWin,
-                                          int num_add, float scale_log2) {
+                                          const BiasRows<Tr>& br, const FwdParams& p) {
   float s[1][Tr::kN / 8][4];
   issue_s<Tr, T>(s, sQw, sK);
   wgmma::wait<0>();
   wgmma::fence_operands(s[0]);
-  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, 0);
-  softmax_update<Tr, kMasked>(st, s, scale_log2);
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
+  if (br.tab != nullptr) {
+    add_bias<Tr, KT>(s, tile, br, p, 0);
+    softmax_update<Tr, kMasked>(st, s, 1.f);
+  } else {
+    softmax_update<Tr, kMasked>(st, s, p.scale_log2);
+  }
   uint32_t a[Tr::kN / 16][4];
   pack_p<Tr, T>(s, a);
   issue_pv<Tr, T>(st, a, sV);

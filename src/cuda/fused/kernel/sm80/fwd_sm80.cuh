@@ -250,8 +250,9 @@ template <class Tr, class T, class KT, bool kMasked>
 __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::Elem* sQ,
                                          const typename Tr::Elem* sK,
                                          const typename Tr::Elem* sV, const KvTile& tile,
-                                         const RowWindow* sWin, int num_add, float scale_log2,
-                                         int col0) {
+                                         const RowWindow* sWin, const BiasRows<Tr>& br,
+                                         const FwdParams& p, int col0) {
+  const int num_add = p.num_add;
   constexpr int kN = Tr::kStepN, kD = Tr::kD, kMT = Tr::kMT;
   sK += col0 * Tr::kPitch;
   sV += col0 * Tr::kPitch;
@@ -296,7 +297,12 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
 
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
-  softmax_update<Tr, kMasked>(st, s, scale_log2);
+  if (br.tab != nullptr) {
+    add_bias<Tr, KT>(s, tile, br, p, col0);
+    softmax_update<Tr, kMasked>(st, s, 1.f);
+  } else {
+    softmax_update<Tr, kMasked>(st, s, p.scale_log2);
+  }
 
   if constexpr (Tr::kF32) {
     pv_tf32<Tr, T>(st, s, sV, lane);
@@ -387,6 +393,8 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   FwdState<Tr> st;
   init_state(st);
   const int row0 = warp * Tr::kWarpRows;
+  BiasRows<Tr> br;
+  bias_rows<Tr, QT>(p, ft, row0, br);
 
   if constexpr (Tr::kQInRegs) {
     // Q to registers first: its staging area is about to hold K/V.
@@ -420,11 +428,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     if (t.inside) {
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
-        fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
+        fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, sWin, br, p, c0);
     } else {
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
-        fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, p.num_add, p.scale_log2, c0);
+        fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, br, p, c0);
     }
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }

@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 
   FwdState<Tr> st;
   init_state(st);
+  BiasRows<Tr> br;
+  bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();
@@ -82,9 +84,9 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.inside)
-      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
+      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, br, p);
     else
-      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, p.num_add, p.scale_log2);
+      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, br, p);
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);

@@ -212,6 +212,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       rw[0][r] = row_window<QT>(geo, ft.gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
     FwdState<Tr> st;
     init_state(st);
+    BiasRows<Tr> br;
+    bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+    // With a bias, add_bias leaves the scores in the softmax's log2 units.
+    const float sl2 = br.tab != nullptr ? 1.f : p.scale_log2;
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
@@ -253,10 +257,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
       if (cur.inside) {
-        softmax_update<Tr, false>(st, s, p.scale_log2);
+        if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+        softmax_update<Tr, false>(st, s, sl2);
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-        softmax_update<Tr, true>(st, s, p.scale_log2);
+        if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+        softmax_update<Tr, true>(st, s, sl2);
       }
       pack_p<Tr, T>(s, a);
       for (int it = run.first + 1; it < run.last; ++it) {
@@ -275,10 +281,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         float alpha[1][2];
         bool rescale;
         if (cur.inside) {
-          rescale = softmax_scores<Tr, false>(st, s, p.scale_log2, alpha);
+          if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+          rescale = softmax_scores<Tr, false>(st, s, sl2, alpha);
         } else {
           apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-          rescale = softmax_scores<Tr, true>(st, s, p.scale_log2, alpha);
+          if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+          rescale = softmax_scores<Tr, true>(st, s, sl2, alpha);
         }
         wgmma::wait<0>();
         wgmma::fence_operands(st.o[0]);

@@ -1,0 +1,127 @@
+"""Relative positional bias on the GPU: cuda-fused with a bias (added in the tiled forward kernels'
+scores, d rpb summed in the sm80 dK / dV kernel) against the same call without one, forward and
+forward + backward, on the standard and small-window problem sets (bench/problem_sets.py,
+bfloat16), in one process with the two variants in alternating rounds; and the unfused composition
+(qk, gathered bias, softmax, av: what ran before) where its attention tensor fits.
+
+    PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...]
+
+Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of each variant, the
+ratio with / without the bias (the issue's target: at most 1.15), the plans' forward families
+and the composition's time. A problem the fused backward does not take with a bias (its d rpb
+table does not fit shared memory) shows the reason instead.
+"""
+
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+
+import fna
+from fna import _rpb
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from problem_sets import PROBLEMS, SMALL  # noqa: E402
+
+
+def problems():
+    out = {}
+    for name, (B, H, shape, D, ks) in PROBLEMS.items():
+        out[name] = (B, H, shape, D, ks, (1,) * len(shape))
+    out.update(SMALL)
+    return out
+
+
+def gpu_ms(fn, reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--problems", default="")
+    ap.add_argument("--composition-gib", type=float, default=6.0,
+                    help="run the composition only where its attention tensor is below this")
+    args = ap.parse_args()
+    probs = problems()
+    if args.problems:
+        probs = {k: probs[k] for k in args.problems.split(",")}
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}, fna {fna.version()}, bfloat16, {args.rounds} rounds", flush=True)
+    rows = []
+    for name, (B, H, shape, D, ks, dil) in probs.items():
+        rank = len(shape)
+        na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+        g = torch.Generator(device="cuda").manual_seed(7)
+        q, k, v = (torch.randn(B, *shape, H, D, device="cuda", dtype=torch.bfloat16,
+                               generator=g) for _ in range(3))
+        rpb = torch.randn(H, *(2 * x - 1 for x in ks), device="cuda", generator=g)
+        d_out = torch.randn_like(q)
+        kw = dict(dilation=dil)
+        tokens = math.prod(shape)
+        pairs = B * H * tokens * math.prod(ks)
+        reps = max(1, min(50, int(2e9 / max(pairs * D, 1))))
+        plain_plan = fna.fused_plan((B, *shape, H, D), ks, dilation=dil)
+        bias_plan = fna.fused_plan((B, *shape, H, D), ks, dilation=dil, rpb=True)
+
+        def fwd(b):
+            return lambda: na(q, k, v, ks, rpb=b, **kw)
+
+        def fb(b):
+            qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
+            bb = None if b is None else b.detach().requires_grad_(True)
+
+            def step():
+                out = na(qq, kk, vv, ks, rpb=bb, **kw)
+                torch.autograd.grad(out, [qq, kk, vv] + ([] if bb is None else [bb]), d_out)
+            return step
+
+        for mode, make in (("fwd", fwd), ("fwd+bwd", fb)):
+            times = {"plain": [], "rpb": []}
+            err = ""
+            try:
+                for _ in range(args.rounds):
+                    for label, b in (("plain", None), ("rpb", rpb)):
+                        times[label].append(gpu_ms(make(b), reps))
+            except Exception as e:  # noqa: BLE001  (reported in the table)
+                err = str(e).splitlines()[0][:120]
+            comp = ""
+            att_gib = pairs * 4 / 2**30
+            if not err and att_gib < args.composition_gib and mode == "fwd":
+                sp = (list(ks), [1] * rank, list(dil), [False] * rank)
+                try:
+                    comp = "%.3f" % gpu_ms(lambda: _rpb.attention(q, k, v, rpb, sp, D ** -0.5, None,
+                                                                   None, "cuda-naive"), 1)
+                except Exception as e:  # noqa: BLE001
+                    comp = "error: " + str(e).splitlines()[0][:60]
+            if err:
+                rows.append((name, mode, "-", "-", "-", plain_plan["family"],
+                             bias_plan["family"], err))
+            else:
+                p = statistics.median(times["plain"])
+                r = statistics.median(times["rpb"])
+                rows.append((name, mode, "%.3f" % p, "%.3f" % r, "%.3f" % (r / p),
+                             plain_plan["family"], bias_plan["family"], comp))
+            print("  ".join(str(x) for x in rows[-1]), flush=True)
+        del q, k, v, d_out
+        torch.cuda.empty_cache()
+    print()
+    print("| problem | mode | no bias (ms) | rpb (ms) | rpb / no bias | plan | plan with rpb | "
+          "composition fwd (ms) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Relative positional bias in the cuda-fused kernels (the forward's tiled families: mma.sync,
+plain and warp-specialized wgmma; the sm80 dK / dV kernel's bias and d rpb), against the float64
+dense reference of test_rpb.py (the bias gathered there from coordinates, no fna code): output,
+LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks 1-3, odd and even
+kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
+query regions; the plan (no strip / box / SIMT forward, the sm80 backward with a bias); the
+deterministic route (the unfused composition) and the errors. Needs a CUDA GPU."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fna  # noqa: E402
+from helpers import random_params, seed_of  # noqa: E402
+from test_rpb import CASES, NA, reference  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# max |fna - float64 reference| relative to max(1, max |ref|), per dtype (16-bit rounding of the
+# inputs and of P dominates; float32 runs split TF32).
+TOL = {torch.bfloat16: 3e-2, torch.float16: 6e-3, torch.float32: 1e-4}
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _variants():
+    v = [("auto", {}), ("mma_sync", {"tuning": {"fwd_schedule": "mma_sync"}})]
+    if _hopper():
+        v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain"}}),
+              ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized"}}),
+              ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
+                                         "fwd_copy": "cp_async"}})]
+    return v
+
+
+def _make(case, seed, dtype, D, Dv, B=2):
+    rank, shape, ks, st, dil, causal, H, Hkv, n_add = case
+    g = torch.Generator().manual_seed(seed)
+    t = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x = {"q": t(B, *shape, H, D), "k": t(B, *shape, Hkv, D), "v": t(B, *shape, Hkv, Dv),
+         "rpb": t(H, *(2 * k - 1 for k in ks)),
+         "add_k": t(B, n_add, Hkv, D) if n_add else None,
+         "add_v": t(B, n_add, Hkv, Dv) if n_add else None}
+    # The reference takes the values the GPU sees (rounded to dtype); rpb stays float32.
+    low = {n: None if a is None else
+           a.to(torch.float32 if n == "rpb" else dtype).cuda().requires_grad_(True)
+           for n, a in x.items()}
+    ref = {n: None if a is None else low[n].detach().cpu().double().requires_grad_(True)
+           for n, a in x.items()}
+    return low, ref
+
+
+def _close(a, b, tol, what):
+    a = a.detach().cpu().double()
+    b = b.detach().cpu().double()
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    fin = torch.isfinite(b)
+    assert torch.equal(torch.isfinite(a), fin), f"{what}: non-finite entries differ"
+    err = (a[fin] - b[fin]).abs().max().item() if fin.any() else 0.0
+    mag = max(1.0, b[fin].abs().max().item() if fin.any() else 0.0)
+    assert err <= tol * mag, f"{what}: max error {err:.3g} > {tol * mag:.3g}"
+
+
+def _run(case, dtype, seed, what, D=16, Dv=16, query_offset=None, **kw):
+    rank, shape, ks, st, dil, causal = case[:6]
+    low, ref = _make(case, seed, dtype, D, Dv)
+    scale = 0.3
+    args = dict(stride=st, dilation=dil, is_causal=causal, scale=scale)
+    q = low["q"]
+    box = None
+    if query_offset is not None:
+        box = (slice(None),) + tuple(slice(o, L) for o, L in zip(query_offset, shape))
+        q = low["q"].detach()[box].clone().requires_grad_(True)
+    out, lse = NA[rank](q, low["k"], low["v"], ks, **args, additional_keys=low["add_k"],
+                        additional_values=low["add_v"], backend="cuda-fused", return_lse=True,
+                        rpb=low["rpb"], query_offset=query_offset, **kw)
+    r_out, r_lse = reference(ref["q"], ref["k"], ref["v"], ref["rpb"], ks, st, dil, causal,
+                             scale, ref["add_k"], ref["add_v"])
+    if box is not None:
+        r_out, r_lse = r_out[box], r_lse[box]
+    tol = TOL[dtype]
+    _close(out, r_out, tol, f"output, {what}")
+    _close(lse, r_lse, tol, f"lse, {what}")
+    g = torch.Generator().manual_seed(seed + 1)
+    g_out = torch.randn(r_out.shape, generator=g, dtype=torch.float64)
+    g_lse = torch.randn(r_lse.shape, generator=g, dtype=torch.float64)
+    names = [n for n in low if low[n] is not None]
+    mine = [q if n == "q" else low[n] for n in names]
+    grads = torch.autograd.grad((out.float() * g_out.cuda().float()).sum() +
+                                (lse * g_lse.cuda().float()).sum(), mine)
+    r_grads = torch.autograd.grad((r_out * g_out).sum() + (r_lse * g_lse).sum(),
+                                  [ref[n] for n in names])
+    for n, a, b in zip(names, grads, r_grads):
+        if n == "q" and box is not None:
+            b = b[box]
+        # d rpb sums dS over every pair of a table entry: bounded by its mean magnitude.
+        _close(a, b, tol * (4 if n == "rpb" and dtype != torch.float32 else 1), f"d {n}, {what}")
+    return out
+
+
+@pytest.mark.parametrize("variant", _variants(), ids=lambda v: v[0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_fused_matches_reference(i, dtype, variant):
+    name, kw = variant
+    if dtype == torch.float32 and name.startswith("sm90"):
+        pytest.skip("the wgmma kernels take 16-bit tensors")
+    _run(CASES[i], dtype, seed_of("rpb-cuda", i, str(dtype)), f"case {i} {name} {dtype}", **kw)
+
+
+@pytest.mark.parametrize("D", [32, 64, 128, 256])
+def test_head_dims(D):
+    """Head dims across the kernels' buckets (256: the backward's two passes)."""
+    case = (2, [12, 10], [5, 3], [1, 1], [1, 2], [False, False], 4, 2, 2)
+    for dtype in (torch.bfloat16, torch.float32):
+        _run(case, dtype, seed_of("rpb-cuda-d", D, str(dtype)), f"D={D} {dtype}", D=D, Dv=D)
+
+
+def test_nat_like_tiles_inside():
+    """A grid large enough that most key tiles lie inside every window (the unmasked path)."""
+    case = (2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)
+    for name, kw in _variants():
+        _run(case, torch.bfloat16, seed_of("rpb-cuda-nat", name), f"nat-like {name}", D=32,
+             Dv=32, **kw)
+
+
+def test_query_region():
+    case = (2, [20, 18], [5, 7], [1, 2], [2, 1], [False, True], 2, 1, 0)
+    _run(case, torch.bfloat16, seed_of("rpb-cuda-region"), "region", query_offset=(6, 3))
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_random_problems(rank):
+    for c in range(4):
+        rng = np.random.default_rng(seed_of("rpb-cuda-random", rank, c))
+        shape, ks, st, dil, causal = random_params(rng, rank, max_len=[40, 14, 8][rank - 1])
+        case = (rank, shape, ks, st, dil, causal, 2, 1 + c % 2, c % 2)
+        _run(case, torch.bfloat16, seed_of("rpb-cuda-random-data", rank, c), f"random {case}")
+
+
+def test_bias_matters():
+    """Without the bias the output differs well beyond the tolerance (the test can fail)."""
+    case = CASES[3]
+    low, _ = _make(case, seed_of("rpb-cuda-matters"), torch.bfloat16, 16, 16)
+    ks = case[2]
+    with_b = fna.na2d(low["q"], low["k"], low["v"], ks, rpb=low["rpb"], backend="cuda-fused")
+    without = fna.na2d(low["q"], low["k"], low["v"], ks, backend="cuda-fused")
+    assert (with_b.float() - without.float()).abs().max().item() > 0.1
+
+
+def test_plan_with_rpb():
+    """NAT-like problems where the plan runs the strip / SIMT forwards without a bias run a tiled
+    kernel with one, and the sm80 backward; fused_plan(rpb=True) reports exactly that."""
+    for shape, ks, D in (((56, 56), 7, 32), ((64, 64), 13, 64), ((28, 28), 7, 32)):
+        q = (2, *shape, 4, D)
+        plain = fna.fused_plan(q, ks)
+        plan = fna.fused_plan(q, ks, rpb=True)
+        assert plan["family"] in ("sm80", "sm90", "sm90ws"), (shape, plan)
+        assert plan["backward_family"] == "sm80", (shape, plan)
+        assert plain["family"] != "" and plan["config"] != ""
+        g = torch.Generator(device="cuda").manual_seed(seed_of("rpb-plan", *shape))
+        t = [torch.randn(q, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
+        rpb = torch.randn(4, 2 * ks - 1, 2 * ks - 1, device="cuda", generator=g)
+        fna.na2d(*t, ks, rpb=rpb)
+        assert fna._C.last_fused_launch()["forward"] == plan["config"]
+
+
+def test_deterministic_runs_the_composition():
+    """deterministic=True (or torch's flag): the fused backward would sum d rpb with atomics, so
+    the call runs the unfused composition; the results still match the reference."""
+    case = CASES[4]
+    _run(case, torch.float32, seed_of("rpb-cuda-det"), "deterministic", deterministic=True)
+    low, _ = _make(case, seed_of("rpb-cuda-det2"), torch.float32, 16, 16)
+    rank, shape, ks, st, dil, causal = case[:6]
+    grads = []
+    for _ in range(2):
+        out = NA[rank](low["q"], low["k"], low["v"], ks, stride=st, dilation=dil,
+                       is_causal=causal, additional_keys=low["add_k"],
+                       additional_values=low["add_v"], rpb=low["rpb"], deterministic=True)
+        grads.append(torch.autograd.grad(out.sum(), [low["rpb"]])[0])
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_errors():
+    case = CASES[3]
+    low, _ = _make(case, seed_of("rpb-cuda-err"), torch.bfloat16, 16, 16)
+    ks = case[2]
+    q, k, v, rpb = (low[n].detach() for n in ("q", "k", "v", "rpb"))
+    out, lse = fna.na2d(q, k, v, ks, rpb=rpb, return_lse=True, backend="cuda-fused")
+    d_out = torch.randn_like(out)
+    with pytest.raises(Exception, match="deterministic"):
+        fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
+                        deterministic=True)
+    if _hopper():
+        with pytest.raises(Exception, match="rpb: the sm90 backward adds no bias"):
+            fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
+                            tuning={"bwd_kernel": "sm90"})
+    # The explicit backward returns d rpb last, equal to autograd's.
+    grads = fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused")
+    x = {n: low[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "rpb")}
+    o2 = fna.na2d(x["q"], x["k"], x["v"], ks, rpb=x["rpb"], backend="cuda-fused")
+    auto = torch.autograd.grad(o2, [x["q"], x["k"], x["v"], x["rpb"]], d_out)
+    for a, b in zip(grads, auto):
+        assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)
+    assert grads[-1].shape == rpb.shape and math.isfinite(grads[-1].abs().sum().item())
