@@ -1,5 +1,6 @@
 """Relative positional bias in the cuda-fused kernels (the forward's tiled families: mma.sync,
-plain and warp-specialized wgmma; the sm80 dK / dV kernel's bias and d rpb), against the float64
+plain and warp-specialized wgmma; the sm80 and plain Hopper dK / dV kernels' bias and d rpb),
+against the float64
 dense reference of test_rpb.py (the bias gathered there from coordinates, no fna code): output,
 LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks 1-3, odd and even
 kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
@@ -29,9 +30,9 @@ def _hopper():
 
 
 def _variants():
-    v = [("auto", {}), ("mma_sync", {"tuning": {"fwd_schedule": "mma_sync"}})]
+    v = [("auto", {}), ("mma_sync", {"tuning": {"fwd_schedule": "mma_sync", "bwd_kernel": "sm80"}})]
     if _hopper():
-        v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain"}}),
+        v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain", "bwd_kernel": "sm90"}}),
               ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized"}}),
               ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
                                          "fwd_copy": "cp_async"}})]
@@ -156,13 +157,14 @@ def test_bias_matters():
 
 def test_plan_with_rpb():
     """NAT-like problems where the plan runs the strip / SIMT forwards without a bias run a tiled
-    kernel with one, and the sm80 backward; fused_plan(rpb=True) reports exactly that."""
+    kernel with one, and the sm80 / plain Hopper backward; fused_plan(rpb=True) reports exactly
+    that."""
     for shape, ks, D in (((56, 56), 7, 32), ((64, 64), 13, 64), ((28, 28), 7, 32)):
         q = (2, *shape, 4, D)
         plain = fna.fused_plan(q, ks)
         plan = fna.fused_plan(q, ks, rpb=True)
         assert plan["family"] in ("sm80", "sm90", "sm90ws"), (shape, plan)
-        assert plan["backward_family"] == "sm80", (shape, plan)
+        assert plan["backward_family"] == ("sm90" if _hopper() else "sm80"), (shape, plan)
         assert plain["family"] != "" and plan["config"] != ""
         g = torch.Generator(device="cuda").manual_seed(seed_of("rpb-plan", *shape))
         t = [torch.randn(q, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
@@ -198,9 +200,9 @@ def test_errors():
         fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
                         deterministic=True)
     if _hopper():
-        with pytest.raises(Exception, match="rpb: the sm90 backward adds no bias"):
+        with pytest.raises(Exception, match="rpb: the sm90ws backward adds no bias"):
             fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
-                            tuning={"bwd_kernel": "sm90"})
+                            tuning={"bwd_kernel": "sm90ws"})
     # The explicit backward returns d rpb last, equal to autograd's.
     grads = fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused")
     x = {n: low[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "rpb")}

@@ -17,12 +17,13 @@ template <typename T, int kD, int kKV>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV>;
   auto kernel = dkdv_sm90_kernel<T, kD, kKV>;
-  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90, atomic dq)");
+  const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
+  Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
   if (!st.ok()) return st;
-  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false);
+  kernel<<<l.grid_dkdv, Tr::kThreads, smem, stream>>>(p, false);
   st = launch_error("dkdv (sm90, atomic dq)");
   if (!st.ok() || l.grid_add.x == 0) return st;
-  kernel<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true);
+  kernel<<<l.grid_add, Tr::kThreads, smem, stream>>>(p, true);
   return launch_error("dkdv (sm90, additional, atomic dq)");
 }
 

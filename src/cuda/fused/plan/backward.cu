@@ -380,14 +380,15 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                                                                           : fused::BwdFamily::sm90;
   }
   if (pr.rpb) {
-    // The bias is in the sm80 dK / dV kernel only, whose d rpb sums end in atomics.
+    // The bias is in the sm80 and plain Hopper dK / dV kernels, whose d rpb sums end in atomics.
     if (opt.deterministic)
       return unsupported("rpb: the fused backward sums d rpb with atomics (not deterministic); "
                          "deterministic=true with a bias runs on backends reference and cpu");
-    if (named == nullptr && t.bwd_kernel == BwdKernel::automatic) family = fused::BwdFamily::sm80;
-    if (family != fused::BwdFamily::sm80)
-      return unsupported("rpb: the " + std::string(fused::family_name(family)) +
-                         " backward adds no bias (the sm80 kernels do)");
+    if (named == nullptr && t.bwd_kernel == BwdKernel::automatic &&
+        family == fused::BwdFamily::sm90ws)
+      family = fused::BwdFamily::sm90;
+    if (family == fused::BwdFamily::sm90ws)
+      return unsupported("rpb: the sm90ws backward adds no bias (the sm80 and sm90 kernels do)");
   }
   if (family != fused::BwdFamily::sm80) {
     const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"
@@ -658,7 +659,8 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
     if (!fused::dense_bias(pr.rank, a.rpb.strides, pr.kernel_size) ||
         !fused::dense_bias(pr.rank, a.d_rpb.strides, pr.kernel_size))
       return unsupported("rpb / d_rpb: the fused backward needs dense (contiguous) bias tables");
-    fused::set_bias(p, pr.rank, a.rpb.data, a.rpb.strides, pr.kernel_size);
+    if (!fused::set_bias(p, pr.rank, a.rpb.data, pr.kernel_size))
+      return unsupported("rpb: the bias table has more than 2^31 elements");
     p.d_rpb = static_cast<float*>(a.d_rpb.data);
   }
 

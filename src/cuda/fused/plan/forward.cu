@@ -112,7 +112,7 @@ void fill_params(const Problem& p, const ForwardArgs* a, const Options& opt, Fwd
   }
   static_cast<fused::ProblemBlock&>(*fp) = fused::problem_block(p, opt.scale);
   if (a != nullptr && a->rpb.data != nullptr)
-    fused::set_bias(*fp, p.rank, a->rpb.data, a->rpb.strides, p.kernel_size);
+    fused::set_bias(*fp, p.rank, a->rpb.data, p.kernel_size);
   // Q, O and LSE hold the query region only: their pointers move back by the region's offset so
   // that the kernels address a query by its global coordinates (they touch no row outside the
   // region: q_row_src, store_row).
@@ -468,11 +468,11 @@ Status cuda_fused_forward(const Problem& p, const ForwardArgs& a, const Options&
     if (!(st = check_rows("additional_values", a.add_v, 4, add_ext_v, vec)).ok()) return st;
   }
   if (a.rpb.data != nullptr) {
+    if (!fused::dense_bias(p.rank, a.rpb.strides, p.kernel_size))
+      return unsupported("rpb: the fused kernels need a dense (contiguous) bias table");
     fused::ProblemBlock b = fused::problem_block(p, 1.0);
-    if (!fused::set_bias(b, p.rank, a.rpb.data, a.rpb.strides, p.kernel_size))
-      return unsupported("rpb: the kernels index the bias table with 32-bit offsets from its "
-                         "first element; its strides (negative, or an extent past 2^31 "
-                         "elements) do not allow that: pass a contiguous table");
+    if (!fused::set_bias(b, p.rank, a.rpb.data, p.kernel_size))
+      return unsupported("rpb: the bias table has more than 2^31 elements");
   }
   DeviceGuard guard;
   if (!(st = guard.set(opt_in.device_index)).ok()) return st;

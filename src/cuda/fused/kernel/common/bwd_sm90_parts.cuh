@@ -159,6 +159,15 @@ struct Sm90Step {
         dp[n][e] = pe * (dp[n][e] - st.y);
       }
     }
+    pack(s, dp, ap, ad, ds, wrow, lane);
+  }
+
+  // P^T and dS^T (computed in place) as register A operands, dS^T also into shared memory at
+  // `ds` (softmax_pack's second half; with a bias, bwd_bias.cuh computes them).
+  __device__ __forceinline__ static void pack(const float (&s)[kNB][4], const float (&dp)[kNB][4],
+                                              uint32_t (&ap)[kNB / 2][4],
+                                              uint32_t (&ad)[kNB / 2][4], unsigned char* ds,
+                                              int wrow, int lane) {
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
       ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);

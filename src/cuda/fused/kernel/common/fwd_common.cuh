@@ -405,8 +405,11 @@ __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft,
 
 // s = s * scale_log2 + bias * log2(e) for one step's scores (keys [col0, col0 + kStepN) of
 // `tile`): logits in the softmax's log2 units, so the caller runs softmax_update with a scale of
-// 1. Masked scores (-inf) and rows the CTA does not store read no bias; additional keys have none.
-template <class Tr, class KT>
+// 1. The table is dense (unit stride on the last axis), so a row's biases along the tile's fast
+// axis are consecutive. kMasked: scores the mask set to -inf read no bias (their index may lie
+// outside the table); in tiles inside every window only rows the CTA does not store are skipped.
+// Additional keys have no bias.
+template <class Tr, class KT, bool kMasked>
 __device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
                                          const KvTile& tile, const BiasRows<Tr>& br,
                                          const FwdParams& p, int col0) {
@@ -424,10 +427,14 @@ __device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
   }
   const int t2 = 2 * (threadIdx.x & 3);
   constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
-  int toff = 0;
+  int toff = tile.origin[kAxes - 1] + (kFast8 ? t2 : 0);
 #pragma unroll
-  for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) toff += tile.origin[ax] * p.rpb_stride[1 + ax];
-  if (kFast8) toff += t2 * p.rpb_stride[kAxes];
+  for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) toff += tile.origin[ax] * p.rpb_stride[1 + ax];
+  const float* rb[Tr::kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rb[mt][r] = br.tab + (br.off[mt][r] + toff);
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
@@ -439,16 +446,16 @@ __device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
       } else {
         KT::coord(col0 + j * 8 + t2 + e, c);
       }
-      int coff = toff;
+      int coff = c[kAxes - 1];
 #pragma unroll
-      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) coff += c[ax] * p.rpb_stride[1 + ax];
+      for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) coff += c[ax] * p.rpb_stride[1 + ax];
 #pragma unroll
       for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float& x = s[mt][j][2 * r + e];
-          const bool use = br.ok[mt][r] && x != -INFINITY;
-          const float b = use ? __ldg(br.tab + br.off[mt][r] + coff) : 0.f;
+          const bool use = br.ok[mt][r] && (!kMasked || x != -INFINITY);
+          const float b = use ? __ldg(rb[mt][r] + coff) : 0.f;
           x = fmaf(b, kLog2e, x * sl2);
         }
     }

@@ -41,25 +41,23 @@ struct ProblemBlock {
   int rpb_elems;  // entries of one head's table (prod 2 K_a - 1)
 };
 
-// The bias table `data` with strides `strides` ([H, 2 K_a - 1 ..], rank + 1 entries) into `b`;
-// false when an element offset of the table exceeds 32 bits (the kernels index it with int).
-inline bool set_bias(ProblemBlock& b, int rank, const void* data, const int64_t* strides,
-                     const int64_t* kernel) {
+// The bias table `data` into `b` (null: none). The fused kernels take dense tables only
+// (dense_bias: [H, 2 K_a - 1 ..] row-major, so the last axis has unit stride); false when the
+// table's elements exceed 32-bit offsets (the kernels index it with int).
+inline bool set_bias(ProblemBlock& b, int rank, const void* data, const int64_t* kernel) {
   b.rpb = static_cast<const float*>(data);
   for (int i = 0; i < 4; ++i) b.rpb_stride[i] = 0;
   b.rpb_elems = 0;
   if (data == nullptr) return true;
-  b.rpb_elems = 1;
-  for (int a = 0; a < rank; ++a) b.rpb_elems *= static_cast<int>(2 * kernel[a] - 1);
-  int64_t span = int64_t(b.heads - 1) * strides[0];
-  b.rpb_stride[0] = static_cast<int>(strides[0]);
-  for (int a = 0; a < rank; ++a) {
-    span += (2 * kernel[a] - 2) * strides[1 + a];
-    b.rpb_stride[1 + kAxes - rank + a] = static_cast<int>(strides[1 + a]);
+  int64_t s = 1;
+  for (int a = rank - 1; a >= 0; --a) {
+    b.rpb_stride[1 + kAxes - rank + a] = static_cast<int>(s);
+    s *= 2 * kernel[a] - 1;
+    if (s >= (int64_t(1) << 31)) return false;
   }
-  bool ok = span >= 0 && span < (int64_t(1) << 31) && b.rpb_elems > 0;
-  for (int i = 0; i <= rank; ++i) ok = ok && strides[i] >= 0 && strides[i] < (int64_t(1) << 31);
-  return ok;
+  b.rpb_stride[0] = static_cast<int>(s);
+  b.rpb_elems = static_cast<int>(s);
+  return s * b.heads < (int64_t(1) << 31);
 }
 
 // Whether a bias-shaped table (rank + 1 strides) is laid out densely: [H, 2 K_a - 1 ..] row-major.

@@ -19,6 +19,7 @@
 // each pass holds one accumulator set, as head dim 128 does with both. kPassBoth does all of it.
 #pragma once
 
+#include "cuda/fused/kernel/common/bwd_bias.cuh"
 #include "cuda/fused/kernel/common/bwd_dkdv_parts.cuh"
 
 namespace fna {
@@ -53,25 +54,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int* s_full = reinterpret_cast<int*>(s_tok + 2 * kQ);                // [2]: no mask needed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // Relative positional bias (neighborhood keys): the current head's d rpb sums in shared memory
-  // after the kernel's own (BwdLaunch::bias_smem), added into p.d_rpb with atomics when the walk
-  // moves to the next head and at the end.
-  const bool bias = p.rpb != nullptr && !additional;
-  constexpr bool kBiasGrad = kDoDk;
-  float* s_drpb = reinterpret_cast<float*>(smem + Tr::kSmem);
-  if (bias && kBiasGrad)
-    for (int i = tid; i < p.rpb_elems; i += kThreads) s_drpb[i] = 0.f;
-  auto flush_bias = [&](int h) {
-    float* t = s_drpb;
-    float* g = p.d_rpb + int64_t(h) * p.rpb_stride[0];
-    for (int i = tid; i < p.rpb_elems; i += kThreads) {
-      const float v = t[i];
-      if (v != 0.f) {
-        atomicAdd(g + i, v);
-        t[i] = 0.f;
-      }
-    }
-  };
 
   // ---- which tile this CTA owns ------------------------------------------------------------
   int b, hkv, kv0[kAxes] = {0, 0, 0};
@@ -112,18 +94,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const uint32_t baseK = smem_u32(sK), baseV = smem_u32(sV);
   const int wrow = warp * 16;
   int ds_slot = 0;
-  // The bias index of this thread's two key rows at query coordinates 0 (the table is dense).
-  int kb[2] = {0, 0};
-  if (bias) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint32_t off = pack_offsets(p.tkv, wrow + (lane >> 2) + 8 * half);
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a)
-        kb[half] += (kv0[a] + unpack_offset(off, a) + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
-    }
-  }
-  int bias_h = cur.h;  // the head whose d rpb the shared table holds
+  // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
+  // (BwdLaunch::bias_smem), in the passes that compute dS (bwd_bias.cuh).
+  BwdBias bias = bias_setup<kThreads>(p, additional, kDoDk, kv0, wrow, lane, cur.h,
+                                      reinterpret_cast<float*>(smem + Tr::kSmem));
 
   if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
@@ -131,11 +105,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
-    if (bias && kBiasGrad && cur.h != bias_h) {  // (the same on every thread)
-      flush_bias(bias_h);  // its last adds came before the barrier above
-      bias_h = cur.h;
-      __syncthreads();     // the table is zero again before anyone adds to it
-    }
+    bias_next_head<kThreads>(p, bias, cur.h);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
@@ -200,35 +170,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       if (masked) mask_key_rows<kNB>(s, s_kinv, s_qoff + qs, q0, wrow, lane);
 
       // P^T = exp(scale S^T + bias - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
-      if (bias) {
-        const float* tab = p.rpb + int64_t(cur.h) * p.rpb_stride[0];
-        float* acc = s_drpb;
-#pragma unroll
-        for (int n = 0; n < kNB; ++n) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t off = s_qoff[qs + n * 8 + 2 * (lane & 3) + j];
-            int qc = 0;
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a) qc += (q0[a] + unpack_offset(off, a)) * p.rpb_stride[1 + a];
-            const float2 st = stat[qs + n * 8 + 2 * (lane & 3) + j];
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int e = 2 * half + j;
-              const int idx = kb[half] - qc;
-              // Masked pairs (-inf) read nothing: their index may lie outside the table.
-              const bool in = s[n][e] != -INFINITY;
-              const float x = fmaf(in ? __ldg(tab + idx) : 0.f, 1.4426950408889634f,
-                                   s[n][e] * p.scale_log2);
-              const float pe = mma::fast_exp2(x - st.x);
-              s[n][e] = pe;
-              if (kDoDk) {
-                dp[n][e] = pe * (dp[n][e] - st.y);
-                if (kBiasGrad && pe != 0.f) atomicAdd(acc + idx, dp[n][e]);
-              }
-            }
-          }
-        }
+      if (bias.on) {
+        bias_softmax<kNB, kDoDk>(p, bias, cur.h, s, dp, stat + qs, s_qoff + qs, q0, lane);
       } else {
 #pragma unroll
       for (int n = 0; n < kNB; ++n) {
@@ -319,9 +262,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cur.next(p, additional, qr, nq);
   }
 
-  if (bias && kBiasGrad) {
+  if (bias.acc != nullptr) {
     __syncthreads();  // every thread's adds to the last head's table
-    flush_bias(bias_h);
+    bias_flush<kThreads>(p, bias);
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

@@ -298,7 +298,7 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
   if (br.tab != nullptr) {
-    add_bias<Tr, KT>(s, tile, br, p, col0);
+    add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
     softmax_update<Tr, kMasked>(st, s, 1.f);
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);

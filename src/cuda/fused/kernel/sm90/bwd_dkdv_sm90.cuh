@@ -37,6 +37,7 @@
 // dim 128 (launch: use_bwd_sm90_ws).
 #pragma once
 
+#include "cuda/fused/kernel/common/bwd_bias.cuh"
 #include "cuda/fused/kernel/common/bwd_sm90_parts.cuh"
 
 namespace fna {
@@ -98,6 +99,10 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
   const uint32_t aK = base + Tr::kOffK + wg * 64 * 128;  // this warpgroup's 64 keys
   const uint32_t aV = base + Tr::kOffV + wg * 64 * 128;
   const int wrow = warp * 16;
+  // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
+  // (BwdLaunch::bias_smem; bwd_bias.cuh).
+  BwdBias bias = bias_setup<kThreads>(p, additional, true, kv0, wrow, lane, cur.h,
+                                      reinterpret_cast<float*>(smem_raw + Tr::kSmem));
 
   // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
   QWalk ahead = cur;
@@ -125,6 +130,7 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
     wgmma::fence_proxy_async();
     __syncthreads();
     prefetch(it);
+    bias_next_head<kThreads>(p, bias, cur.h);
     const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
@@ -141,7 +147,12 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
 
     // P^T, dS^T; dS^T also to shared memory for dQ.
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-    Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
+    if (bias.on) {
+      bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, s_qoff, q0, lane);
+      Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
+    } else {
+      Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
+    }
 
     // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
     // dV is issued before the barrier (it runs while the warpgroups meet there), dK after dQ, so
@@ -215,6 +226,11 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
     Step::wait_all(acc_dv, acc_dk, ap, ad);
     cur.next(p, additional, qr, nq);
     buf = buf + 1 == kBufs ? 0 : buf + 1;
+  }
+
+  if (bias.acc != nullptr) {
+    __syncthreads();  // every thread's adds to the last head's table
+    bias_flush<kThreads>(p, bias);
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

@@ -257,11 +257,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
       if (cur.inside) {
-        if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+        if (br.tab != nullptr) add_bias<Tr, KT, false>(s, cur, br, p, 0);
         softmax_update<Tr, false>(st, s, sl2);
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-        if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+        if (br.tab != nullptr) add_bias<Tr, KT, true>(s, cur, br, p, 0);
         softmax_update<Tr, true>(st, s, sl2);
       }
       pack_p<Tr, T>(s, a);
@@ -281,11 +281,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         float alpha[1][2];
         bool rescale;
         if (cur.inside) {
-          if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+          if (br.tab != nullptr) add_bias<Tr, KT, false>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, false>(st, s, sl2, alpha);
         } else {
           apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-          if (br.tab != nullptr) add_bias<Tr, KT>(s, cur, br, p, 0);
+          if (br.tab != nullptr) add_bias<Tr, KT, true>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, true>(st, s, sl2, alpha);
         }
         wgmma::wait<0>();

@@ -1,0 +1,111 @@
+// The relative positional bias in the dK / dV kernels (bwd_dkdv_sm80.cuh, bwd_dkdv_sm90.cuh), on
+// their S^T layout: this thread's key rows wrow + lane / 4 and 8 below, query columns
+// n * 8 + 2 * (lane % 4) + j of the query sub-tile. P^T recomputes the forward's biased logits,
+// and dS^T, the gradient of the logits, is summed per table entry into the current head's table
+// in shared memory (atomics there), which goes to d rpb with one global atomic per entry when the
+// CTA's walk moves to the next head and at its end.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/fused/kernel/common/bwd_params.cuh"
+
+namespace fna {
+namespace bwd {
+
+struct BwdBias {
+  bool on;     // a bias, and the CTA's keys are neighborhood keys
+  int kb[2];   // table index of this thread's two key rows at query coordinates 0
+  float* acc;  // the current head's d rpb sums (shared memory, p.rpb_elems); null: no gradient
+  int h;       // that head
+};
+
+// The thread's key rows of the key tile at kv0; zeroes the table `table` (made visible by the
+// caller's next barrier) when the kernel computes d rpb (`grad`).
+template <int kThreads>
+__device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, bool grad,
+                                              const int* kv0, int wrow, int lane, int h0,
+                                              float* table) {
+  BwdBias bb;
+  bb.on = p.rpb != nullptr && !additional;
+  bb.acc = bb.on && grad ? table : nullptr;
+  bb.h = h0;
+  bb.kb[0] = bb.kb[1] = 0;
+  if (!bb.on) return bb;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t off = pack_offsets(p.tkv, wrow + (lane >> 2) + 8 * half);
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a)
+      bb.kb[half] +=
+          (kv0[a] + unpack_offset(off, a) + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
+  }
+  if (bb.acc != nullptr)
+    for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) bb.acc[i] = 0.f;
+  return bb;
+}
+
+// The table's sums into d rpb of head bb.h (after a barrier that follows every add), zeroing it.
+template <int kThreads>
+__device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
+  float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
+  for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) {
+    const float v = bb.acc[i];
+    if (v != 0.f) {
+      atomicAdd(g + i, v);
+      bb.acc[i] = 0.f;
+    }
+  }
+}
+
+// At the top of an iteration (after its first barrier) of query head h: a change of head flushes
+// the previous head's sums; the barrier after it (the same branch on every thread) keeps new
+// adds behind the zeroing.
+template <int kThreads>
+__device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int h) {
+  if (bb.acc != nullptr && h != bb.h) {
+    bias_flush<kThreads>(p, bb);
+    bb.h = h;
+    __syncthreads();
+  }
+}
+
+// P^T = exp2(S^T scale_log2 + bias log2(e) - LSE) and (kDs) dS^T = P^T (dP^T - Dsum) in place for
+// query head h, the sub-tile's queries at local coordinates q0 + qoff[column], statistics
+// stat[column]; with bb.acc, dS^T summed per table entry. Masked pairs (-inf) read no bias: their
+// index may lie outside the table.
+template <int kNB, bool kDs>
+__device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb, int h,
+                                             float (&s)[kNB][4], float (&dp)[kNB][4],
+                                             const float2* stat, const uint32_t* qoff,
+                                             const int* q0, int lane) {
+  const float* tab = p.rpb + int64_t(h) * p.rpb_stride[0];
+#pragma unroll
+  for (int n = 0; n < kNB; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t off = qoff[n * 8 + 2 * (lane & 3) + j];
+      int qc = 0;
+#pragma unroll
+      for (int a = 0; a < kAxes; ++a) qc += (q0[a] + unpack_offset(off, a)) * p.rpb_stride[1 + a];
+      const float2 st = stat[n * 8 + 2 * (lane & 3) + j];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int e = 2 * half + j;
+        const int idx = bb.kb[half] - qc;
+        const bool in = s[n][e] != -INFINITY;
+        const float x =
+            fmaf(in ? __ldg(tab + idx) : 0.f, 1.4426950408889634f, s[n][e] * p.scale_log2);
+        const float pe = mma::fast_exp2(x - st.x);
+        s[n][e] = pe;
+        if (kDs) {
+          dp[n][e] = pe * (dp[n][e] - st.y);
+          if (bb.acc != nullptr && pe != 0.f) atomicAdd(bb.acc + idx, dp[n][e]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace fna
