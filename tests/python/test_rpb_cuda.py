@@ -211,3 +211,18 @@ def test_errors():
     for a, b in zip(grads, auto):
         assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)
     assert grads[-1].shape == rpb.shape and math.isfinite(grads[-1].abs().sum().item())
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_every_backward_config(rank):
+    """Every backward tile configuration that takes a bias (the sm80 and plain Hopper ones):
+    query and key tiles whose last extent is a multiple of 8 sum d rpb along diagonals first,
+    the others (3-D cubes of 4) add each value by itself; both against the reference."""
+    case = {1: (1, [70], [9], [1], [2], [False], 2, 1, 0),
+            2: (2, [18, 20], [5, 7], [1, 1], [1, 2], [False, True], 2, 2, 0),
+            3: (3, [9, 10, 12], [3, 5, 5], [1, 1, 1], [1, 1, 2], [False, False, True], 2, 1, 0)}[rank]
+    names = [n for n in fna.fused_backward_configs(rank, torch.bfloat16, 16)
+             if "_sm90ws_" not in n and (_hopper() or "_sm90_" not in n)]
+    assert names
+    for name in names:
+        _run(case, torch.bfloat16, seed_of("rpb-cuda-cfg", name), name, backward_config=name)

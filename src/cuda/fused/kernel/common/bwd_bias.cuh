@@ -70,24 +70,59 @@ __device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int
   }
 }
 
+// Adds this thread's dS^T values ds[j] (j = 0, 1: columns 2 (lane % 4) + j of an 8-query block)
+// of one key-row half to the table at their indices idx[j]. `diag`: the 8 key
+// rows and the 8 query columns are each consecutive on the last axis (key and query tiles with a
+// last extent of 8k), so the value of lane (g, t) (g = lane / 4, t = lane % 4) at column
+// 2t + j has index idx(lane 0, j = 0) + g - 2t - j: the warp's 64 values fall into 15 diagonals
+// c = g - 2t - j, which shuffles sum first, and one lane per diagonal adds (no two lanes of an
+// add share an address). Otherwise each value is added by itself.
+__device__ __forceinline__ void bias_grad_add(float* acc, bool diag, const float (&ds)[2],
+                                              const int (&idx)[2], int lane) {
+  if (!diag) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (ds[j] != 0.f) atomicAdd(acc + idx[j], ds[j]);
+    return;
+  }
+  const int g = lane >> 2, t = lane & 3;
+  // (g, t, 0) and (g + 1, t, 1) share a diagonal: lane + 4 holds the latter.
+  const float v1_next = __shfl_down_sync(0xffffffffu, ds[1], 4);
+  float w = ds[0] + (g < 7 ? v1_next : 0.f);
+  // (0, t, 1) is on the diagonal of (1, t + 1, 0): lane - 5 holds it (t + 1 <= 3).
+  const float v1_prev = __shfl_up_sync(0xffffffffu, ds[1], 5);
+  if (g == 1 && t >= 1) w += v1_prev;
+  // Along a diagonal: (g, t), (g + 2, t + 1), (g + 4, t + 2), (g + 6, t + 3).
+  float o = __shfl_down_sync(0xffffffffu, w, 9);
+  w += (g + 2 <= 7 && t + 1 <= 3) ? o : 0.f;
+  o = __shfl_down_sync(0xffffffffu, w, 18);
+  w += (g + 4 <= 7 && t + 2 <= 3) ? o : 0.f;
+  // The diagonal's first lane adds its sum; (0, 3, 1) has a diagonal of its own.
+  if ((g < 2 || t == 0) && w != 0.f) atomicAdd(acc + idx[0], w);
+  if (g == 0 && t == 3 && ds[1] != 0.f) atomicAdd(acc + idx[1], ds[1]);
+}
+
 // P^T = exp2(S^T scale_log2 + bias log2(e) - LSE) and (kDs) dS^T = P^T (dP^T - Dsum) in place for
 // query head h, the sub-tile's queries at local coordinates q0 + qoff[column], statistics
-// stat[column]; with bb.acc, dS^T summed per table entry. Masked pairs (-inf) read no bias: their
-// index may lie outside the table.
+// stat[column]; with bb.acc, dS^T summed per table entry (bias_grad_add). Masked pairs (-inf)
+// read no bias: their index may lie outside the table.
 template <int kNB, bool kDs>
 __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb, int h,
                                              float (&s)[kNB][4], float (&dp)[kNB][4],
                                              const float2* stat, const uint32_t* qoff,
                                              const int* q0, int lane) {
   const float* tab = p.rpb + int64_t(h) * p.rpb_stride[0];
+  const bool diag = p.tkv[kAxes - 1] % 8 == 0 && p.tq[kAxes - 1] % 8 == 0;
 #pragma unroll
   for (int n = 0; n < kNB; ++n) {
+    int qcs[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const uint32_t off = qoff[n * 8 + 2 * (lane & 3) + j];
       int qc = 0;
 #pragma unroll
       for (int a = 0; a < kAxes; ++a) qc += (q0[a] + unpack_offset(off, a)) * p.rpb_stride[1 + a];
+      qcs[j] = qc;
       const float2 st = stat[n * 8 + 2 * (lane & 3) + j];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -98,10 +133,16 @@ __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb,
             fmaf(in ? __ldg(tab + idx) : 0.f, 1.4426950408889634f, s[n][e] * p.scale_log2);
         const float pe = mma::fast_exp2(x - st.x);
         s[n][e] = pe;
-        if (kDs) {
-          dp[n][e] = pe * (dp[n][e] - st.y);
-          if (bb.acc != nullptr && pe != 0.f) atomicAdd(bb.acc + idx, dp[n][e]);
-        }
+        if (kDs) dp[n][e] = pe * (dp[n][e] - st.y);
+      }
+    }
+    if (kDs && bb.acc != nullptr) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
+        const float v[2] = {dp[n][2 * half], dp[n][2 * half + 1]};
+        const int idx[2] = {bb.kb[half] - qcs[0], bb.kb[half] - qcs[1]};
+        bias_grad_add(bb.acc, diag, v, idx, lane);
       }
     }
   }
