@@ -307,6 +307,9 @@ struct FusedPlan {
   double needed_fraction = 0;      // needed score pairs / score pairs computed (tiling efficiency)
   // The order in which the CTAs take their tiles: the problem's axes, fastest first.
   std::vector<int> walk;
+  // With Problem::rpb: where the forward reads the bias table, "shared" (each CTA copies its
+  // head's table into shared memory) or "global"; empty without a bias.
+  std::string rpb_table;
   // Backward (empty / zero when the fused backward does not take the problem): its configuration
   // name, dK / dV kernel family (sm80, sm90, sm90ws), copy engine of its query tiles, whether dQ
   // runs in its own kernel (deterministic) rather than by atomics, the dK / dV kernel's key tile

@@ -99,6 +99,7 @@ void bind_fused_plan(nb::module_& m) {
     d["unmasked_fraction"] = plan.unmasked_fraction;
     d["needed_fraction"] = plan.needed_fraction;
     d["walk"] = list(plan.walk);
+    d["rpb_table"] = plan.rpb_table;
     d["backward_config"] = plan.backward_config;
     d["backward_family"] = plan.backward_family;
     d["backward_copy"] = plan.backward_copy;

@@ -165,6 +165,10 @@ def test_plan_with_rpb():
         plan = fna.fused_plan(q, ks, rpb=True)
         assert plan["family"] in ("sm80", "sm90", "sm90ws"), (shape, plan)
         assert plan["backward_family"] == ("sm90" if _hopper() else "sm80"), (shape, plan)
+        assert plan["rpb_table"] == ("global" if plan["family"] == "sm90ws" else "shared"), plan
+        assert plain["rpb_table"] == ""
+        assert fna.fused_plan(q, ks, rpb=True, tuning={"fwd_schedule": "mma_sync"})[
+            "rpb_table"] == "shared"
         assert plain["family"] != "" and plan["config"] != ""
         g = torch.Generator(device="cuda").manual_seed(seed_of("rpb-plan", *shape))
         t = [torch.randn(q, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
@@ -226,3 +230,17 @@ def test_every_backward_config(rank):
     assert names
     for name in names:
         _run(case, torch.bfloat16, seed_of("rpb-cuda-cfg", name), name, backward_config=name)
+
+
+def test_large_table_reads_global_memory():
+    """A table over the staging limit (16 KiB: a 1-D window of 2100 has 4199 entries) is read in
+    global memory by the kernels that otherwise stage it; fused_plan says which."""
+    case = (1, [2200], [2100], [1], [1], [False], 2, 1, 0)
+    for name, kw in _variants():
+        if name == "auto":
+            continue
+        plan = fna.fused_plan((2, 2200, 2, 16), 2100, rpb=True, **kw)
+        assert plan["rpb_table"] == "global", plan
+        _run(case, torch.bfloat16, seed_of("rpb-cuda-large", name), f"large table {name}", **kw)
+    plan = fna.fused_plan((2, 2200, 2, 16), 200, rpb=True, tuning={"fwd_schedule": "mma_sync"})
+    assert plan["rpb_table"] == "shared", plan

@@ -268,6 +268,24 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       break;
     }
   }
+  // With a bias the one-head-per-CTA tiled kernels (sm80, plain sm90) stage their head's table,
+  // divided by the scale, in shared memory after their own where it fits (up to kBiasStageBytes):
+  // the scores then take one shared load and one add per element (FwdParams::rpb_staged).
+  fp->rpb_staged = 0;
+  fp->rpb_inv_scale = 0.f;
+  if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
+    constexpr size_t kBiasStageBytes = 16 * 1024;
+    size_t bytes = sizeof(float);
+    for (int a = 0; a < p.rank; ++a) bytes *= size_t(2 * p.kernel_size[a] - 1);
+    const size_t end = fused::bias_stage_offset(l.smem) + bytes;
+    const float inv = static_cast<float>(1.0 / double(fp->scale));
+    if (bytes <= kBiasStageBytes && end <= static_cast<size_t>(dev.smem_optin) &&
+        std::isfinite(inv)) {
+      l.smem = end;
+      fp->rpb_staged = 1;
+      fp->rpb_inv_scale = inv;
+    }
+  }
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported("config " + plan->config + " needs " + std::to_string(l.smem) +
                        " bytes of shared memory per block, the device has " +
@@ -428,6 +446,7 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
+  out->rpb_table = !p.rpb ? "" : fp.rpb_staged ? "shared" : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;

@@ -374,16 +374,30 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
 template <class Tr>
 struct BiasRows {
   const float* tab;  // the head's table; null: no bias
+  bool staged;       // tab is the staged copy in shared memory, times 1 / scale (stage_bias)
   int off[Tr::kMT][2];
   bool ok[Tr::kMT][2];
 };
 
-// The rows of the warp starting at tile row `row0` (the FwdState layout).
+// FwdParams::rpb_staged: the CTA's head table times 1 / scale into shared memory at `dst` (every
+// thread of the CTA; the caller's next barrier publishes it). Returns the table the CTA reads.
+template <int kThreads>
+__device__ __forceinline__ const float* stage_bias(const FwdParams& p, int h, float* dst) {
+  if (p.rpb == nullptr) return nullptr;
+  const float* src = p.rpb + h * p.rpb_stride[0];
+  if (!p.rpb_staged) return src;
+  for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) dst[i] = __ldg(src + i) * p.rpb_inv_scale;
+  return dst;
+}
+
+// The rows of the warp starting at tile row `row0` (the FwdState layout), reading table `tab`
+// (stage_bias's; null: no bias).
 template <class Tr, class QT>
 __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft, int row0,
-                                          BiasRows<Tr>& br) {
+                                          const float* tab, BiasRows<Tr>& br) {
   const int lane = threadIdx.x & 31;
-  br.tab = p.rpb == nullptr ? nullptr : p.rpb + ft.h * p.rpb_stride[0];
+  br.tab = tab;
+  br.staged = p.rpb_staged != 0;
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
@@ -403,27 +417,30 @@ __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft,
     }
 }
 
-// s = s * scale_log2 + bias * log2(e) for one step's scores (keys [col0, col0 + kStepN) of
-// `tile`): logits in the softmax's log2 units, so the caller runs softmax_update with a scale of
-// 1. The table is dense (unit stride on the last axis), so a row's biases along the tile's fast
-// axis are consecutive. kMasked: scores the mask set to -inf read no bias (their index may lie
-// outside the table); in tiles inside every window only rows the CTA does not store are skipped.
-// Additional keys have no bias.
+// The bias of one step's scores (keys [col0, col0 + kStepN) of `tile`), returning the scale the
+// caller's softmax_update then applies. A staged table holds bias / scale: s += it, and the scale
+// stays scale_log2. Otherwise s = s * scale_log2 + bias * log2(e), logits in the softmax's log2
+// units, and the scale is 1. The table is dense (unit stride on the last axis), so a row's biases
+// along the tile's fast axis are consecutive. kMasked: scores the mask set to -inf read no bias
+// (their index may lie outside the table); in tiles inside every window only rows the CTA does
+// not store are skipped. Additional keys have no bias.
 template <class Tr, class KT, bool kMasked>
-__device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
-                                         const KvTile& tile, const BiasRows<Tr>& br,
-                                         const FwdParams& p, int col0) {
+__device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                          const KvTile& tile, const BiasRows<Tr>& br,
+                                          const FwdParams& p, int col0) {
   constexpr int kN = Tr::kStepN;
   constexpr float kLog2e = 1.4426950408889634f;
   const float sl2 = p.scale_log2;
+  const bool staged = br.staged;
   if (tile.add_begin >= 0) {
+    if (staged) return sl2;
 #pragma unroll
     for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mt][j][i] *= sl2;
-    return;
+    return 1.f;
   }
   const int t2 = 2 * (threadIdx.x & 3);
   constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
@@ -455,11 +472,16 @@ __device__ __forceinline__ void add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
         for (int r = 0; r < 2; ++r) {
           float& x = s[mt][j][2 * r + e];
           const bool use = br.ok[mt][r] && (!kMasked || x != -INFINITY);
-          const float b = use ? __ldg(rb[mt][r] + coff) : 0.f;
-          x = fmaf(b, kLog2e, x * sl2);
+          if (staged) {
+            x += use ? rb[mt][r][coff] : 0.f;
+          } else {
+            const float b = use ? __ldg(rb[mt][r] + coff) : 0.f;
+            x = fmaf(b, kLog2e, x * sl2);
+          }
         }
     }
   }
+  return staged ? sl2 : 1.f;
 }
 
 // Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of

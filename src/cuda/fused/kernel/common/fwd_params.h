@@ -34,7 +34,16 @@ struct FwdParams : ProblemBlock {
   int q_div[kAxes];    // tile walk (tiling.cuh walk_divisors)
   // fwd_tile's divisions by the three values above as multiply-and-shift (set with them).
   FastDiv div_tiles_total, div_q_div[kAxes], div_q_tiles[kAxes];
+  // With a bias, the plan's choice for the sm80 / plain sm90 kernels: 1 = each CTA copies its
+  // head's table, times rpb_inv_scale (1 / scale), into shared memory after the kernel's own
+  // (stage_bias), and adds it to the raw scores; 0 = the scores read the table in global memory.
+  int rpb_staged;
+  float rpb_inv_scale;
 };
+
+// Shared memory the plan adds for a staged bias table of `elems` entries after a kernel's own
+// `own` bytes; the table starts at bias_stage_offset(own).
+constexpr size_t bias_stage_offset(size_t own) { return (own + 15) / 16 * 16; }
 
 // TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the
 // warp-specialized Hopper forward's Q, K and V tiles, the strip forward's K and V bands.

@@ -215,8 +215,8 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::fence_operands(s[0]);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
   if (br.tab != nullptr) {
-    add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
-    softmax_update<Tr, kMasked>(st, s, 1.f);
+    const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
+    softmax_update<Tr, kMasked>(st, s, sl2);
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
   }

@@ -298,8 +298,8 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
   if (br.tab != nullptr) {
-    add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
-    softmax_update<Tr, kMasked>(st, s, 1.f);
+    const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
+    softmax_update<Tr, kMasked>(st, s, sl2);
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
   }
@@ -367,6 +367,8 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
+  const float* btab = stage_bias<Tr::kThreads>(
+      p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -394,7 +396,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   init_state(st);
   const int row0 = warp * Tr::kWarpRows;
   BiasRows<Tr> br;
-  bias_rows<Tr, QT>(p, ft, row0, br);
+  bias_rows<Tr, QT>(p, ft, row0, btab, br);
 
   if constexpr (Tr::kQInRegs) {
     // Q to registers first: its staging area is about to hold K/V.

@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   __shared__ KvSpan sSpan;
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
+  const float* btab = stage_bias<Tr::kThreads>(
+      p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   FwdState<Tr> st;
   init_state(st);
   BiasRows<Tr> br;
-  bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+  bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, btab, br);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();

@@ -212,8 +212,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       rw[0][r] = row_window<QT>(geo, ft.gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
     FwdState<Tr> st;
     init_state(st);
-    BiasRows<Tr> br;
-    bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+    BiasRows<Tr> br;  // (the persistent kernel reads the table in global memory: rpb_staged = 0)
+    bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows,
+                      p.rpb == nullptr ? nullptr : p.rpb + ft.h * p.rpb_stride[0], br);
     // With a bias, add_bias leaves the scores in the softmax's log2 units.
     const float sl2 = br.tab != nullptr ? 1.f : p.scale_log2;
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
