@@ -79,14 +79,18 @@ template <typename T, int kD, bool kAtomicDq, int kPass>
 struct DkdvLaunch {
   using S = BwdShape<T, kD>;
   using Tr = DkdvTraits<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub, kAtomicDq>;
-  static constexpr auto kernel = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
-                                             kAtomicDq, kPass>;
-  // extra: shared memory after the kernel's own (BwdLaunch::bias_smem).
+  // The kernel without and with a relative positional bias (p.rpb).
+  static constexpr auto kPlain = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
+                                             kAtomicDq, kPass, false>;
+  static constexpr auto kBiased = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
+                                              kAtomicDq, kPass, true>;
+  // extra: shared memory after the kernel's own (BwdLaunch::bias_smem; nonzero with a bias).
   static Status prepare(const char* name, size_t extra) {
-    return set_smem(kernel, Tr::kSmem + extra, name);
+    return set_smem(extra > 0 ? kBiased : kPlain, Tr::kSmem + extra, name);
   }
   static Status launch(const Params& p, dim3 grid, dim3 grid_add, size_t extra,
                        cudaStream_t stream, const char* name) {
+    const auto kernel = p.rpb != nullptr ? kBiased : kPlain;
     kernel<<<grid, Tr::kThreads, Tr::kSmem + extra, stream>>>(p, false);
     Status st = launch_error(name);
     if (!st.ok() || grid_add.x == 0) return st;

@@ -16,7 +16,8 @@ namespace bwd {
 template <typename T, int kD, int kKV>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV>;
-  auto kernel = dkdv_sm90_kernel<T, kD, kKV>;
+  auto kernel = p.rpb != nullptr ? dkdv_sm90_kernel<T, kD, kKV, true>
+                                 : dkdv_sm90_kernel<T, kD, kKV, false>;
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
   Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
   if (!st.ok()) return st;

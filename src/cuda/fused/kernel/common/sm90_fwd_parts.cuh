@@ -205,7 +205,7 @@ __device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN 
 }
 
 // One key/value tile for one warpgroup: S = Q K^T, mask, bias, online softmax, O += P V.
-template <class Tr, class T, class KT, bool kMasked>
+template <class Tr, class T, class KT, bool kMasked, bool kBias>
 __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
                                           uint32_t sV, const KvTile& tile, const RowWindow* sWin,
                                           const BiasRows<Tr>& br, const FwdParams& p) {
@@ -214,7 +214,7 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::wait<0>();
   wgmma::fence_operands(s[0]);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
-  if (br.tab != nullptr) {
+  if constexpr (kBias) {
     const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
     softmax_update<Tr, kMasked>(st, s, sl2);
   } else {

@@ -27,7 +27,10 @@ namespace bwd {
 
 // kAtomicDq: also accumulate dQ (unscaled, float32) into p.dq_accum with atomics, so no separate
 // dQ pass is needed; the order of the atomic sums makes dQ non-deterministic.
-template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq, int kPass = kPassBoth>
+// kBias: the call has a relative positional bias (its own instantiation, so that calls without
+// one run the kernel without the bias code).
+template <typename T, int kD, int kWarps, int kQ, int kQSub, bool kAtomicDq, int kPass = kPassBoth,
+          bool kBias = false>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     dkdv_kernel(const Params p, const bool additional) {
   using Tr = DkdvTraits<T, kD, kWarps, kQ, kQSub, kAtomicDq>;
@@ -96,8 +99,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int ds_slot = 0;
   // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
   // (BwdLaunch::bias_smem), in the passes that compute dS (bwd_bias.cuh).
-  BwdBias bias = bias_setup<kThreads>(p, additional, kDoDk, kv0, wrow, lane, cur.h,
-                                      reinterpret_cast<float*>(smem + Tr::kSmem));
+  BwdBias bias{false, {0, 0}, nullptr, 0};
+  if constexpr (kBias)
+    bias = bias_setup<kThreads>(p, additional, kDoDk, kv0, wrow, lane, cur.h,
+                                reinterpret_cast<float*>(smem + Tr::kSmem));
 
   if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
-    bias_next_head<kThreads>(p, bias, cur.h);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       if (masked) mask_key_rows<kNB>(s, s_kinv, s_qoff + qs, q0, wrow, lane);
 
       // P^T = exp(scale S^T + bias - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
-      if (bias.on) {
+      if (kBias && bias.on) {
         bias_softmax<kNB, kDoDk>(p, bias, cur.h, s, dp, stat + qs, s_qoff + qs, q0, lane);
       } else {
 #pragma unroll
@@ -262,9 +267,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cur.next(p, additional, qr, nq);
   }
 
-  if (bias.acc != nullptr) {
-    __syncthreads();  // every thread's adds to the last head's table
-    bias_flush<kThreads>(p, bias);
+  if constexpr (kBias) {
+    if (bias.acc != nullptr) {
+      __syncthreads();  // every thread's adds to the last head's table
+      bias_flush<kThreads>(p, bias);
+    }
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

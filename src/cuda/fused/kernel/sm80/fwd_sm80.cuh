@@ -246,7 +246,7 @@ __device__ __forceinline__ void pv_tf32(FwdState<Tr>& st,
 
 // Keys [col0, col0 + kStepN) of one K/V tile: S = Q K^T, mask (kMasked), online softmax,
 // O += P V.
-template <class Tr, class T, class KT, bool kMasked>
+template <class Tr, class T, class KT, bool kMasked, bool kBias>
 __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::Elem* sQ,
                                          const typename Tr::Elem* sK,
                                          const typename Tr::Elem* sV, const KvTile& tile,
@@ -297,7 +297,7 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
 
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
-  if (br.tab != nullptr) {
+  if constexpr (kBias) {
     const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
     softmax_update<Tr, kMasked>(st, s, sl2);
   } else {
@@ -333,7 +333,9 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
   }
 }
 
-template <class T, int kD, int kRank, int kMT, class QT, class KT>
+// kBias: the call has a relative positional bias (a separate instantiation, so that calls
+// without one run the kernel as it is without the bias code).
+template <class T, int kD, int kRank, int kMT, class QT, class KT, bool kBias>
 __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads,
                                   FwdTraits<T, kD, kRank, kMT, QT, KT>::kMinBlocks)
     fna_fwd_kernel(const FwdParams p) {
@@ -367,8 +369,10 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
-  const float* btab = stage_bias<Tr::kThreads>(
-      p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
+  const float* btab = nullptr;
+  if constexpr (kBias)
+    btab = stage_bias<Tr::kThreads>(
+        p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -396,7 +400,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   init_state(st);
   const int row0 = warp * Tr::kWarpRows;
   BiasRows<Tr> br;
-  bias_rows<Tr, QT>(p, ft, row0, btab, br);
+  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, row0, btab, br);
 
   if constexpr (Tr::kQInRegs) {
     // Q to registers first: its staging area is about to hold K/V.
@@ -430,11 +434,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
     if (t.inside) {
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
-        fwd_step<Tr, T, KT, false>(st, sQ, sK, sV, t, sWin, br, p, c0);
+        fwd_step<Tr, T, KT, false, kBias>(st, sQ, sK, sV, t, sWin, br, p, c0);
     } else {
 #pragma unroll
       for (int c0 = 0; c0 < Tr::kN; c0 += Tr::kStepN)
-        fwd_step<Tr, T, KT, true>(st, sQ, sK, sV, t, sWin, br, p, c0);
+        fwd_step<Tr, T, KT, true, kBias>(st, sQ, sK, sV, t, sWin, br, p, c0);
     }
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
@@ -449,7 +453,8 @@ size_t fwd_smem_bytes() {
 template <class T, int kD, int kRank, int kMT, class QT, class KT>
 cudaError_t launch_fwd(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = FwdTraits<T, kD, kRank, kMT, QT, KT>;
-  auto kernel = fna_fwd_kernel<T, kD, kRank, kMT, QT, KT>;
+  auto kernel = p.rpb != nullptr ? fna_fwd_kernel<T, kD, kRank, kMT, QT, KT, true>
+                                 : fna_fwd_kernel<T, kD, kRank, kMT, QT, KT, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;

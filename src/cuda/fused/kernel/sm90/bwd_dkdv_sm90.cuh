@@ -43,7 +43,8 @@
 namespace fna {
 namespace bwd {
 
-template <typename T, int kD, int kKVRows = 128>
+// kBias: the call has a relative positional bias (its own instantiation, as bwd_dkdv_sm80.cuh's).
+template <typename T, int kD, int kKVRows = 128, bool kBias = false>
 __global__ void __launch_bounds__(2 * kKVRows, 1)
     dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -101,8 +102,10 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
   const int wrow = warp * 16;
   // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
   // (BwdLaunch::bias_smem; bwd_bias.cuh).
-  BwdBias bias = bias_setup<kThreads>(p, additional, true, kv0, wrow, lane, cur.h,
-                                      reinterpret_cast<float*>(smem_raw + Tr::kSmem));
+  BwdBias bias{false, {0, 0}, nullptr, 0};
+  if constexpr (kBias)
+    bias = bias_setup<kThreads>(p, additional, true, kv0, wrow, lane, cur.h,
+                                reinterpret_cast<float*>(smem_raw + Tr::kSmem));
 
   // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
   QWalk ahead = cur;
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
     wgmma::fence_proxy_async();
     __syncthreads();
     prefetch(it);
-    bias_next_head<kThreads>(p, bias, cur.h);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
     const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
 
     // P^T, dS^T; dS^T also to shared memory for dQ.
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-    if (bias.on) {
+    if (kBias && bias.on) {
       bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, s_qoff, q0, lane);
       Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
     } else {
@@ -228,9 +231,11 @@ __global__ void __launch_bounds__(2 * kKVRows, 1)
     buf = buf + 1 == kBufs ? 0 : buf + 1;
   }
 
-  if (bias.acc != nullptr) {
-    __syncthreads();  // every thread's adds to the last head's table
-    bias_flush<kThreads>(p, bias);
+  if constexpr (kBias) {
+    if (bias.acc != nullptr) {
+      __syncthreads();  // every thread's adds to the last head's table
+      bias_flush<kThreads>(p, bias);
+    }
   }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------

@@ -22,7 +22,8 @@
 namespace fna {
 namespace fused {
 
-template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false>
+// kBias: the call has a relative positional bias (its own instantiation, as fwd_sm80.cuh's).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
                                   Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
     fna_fwd_sm90_kernel(const FwdParams p) {
@@ -52,8 +53,10 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   __shared__ KvSpan sSpan;
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
-  const float* btab = stage_bias<Tr::kThreads>(
-      p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
+  const float* btab = nullptr;
+  if constexpr (kBias)
+    btab = stage_bias<Tr::kThreads>(
+        p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   FwdState<Tr> st;
   init_state(st);
   BiasRows<Tr> br;
-  bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, btab, br);
+  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, btab, br);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();
@@ -86,9 +89,9 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
     if (t.inside)
-      sm90_step<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, br, p);
+      sm90_step<Tr, T, KT, false, kBias>(st, sQw, sK, sV, t, sWin, br, p);
     else
-      sm90_step<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, br, p);
+      sm90_step<Tr, T, KT, true, kBias>(st, sQw, sK, sV, t, sWin, br, p);
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
   store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
@@ -103,8 +106,11 @@ size_t fwd_sm90_smem_bytes() {
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  auto kernel = l.spread ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true>
-                         : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT>;
+  const bool bias = p.rpb != nullptr;
+  auto kernel = l.spread ? (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, true>
+                                 : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, false>)
+                         : (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true>
+                                 : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;

@@ -53,7 +53,8 @@ struct Sm90WsTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-template <class T, int kD, int kRank, class QT, class KT, bool kTma = false>
+// kBias: the call has a relative positional bias (its own instantiation, as fwd_sm80.cuh's).
+template <class T, int kD, int kRank, class QT, class KT, bool kTma = false, bool kBias = false>
 __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kThreads, 1)
     fna_fwd_sm90_ws_kernel(const FwdParams p, const int num_ctas, int* tile_counter,
                            const __grid_constant__ FwdTma tm, const int wg_rows) {
@@ -213,10 +214,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     FwdState<Tr> st;
     init_state(st);
     BiasRows<Tr> br;  // (the persistent kernel reads the table in global memory: rpb_staged = 0)
-    bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows,
-                      p.rpb == nullptr ? nullptr : p.rpb + ft.h * p.rpb_stride[0], br);
+    if constexpr (kBias)
+      bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, p.rpb + ft.h * p.rpb_stride[0], br);
     // With a bias, add_bias leaves the scores in the softmax's log2 units.
-    const float sl2 = br.tab != nullptr ? 1.f : p.scale_log2;
+    const float sl2 = kBias ? 1.f : p.scale_log2;
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
@@ -258,11 +259,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
       if (cur.inside) {
-        if (br.tab != nullptr) add_bias<Tr, KT, false>(s, cur, br, p, 0);
+        if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
         softmax_update<Tr, false>(st, s, sl2);
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-        if (br.tab != nullptr) add_bias<Tr, KT, true>(s, cur, br, p, 0);
+        if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
         softmax_update<Tr, true>(st, s, sl2);
       }
       pack_p<Tr, T>(s, a);
@@ -282,11 +283,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         float alpha[1][2];
         bool rescale;
         if (cur.inside) {
-          if (br.tab != nullptr) add_bias<Tr, KT, false>(s, cur, br, p, 0);
+          if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, false>(st, s, sl2, alpha);
         } else {
           apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-          if (br.tab != nullptr) add_bias<Tr, KT, true>(s, cur, br, p, 0);
+          if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, true>(st, s, sl2, alpha);
         }
         wgmma::wait<0>();
@@ -323,8 +324,11 @@ size_t fwd_sm90ws_smem_bytes() {
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Ws = Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>;
-  auto kernel = l.tma.on ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true>
-                         : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false>;
+  const bool bias = p.rpb != nullptr;
+  auto kernel = l.tma.on ? (bias ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true, true>
+                                 : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, true, false>)
+                         : (bias ? fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false, true>
+                                 : fna_fwd_sm90_ws_kernel<T, kD, kRank, QT, KT, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
