@@ -7,8 +7,10 @@ bfloat16), in one process with the two variants in alternating rounds; and the u
     PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...]
 
 Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of each variant, the
-ratio with / without the bias (the issue's target: at most 1.15), the plans' forward families
-and the composition's time. A problem the fused backward does not take with a bias (its d rpb
+ratio with / without the bias (the issue's target: at most 1.15), where the plan stages the
+table in shared memory the ratio of the same call reading it in global memory
+(tuning fwd_rpb_stage='off'), the plans' forward families and table, and the composition's
+time. A problem the fused backward does not take with a bias (its d rpb
 table does not fit shared memory) shows the reason instead.
 """
 
@@ -74,25 +76,30 @@ def main():
         plain_plan = fna.fused_plan((B, *shape, H, D), ks, dilation=dil)
         bias_plan = fna.fused_plan((B, *shape, H, D), ks, dilation=dil, rpb=True)
 
-        def fwd(b):
-            return lambda: na(q, k, v, ks, rpb=b, **kw)
+        staged = bias_plan["rpb_table"] == "shared"
 
-        def fb(b):
+        def fwd(b, tuning=None):
+            return lambda: na(q, k, v, ks, rpb=b, tuning=tuning, **kw)
+
+        def fb(b, tuning=None):
             qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
             bb = None if b is None else b.detach().requires_grad_(True)
 
             def step():
-                out = na(qq, kk, vv, ks, rpb=bb, **kw)
+                out = na(qq, kk, vv, ks, rpb=bb, tuning=tuning, **kw)
                 torch.autograd.grad(out, [qq, kk, vv] + ([] if bb is None else [bb]), d_out)
             return step
 
         for mode, make in (("fwd", fwd), ("fwd+bwd", fb)):
-            times = {"plain": [], "rpb": []}
+            times = {"plain": [], "rpb": [], "global": []}
             err = ""
+            variants = [("plain", None, None), ("rpb", rpb, None)]
+            if staged:  # the same call reading the table in global memory
+                variants.append(("global", rpb, {"fwd_rpb_stage": "off"}))
             try:
                 for _ in range(args.rounds):
-                    for label, b in (("plain", None), ("rpb", rpb)):
-                        times[label].append(gpu_ms(make(b), reps))
+                    for label, b, tuning in variants:
+                        times[label].append(gpu_ms(make(b, tuning), reps))
             except Exception as e:  # noqa: BLE001  (reported in the table)
                 err = str(e).splitlines()[0][:120]
             comp = ""
@@ -105,20 +112,22 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     comp = "error: " + str(e).splitlines()[0][:60]
             if err:
-                rows.append((name, mode, "-", "-", "-", plain_plan["family"],
-                             bias_plan["family"], err))
+                rows.append((name, mode, "-", "-", "-", "-", plain_plan["family"],
+                             bias_plan["family"] + "/" + bias_plan["rpb_table"], err))
             else:
                 p = statistics.median(times["plain"])
                 r = statistics.median(times["rpb"])
-                rows.append((name, mode, "%.3f" % p, "%.3f" % r, "%.3f" % (r / p),
-                             plain_plan["family"], bias_plan["family"], comp))
+                gl = "%.3f" % (statistics.median(times["global"]) / p) if staged else "-"
+                rows.append((name, mode, "%.3f" % p, "%.3f" % r, "%.3f" % (r / p), gl,
+                             plain_plan["family"], bias_plan["family"] + "/" +
+                             bias_plan["rpb_table"], comp))
             print("  ".join(str(x) for x in rows[-1]), flush=True)
         del q, k, v, d_out
         torch.cuda.empty_cache()
     print()
-    print("| problem | mode | no bias (ms) | rpb (ms) | rpb / no bias | plan | plan with rpb | "
-          "composition fwd (ms) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| problem | mode | no bias (ms) | rpb (ms) | rpb / no bias | rpb, table in global "
+          "memory / no bias | plan | plan with rpb (family / table) | composition fwd (ms) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
 

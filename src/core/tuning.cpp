@@ -67,6 +67,7 @@ const std::vector<Field>& fields() {
       FNA_ENUM_FIELD(fwd_copy, Backend::cuda_fused, kCopy),
       FNA_ENUM_FIELD(persistent, Backend::cuda_fused, kSwitch),
       FNA_WALK_FIELD(fwd_walk, Backend::cuda_fused),
+      FNA_ENUM_FIELD(fwd_rpb_stage, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(bwd_kernel, Backend::cuda_fused, kBwdKernel),
       FNA_ENUM_FIELD(bwd_copy, Backend::cuda_fused, kCopy),
       FNA_WALK_FIELD(bwd_walk, Backend::cuda_fused),

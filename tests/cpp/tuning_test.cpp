@@ -32,6 +32,7 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
       {"fwd_copy", copy},
       {"persistent", sw},
       {"fwd_walk", {"", "10", "0", "210"}},
+      {"fwd_rpb_stage", sw},
       {"bwd_kernel", {"automatic", "sm80", "sm90", "sm90ws"}},
       {"bwd_copy", copy},
       {"bwd_walk", {"", "01", "2", "120"}},

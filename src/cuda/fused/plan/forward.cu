@@ -271,20 +271,31 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   // With a bias the one-head-per-CTA tiled kernels (sm80, plain sm90) stage their head's table,
   // divided by the scale, in shared memory after their own where it fits (up to kBiasStageBytes):
   // the scores then take one shared load and one add per element (FwdParams::rpb_staged).
+  // Tuning::fwd_rpb_stage asks for one or the other.
   fp->rpb_staged = 0;
   fp->rpb_inv_scale = 0.f;
+  if (t.fwd_rpb_stage != Switch::automatic && !p.rpb)
+    return unsupported("tuning fwd_rpb_stage needs a relative positional bias (rpb)");
   if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
     constexpr size_t kBiasStageBytes = 16 * 1024;
     size_t bytes = sizeof(float);
     for (int a = 0; a < p.rank; ++a) bytes *= size_t(2 * p.kernel_size[a] - 1);
     const size_t end = fused::bias_stage_offset(l.smem) + bytes;
     const float inv = static_cast<float>(1.0 / double(fp->scale));
-    if (bytes <= kBiasStageBytes && end <= static_cast<size_t>(dev.smem_optin) &&
-        std::isfinite(inv)) {
+    const bool fits = bytes <= kBiasStageBytes && end <= static_cast<size_t>(dev.smem_optin) &&
+                      std::isfinite(inv);
+    if (t.fwd_rpb_stage == Switch::on && !fits)
+      return unsupported("tuning fwd_rpb_stage='on': the bias table (" + std::to_string(bytes) +
+                         " bytes) does not fit shared memory next to " + plan->config +
+                         "'s own (at most " + std::to_string(kBiasStageBytes) + " bytes are staged)");
+    if (fits && t.fwd_rpb_stage != Switch::off) {
       l.smem = end;
       fp->rpb_staged = 1;
       fp->rpb_inv_scale = inv;
     }
+  } else if (t.fwd_rpb_stage != Switch::automatic) {
+    return unsupported("tuning fwd_rpb_stage needs the sm80 or plain sm90 forward, but the plan "
+                       "runs " + plan->config);
   }
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported("config " + plan->config + " needs " + std::to_string(l.smem) +
