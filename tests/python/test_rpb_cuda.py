@@ -30,9 +30,11 @@ def _hopper():
 
 
 def _variants():
-    v = [("auto", {}), ("mma_sync", {"tuning": {"fwd_schedule": "mma_sync", "bwd_kernel": "sm80"}})]
+    v = [("auto", {}), ("mma_sync", {"tuning": {"fwd_schedule": "mma_sync", "bwd_kernel": "sm80"}}),
+         ("mma_sync_global", {"tuning": {"fwd_schedule": "mma_sync", "fwd_rpb_stage": "off"}})]
     if _hopper():
         v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain", "bwd_kernel": "sm90"}}),
+              ("sm90_plain_global", {"tuning": {"fwd_schedule": "plain", "fwd_rpb_stage": "off"}}),
               ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized"}}),
               ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
                                          "fwd_copy": "cp_async"}})]
@@ -237,10 +239,27 @@ def test_large_table_reads_global_memory():
     global memory by the kernels that otherwise stage it; fused_plan says which."""
     case = (1, [2200], [2100], [1], [1], [False], 2, 1, 0)
     for name, kw in _variants():
-        if name == "auto":
+        if name == "auto" or name.endswith("_global"):
             continue
         plan = fna.fused_plan((2, 2200, 2, 16), 2100, rpb=True, **kw)
         assert plan["rpb_table"] == "global", plan
         _run(case, torch.bfloat16, seed_of("rpb-cuda-large", name), f"large table {name}", **kw)
     plan = fna.fused_plan((2, 2200, 2, 16), 200, rpb=True, tuning={"fwd_schedule": "mma_sync"})
     assert plan["rpb_table"] == "shared", plan
+
+
+def test_stage_tuning():
+    """tuning fwd_rpb_stage: 'off' reads the table in global memory, 'on' where it cannot be
+    staged and without a bias are errors naming the key."""
+    q = (2, 24, 24, 2, 32)
+    assert fna.fused_plan(q, 5, rpb=True, tuning={"fwd_schedule": "mma_sync",
+                                                  "fwd_rpb_stage": "off"})["rpb_table"] == "global"
+    with pytest.raises(NotImplementedError, match="fwd_rpb_stage needs a relative positional"):
+        fna.fused_plan(q, 5, tuning={"fwd_rpb_stage": "on"})
+    with pytest.raises(NotImplementedError, match="fwd_rpb_stage='on'"):
+        fna.fused_plan((2, 2200, 2, 16), 2100, rpb=True,
+                       tuning={"fwd_schedule": "mma_sync", "fwd_rpb_stage": "on"})
+    if _hopper():
+        with pytest.raises(NotImplementedError, match="fwd_rpb_stage needs the sm80 or plain"):
+            fna.fused_plan(q, 5, rpb=True, tuning={"fwd_schedule": "warp_specialized",
+                                                   "fwd_rpb_stage": "on"})
