@@ -235,16 +235,23 @@ def test_every_backward_config(rank):
 
 
 def test_large_table_reads_global_memory():
-    """A table over the staging limit (16 KiB: a 1-D window of 2100 has 4199 entries) is read in
-    global memory by the kernels that otherwise stage it; fused_plan says which."""
-    case = (1, [2200], [2100], [1], [1], [False], 2, 1, 0)
-    for name, kw in _variants():
-        if name == "auto" or name.endswith("_global"):
-            continue
-        plan = fna.fused_plan((2, 2200, 2, 16), 2100, rpb=True, **kw)
-        assert plan["rpb_table"] == "global", plan
-        _run(case, torch.bfloat16, seed_of("rpb-cuda-large", name), f"large table {name}", **kw)
+    """Tables the staged layout does not take (over 20 KiB: a 1-D window of 2600 has 5199
+    entries; a 2-D window over 16 on the last axis) are read in global memory by the kernels
+    that otherwise stage them; fused_plan says which."""
+    for case, q in (((1, [2700], [2600], [1], [1], [False], 2, 1, 0), (2, 2700, 2, 16)),
+                    ((2, [12, 40], [3, 19], [1, 1], [1, 2], [False, False], 2, 1, 0),
+                     (2, 12, 40, 2, 16))):
+        for name, kw in _variants():
+            if name == "auto" or name.endswith("_global"):
+                continue
+            plan = fna.fused_plan(q, case[2], dilation=case[4], rpb=True, **kw)
+            assert plan["rpb_table"] == "global", plan
+            _run(case, torch.bfloat16, seed_of("rpb-cuda-large", name, case[0]),
+                 f"large table {name} {case}", **kw)
     plan = fna.fused_plan((2, 2200, 2, 16), 200, rpb=True, tuning={"fwd_schedule": "mma_sync"})
+    assert plan["rpb_table"] == "shared", plan
+    plan = fna.fused_plan((2, 8, 12, 12, 2, 16), (3, 5, 7), rpb=True,
+                          tuning={"fwd_schedule": "mma_sync"})
     assert plan["rpb_table"] == "shared", plan
 
 
@@ -257,7 +264,7 @@ def test_stage_tuning():
     with pytest.raises(NotImplementedError, match="fwd_rpb_stage needs a relative positional"):
         fna.fused_plan(q, 5, tuning={"fwd_rpb_stage": "on"})
     with pytest.raises(NotImplementedError, match="fwd_rpb_stage='on'"):
-        fna.fused_plan((2, 2200, 2, 16), 2100, rpb=True,
+        fna.fused_plan((2, 2700, 2, 16), 2600, rpb=True,
                        tuning={"fwd_schedule": "mma_sync", "fwd_rpb_stage": "on"})
     if _hopper():
         with pytest.raises(NotImplementedError, match="fwd_rpb_stage needs the sm80 or plain"):

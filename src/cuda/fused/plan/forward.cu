@@ -277,17 +277,20 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   if (t.fwd_rpb_stage != Switch::automatic && !p.rpb)
     return unsupported("tuning fwd_rpb_stage needs a relative positional bias (rpb)");
   if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
-    constexpr size_t kBiasStageBytes = 16 * 1024;
-    size_t bytes = sizeof(float);
-    for (int a = 0; a < p.rank; ++a) bytes *= size_t(2 * p.kernel_size[a] - 1);
+    constexpr size_t kBiasStageBytes = 20 * 1024;
+    int ks[kAxes];
+    for (int a = 0; a < kAxes; ++a) ks[a] = geo.axis[a].kernel;
+    size_t bytes = 0;
+    const bool layout = fused::bias_stageable(ks, &bytes);
     const size_t end = fused::bias_stage_offset(l.smem) + bytes;
     const float inv = static_cast<float>(1.0 / double(fp->scale));
-    const bool fits = bytes <= kBiasStageBytes && end <= static_cast<size_t>(dev.smem_optin) &&
-                      std::isfinite(inv);
+    const bool fits = layout && bytes <= kBiasStageBytes &&
+                      end <= static_cast<size_t>(dev.smem_optin) && std::isfinite(inv);
     if (t.fwd_rpb_stage == Switch::on && !fits)
-      return unsupported("tuning fwd_rpb_stage='on': the bias table (" + std::to_string(bytes) +
-                         " bytes) does not fit shared memory next to " + plan->config +
-                         "'s own (at most " + std::to_string(kBiasStageBytes) + " bytes are staged)");
+      return unsupported("tuning fwd_rpb_stage='on': the bias table does not fit the staged "
+                         "layout (windows of at most 16 on the last two axes of a 2-D or 3-D "
+                         "problem, at most " + std::to_string(kBiasStageBytes) +
+                         " bytes) in shared memory next to " + plan->config + "'s own");
     if (fits && t.fwd_rpb_stage != Switch::off) {
       l.smem = end;
       fp->rpb_staged = 1;

@@ -367,37 +367,49 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
   return in;
 }
 
-// Relative positional bias (ProblemBlock::rpb). The thread's rows (two per m-tile) each hold
-// the offset of local key coordinates 0 into their head's table, sum_a (K_a - 1 - q_a) *
-// stride_a, and whether the CTA stores the row (rows past the group or outside the query region
-// are never read: their keys may lie outside the table).
+// Relative positional bias (ProblemBlock::rpb). The table is read either in global memory (dense,
+// run-time strides ProblemBlock::rpb_stride) or, staged (FwdParams::rpb_staged), from a copy in
+// shared memory divided by the scale, laid out with compile-time strides stage_stride (lifted
+// axes 0, 1, 2: 1024, 32, 1), so that every score's entry sits at a constant offset from its
+// row's base address. The thread's rows (two per m-tile) each hold the offset of local key
+// coordinates 0 in the table, sum_a (K_a - 1 - q_a) * stride_a, and whether the CTA stores the
+// row (rows past the group or outside the query region read nothing: their keys may lie outside
+// the table).
 template <class Tr>
 struct BiasRows {
-  const float* tab;  // the head's table; null: no bias
-  bool staged;       // tab is the staged copy in shared memory, times 1 / scale (stage_bias)
+  const float* tab;    // global: the head's table; null: staged
+  uint32_t sbase;      // staged: the copy's shared-memory address
   int off[Tr::kMT][2];
   bool ok[Tr::kMT][2];
 };
 
-// FwdParams::rpb_staged: the CTA's head table times 1 / scale into shared memory at `dst` (every
-// thread of the CTA; the caller's next barrier publishes it). Returns the table the CTA reads.
-template <int kThreads>
-__device__ __forceinline__ const float* stage_bias(const FwdParams& p, int h, float* dst) {
-  if (p.rpb == nullptr) return nullptr;
+// FwdParams::rpb_staged: the CTA's head table divided by the scale into shared memory at `dst`
+// in the staged layout (every thread of the CTA; the caller's next barrier publishes it). Fills
+// `br`'s table fields.
+template <class Tr>
+__device__ __forceinline__ void stage_bias(const FwdParams& p, int h, float* dst,
+                                           BiasRows<Tr>& br) {
   const float* src = p.rpb + h * p.rpb_stride[0];
-  if (!p.rpb_staged) return src;
-  for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) dst[i] = __ldg(src + i) * p.rpb_inv_scale;
-  return dst;
+  br.tab = p.rpb_staged ? nullptr : src;
+  br.sbase = mma::smem_u32(dst);
+  if (!p.rpb_staged) return;
+  const int n0 = 2 * p.geo.axis[0].kernel - 1, n1 = 2 * p.geo.axis[1].kernel - 1;
+  const int n2 = 2 * p.geo.axis[2].kernel - 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int row = warp; row < n0 * n1; row += Tr::kThreads / 32) {
+    const int i0 = row / n1, i1 = row - i0 * n1;
+    const float* s = src + i0 * p.rpb_stride[1] + i1 * p.rpb_stride[2];
+    float* d = dst + i0 * stage_stride(0) + i1 * stage_stride(1);
+    for (int i2 = lane; i2 < n2; i2 += 32) d[i2] = __ldg(s + i2) * p.rpb_inv_scale;
+  }
 }
 
-// The rows of the warp starting at tile row `row0` (the FwdState layout), reading table `tab`
-// (stage_bias's; null: no bias).
+// The rows of the warp starting at tile row `row0` (the FwdState layout).
 template <class Tr, class QT>
 __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft, int row0,
-                                          const float* tab, BiasRows<Tr>& br) {
+                                          BiasRows<Tr>& br) {
   const int lane = threadIdx.x & 31;
-  br.tab = tab;
-  br.staged = p.rpb_staged != 0;
+  const bool staged = p.rpb_staged != 0;
 #pragma unroll
   for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
@@ -410,7 +422,7 @@ __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft,
       for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
         q[ax] += ft.qo[ax];
         ok = ok && q[ax] >= ft.qlo[ax] && q[ax] < ft.qhi[ax];
-        off += (p.geo.axis[ax].kernel - 1 - q[ax]) * p.rpb_stride[1 + ax];
+        off += (p.geo.axis[ax].kernel - 1 - q[ax]) * (staged ? stage_stride(ax) : p.rpb_stride[1 + ax]);
       }
       br.off[mt][r] = off;
       br.ok[mt][r] = ok;
@@ -418,12 +430,12 @@ __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft,
 }
 
 // The bias of one step's scores (keys [col0, col0 + kStepN) of `tile`), returning the scale the
-// caller's softmax_update then applies. A staged table holds bias / scale: s += it, and the scale
-// stays scale_log2. Otherwise s = s * scale_log2 + bias * log2(e), logits in the softmax's log2
-// units, and the scale is 1. The table is dense (unit stride on the last axis), so a row's biases
-// along the tile's fast axis are consecutive. kMasked: scores the mask set to -inf read no bias
-// (their index may lie outside the table); in tiles inside every window only rows the CTA does
-// not store are skipped. Additional keys have no bias.
+// caller's softmax_update then applies. Staged (the copy holds bias / scale): s += it, and the
+// scale stays scale_log2; each score's entry is at a compile-time offset from its row's address.
+// Global: s = s * scale_log2 + bias * log2(e), logits in the softmax's log2 units, and the scale
+// is 1; the table is dense (unit stride on the last axis). kMasked: scores the mask set to -inf
+// read no bias (their index may lie outside the table); in tiles inside every window only rows
+// the CTA does not store are skipped. Additional keys have no bias.
 template <class Tr, class KT, bool kMasked>
 __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
                                           const KvTile& tile, const BiasRows<Tr>& br,
@@ -431,7 +443,7 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
   constexpr int kN = Tr::kStepN;
   constexpr float kLog2e = 1.4426950408889634f;
   const float sl2 = p.scale_log2;
-  const bool staged = br.staged;
+  const bool staged = br.tab == nullptr;
   if (tile.add_begin >= 0) {
     if (staged) return sl2;
 #pragma unroll
@@ -444,6 +456,45 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
   }
   const int t2 = 2 * (threadIdx.x & 3);
   constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
+  if (staged) {
+    int toff = tile.origin[kAxes - 1] + (kFast8 ? t2 : 0);
+#pragma unroll
+    for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) toff += tile.origin[ax] * stage_stride(ax);
+    uint32_t ra[Tr::kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) ra[mt][r] = br.sbase + 4u * uint32_t(br.off[mt][r] + toff);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int c[kAxes];
+        if constexpr (kFast8) {
+          KT::coord(col0 + j * 8, c);  // compile-time; t2 + e is on the fast axis
+          c[kAxes - 1] += e;
+        } else {
+          KT::coord(col0 + j * 8 + t2 + e, c);
+        }
+        int coff = 0;
+#pragma unroll
+        for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) coff += c[ax] * stage_stride(ax);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float& x = s[mt][j][2 * r + e];
+            const bool use = br.ok[mt][r] && (!kMasked || x != -INFINITY);
+            if (use) {
+              float b;
+              asm("ld.shared.f32 %0, [%1];" : "=f"(b) : "r"(ra[mt][r] + 4u * uint32_t(coff)));
+              x += b;
+            }
+          }
+      }
+    }
+    return sl2;
+  }
   int toff = tile.origin[kAxes - 1] + (kFast8 ? t2 : 0);
 #pragma unroll
   for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) toff += tile.origin[ax] * p.rpb_stride[1 + ax];
@@ -458,7 +509,7 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
     for (int e = 0; e < 2; ++e) {
       int c[kAxes];
       if constexpr (kFast8) {
-        KT::coord(col0 + j * 8, c);  // compile-time; t2 + e is on the fast axis
+        KT::coord(col0 + j * 8, c);
         c[kAxes - 1] += e;
       } else {
         KT::coord(col0 + j * 8 + t2 + e, c);
@@ -472,16 +523,12 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
         for (int r = 0; r < 2; ++r) {
           float& x = s[mt][j][2 * r + e];
           const bool use = br.ok[mt][r] && (!kMasked || x != -INFINITY);
-          if (staged) {
-            x += use ? rb[mt][r][coff] : 0.f;
-          } else {
-            const float b = use ? __ldg(rb[mt][r] + coff) : 0.f;
-            x = fmaf(b, kLog2e, x * sl2);
-          }
+          const float b = use ? __ldg(rb[mt][r] + coff) : 0.f;
+          x = fmaf(b, kLog2e, x * sl2);
         }
     }
   }
-  return staged ? sl2 : 1.f;
+  return 1.f;
 }
 
 // Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of

@@ -369,10 +369,10 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
-  const float* btab = nullptr;
+  BiasRows<Tr> br;
   if constexpr (kBias)
-    btab = stage_bias<Tr::kThreads>(
-        p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
+    stage_bias<Tr>(p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)),
+                   br);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -399,8 +399,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   FwdState<Tr> st;
   init_state(st);
   const int row0 = warp * Tr::kWarpRows;
-  BiasRows<Tr> br;
-  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, row0, btab, br);
+  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, row0, br);
 
   if constexpr (Tr::kQInRegs) {
     // Q to registers first: its staging area is about to hold K/V.

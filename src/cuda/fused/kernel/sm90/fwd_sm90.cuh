@@ -53,10 +53,10 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   __shared__ KvSpan sSpan;
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
-  const float* btab = nullptr;
+  BiasRows<Tr> br;
   if constexpr (kBias)
-    btab = stage_bias<Tr::kThreads>(
-        p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)));
+    stage_bias<Tr>(p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)),
+                   br);
   __syncthreads();
   const KvSpan& span = sSpan;
   const int n_nbr = span.total();
@@ -74,8 +74,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 
   FwdState<Tr> st;
   init_state(st);
-  BiasRows<Tr> br;
-  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, btab, br);
+  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();

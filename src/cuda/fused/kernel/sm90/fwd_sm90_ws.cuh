@@ -214,8 +214,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     FwdState<Tr> st;
     init_state(st);
     BiasRows<Tr> br;  // (the persistent kernel reads the table in global memory: rpb_staged = 0)
-    if constexpr (kBias)
-      bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, p.rpb + ft.h * p.rpb_stride[0], br);
+    if constexpr (kBias) {
+      br.tab = p.rpb + ft.h * p.rpb_stride[0];
+      bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+    }
     // With a bias, add_bias leaves the scores in the softmax's log2 units.
     const float sl2 = kBias ? 1.f : p.scale_log2;
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
