@@ -487,7 +487,9 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
             const bool use = br.ok[mt][r] && (!kMasked || x != -INFINITY);
             if (use) {
               float b;
-              asm("ld.shared.f32 %0, [%1];" : "=f"(b) : "r"(ra[mt][r] + 4u * uint32_t(coff)));
+              // (volatile: never speculated ahead of `use`, whose false may mean an address
+              // outside the table)
+              asm volatile("ld.shared.f32 %0, [%1];" : "=f"(b) : "r"(ra[mt][r] + 4u * uint32_t(coff)));
               x += b;
             }
           }

@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     BiasRows<Tr> br;  // (the persistent kernel reads the table in global memory: rpb_staged = 0)
     if constexpr (kBias) {
       br.tab = p.rpb + ft.h * p.rpb_stride[0];
+      br.sbase = 0;
       bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
     }
     // With a bias, add_bias leaves the scores in the softmax's log2 units.
