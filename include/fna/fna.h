@@ -202,7 +202,9 @@ struct Options {
 // q and grid key k of head h is scale * q.k + rpb[h, i_0 .. i_{r-1}] with
 // i_a = (k_a - q_a) / dilation_a + K_a - 1 (the two share a dilation group, so the division is
 // exact); additional keys get no bias. Odd and even kernels, stride and causal axes alike.
-// Backends reference and cpu take it; the others answer `unsupported`.
+// Backends reference, cpu (any strides) and cuda-fused (dense tables; not with
+// Options::deterministic in the backward, whose d rpb sums end in atomics) take it; cuda-naive
+// answers `unsupported`.
 struct ForwardArgs {
   TensorRef q, k, v, o;
   TensorRef lse;                 // optional output

@@ -532,7 +532,8 @@ NB_MODULE(_C, m) {
         nb::arg("query_offset") = std::vector<int64_t>{}, nb::arg("rpb").none() = nb::none(),
         "Fused NA forward into preallocated `output` (and `lse`, float32, if given). With "
         "`query_offset`, `query` holds the queries of the box at that offset of the key grid. "
-        "`rpb`: a float32 relative positional bias [H, 2K-1 ..] (backends reference, cpu).");
+        "`rpb`: a float32 relative positional bias [H, 2K-1 ..] (backends reference, cpu, and "
+        "cuda-fused for dense tables).");
   m.def("backward", &backward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("output"), nb::arg("d_output"), nb::arg("lse"), nb::arg("d_query"),
         nb::arg("d_key"), nb::arg("d_value"), nb::arg("additional_keys").none() = nb::none(),

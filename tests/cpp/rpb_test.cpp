@@ -497,6 +497,22 @@ TEST(RpbValidation, ErrorsNameTheArgument) {
   EXPECT_FALSE(st.ok());
   if (fna::backend_compiled(fna::Backend::cuda_naive) && st.code == fna::Code::unsupported)
     EXPECT_NE(st.message.find("rpb: backend=cuda-naive"), std::string::npos) << st.message;
+  EXPECT_TRUE(fna::takes_rpb(fna::Backend::cuda_fused));
+  EXPECT_FALSE(fna::takes_rpb(fna::Backend::cuda_naive));
+  // Problem::rpb announces a table: set without one it is an error, in forward and backward
+  {
+    fna::Problem flagged = rc.c.p;
+    flagged.rpb = true;
+    f = forward_args(r);
+    f.rpb = fna::TensorRef{};
+    st = fna::forward(flagged, f, opt);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument);
+    EXPECT_NE(st.message.find("problem.rpb=true but rpb is a null pointer"), std::string::npos)
+        << st.message;
+    // with the table given, the flag agrees and the call runs as without it
+    f = forward_args(r);
+    EXPECT_TRUE(fna::forward(flagged, f, opt).ok());
+  }
 }
 
 }  // namespace

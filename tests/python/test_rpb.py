@@ -483,8 +483,9 @@ def test_mutation_of_the_empty_slots_is_caught(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", [None, "cuda-naive", "cuda-fused", "cutlass-fna"])
 def test_cuda_backends(backend):
-    """On CUDA tensors every backend name runs the composition (cuda-fused and NATTEN's names on
-    cuda-naive's unfused operators): outputs, LSE and gradients as on the CPU."""
+    """On CUDA tensors (float32) every backend name gives the CPU's outputs, LSE and gradients:
+    cuda-naive runs the composition of its unfused operators, cuda-fused, NATTEN's cutlass-fna
+    and auto the fused kernels with the bias (test_rpb_cuda.py covers those in depth)."""
     if backend in ("cuda-fused", "cutlass-fna") and not fna.backend_compiled("cuda-fused"):
         pytest.skip("cuda-fused not compiled")
     case = CASES[4]
