@@ -174,6 +174,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         return _na_rpb(fn, kind, named, rpb, sp, scale, backend, return_lse, opts, natten_kwargs)
     if rpb is not None:  # the backend adds the bias itself
         _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
+    given = (backend, opts)  # (for the composition fallback below)
     natten_backend = _args.natten_backend(backend)
     backend = _args.backend_name(backend)
     scale = _args.resolve_scale(scale, query.shape[-1])
@@ -205,10 +206,20 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
             inputs = inputs + (query_offset,)
         if rpb is not None:
             inputs = inputs + (rpb,)
-        if _compat.torch_ops.check_autograd_mode(fn, inputs[:5] + inputs[18:]):  # vmap: the op
-            out, lse = _compat.torch.ops.fna.na_forward(*inputs)
-        else:
-            out, lse = _compat.torch_ops.na_forward_call(*inputs)
+        try:
+            if _compat.torch_ops.check_autograd_mode(fn, inputs[:5] + inputs[18:]):  # vmap: the op
+                out, lse = _compat.torch.ops.fna.na_forward(*inputs)
+            else:
+                out, lse = _compat.torch_ops.na_forward_call(*inputs)
+        except NotImplementedError:
+            # `auto` with a bias: where the fused kernels do not take the call (a layout or size
+            # they do not cover), the unfused composition runs, as cuda-naive's `auto` fallback
+            # does without a bias (not while torch.compile traces: the op is in the graph).
+            if (rpb is None or backend != "auto" or query.device.type != "cuda"
+                    or _compat.torch.compiler.is_compiling()):
+                raise
+            return _na_rpb(fn, kind, named, rpb, sp, scale, given[0], return_lse, given[1],
+                           natten_kwargs)
     else:
         _numpy_backend(fn, backend)
         from . import _numpy

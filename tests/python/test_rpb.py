@@ -485,13 +485,27 @@ def test_mutation_of_the_empty_slots_is_caught(monkeypatch):
 def test_cuda_backends(backend):
     """On CUDA tensors (float32) every backend name gives the CPU's outputs, LSE and gradients:
     cuda-naive runs the composition of its unfused operators, cuda-fused, NATTEN's cutlass-fna
-    and auto the fused kernels with the bias (test_rpb_cuda.py covers those in depth)."""
+    and auto the fused kernels with the bias (test_rpb_cuda.py covers those in depth). A value
+    head dim of 6 (rows the fused kernels do not store) is NotImplementedError on the fused
+    names and the composition under auto."""
     if backend in ("cuda-fused", "cutlass-fna") and not fna.backend_compiled("cuda-fused"):
         pytest.skip("cuda-fused not compiled")
+    for Dv in (8, 6):
+        _cuda_backend_case(backend, Dv)
+
+
+def _cuda_backend_case(backend, Dv):
     case = CASES[4]
     rank, shape, ks, st, dil, causal = case[:6]
-    low, _ = make(case, seed_of("rpb-cuda"))
+    low, _ = make(case, seed_of("rpb-cuda", Dv), Dv=Dv)
     names = [n for n in low if low[n] is not None]
+    if Dv == 6 and backend in ("cuda-fused", "cutlass-fna"):
+        x = {n: None if low[n] is None else low[n].detach().cuda() for n in low}
+        with pytest.raises(NotImplementedError, match="output stride"):
+            NA[rank](x["q"], x["k"], x["v"], ks, stride=st, dilation=dil, is_causal=causal,
+                     additional_keys=x["add_k"], additional_values=x["add_v"], rpb=x["rpb"],
+                     backend=backend)
+        return
     results = []
     for dev, b in (("cpu", "cpu"), ("cuda", backend)):
         x = {n: None if low[n] is None else low[n].detach().to(dev).requires_grad_(True)
