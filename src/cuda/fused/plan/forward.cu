@@ -274,6 +274,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   // Tuning::fwd_rpb_stage asks for one or the other.
   fp->rpb_staged = 0;
   fp->rpb_inv_scale = 0.f;
+  fp->rpb_front = 0;
   if (t.fwd_rpb_stage != Switch::automatic && !p.rpb)
     return unsupported("tuning fwd_rpb_stage needs a relative positional bias (rpb)");
   if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
@@ -295,6 +296,27 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       l.smem = end;
       fp->rpb_staged = 1;
       fp->rpb_inv_scale = inv;
+      // Rank 1 and 2 (axis 0 lifted): guard zones around the table so that every pair of a
+      // CTA's query tile and the key tiles it visits addresses the copy. Per axis a key of a
+      // visited tile lies within K - 1 + stride of some query of the tile (its window), the tile
+      // spans q[a] queries and the key tile kv[a] keys, so |k - q| < K + stride + q + kv = g[a]
+      // for every pair, rows past the group's end included; the flat index then lies in
+      // [-sum g[a] stride_a, sum (2 K_a - 2 + g[a]) stride_a].
+      if (p.rank <= 2) {
+        int64_t front = 0, back = 0;
+        for (int a = 1; a < kAxes; ++a) {
+          const int64_t g = geo.axis[a].kernel + geo.axis[a].stride + cfg->q[a] + cfg->kv[a];
+          front += g * fused::stage_stride(a);
+          back += (2 * int64_t(geo.axis[a].kernel) - 2 + g) * fused::stage_stride(a);
+        }
+        const size_t guarded = fused::bias_stage_offset(l.smem - bytes) +
+                               size_t(front + back + 1) * sizeof(float);
+        if (guarded <= static_cast<size_t>(dev.smem_optin) &&
+            size_t(front + back + 1) * sizeof(float) <= 2 * kBiasStageBytes) {
+          l.smem = guarded;
+          fp->rpb_front = static_cast<int>(front);
+        }
+      }
     }
   } else if (t.fwd_rpb_stage != Switch::automatic) {
     return unsupported("tuning fwd_rpb_stage needs the sm80 or plain sm90 forward, but the plan "

@@ -391,6 +391,7 @@ __device__ __forceinline__ void stage_bias(const FwdParams& p, int h, float* dst
                                            BiasRows<Tr>& br) {
   const float* src = p.rpb + h * p.rpb_stride[0];
   br.tab = p.rpb_staged ? nullptr : src;
+  dst += p.rpb_front;  // the table's origin (after its front guard, if any)
   br.sbase = mma::smem_u32(dst);
   if (!p.rpb_staged) return;
   const int n0 = 2 * p.geo.axis[0].kernel - 1, n1 = 2 * p.geo.axis[1].kernel - 1;
@@ -427,6 +428,52 @@ __device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft,
       br.off[mt][r] = off;
       br.ok[mt][r] = ok;
     }
+}
+
+// FwdParams::rpb_front > 0: the staged bias of one step's scores, added before the mask without a
+// test per score (the guard zones hold every pair's address; the mask then overwrites the scores
+// it removes, whatever they read, and rows the CTA does not store are never stored). Additional
+// keys have no bias. The caller's softmax keeps scale_log2.
+template <class Tr, class KT>
+__device__ __forceinline__ void add_bias_guarded(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                                 const KvTile& tile, const BiasRows<Tr>& br,
+                                                 int col0) {
+  constexpr int kN = Tr::kStepN;
+  if (tile.add_begin >= 0) return;
+  const int t2 = 2 * (threadIdx.x & 3);
+  constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
+  int toff = tile.origin[kAxes - 1] + (kFast8 ? t2 : 0);
+#pragma unroll
+  for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) toff += tile.origin[ax] * stage_stride(ax);
+  uint32_t ra[Tr::kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) ra[mt][r] = br.sbase + 4u * uint32_t(br.off[mt][r] + toff);
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int c[kAxes];
+      if constexpr (kFast8) {
+        KT::coord(col0 + j * 8, c);
+        c[kAxes - 1] += e;
+      } else {
+        KT::coord(col0 + j * 8 + t2 + e, c);
+      }
+      int coff = 0;
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) coff += c[ax] * stage_stride(ax);
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float b;
+          asm volatile("ld.shared.f32 %0, [%1];" : "=f"(b) : "r"(ra[mt][r] + 4u * uint32_t(coff)));
+          s[mt][j][2 * r + e] += b;
+        }
+    }
+  }
 }
 
 // The bias of one step's scores (keys [col0, col0 + kStepN) of `tile`), returning the scale the

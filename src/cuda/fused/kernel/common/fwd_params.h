@@ -39,6 +39,11 @@ struct FwdParams : ProblemBlock {
   // (stage_bias), and adds it to the raw scores; 0 = the scores read the table in global memory.
   int rpb_staged;
   float rpb_inv_scale;
+  // Staged with guard zones (rank <= 2): rpb_front floats of shared memory before the table and
+  // enough after it that every (query, key) pair of a CTA's tiles addresses memory of the copy,
+  // so the scores take the bias before the mask, without a per-score test (add_bias_guarded);
+  // 0: no guard, the scores the mask removed read nothing.
+  int rpb_front;
 };
 
 // A staged bias table (FwdParams::rpb_staged) starts at bias_stage_offset(own) after a kernel's

@@ -213,9 +213,12 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   issue_s<Tr, T>(s, sQw, sK);
   wgmma::wait<0>();
   wgmma::fence_operands(s[0]);
+  const bool guarded = kBias && p.rpb_front > 0;
+  if constexpr (kBias)
+    if (guarded) add_bias_guarded<Tr, KT>(s, tile, br, 0);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
   if constexpr (kBias) {
-    const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
+    const float sl2 = guarded ? p.scale_log2 : add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
     softmax_update<Tr, kMasked>(st, s, sl2);
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);

@@ -295,10 +295,13 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
     }
   }
 
+  const bool guarded = kBias && p.rpb_front > 0;
+  if constexpr (kBias)
+    if (guarded) add_bias_guarded<Tr, KT>(s, tile, br, col0);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, num_add, col0);
 
   if constexpr (kBias) {
-    const float sl2 = add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
+    const float sl2 = guarded ? p.scale_log2 : add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
     softmax_update<Tr, kMasked>(st, s, sl2);
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
