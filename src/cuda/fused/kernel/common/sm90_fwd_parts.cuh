@@ -9,6 +9,7 @@
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/runtime.cuh"
 #include "cuda/common/wgmma.cuh"
+#include "cuda/fused/kernel/common/fwd_bias.cuh"
 #include "cuda/fused/kernel/common/fwd_common.cuh"
 
 namespace fna {

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "cuda/common/mma.cuh"
+#include "cuda/fused/kernel/common/fwd_bias.cuh"
 #include "cuda/fused/kernel/common/fwd_common.cuh"
 #include "cuda/fused/kernel/common/fwd_params.h"
 #include "cuda/fused/kernel/common/tiling.cuh"

@@ -1,0 +1,185 @@
+// The relative positional bias of the fused forward (ProblemBlock::rpb): the staged copy of a
+// head's table in shared memory, the thread's rows' offsets into the table, and the bias of one
+// step's scores, for the tiled kernels (fwd_sm80.cuh, fwd_sm90.cuh, fwd_sm90_ws.cuh) on the
+// per-warp accumulator layout of fwd_common.cuh.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/mma.cuh"
+#include "cuda/fused/kernel/common/fwd_common.cuh"
+#include "cuda/fused/kernel/common/fwd_params.h"
+
+namespace fna {
+namespace fused {
+
+// Relative positional bias (ProblemBlock::rpb). The table is read either in global memory (dense,
+// run-time strides ProblemBlock::rpb_stride) or, staged (FwdParams::rpb_staged), from a copy in
+// shared memory divided by the scale, laid out with compile-time strides stage_stride (lifted
+// axes 0, 1, 2: 1024, 32, 1), so that every score's entry sits at a constant offset from its
+// row's base address. The thread's rows (two per m-tile) each hold the offset of local key
+// coordinates 0 in the table, sum_a (K_a - 1 - q_a) * stride_a, and whether the CTA stores the
+// row (rows past the group or outside the query region read nothing: their keys may lie outside
+// the table).
+template <class Tr>
+struct BiasRows {
+  const float* tab;    // global: the head's table; null: staged
+  uint32_t sbase;      // staged: the copy's shared-memory address
+  int off[Tr::kMT][2];
+  bool ok[Tr::kMT][2];
+};
+
+// FwdParams::rpb_staged: the CTA's head table divided by the scale into shared memory at `dst`
+// in the staged layout (every thread of the CTA; the caller's next barrier publishes it). Fills
+// `br`'s table fields.
+template <class Tr>
+__device__ __forceinline__ void stage_bias(const FwdParams& p, int h, float* dst,
+                                           BiasRows<Tr>& br) {
+  const float* src = p.rpb + h * p.rpb_stride[0];
+  br.tab = p.rpb_staged ? nullptr : src;
+  dst += p.rpb_front;  // the table's origin (after its front guard, if any)
+  br.sbase = mma::smem_u32(dst);
+  if (!p.rpb_staged) return;
+  const int n0 = 2 * p.geo.axis[0].kernel - 1, n1 = 2 * p.geo.axis[1].kernel - 1;
+  const int n2 = 2 * p.geo.axis[2].kernel - 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int row = warp; row < n0 * n1; row += Tr::kThreads / 32) {
+    const int i0 = row / n1, i1 = row - i0 * n1;
+    const float* s = src + i0 * p.rpb_stride[1] + i1 * p.rpb_stride[2];
+    float* d = dst + i0 * stage_stride(0) + i1 * stage_stride(1);
+    for (int i2 = lane; i2 < n2; i2 += 32) d[i2] = __ldg(s + i2) * p.rpb_inv_scale;
+  }
+}
+
+// The rows of the warp starting at tile row `row0` (the FwdState layout).
+template <class Tr, class QT>
+__device__ __forceinline__ void bias_rows(const FwdParams& p, const FwdTile& ft, int row0,
+                                          BiasRows<Tr>& br) {
+  const int lane = threadIdx.x & 31;
+  const bool staged = p.rpb_staged != 0;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int q[kAxes];
+      QT::coord(row0 + mt * 16 + (lane >> 2) + 8 * r, q);
+      bool ok = true;
+      int off = 0;
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes; ++ax) {
+        q[ax] += ft.qo[ax];
+        ok = ok && q[ax] >= ft.qlo[ax] && q[ax] < ft.qhi[ax];
+        off += (p.geo.axis[ax].kernel - 1 - q[ax]) * (staged ? stage_stride(ax) : p.rpb_stride[1 + ax]);
+      }
+      br.off[mt][r] = off;
+      br.ok[mt][r] = ok;
+    }
+}
+
+// Calls f(x, mt, r, coff) for each of this thread's scores x of one step (keys [col0, col0 +
+// kStepN) of the key tile; rows r of m-tile mt): coff is the key's offset from the tile's
+// origin, plus the thread's fast-axis columns 2 (lane % 4) where the fast axis is 8k (then
+// folded into `base`, which the caller adds to its rows), in a table with strides stride(ax) and
+// unit stride on the last axis. With compile-time strides every coff is a constant.
+template <class Tr, class KT, class Stride, class F>
+__device__ __forceinline__ void for_bias_scores(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                                const KvTile& tile, int col0, Stride stride,
+                                                int& base, F f) {
+  constexpr bool kFast8 = KT::kExt[kAxes - 1] % 8 == 0;
+  const int t2 = 2 * (threadIdx.x & 3);
+  base = tile.origin[kAxes - 1] + (kFast8 ? t2 : 0);
+#pragma unroll
+  for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) base += tile.origin[ax] * stride(ax);
+#pragma unroll
+  for (int j = 0; j < Tr::kStepN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int c[kAxes];
+      if constexpr (kFast8) {
+        KT::coord(col0 + j * 8, c);  // compile-time; t2 + e is on the fast axis
+        c[kAxes - 1] += e;
+      } else {
+        KT::coord(col0 + j * 8 + t2 + e, c);
+      }
+      int coff = c[kAxes - 1];
+#pragma unroll
+      for (int ax = Tr::kFirstAxis; ax < kAxes - 1; ++ax) coff += c[ax] * stride(ax);
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) f(s[mt][j][2 * r + e], mt, r, coff);
+    }
+  }
+}
+
+// The staged copy's entry at shared-memory address `addr` (volatile: never speculated ahead of
+// the caller's test, whose false may mean an address outside the copy).
+__device__ __forceinline__ float staged_entry(uint32_t addr) {
+  float b;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(b) : "r"(addr));
+  return b;
+}
+
+// FwdParams::rpb_front > 0: the staged bias of one step's scores, added before the mask without a
+// test per score (the guard zones hold every pair's address; the mask then overwrites the scores
+// it removes, whatever they read, and rows the CTA does not store are never stored). Additional
+// keys have no bias. The caller's softmax keeps scale_log2.
+template <class Tr, class KT>
+__device__ __forceinline__ void add_bias_guarded(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                                 const KvTile& tile, const BiasRows<Tr>& br,
+                                                 int col0) {
+  if (tile.add_begin >= 0) return;
+  int base = 0;
+  auto add = [&](float& x, int mt, int r, int coff) {
+    x += staged_entry(br.sbase + 4u * uint32_t(br.off[mt][r] + base + coff));
+  };
+  for_bias_scores<Tr, KT>(s, tile, col0, [](int ax) { return stage_stride(ax); }, base, add);
+}
+
+// The bias of one step's scores (keys [col0, col0 + kStepN) of `tile`), returning the scale the
+// caller's softmax_update then applies. Staged (the copy holds bias / scale): s += it, and the
+// scale stays scale_log2. Global: s = s * scale_log2 + bias * log2(e), logits in the softmax's
+// log2 units, and the scale is 1. kMasked: scores the mask set to -inf read no bias (their index
+// may lie outside the table); in tiles inside every window only rows the CTA does not store are
+// skipped. Additional keys have no bias.
+template <class Tr, class KT, bool kMasked>
+__device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4],
+                                          const KvTile& tile, const BiasRows<Tr>& br,
+                                          const FwdParams& p, int col0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float sl2 = p.scale_log2;
+  const bool staged = br.tab == nullptr;
+  if (tile.add_begin >= 0) {
+    if (staged) return sl2;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < Tr::kStepN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][j][i] *= sl2;
+    return 1.f;
+  }
+  int base = 0;
+  auto use = [&](float x, int mt, int r) {
+    return br.ok[mt][r] && (!kMasked || x != -INFINITY);
+  };
+  if (staged) {
+    auto add = [&](float& x, int mt, int r, int coff) {
+      if (use(x, mt, r))
+        x += staged_entry(br.sbase + 4u * uint32_t(br.off[mt][r] + base + coff));
+    };
+    for_bias_scores<Tr, KT>(s, tile, col0, [](int ax) { return stage_stride(ax); }, base, add);
+    return sl2;
+  }
+  auto stride = [&](int ax) { return p.rpb_stride[1 + ax]; };
+  auto add = [&](float& x, int mt, int r, int coff) {
+    const float b = use(x, mt, r) ? __ldg(br.tab + (br.off[mt][r] + base + coff)) : 0.f;
+    x = fmaf(b, kLog2e, x * sl2);
+  };
+  for_bias_scores<Tr, KT>(s, tile, col0, stride, base, add);
+  return 1.f;
+}
+
+}  // namespace fused
+}  // namespace fna
