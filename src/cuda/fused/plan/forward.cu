@@ -269,8 +269,9 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     }
   }
   // With a bias the one-head-per-CTA tiled kernels (sm80, plain sm90) stage their head's table,
-  // divided by the scale, in shared memory after their own where it fits (up to kBiasStageBytes):
-  // the scores then take one shared load and one add per element (FwdParams::rpb_staged).
+  // divided by the scale, in shared memory after their own where the staged layout takes it (up
+  // to kBiasStageBytes, more with guard zones): the scores then take one shared load and one add
+  // per element (FwdParams::rpb_staged).
   // Tuning::fwd_rpb_stage asks for one or the other.
   fp->rpb_staged = 0;
   fp->rpb_inv_scale = 0.f;
