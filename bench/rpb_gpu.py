@@ -1,7 +1,6 @@
 """Relative positional bias on the GPU: cuda-fused with a bias (added in the tiled forward kernels'
 scores, d rpb summed in the sm80 / plain Hopper dK / dV kernels) against the same call without
-one, forward and
-forward + backward, on the standard and small-window problem sets (bench/problem_sets.py,
+one, forward and forward + backward, on the standard and small-window problem sets (bench/problem_sets.py,
 bfloat16), in one process with the variants in alternating rounds; and the unfused composition
 (qk, gathered bias, softmax, av: what ran before) where its attention tensor fits.
 
