@@ -25,6 +25,7 @@ enum class Backend : int {
   cpu = 2,         // production CPU backend: visits only the neighborhood
   cuda_naive = 3,  // CUDA: unfused PN / softmax / NN / IN kernels (paper section 3.1)
   cuda_fused = 4,  // CUDA: fused tensor-core kernels (paper section 3.3)
+  cuda_gemm = 5,   // CUDA: unfused operators as tensor-core GEMMs over tiles (paper section 3.2)
 };
 
 enum class Code : int {
@@ -151,7 +152,7 @@ struct Tuning {
   BwdKernel bwd_kernel = BwdKernel::automatic;
   CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
-  // cuda-naive: workspace budget of the unfused kernels in bytes (0: half the free memory, at
+  // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half the free memory, at
   // most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
   // cpu backend.
@@ -231,7 +232,7 @@ struct BackwardArgs {
 Status forward(const Problem& p, const ForwardArgs& a, const Options& opt);
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt);
 
-// ---- Unfused operators (backends reference, cpu, cuda_naive) ----------------------------------
+// ---- Unfused operators (backends reference, cpu, cuda_naive, cuda_gemm) -----------------------
 // attn[..., w] for w < W is the logit of the w-th neighbor, neighbors numbered row-major over the
 // window box [start_0, start_0 + K_0) x .. (last axis fastest); attn[..., W + n] is the logit of
 // additional key n. Slots whose key is not a neighbor (only possible with causal windows near the
@@ -260,7 +261,8 @@ Status av_forward(const Problem& p, const AVArgs& a, const Options& opt);
 Status av_backward(const Problem& p, const AVBackwardArgs& a, const Options& opt);
 
 // ---- Introspection ------------------------------------------------------------------------------
-const char* backend_name(Backend b);       // "auto", "reference", "cpu", "cuda-naive", "cuda-fused"
+const char* backend_name(Backend b);  // "auto", "reference", "cpu", "cuda-naive", "cuda-fused",
+                                      // "cuda-gemm"
 Status parse_backend(const std::string& name, Backend* out);
 const char* dtype_name(DType t);           // "float32", "float16", "bfloat16"
 bool backend_compiled(Backend b);          // is this backend in this build?

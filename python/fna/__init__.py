@@ -26,7 +26,8 @@ _MODULES = ("NeighborhoodAttention1D", "NeighborhoodAttention2D", "NeighborhoodA
 
 
 def backend_compiled(backend):
-    """Is ``backend`` ("reference", "cpu", "cuda-naive", "cuda-fused") in this build?"""
+    """Is ``backend`` ("reference", "cpu", "cuda-naive", "cuda-fused", "cuda-gemm") in this
+    build?"""
     return _C.backend_compiled(backend)
 
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from . import _C
 
-BACKENDS = ("auto", "reference", "cpu", "cuda-naive", "cuda-fused")
-CUDA_BACKENDS = ("cuda-naive", "cuda-fused")
+BACKENDS = ("auto", "reference", "cpu", "cuda-naive", "cuda-fused", "cuda-gemm")
+CUDA_BACKENDS = ("cuda-naive", "cuda-fused", "cuda-gemm")
 
 _AXES = {1: "L", 2: "X, Y", 3: "X, Y, Z"}
 
@@ -133,8 +133,8 @@ def backend_name(backend, unfused=False):
     if name in NATTEN_BACKENDS:
         if unfused:
             raise ValueError(f"backend={name!r} names a fused backend (fna's cuda-fused), which "
-                             "has no unfused (qk / av) operators; use backend=None, 'cuda-naive' "
-                             "or 'cpu'")
+                             "has no unfused (qk / av) operators; use backend=None, 'cuda-gemm', "
+                             "'cuda-naive' or 'cpu'")
         return NATTEN_BACKENDS[name]
     return name
 

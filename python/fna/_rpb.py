@@ -14,7 +14,8 @@ causal axes. The query is always inside its own window (section 1.1), so ``i_a``
 fna's kernels do not add a bias yet, so a call with ``rpb`` runs ``na*d_qk`` (scale applied), adds
 the gathered bias, takes the softmax in float32 and runs ``na*d_av``: the attention weights live in
 memory (``[B, *spatial, H, prod(K) + N_add]``). Backends without unfused operators (``cuda-fused``
-and NATTEN's fused names) run that composition on ``cuda-naive``'s operators.
+and NATTEN's fused names) run that composition on the CUDA unfused operators ``auto`` picks
+(``cuda-gemm``'s, or ``cuda-naive``'s where those cannot run).
 """
 
 import functools
@@ -26,10 +27,11 @@ from . import _args, _rpb_np, _window
 
 
 def unfused_backend(backend):
-    """The backend whose unfused operators a biased call runs: ``backend`` itself, or
-    ``cuda-naive`` for ``cuda-fused`` / NATTEN's fused names (they have no unfused operators)."""
+    """The backend whose unfused operators a biased call runs: ``backend`` itself, or ``auto``
+    (on CUDA tensors: cuda-gemm, falling back to cuda-naive) for ``cuda-fused`` / NATTEN's fused
+    names (they have no unfused operators)."""
     name = _args.backend_name(backend)
-    return "cuda-naive" if name == "cuda-fused" else name
+    return "auto" if name == "cuda-fused" else name
 
 
 def check(fn, rpb, heads, kernel_size, query):

@@ -340,7 +340,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     is_causal: bool or a tuple of bools. scale: default ``D ** -0.5``.
     additional_keys / additional_values: ``[B, N_add, H_kv, D(_v)]`` tokens every query also
     attends to (one softmax with the neighborhood).
-    backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused"; or NATTEN's
+    backend: None / "auto", "reference", "cpu", "cuda-naive", "cuda-fused", "cuda-gemm" (the
+    unfused composition on tensor-core GEMM kernels, the paper's section 3.2); or NATTEN's
     "cutlass-fna" (cuda-fused's mma.sync kernels) / "hopper-fna" (its Hopper wgmma kernels;
     compute capability 9.0, 16-bit); NATTEN's "blackwell-fna" and "flex-fna" raise ValueError
     saying what to use (docs/python.md).
@@ -363,7 +364,7 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     tuning: a dict of kernel choices the plan would otherwise make (``fna.tuning_keys()``:
     e.g. ``{"fwd_schedule": "plain", "fwd_copy": "cp_async", "persistent": True,
     "bwd_kernel": "sm80", "fwd_walk": "01"}`` for ``cuda-fused``, ``cpu_isa`` / ``cpu_band`` /
-    ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive``); validated, echoed by
+    ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive`` / ``cuda-gemm``); validated, echoed by
     :func:`fna.fused_plan`; a key that concerns another backend than the one that runs is an
     error.
     num_threads: CPU threads for this call (forward, and the backward through autograd); None or
@@ -374,8 +375,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     gets ``rpb[h, (k_0 - q_0) / dilation_0 + K_0 - 1, (k_1 - q_1) / dilation_1 + K_1 - 1]``, for odd
     and even kernels, stride and causal axes alike (docs/semantics.md section 1.3); additional keys
     get no bias. The call then computes ``softmax(scale * q.k + bias) @ v`` with the unfused
-    operators (``na2d_qk``, softmax in float32, ``na2d_av``; on ``cuda-naive``'s for
-    ``cuda-fused`` and NATTEN's fused names), so the attention weights are materialized; the LSE
+    operators (``na2d_qk``, softmax in float32, ``na2d_av``; on the CUDA operators ``auto``
+    picks for ``cuda-fused`` and NATTEN's fused names), so the attention weights are materialized; the LSE
     (``return_lse``) is that of the biased logits, and autograd gives the gradient of ``rpb``.
     ``config``, ``backward_config``, ``tuning``, ``num_threads`` and NATTEN's tuning keywords,
     which steer the fused kernels, are a ValueError with ``rpb``.

@@ -26,8 +26,8 @@ _FUNCS = {1: na1d, 2: na2d, 3: na3d}
 _QK = {1: na1d_qk, 2: na2d_qk, 3: na3d_qk}
 _AV = {1: na1d_av, 2: na2d_av, 3: na3d_av}
 
-# Backends that have no unfused operators (what attention dropout runs on; a bias runs on
-# cuda-naive's there, see _rpb.unfused_backend).
+# Backends that have no unfused operators (what attention dropout runs on; a bias runs on the
+# CUDA operators `auto` picks there, see _rpb.unfused_backend).
 _FUSED_ONLY = ("cuda-fused", *_args.NATTEN_BACKENDS)
 
 
@@ -128,7 +128,7 @@ class _NeighborhoodAttention(nn.Module):
             raise ValueError(
                 f"{type(self).__name__}: attn_drop={self.attn_drop_rate} in training mode drops "
                 "attention weights, which only the unfused operators (qk / av) have and "
-                f"backend={self.backend!r} does not; use backend=None, 'cuda-naive' or 'cpu' "
+                f"backend={self.backend!r} does not; use backend=None, 'cuda-gemm', 'cuda-naive' or 'cpu' "
                 "(or attn_drop=0, or eval mode)")
         if self.rpb is not None:  # the composition na*d(..., rpb=) runs (one shared helper)
             _rpb.check(type(self).__name__, self.rpb, self.num_heads, self.kernel_size, q)

@@ -570,7 +570,8 @@ NB_MODULE(_C, m) {
     else if (device == "cuda") d = fna::Device::cuda;
     else raise(PyExc_ValueError, "device='" + device + "' is not 'cpu' or 'cuda'");
     const fna::Backend r = fna::resolve_backend(backend_arg(name), d);
-    const bool cuda_backend = r == fna::Backend::cuda_naive || r == fna::Backend::cuda_fused;
+    const bool cuda_backend = r == fna::Backend::cuda_naive || r == fna::Backend::cuda_fused ||
+                              r == fna::Backend::cuda_gemm;
     if (cuda_backend != (d == fna::Device::cuda))
       raise(PyExc_ValueError, std::string("backend ") + fna::backend_name(r) +
                                   " cannot run on " + device + " tensors");
@@ -633,5 +634,6 @@ NB_MODULE(_C, m) {
         return rc;
       },
       nb::arg("argv"), "Runs the fna-bench CLI with argv (argv[0] is the program name); returns its exit code.");
-  m.attr("backends") = nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused");
+  m.attr("backends") =
+      nb::make_tuple("auto", "reference", "cpu", "cuda-naive", "cuda-fused", "cuda-gemm");
 }

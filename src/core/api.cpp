@@ -105,7 +105,7 @@ bool takes_query_region(Backend b) {
     case Backend::cpu:
     case Backend::cuda_naive:
     case Backend::cuda_fused: return true;
-    default: return false;
+    default: return false;  // cuda-gemm: whole grids only
   }
 }
 
@@ -151,6 +151,7 @@ Status forward(const Problem& p_in, const ForwardArgs& a, const Options& opt) {
     case Backend::reference: return detail::reference_forward(p, a, o);
     case Backend::cpu: return detail::cpu_forward(p, a, o);
     case Backend::cuda_naive: return detail::cuda_naive_forward(p, a, o);
+    case Backend::cuda_gemm: return detail::cuda_gemm_forward(p, a, o);
     case Backend::cuda_fused: {
       st = detail::cuda_fused_forward(p, a, o);
       // `auto` falls back to the naive kernels for problems the fused tiles do not cover, unless
@@ -201,6 +202,7 @@ Status backward(const Problem& p_in, const BackwardArgs& a, const Options& opt) 
     case Backend::reference: return detail::reference_backward(p, a, o);
     case Backend::cpu: return detail::cpu_backward(p, a, o);
     case Backend::cuda_naive: return detail::cuda_naive_backward(p, a, o);
+    case Backend::cuda_gemm: return detail::cuda_gemm_backward(p, a, o);
     case Backend::cuda_fused: {
       st = detail::cuda_fused_backward(p, a, o);
       // As in the forward: no silent fallback from a named backward configuration.
@@ -220,6 +222,13 @@ Status backward(const Problem& p_in, const BackwardArgs& a, const Options& opt) 
     case Backend::reference: return detail::reference_##fn(p, args, o);       \
     case Backend::cpu: return detail::cpu_##fn(p, args, o);                   \
     case Backend::cuda_naive: return detail::cuda_naive_##fn(p, args, o);     \
+    case Backend::cuda_gemm: {                                                \
+      /* `auto` runs the naive kernels where the GEMM ones cannot (old GPU, D > 256) */ \
+      const Status gst = detail::cuda_gemm_##fn(p, args, o);                  \
+      if (gst.code == Code::unsupported && opt.backend == Backend::automatic) \
+        return detail::cuda_naive_##fn(p, args, o);                           \
+      return gst;                                                             \
+    }                                                                         \
     default: return no_unfused(b);                                            \
   }
 
@@ -310,13 +319,14 @@ const char* backend_name(Backend b) {
     case Backend::cpu: return "cpu";
     case Backend::cuda_naive: return "cuda-naive";
     case Backend::cuda_fused: return "cuda-fused";
+    case Backend::cuda_gemm: return "cuda-gemm";
   }
   return "unknown";
 }
 
 Status parse_backend(const std::string& name, Backend* out) {
   const Backend all[] = {Backend::automatic, Backend::reference, Backend::cpu, Backend::cuda_naive,
-                         Backend::cuda_fused};
+                         Backend::cuda_fused, Backend::cuda_gemm};
   for (Backend b : all) {
     if (name == backend_name(b)) {
       *out = b;
@@ -328,7 +338,8 @@ Status parse_backend(const std::string& name, Backend* out) {
     return Status::Ok();
   }
   return {Code::invalid_argument,
-          "backend='" + name + "' is not one of auto, reference, cpu, cuda-naive, cuda-fused"};
+          "backend='" + name +
+              "' is not one of auto, reference, cpu, cuda-naive, cuda-fused, cuda-gemm"};
 }
 
 const char* dtype_name(DType t) {
@@ -346,7 +357,8 @@ bool backend_compiled(Backend b) {
     case Backend::reference:
     case Backend::cpu: return true;
 #if defined(FNA_WITH_CUDA)
-    case Backend::cuda_naive: return true;
+    case Backend::cuda_naive:
+    case Backend::cuda_gemm: return true;
 #if defined(FNA_WITH_CUDA_FUSED)
     case Backend::cuda_fused: return true;
 #endif

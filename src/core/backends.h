@@ -18,6 +18,7 @@ namespace detail {
 FNA_DECLARE_BACKEND(reference)
 FNA_DECLARE_BACKEND(cpu)
 FNA_DECLARE_BACKEND(cuda_naive)
+FNA_DECLARE_BACKEND(cuda_gemm)
 #undef FNA_DECLARE_BACKEND
 
 // The fused backend has no unfused operators.

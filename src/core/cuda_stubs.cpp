@@ -22,6 +22,12 @@ Status cuda_naive_qk_forward(const Problem&, const QKArgs&, const Options&) { re
 Status cuda_naive_qk_backward(const Problem&, const QKBackwardArgs&, const Options&) { return missing("backend=cuda-naive"); }
 Status cuda_naive_av_forward(const Problem&, const AVArgs&, const Options&) { return missing("backend=cuda-naive"); }
 Status cuda_naive_av_backward(const Problem&, const AVBackwardArgs&, const Options&) { return missing("backend=cuda-naive"); }
+Status cuda_gemm_forward(const Problem&, const ForwardArgs&, const Options&) { return missing("backend=cuda-gemm"); }
+Status cuda_gemm_backward(const Problem&, const BackwardArgs&, const Options&) { return missing("backend=cuda-gemm"); }
+Status cuda_gemm_qk_forward(const Problem&, const QKArgs&, const Options&) { return missing("backend=cuda-gemm"); }
+Status cuda_gemm_qk_backward(const Problem&, const QKBackwardArgs&, const Options&) { return missing("backend=cuda-gemm"); }
+Status cuda_gemm_av_forward(const Problem&, const AVArgs&, const Options&) { return missing("backend=cuda-gemm"); }
+Status cuda_gemm_av_backward(const Problem&, const AVBackwardArgs&, const Options&) { return missing("backend=cuda-gemm"); }
 #endif
 
 #if !defined(FNA_WITH_CUDA_FUSED)

@@ -215,7 +215,9 @@ Status validate_tuning(const Problem& p, const Tuning& t, Backend resolved, bool
     }
     if (unfused)
       return invalid(what + ": the unfused operators (qk / av) take no tuning");
-    if (resolved != f.backend)
+    // The composed forward / backward of cuda-gemm use cuda-naive's workspace too.
+    const bool shared = f.backend == Backend::cuda_naive && resolved == Backend::cuda_gemm;
+    if (resolved != f.backend && !shared)
       return invalid(what + " concerns backend=" + backend_name(f.backend) + ", but backend=" +
                      backend_name(resolved) + " runs this call");
   }

@@ -146,13 +146,13 @@ Status validate_backend_limits(const Problem& p, Backend b) {
   Status st = validate_problem(p);
   if (!st.ok()) return st;
   constexpr int64_t kInt32Max = 2147483647;
-  if (b == Backend::cuda_naive) {
+  if (b == Backend::cuda_naive || b == Backend::cuda_gemm) {
     // make_geometry holds W + N_add (one row of attention weights) in an int.
     const int64_t cols = p.window() + p.num_additional;  // window() <= tokens() <= 2^62
     if (cols > kInt32Max)
       return {Code::unsupported, "window=" + str(p.window()) + " + num_additional=" +
                                      str(p.num_additional) + " = " + str(cols) +
-                                     " exceeds backend=cuda-naive's limit of 2^31 - 1"};
+                                     " exceeds backend=" + backend_name(b) + "'s limit of 2^31 - 1"};
   } else if (b == Backend::cuda_fused) {
     // ProblemBlock::groups (Geometry::num_groups) is an int.
     int64_t groups = 1;
@@ -243,12 +243,15 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
   if (opt.device != Device::cpu && opt.device != Device::cuda)
     return invalid("device=" + str(static_cast<int>(opt.device)) + " is not cpu or cuda");
   const int b = static_cast<int>(opt.backend);
-  if (b < 0 || b > static_cast<int>(Backend::cuda_fused))
+  if (b < 0 || b > static_cast<int>(Backend::cuda_gemm))
     return {Code::unsupported, "backend=" + str(b) + " is not a known backend"};
   Backend r = resolve_backend(opt.backend, opt.device);
-  // For the unfused operators `auto` means the best backend that has them.
-  if (unfused && opt.backend == Backend::automatic && r == Backend::cuda_fused)
-    r = Backend::cuda_naive;
+  // For the unfused operators `auto` means the best backend that has them: on CUDA the GEMM
+  // kernels (which answer `unsupported` where they cannot run, and the dispatcher then runs
+  // cuda-naive's).
+  if (unfused && opt.backend == Backend::automatic &&
+      (r == Backend::cuda_fused || r == Backend::cuda_naive))
+    r = Backend::cuda_gemm;
   if (!backend_compiled(r))
     return {Code::not_compiled, std::string("backend=") + backend_name(r) +
                                     " is not compiled into this build of fna"};
@@ -272,7 +275,8 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
                      ", dtype=" + dtype_name(p.dtype) + ", dim=" + str(dim) +
                      "; valid: " + (valid.empty() ? "(none)" : valid));
   }
-  const bool cuda_backend = r == Backend::cuda_naive || r == Backend::cuda_fused;
+  const bool cuda_backend =
+      r == Backend::cuda_naive || r == Backend::cuda_fused || r == Backend::cuda_gemm;
   if (cuda_backend && opt.device != Device::cuda)
     return invalid(std::string("backend=") + backend_name(r) +
                    " needs CUDA tensors, but the tensors are on the CPU");
@@ -290,7 +294,7 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
                    "the attention weights)");
   if (unfused && r == Backend::cuda_fused)
     return {Code::unsupported,
-            "backend=cuda-fused has no unfused (qk / av) operators; use cuda-naive or cpu"};
+            "backend=cuda-fused has no unfused (qk / av) operators; use cuda-gemm, cuda-naive or cpu"};
   if (!opt.config.empty() && r != Backend::cuda_fused)
     return invalid("config='" + opt.config + "' names a cuda-fused tile configuration, but backend=" +
                    backend_name(r) + " runs this call");

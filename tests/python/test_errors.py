@@ -190,7 +190,8 @@ def test_introspection():
     # One version string (CMakeLists.txt's project version; test_packaging.py checks the metadata).
     assert fna.version() == fna.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+", fna.version()), fna.version()
-    assert fna.BACKENDS == ("auto", "reference", "cpu", "cuda-naive", "cuda-fused")
+    assert fna.BACKENDS == ("auto", "reference", "cpu", "cuda-naive", "cuda-fused",
+                            "cuda-gemm")
     for dtype in ("float16", np.float16, "bfloat16"):
         configs = fna.fused_configs(2, dtype, 64)
         assert isinstance(configs, list) and all(isinstance(c, str) for c in configs)

@@ -1,5 +1,6 @@
-// cuda-naive forward and backward: the unfused operator chain of the paper's section 3.1 over an
-// f32 workspace of attention weights.
+// cuda-naive and cuda-gemm forward and backward: the unfused operator chain of the paper's
+// sections 3.1 / 3.2 over an f32 workspace of attention weights, on the naive kernels or the GEMM
+// ones (kernels::Naive / kernels::Gemm, cuda/gemm/kernel_set.cuh).
 //   forward:  S = scale * PN(Q, K)           -> softmax (P, LSE) -> O = NN(P, V)
 //   backward: S = scale * PN(Q, K), dP = PN(dO, V) -> P = softmax(S),
 //             dS = P (dP - (rowsum(P dP) - d_lse))  (d_lse: the gradient into the LSE, or 0)
@@ -11,12 +12,13 @@
 // A query region (Problem::query_offset / query_shape) runs the kRegion kernels: the workspace
 // holds the region's query rows only (N = query_tokens), query-role tensors (Q, O, dO, dQ, LSE,
 // d_LSE) are read and written at region coordinates, windows are the global coordinates' in the
-// whole grid, and dK / dV / the additional keys' gradients sum over the region's queries only.
+// whole grid, and dK / dV / the additional keys' gradients sum over the region's queries only
+// (cuda-naive only).
 #include <algorithm>
 #include <cmath>
 
 #include "core/backends.h"
-#include "cuda/naive/launch.cuh"
+#include "cuda/gemm/kernel_set.cuh"
 
 namespace fna {
 namespace detail {
@@ -51,7 +53,7 @@ Chunks plan_chunks(const Geometry& g, int64_t queries, int buffers, const Option
   return c;
 }
 
-template <typename T, bool kRegion>
+template <typename T, bool kRegion, class K>
 Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
   const Geo<kRegion> g = naive::make_geo<kRegion>(p);
   const int64_t queries = naive::query_tokens(g);
@@ -65,22 +67,22 @@ Status forward_t(const Problem& p, const ForwardArgs& a, const Options& opt) {
 
   const Chunks ch = plan_chunks(g, queries, 1, opt);
   Workspace ws(stream);
-  FNA_TRY(ws.allocate(ch.bytes, "cuda-naive forward attention weights"));
+  FNA_TRY(ws.allocate(ch.bytes, K::kForwardWorkspace));
   for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
     const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
     const int64_t rows = np * queries * G;
     const View vw = naive::workspace_view(g, p0);
-    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
+    FNA_TRY((K::template pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
                                           vak, g.dim, ws.get(), vw, scale, -INFINITY, stream)));
     FNA_CUDA_TRY(naive::launch_softmax_forward(g, p0, rows, ws.as<float>(),
                                                static_cast<float*>(a.lse.data), vlse, stream));
-    FNA_TRY((naive::nn<float, T, kRegion>(g, p0, rows, ws.get(), vw, a.v.data, vv, a.add_v.data,
+    FNA_TRY((K::template nn<float, T, kRegion>(g, p0, rows, ws.get(), vw, a.v.data, vv, a.add_v.data,
                                           vav, g.dim_v, a.o.data, vo, 1.f, stream)));
   }
   return Status::Ok();
 }
 
-template <typename T, bool kRegion>
+template <typename T, bool kRegion, class K>
 Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
   const Geo<kRegion> g = naive::make_geo<kRegion>(p);
   const int64_t queries = naive::query_tokens(g);
@@ -97,28 +99,28 @@ Status backward_t(const Problem& p, const BackwardArgs& a, const Options& opt) {
 
   const Chunks ch = plan_chunks(g, queries, 2, opt);
   Workspace ws(stream);
-  FNA_TRY(ws.allocate(ch.bytes, "cuda-naive backward attention weights and gradients"));
+  FNA_TRY(ws.allocate(ch.bytes, K::kBackwardWorkspace));
   float* ws_p = ws.as<float>();                       // S, then P
   float* ws_ds = ws_p + ch.bytes / 2 / sizeof(float);  // dP, then dS
   for (int64_t p0 = 0; p0 < ch.pairs; p0 += ch.per_chunk) {
     const int64_t np = std::min(ch.per_chunk, ch.pairs - p0);
     const int64_t rows = np * queries * G;
     const View vw = naive::workspace_view(g, p0);
-    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
+    FNA_TRY((K::template pn<T, float, kRegion>(g, p0, rows, a.q.data, vq, a.k.data, vk, a.add_k.data,
                                           vak, g.dim, ws_p, vw, scale, -INFINITY, stream)));
     // Masked slots of dP only ever meet P = 0, so any finite value does.
-    FNA_TRY((naive::pn<T, float, kRegion>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv,
+    FNA_TRY((K::template pn<T, float, kRegion>(g, p0, rows, a.d_o.data, vdo, a.v.data, vv,
                                           a.add_v.data, vav, g.dim_v, ws_ds, vw, 1.f, 0.f,
                                           stream)));
     FNA_CUDA_TRY(naive::launch_softmax_backward(g, p0, rows, ws_p, ws_ds,
                                                 static_cast<const float*>(a.d_lse.data), vdlse,
                                                 stream));
-    FNA_TRY((naive::nn<float, T, kRegion>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data,
+    FNA_TRY((K::template nn<float, T, kRegion>(g, p0, rows, ws_ds, vw, a.k.data, vk, a.add_k.data,
                                           vak, g.dim, a.dq.data, vdq, scale, stream)));
     // dK / dV over every key of the grid (keys no region query sees get 0).
-    FNA_TRY((naive::inverse<float, T, kRegion>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim,
+    FNA_TRY((K::template inverse<float, T, kRegion>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim,
                                                a.dk.data, vdk, scale, stream)));
-    FNA_TRY((naive::inverse<float, T, kRegion>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
+    FNA_TRY((K::template inverse<float, T, kRegion>(g, p0, np, ws_p, vw, a.d_o.data, vdo, g.dim_v,
                                                a.dv.data, vdv, 1.f, stream)));
     FNA_TRY((naive::add_grad<float, T, kRegion>(g, p0, np, ws_ds, vw, a.q.data, vq, g.dim,
                                                 a.d_add_k.data, vdak, scale, stream)));
@@ -138,8 +140,8 @@ Status cuda_naive_forward(const Problem& p, const ForwardArgs& a, const Options&
   FNA_TRY(guard.set(opt.device_index));
   const bool region = p.has_query_region();
   return naive::dispatch_dtype(p.dtype, [&](auto t) {
-    return region ? forward_t<decltype(t), true>(p, a, opt)
-                  : forward_t<decltype(t), false>(p, a, opt);
+    return region ? forward_t<decltype(t), true, kernels::Naive>(p, a, opt)
+                  : forward_t<decltype(t), false, kernels::Naive>(p, a, opt);
   });
 }
 
@@ -149,8 +151,30 @@ Status cuda_naive_backward(const Problem& p, const BackwardArgs& a, const Option
   FNA_TRY(guard.set(opt.device_index));
   const bool region = p.has_query_region();
   return naive::dispatch_dtype(p.dtype, [&](auto t) {
-    return region ? backward_t<decltype(t), true>(p, a, opt)
-                  : backward_t<decltype(t), false>(p, a, opt);
+    return region ? backward_t<decltype(t), true, kernels::Naive>(p, a, opt)
+                  : backward_t<decltype(t), false, kernels::Naive>(p, a, opt);
+  });
+}
+
+// cuda-gemm: the same composition over the GEMM kernels (whole grids; the dispatcher answers a
+// query region with `unsupported` before calling).
+Status cuda_gemm_forward(const Problem& p, const ForwardArgs& a, const Options& opt) {
+  FNA_TRY(validate_backend_limits(p, Backend::cuda_gemm));
+  DeviceGuard guard;
+  FNA_TRY(guard.set(opt.device_index));
+  FNA_TRY(gemm::check(p, opt.device_index));
+  return naive::dispatch_dtype(p.dtype, [&](auto t) {
+    return forward_t<decltype(t), false, kernels::Gemm>(p, a, opt);
+  });
+}
+
+Status cuda_gemm_backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
+  FNA_TRY(validate_backend_limits(p, Backend::cuda_gemm));
+  DeviceGuard guard;
+  FNA_TRY(guard.set(opt.device_index));
+  FNA_TRY(gemm::check(p, opt.device_index));
+  return naive::dispatch_dtype(p.dtype, [&](auto t) {
+    return backward_t<decltype(t), false, kernels::Gemm>(p, a, opt);
   });
 }
 
