@@ -11,7 +11,7 @@
 // "backward configs"), alternating the atomic and deterministic dQ modes.
 // The last line is always `N passed, N failed`; the exit code is non-zero on any failure.
 //
-//   fna-gpu-test [--backend cuda-naive|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
+//   fna-gpu-test [--backend cuda-naive|cuda-gemm|cuda-fused|auto] [--filter fwd,bwd,qk,av] [--cases N]
 //                [--seed S] [--rank R] [--dim D] [--dim-v DV] [--dtype float16|bfloat16|float32]
 //                [--config NAME] [--tuning K=V[,K=V..]] [--intensity I] [--only I] [--sanitize]
 //                [--no-sweeps] [--verbose]
@@ -136,7 +136,8 @@ Args parse(int argc, char** argv) {
   }
   if (a.dtypes.empty()) a.dtypes = {fna::DType::f32, fna::DType::f16, fna::DType::bf16};
   if (a.backends.empty()) {
-    for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused})
+    for (fna::Backend b :
+         {fna::Backend::cuda_naive, fna::Backend::cuda_gemm, fna::Backend::cuda_fused})
       if (fna::backend_compiled(b)) a.backends.push_back(b);
   }
   if (a.sanitize && a.cases == 40) a.cases = 3;

@@ -17,7 +17,7 @@ from test_torch import (AV, QK, TORCH_DTYPE, check_low_precision, np64, oracle, 
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-CUDA_BACKENDS = [None, "cuda-naive"]
+CUDA_BACKENDS = [None, "cuda-naive", "cuda-gemm"]
 
 
 def cuda_problem(rng, rank, dtype=torch.float32):
@@ -467,7 +467,7 @@ def test_cuda_fused_backward_of_sum():
         assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("backend", [None, "cuda-naive", "cuda-fused"])
+@pytest.mark.parametrize("backend", [None, "cuda-naive", "cuda-gemm", "cuda-fused"])
 def test_int_bounds_on_cuda(backend):
     """Sizes the CUDA kernels narrow to int are refused before any kernel runs (issue 28): an
     expanded head dim of 2^32 + 1 and 2^32 + 1 additional keys (zero-stride views: no memory) are
@@ -491,7 +491,7 @@ def test_int_bounds_on_cuda(backend):
 
 # ---- gradients through the LSE (BackwardArgs::d_lse) on the CUDA backends ------------------------
 
-@pytest.mark.parametrize("backend", [None, "cuda-naive"])
+@pytest.mark.parametrize("backend", [None, "cuda-naive", "cuda-gemm"])
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_cuda_lse_gradient(backend, rank):
     """A loss on the output and the LSE (return_lse=True), float32 on the GPU: gradients against
