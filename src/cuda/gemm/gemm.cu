@@ -96,6 +96,8 @@ int pad_of(int elem) { return 16 / elem; }
 // Dynamic shared memory: the two operands plus the kernels' index arrays (at most 3328 bytes:
 // 64-entry int64 offsets twice, 3 and 6 ints per row / column).
 constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;
+// The most shared memory PN's staged output rows may take.
+constexpr size_t kStageBytes = 48 * 1024;
 
 size_t pn_smem(int width_pad, int elem) {
   return size_t(kRows + kChunk) * (width_pad + pad_of(elem)) * elem + kIndexBytes;
@@ -103,6 +105,16 @@ size_t pn_smem(int width_pad, int elem) {
 
 size_t slice_smem(int nt, int elem) {
   return size_t(kRows + nt * 8) * (kChunk + pad_of(elem)) * elem + kIndexBytes;
+}
+
+// The most dynamic shared memory one block may take on the current device.
+Status smem_optin(size_t* out) {
+  int device = 0;
+  detail::DeviceProps props;
+  FNA_CUDA_TRY(cudaGetDevice(&device));
+  Status st = detail::device_props(device, &props);
+  *out = size_t(props.smem_optin);
+  return st;
 }
 
 template <typename K>
@@ -159,9 +171,15 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   L.scale = scale;
   L.masked = masked;
   for (int ax = 0; ax < 3; ++ax) L.causal = L.causal || g.axis[ax].causal;
+  // Staging the tile's rows costs kRows x (W + N_add) elements of shared memory: where that is
+  // at most kStageBytes, the scattered products are assembled there and written out coalesced.
+  size_t optin = 0;
+  if (Status st = smem_optin(&optin); !st.ok()) return st;
+  const size_t staged = size_t(kRows) * g.cols * sizeof(TOut);
+  L.staged = staged <= kStageBytes && pn_smem(L.width_pad, sizeof(TIn)) + staged <= optin;
   const int vec = (rows_vec(a, va, width, sizeof(TIn)) ? 1 : 0) |
                   (rows_vec(b, vb, width, sizeof(TIn)) ? 2 : 0);
-  const size_t smem = pn_smem(L.width_pad, sizeof(TIn));
+  const size_t smem = pn_smem(L.width_pad, sizeof(TIn)) + (L.staged ? staged : 0);
   auto kernel = pn_kernel<TIn, TOut>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
@@ -186,7 +204,14 @@ Status slice_op(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, 
   L.heads_per = kInverse ? 1 : g.group;
   L.width = width;
   L.scale = scale;
-  const size_t smem = slice_smem(NT, sizeof(T));
+  size_t smem = slice_smem(NT, sizeof(T));
+  if constexpr (!kInverse) {  // NN stages the tile's attention rows where they fit (see pn)
+    size_t optin = 0;
+    if (Status st = smem_optin(&optin); !st.ok()) return st;
+    const size_t staged = size_t(kRows) * g.cols * sizeof(T);
+    L.staged = staged <= kStageBytes && smem + staged <= optin;
+    if (L.staged) smem += staged;
+  }
   const unsigned slices = static_cast<unsigned>(ceil_div(width, NT * 8));
   const int64_t per_pair = blocks_per_pair(g, L.tile, L.heads_per);
   if constexpr (kInverse) {

@@ -64,6 +64,9 @@ struct Launch {
   float scale;
   float masked;     // PN: the value of slots that hold no neighbor
   bool causal;      // any causal axis (PN writes `masked` slots)
+  bool staged;      // PN: the tile's rows of the attention tensor are assembled in shared memory
+                    // (after the index arrays) and written out row by row, coalesced; NN: they
+                    // are read once, coalesced, into shared memory
 };
 
 // ---- element types -----------------------------------------------------------------------------
@@ -270,6 +273,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   int* sKey = reinterpret_cast<int*>(sOff + kRows);              // [kChunk][3]; additional: -1 - n
   int64_t* sRowOut = reinterpret_cast<int64_t*>(sKey + 3 * kChunk);
   int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);        // [kRows][6]
+  TOut* sOut = reinterpret_cast<TOut*>(sRowWin + 6 * kRows);     // staged: [kRows][W + N_add]
 
   // The key halo of the tile.
   int hb[3], hs[3];
@@ -300,7 +304,10 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   }
   __syncthreads();
   load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0);
-  if (L.causal) {  // slots of the window box past a truncated causal window
+  if (L.staged) {  // every slot starts as `masked`; the neighbors' products overwrite theirs
+    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads)
+      sOut[e] = naive::from_f32<TOut>(L.masked);
+  } else if (L.causal) {  // slots of the window box past a truncated causal window
     for (int e = threadIdx.x; e < kRows * g.window; e += kThreads) {
       const int m = e / g.window, s = e % g.window;
       if (sRowOut[m] < 0) continue;
@@ -370,10 +377,21 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
           slot = slot_of(g, w[i], key);
         else
           slot = key[0] == INT32_MIN ? -1 : g.window + (-1 - key[0]);
-        if (slot >= 0) out[ro[i] + slot * vo.sx] = naive::from_f32<TOut>(L.scale * acc[n][e]);
+        if (slot < 0) continue;
+        const TOut val = naive::from_f32<TOut>(L.scale * acc[n][e]);
+        if (L.staged)
+          sOut[(r0 + 8 * i) * g.cols + slot] = val;
+        else
+          out[ro[i] + slot * vo.sx] = val;
       }
     }
     __syncthreads();
+  }
+  if (L.staged) {  // consecutive threads write consecutive slots of a row
+    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads) {
+      const int m = e / g.cols, slot = e % g.cols;
+      if (sRowOut[m] >= 0) out[sRowOut[m] + slot * vo.sx] = sOut[e];
+    }
   }
 }
 
@@ -396,6 +414,7 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
   int64_t* sRowAttn = sOff + kChunk;                               // [kRows]
   int* sKey = reinterpret_cast<int*>(sRowAttn + kRows);             // [kChunk][3]
   int* sRowWin = sKey + 3 * kChunk;                                 // [kRows][6]
+  T* sRows = reinterpret_cast<T*>(sRowWin + 6 * kRows);  // staged: the rows [kRows][W + N_add]
 
   int hb[3], hs[3];
   for (int ax = 0; ax < 3; ++ax) {
@@ -419,6 +438,14 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
       }
     } else {
       sRowAttn[m] = -1;
+    }
+  }
+  if (L.staged) {  // the tile's attention rows, read once and coalesced
+    __syncthreads();
+    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads) {
+      const int m = e / g.cols, slot = e % g.cols;
+      sRows[e] = naive::from_f32<T>(
+          sRowAttn[m] >= 0 ? naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]) : 0.f);
     }
   }
   float acc[NT][4] = {};
@@ -459,7 +486,9 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
         } else {
           slot = g.window + (-1 - key[0]);
         }
-        if (slot >= 0) p = naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]);
+        if (slot >= 0)
+          p = L.staged ? naive::to_f32(sRows[m * g.cols + slot])
+                       : naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]);
       }
       sP[m * kLd + j] = naive::from_f32<T>(p);
     }
