@@ -90,21 +90,38 @@ int64_t blocks_per_pair(const Geometry& g, const Tile& t, int heads_per) {
   return n;
 }
 
-// Row padding of the shared operands (Elem::kPad): 16 bytes.
+// Row padding of operands stored [row][k] (Elem::kPad): 16 bytes.
 int pad_of(int elem) { return 16 / elem; }
 
-// Dynamic shared memory: the two operands plus the kernels' index arrays (at most 3328 bytes:
-// 64-entry int64 offsets twice, 3 and 6 ints per row / column).
+// Dynamic shared memory of each kernel (kernels.cuh): operands, then index arrays (64-entry int64
+// offsets twice; 3 or 6 ints and one int per row / column).
 constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;
-// The most shared memory PN's staged output rows may take.
-constexpr size_t kStageBytes = 48 * 1024;
+// The most shared memory a full-tile kernel may take (two CTAs per SM on Hopper and A100).
+constexpr size_t kFullBytes = 100 * 1024;
 
 size_t pn_smem(int width_pad, int elem) {
   return size_t(kRows + kChunk) * (width_pad + pad_of(elem)) * elem + kIndexBytes;
 }
-
-size_t slice_smem(int nt, int elem) {
+size_t nn_smem(int nt, int elem) {
   return size_t(kRows + nt * 8) * (kChunk + pad_of(elem)) * elem + kIndexBytes;
+}
+size_t in_smem(int nt, int elem) {
+  return size_t(kChunk) * (kRows + kPadKN + nt * 8 + kPadKN) * elem + kIndexBytes;
+}
+size_t pn_full_smem(int width_pad, int elem, int full_ld, int out_elem) {
+  return pn_smem(width_pad, elem) + size_t(kRows) * full_ld * out_elem;
+}
+size_t nn_full_smem(int nt, int elem, int full_ld) {
+  return size_t(kRows) * full_ld * elem + size_t(kChunk) * (nt * 8 + kPadKN) * elem + kIndexBytes;
+}
+
+// Leading dimension of a full-tile kernel's [64 x halo] block: the largest halo of any tile (the
+// span bound), with the additional keys, in whole chunks, plus 16 bytes.
+int full_ld_of(const Geometry& g, const Tile& t, int elem) {
+  int64_t halo = 1;
+  for (int a = 0; a < 3; ++a) halo *= span_bound(g.axis[a], t.t[a]);
+  const int64_t cols = (halo + g.num_add + kChunk - 1) / kChunk * kChunk;
+  return static_cast<int>(std::min<int64_t>(cols, 1 << 28)) + pad_of(elem);
 }
 
 // The most dynamic shared memory one block may take on the current device.
@@ -150,7 +167,8 @@ Status check(const Problem& p, int device_index) {
   const int elem = p.dtype == DType::f32 ? 4 : 2;
   const int k = p.dtype == DType::f32 ? 8 : 16;
   const int wmax = static_cast<int>(std::max(p.dim, p.dim_v));
-  const size_t need = std::max(pn_smem(ceil_div(wmax, k) * k, elem), slice_smem(16, elem));
+  const size_t need = std::max({pn_smem(ceil_div(wmax, k) * k, elem), nn_smem(16, elem),
+                                in_smem(16, elem)});
   if (need > size_t(props.smem_optin))
     return {Code::unsupported, "dim=" + std::to_string(wmax) + " " + dtype_name(p.dtype) +
                                    ": backend=cuda-gemm needs " + std::to_string(need) +
@@ -170,17 +188,18 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   L.width_pad = ceil_div(width, Elem<TIn>::kK) * Elem<TIn>::kK;
   L.scale = scale;
   L.masked = masked;
+  L.k1 = fused::FastDiv(g.axis[1].kernel);
+  L.k2 = fused::FastDiv(g.axis[2].kernel);
   for (int ax = 0; ax < 3; ++ax) L.causal = L.causal || g.axis[ax].causal;
-  // Staging the tile's rows costs kRows x (W + N_add) elements of shared memory: where that is
-  // at most kStageBytes, the scattered products are assembled there and written out coalesced.
-  size_t optin = 0;
-  if (Status st = smem_optin(&optin); !st.ok()) return st;
-  const size_t staged = size_t(kRows) * g.cols * sizeof(TOut);
-  L.staged = staged <= kStageBytes && pn_smem(L.width_pad, sizeof(TIn)) + staged <= optin;
   const int vec = (rows_vec(a, va, width, sizeof(TIn)) ? 1 : 0) |
                   (rows_vec(b, vb, width, sizeof(TIn)) ? 2 : 0);
-  const size_t smem = pn_smem(L.width_pad, sizeof(TIn)) + (L.staged ? staged : 0);
-  auto kernel = pn_kernel<TIn, TOut>;
+  size_t optin = 0;
+  if (Status st = smem_optin(&optin); !st.ok()) return st;
+  L.full_ld = full_ld_of(g, L.tile, sizeof(TOut));
+  const size_t full = pn_full_smem(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
+  const bool use_full = full <= std::min(kFullBytes, optin);
+  const size_t smem = use_full ? full : pn_smem(L.width_pad, sizeof(TIn));
+  auto kernel = use_full ? pn_full_kernel<TIn, TOut> : pn_kernel<TIn, TOut>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
     L.p0 = q;
@@ -204,42 +223,39 @@ Status slice_op(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, 
   L.heads_per = kInverse ? 1 : g.group;
   L.width = width;
   L.scale = scale;
-  size_t smem = slice_smem(NT, sizeof(T));
-  if constexpr (!kInverse) {  // NN stages the tile's attention rows where they fit (see pn)
-    size_t optin = 0;
-    if (Status st = smem_optin(&optin); !st.ok()) return st;
-    const size_t staged = size_t(kRows) * g.cols * sizeof(T);
-    L.staged = staged <= kStageBytes && smem + staged <= optin;
-    if (L.staged) smem += staged;
-  }
+  L.k1 = fused::FastDiv(g.axis[1].kernel);
+  L.k2 = fused::FastDiv(g.axis[2].kernel);
+  const int vec = rows_vec(b, vb, width, sizeof(T)) ? 1 : 0;
   const unsigned slices = static_cast<unsigned>(ceil_div(width, NT * 8));
   const int64_t per_pair = blocks_per_pair(g, L.tile, L.heads_per);
-  if constexpr (kInverse) {
-    auto kernel = in_kernel<TAttn, T, NT>;
+  auto run = [&](auto kernel, size_t smem, auto&& launch) -> Status {
     if (Status st = opt_in(kernel, smem); !st.ok()) return st;
     return for_pieces(p0, pairs, per_pair, [&](int64_t q, int64_t n) {
       L.p0 = q;
       L.pairs = n;
       const dim3 grid(static_cast<unsigned>(n * per_pair), slices);
-      kernel<<<grid, kThreads, smem, stream>>>(g, L, static_cast<const TAttn*>(attn), vattn,
-                                               static_cast<const T*>(b), vb, static_cast<T*>(out),
-                                               vo);
-      FNA_CUDA_CHECK_LAUNCH("cuda-gemm IN kernel");
+      launch(kernel, grid, smem);
+      FNA_CUDA_CHECK_LAUNCH("cuda-gemm NN / IN kernel");
       return Status::Ok();
     });
+  };
+  if constexpr (kInverse) {
+    return run(in_kernel<TAttn, T, NT>, in_smem(NT, sizeof(T)), [&](auto k, dim3 grid, size_t sm) {
+      k<<<grid, kThreads, sm, stream>>>(g, L, static_cast<const TAttn*>(attn), vattn,
+                                        static_cast<const T*>(b), vb, static_cast<T*>(out), vo,
+                                        vec);
+    });
   } else {
-    auto kernel = nn_kernel<TAttn, T, NT>;
-    if (Status st = opt_in(kernel, smem); !st.ok()) return st;
-    return for_pieces(p0, pairs, per_pair, [&](int64_t q, int64_t n) {
-      L.p0 = q;
-      L.pairs = n;
-      const dim3 grid(static_cast<unsigned>(n * per_pair), slices);
-      kernel<<<grid, kThreads, smem, stream>>>(g, L, static_cast<const TAttn*>(attn), vattn,
-                                               static_cast<const T*>(b), vb,
-                                               static_cast<const T*>(add_b), vab,
-                                               static_cast<T*>(out), vo);
-      FNA_CUDA_CHECK_LAUNCH("cuda-gemm NN kernel");
-      return Status::Ok();
+    size_t optin = 0;
+    if (Status st = smem_optin(&optin); !st.ok()) return st;
+    L.full_ld = full_ld_of(g, L.tile, sizeof(T));
+    const size_t full = nn_full_smem(NT, sizeof(T), L.full_ld);
+    const bool use_full = full <= std::min(kFullBytes, optin);
+    auto kernel = use_full ? nn_full_kernel<TAttn, T, NT> : nn_kernel<TAttn, T, NT>;
+    return run(kernel, use_full ? full : nn_smem(NT, sizeof(T)), [&](auto k, dim3 grid, size_t sm) {
+      k<<<grid, kThreads, sm, stream>>>(g, L, static_cast<const TAttn*>(attn), vattn,
+                                        static_cast<const T*>(b), vb, static_cast<const T*>(add_b),
+                                        vab, static_cast<T*>(out), vo, vec);
     });
   }
 }

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "cuda/common/mma.cuh"
+#include "cuda/fused/kernel/common/fast_div.h"
 #include "cuda/naive/geometry.cuh"
 
 namespace fna {
@@ -64,9 +65,8 @@ struct Launch {
   float scale;
   float masked;     // PN: the value of slots that hold no neighbor
   bool causal;      // any causal axis (PN writes `masked` slots)
-  bool staged;      // PN: the tile's rows of the attention tensor are assembled in shared memory
-                    // (after the index arrays) and written out row by row, coalesced; NN: they
-                    // are read once, coalesced, into shared memory
+  int full_ld;      // full-tile kernels: leading dimension of the tile's dense [64 x halo] block
+  fused::FastDiv k1, k2;  // full-tile kernels: slot -> window offsets (kernel sizes of axes 1, 2)
 };
 
 // ---- element types -----------------------------------------------------------------------------
@@ -86,44 +86,86 @@ template <>
 struct Elem<float> {
   static constexpr int kK = 8, kPad = 4;
 };
+// Row padding (elements) of operands stored reduction-axis first ([k][x]): 16 bytes for 16-bit
+// types (ldmatrix rows), 8 floats (scalar fragment loads) for float32.
+constexpr int kPadKN = 8;
 
 template <typename T>
 __device__ __forceinline__ uint32_t lds32(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// acc[n] += A[16 rows of this warp][0, kdim) * B[8 n .. 8 n + 8)[0, kdim)^T. Both operands are
-// row-major over the reduction axis with leading dimensions lda / ldb (elements).
-template <typename T, int NT>
+// acc[n] += A[16 rows of this warp][0, kdim) * B[0, kdim)[8 n .. 8 n + 8) for n < NT. Operand
+// storage, leading dimensions lda / ldb in elements:
+//   A: [m][k] (kATrans false: 32-bit loads, rows padded to 4 mod 32 words) or [k][m] (kATrans:
+//      ldmatrix.trans; float32: scalar loads, rows of 8 mod 32 words);
+//   B: [n][k] (kBKN false: 32-bit loads) or [k][n] (kBKN: ldmatrix.trans, NT even; float32: scalar
+//      loads, rows of 8 mod 32 words).
+// Every layout is read without bank conflicts at the paddings the kernels use.
+template <typename T, int NT, bool kATrans = false, bool kBKN = false>
 __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* sA, int lda, const T* sB,
                                          int ldb, int kdim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const T* a_row = sA + ((threadIdx.x >> 5) * 16 + g) * lda;
+  const int m0 = (threadIdx.x >> 5) * 16;
   if constexpr (sizeof(T) == 2) {
     using M = typename Elem<T>::M;
+    static_assert(!kBKN || NT % 2 == 0, "ldmatrix.trans loads two n-tiles");
     for (int k0 = 0; k0 < kdim; k0 += 16) {
-      const T* pa = a_row + k0 + 2 * t;
-      const uint32_t a[4] = {lds32(pa), lds32(pa + 8 * lda), lds32(pa + 8), lds32(pa + 8 * lda + 8)};
+      uint32_t a[4];
+      if constexpr (kATrans) {
+        mma::ldsm_x4_trans(a, mma::smem_u32(sA + (k0 + (lane & 7) + ((lane >> 4) << 3)) * lda +
+                                            m0 + ((lane >> 3) & 1) * 8));
+      } else {
+        const T* pa = sA + (m0 + g) * lda + k0 + 2 * t;
+        a[0] = lds32(pa);
+        a[1] = lds32(pa + 8 * lda);
+        a[2] = lds32(pa + 8);
+        a[3] = lds32(pa + 8 * lda + 8);
+      }
+      if constexpr (kBKN) {
+        const mma::LdsmOffset o = mma::ldsm_b_kn_addr(lane);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const T* pb = sB + (8 * n + g) * ldb + k0 + 2 * t;
-        mma::mma_16816<M>(acc[n], a, lds32(pb), lds32(pb + 8));
+        for (int n = 0; n < NT; n += 2) {
+          uint32_t b[4];
+          mma::ldsm_x4_trans(b, mma::smem_u32(sB + (k0 + o.row) * ldb + 8 * n + o.col));
+          mma::mma_16816<M>(acc[n], a, b[0], b[1]);
+          mma::mma_16816<M>(acc[n + 1], a, b[2], b[3]);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const T* pb = sB + (8 * n + g) * ldb + k0 + 2 * t;
+          mma::mma_16816<M>(acc[n], a, lds32(pb), lds32(pb + 8));
+        }
       }
     }
   } else {
     for (int k0 = 0; k0 < kdim; k0 += 8) {
-      const float* pa = a_row + k0 + t;
-      const float av[4] = {pa[0], pa[8 * lda], pa[4], pa[8 * lda + 4]};
+      float av[4];
+      if constexpr (kATrans) {
+        const float* pa = sA + (k0 + t) * lda + m0 + g;
+        av[0] = pa[0], av[1] = pa[8], av[2] = pa[4 * lda], av[3] = pa[4 * lda + 8];
+      } else {
+        const float* pa = sA + (m0 + g) * lda + k0 + t;
+        av[0] = pa[0], av[1] = pa[8 * lda], av[2] = pa[4], av[3] = pa[8 * lda + 4];
+      }
       uint32_t ab[4], as[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) mma::split_tf32(av[i], ab[i], as[i]);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const float* pb = sB + (8 * n + g) * ldb + k0 + t;
+        float b0f, b1f;
+        if constexpr (kBKN) {
+          const float* pb = sB + (k0 + t) * ldb + 8 * n + g;
+          b0f = pb[0], b1f = pb[4 * ldb];
+        } else {
+          const float* pb = sB + (8 * n + g) * ldb + k0 + t;
+          b0f = pb[0], b1f = pb[4];
+        }
         uint32_t b0, b0s, b1, b1s;
-        mma::split_tf32(pb[0], b0, b0s);
-        mma::split_tf32(pb[4], b1, b1s);
+        mma::split_tf32(b0f, b0, b0s);
+        mma::split_tf32(b1f, b1, b1s);
         mma::mma_1688_tf32(acc[n], as, b0, b1);
         mma::mma_1688_tf32(acc[n], ab, b0s, b1s);
         mma::mma_1688_tf32(acc[n], ab, b0, b1);
@@ -132,7 +174,7 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* sA, int l
   }
 #else
   (void)acc; (void)sA; (void)lda; (void)sB; (void)ldb; (void)kdim;
-  __trap();  // the host never launches these kernels below sm_80 (gemm::launch checks)
+  __trap();  // the host never launches these kernels below sm_80 (gemm::check)
 #endif
 }
 
@@ -243,18 +285,6 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, const in
   }
 }
 
-// Copies columns [x0, x0 + ncols) of the rows (as load_rows) transposed: dst[x][r] with leading
-// dimension ld, zero past width.
-template <typename T>
-__device__ __forceinline__ void load_rows_t(T* dst, int ld, const T* src, const int64_t* off,
-                                            int rows, int x0, int ncols, int width, int64_t sx) {
-  for (int e = threadIdx.x; e < rows * ncols; e += kThreads) {
-    const int r = e / ncols, x = e % ncols;
-    dst[x * ld + r] = off[r] >= 0 && x0 + x < width ? src[off[r] + (x0 + x) * sx]
-                                                   : naive::from_f32<T>(0.f);
-  }
-}
-
 // ---- PN ----------------------------------------------------------------------------------------
 // out[q, slot] = scale * <A[q], B[key]> for every key of q's window (slot: its place in the window
 // box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`.
@@ -273,7 +303,6 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   int* sKey = reinterpret_cast<int*>(sOff + kRows);              // [kChunk][3]; additional: -1 - n
   int64_t* sRowOut = reinterpret_cast<int64_t*>(sKey + 3 * kChunk);
   int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);        // [kRows][6]
-  TOut* sOut = reinterpret_cast<TOut*>(sRowWin + 6 * kRows);     // staged: [kRows][W + N_add]
 
   // The key halo of the tile.
   int hb[3], hs[3];
@@ -304,10 +333,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   }
   __syncthreads();
   load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0);
-  if (L.staged) {  // every slot starts as `masked`; the neighbors' products overwrite theirs
-    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads)
-      sOut[e] = naive::from_f32<TOut>(L.masked);
-  } else if (L.causal) {  // slots of the window box past a truncated causal window
+  if (L.causal) {  // slots of the window box past a truncated causal window
     for (int e = threadIdx.x; e < kRows * g.window; e += kThreads) {
       const int m = e / g.window, s = e % g.window;
       if (sRowOut[m] < 0) continue;
@@ -377,21 +403,10 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
           slot = slot_of(g, w[i], key);
         else
           slot = key[0] == INT32_MIN ? -1 : g.window + (-1 - key[0]);
-        if (slot < 0) continue;
-        const TOut val = naive::from_f32<TOut>(L.scale * acc[n][e]);
-        if (L.staged)
-          sOut[(r0 + 8 * i) * g.cols + slot] = val;
-        else
-          out[ro[i] + slot * vo.sx] = val;
+        if (slot >= 0) out[ro[i] + slot * vo.sx] = naive::from_f32<TOut>(L.scale * acc[n][e]);
       }
     }
     __syncthreads();
-  }
-  if (L.staged) {  // consecutive threads write consecutive slots of a row
-    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads) {
-      const int m = e / g.cols, slot = e % g.cols;
-      if (sRowOut[m] >= 0) out[sRowOut[m] + slot * vo.sx] = sOut[e];
-    }
   }
 }
 
@@ -402,7 +417,7 @@ template <typename TAttn, typename T, int NT>
 __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, const TAttn* attn,
                                                       View vattn, const T* bm, View vb,
                                                       const T* add_b, AddView vab, T* out,
-                                                      View vo) {
+                                                      View vo, int /*vec: scalar copies here*/) {
   const Place pl = place_of(g, L);
   if (pl.empty) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -414,7 +429,6 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
   int64_t* sRowAttn = sOff + kChunk;                               // [kRows]
   int* sKey = reinterpret_cast<int*>(sRowAttn + kRows);             // [kChunk][3]
   int* sRowWin = sKey + 3 * kChunk;                                 // [kRows][6]
-  T* sRows = reinterpret_cast<T*>(sRowWin + 6 * kRows);  // staged: the rows [kRows][W + N_add]
 
   int hb[3], hs[3];
   for (int ax = 0; ax < 3; ++ax) {
@@ -438,14 +452,6 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
       }
     } else {
       sRowAttn[m] = -1;
-    }
-  }
-  if (L.staged) {  // the tile's attention rows, read once and coalesced
-    __syncthreads();
-    for (int e = threadIdx.x; e < kRows * g.cols; e += kThreads) {
-      const int m = e / g.cols, slot = e % g.cols;
-      sRows[e] = naive::from_f32<T>(
-          sRowAttn[m] >= 0 ? naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]) : 0.f);
     }
   }
   float acc[NT][4] = {};
@@ -486,9 +492,7 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
         } else {
           slot = g.window + (-1 - key[0]);
         }
-        if (slot >= 0)
-          p = L.staged ? naive::to_f32(sRows[m * g.cols + slot])
-                       : naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]);
+        if (slot >= 0) p = naive::to_f32(attn[sRowAttn[m] + slot * vattn.sx]);
       }
       sP[m * kLd + j] = naive::from_f32<T>(p);
     }
@@ -526,22 +530,23 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
 // ---- IN ----------------------------------------------------------------------------------------
 // out[key, x] = scale * sum over the queries q (and query heads of the KV head) whose windows hold
 // the key of attn[q, slot of key] * A[q, x]; a tile of 64 keys, the reduction over the tile's
-// inverse halo x G in chunks of 64.
+// inverse halo x G in chunks of 64 columns. The chunk's weights are stored [column][key] and its
+// rows of A [column][x], both read by ldmatrix.trans (float32: scalar loads).
+// vec: A's rows take 16-byte loads.
 template <typename TAttn, typename T, int NT>
 __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, const TAttn* attn,
                                                       View vattn, const T* a, View va, T* out,
-                                                      View vo) {
+                                                      View vo, int vec) {
   const Place pl = place_of(g, L);
   if (pl.empty) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kLd = kChunk + Elem<T>::kPad;
+  constexpr int kLdP = kRows + kPadKN, kLdA = NT * 8 + kPadKN;
   const int x0 = blockIdx.y * NT * 8;
-  T* sPt = reinterpret_cast<T*>(smem_raw);  // [kRows keys][kLd]
-  T* sAt = sPt + kRows * kLd;               // [NT * 8][kLd]
-  int64_t* sOff = reinterpret_cast<int64_t*>(sAt + NT * 8 * kLd);  // A row of column j
+  T* sP = reinterpret_cast<T*>(smem_raw);  // [kChunk columns][kLdP]: weights by key
+  T* sA = sP + kChunk * kLdP;               // [kChunk columns][kLdA]: A's rows, this slice
+  int64_t* sOff = reinterpret_cast<int64_t*>(sA + kChunk * kLdA);  // A row of column j
   int64_t* sColAttn = sOff + kChunk;                               // attn row of column j
   int* sColWin = reinterpret_cast<int*>(sColAttn + kChunk);         // [kChunk][6]
-  int* sKey = sColWin + 6 * kChunk;                                 // [kRows][3]; -1: none
 
   int qb[3], qs[3];
   for (int ax = 0; ax < 3; ++ax) {
@@ -550,19 +555,14 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
     qs[ax] = u.size();
   }
   const int cols = qs[0] * qs[1] * qs[2] * g.group;
+  // Thread t builds the weights of key t % 64 (fixed: the chunk loop steps by 128 = 2 x 64).
+  const int km = threadIdx.x & (kRows - 1);
+  int kl[3];
+  const bool key_ok = tile_row(L, pl, km, kl);
 
-  if (threadIdx.x < kRows) {
-    const int m = threadIdx.x;
-    int loc[3];
-    if (tile_row(L, pl, m, loc)) {
-      for (int ax = 0; ax < 3; ++ax) sKey[3 * m + ax] = loc[ax];
-    } else {
-      sKey[3 * m] = -1;
-    }
-  }
   float acc[NT][4] = {};
   for (int c0 = 0; c0 < cols; c0 += kChunk) {
-    __syncthreads();
+    __syncthreads();  // the previous chunk's operands are consumed
     if (threadIdx.x < kChunk) {
       const int j = threadIdx.x, h = c0 + j;
       if (h < cols) {
@@ -583,25 +583,24 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
       }
     }
     __syncthreads();
-    // P^T chunk: consecutive threads take consecutive keys of one query (neighbouring slots).
-    for (int e = threadIdx.x; e < kRows * kChunk; e += kThreads) {
-      const int j = e / kRows, m = e % kRows;
+    // Weights: a warp takes 32 consecutive keys of one column (neighbouring slots, one window).
+    for (int j = threadIdx.x >> 6; j < kChunk; j += kThreads / kRows) {
       float p = 0.f;
-      const int* key = sKey + 3 * m;
-      if (sColAttn[j] >= 0 && key[0] >= 0) {
+      if (key_ok && sColAttn[j] >= 0) {
         Win w;
         for (int ax = 0; ax < 3; ++ax) {
           w.b[ax] = sColWin[6 * j + ax];
           w.e[ax] = sColWin[6 * j + 3 + ax];
         }
-        const int slot = slot_of(g, w, key);
+        const int slot = slot_of(g, w, kl);
         if (slot >= 0) p = naive::to_f32(attn[sColAttn[j] + slot * vattn.sx]);
       }
-      sPt[m * kLd + j] = naive::from_f32<T>(p);
+      sP[j * kLdP + km] = naive::from_f32<T>(p);
     }
-    load_rows_t(sAt, kLd, a, sOff, kChunk, x0, NT * 8, L.width, va.sx);
+    load_rows(sA, kLdA, a + x0 * va.sx, sOff, kChunk, max(L.width - x0, 0), NT * 8, va.sx,
+              vec != 0);
     __syncthreads();
-    warp_mma<T, NT>(acc, sPt, kLd, sAt, kLd, kChunk);
+    warp_mma<T, NT, true, true>(acc, sP, kLdP, sA, kLdA, kChunk);
   }
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int r0 = (threadIdx.x >> 5) * 16 + (lane >> 2);
@@ -611,6 +610,233 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
     if (!tile_row(L, pl, m, loc)) continue;
     global_of(g, pl, loc, y);
     const int64_t o = vo.at(pl.b, y, pl.hkv, 0, 0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x = x0 + 8 * n + 2 * t + e;
+        if (x < L.width) out[o + x * vo.sx] = naive::from_f32<T>(L.scale * acc[n][2 * i + e]);
+      }
+  }
+}
+
+// ---- full-tile PN and NN -------------------------------------------------------------------------
+// Where the tile's whole halo fits shared memory as a dense [64 x halo] block (leading dimension
+// L.full_ld), the scattered slot <-> halo mapping is done once per (row, slot) instead of once per
+// (row, halo token) and chunk: PN multiplies every chunk into the block and then writes each row's
+// slots out, coalesced; NN scatters each row's slots into the zeroed block, coalesced, and then
+// multiplies it chunk by chunk. A row's slot s is the window offset (s0, s1, s2) of
+// s = (s0 K1 + s1) K2 + s2 (L.k1 / L.k2 divide), and lies past a truncated causal window where
+// s_a >= e_a - b_a on some axis.
+
+// The halo index of slot `s` of the row with window w (halo box hb / hs), or -1 when the slot holds
+// no neighbor; slots W.. are the additional keys (at halo + n).
+__device__ __forceinline__ int halo_of_slot(const Geometry& g, const Launch& L, const Win& w,
+                                            const int* hb, const int* hs, int halo, int s) {
+  if (s >= g.window) return halo + (s - g.window);
+  int s0, s1, s2;
+  s2 = L.k2.divmod(s, s0);  // s0 = s / K2 for now
+  s1 = L.k1.divmod(s0, s0);
+  if (s0 >= w.e[0] - w.b[0] || s1 >= w.e[1] - w.b[1] || s2 >= w.e[2] - w.b[2]) return -1;
+  return ((w.b[0] - hb[0] + s0) * hs[1] + (w.b[1] - hb[1] + s1)) * hs[2] + (w.b[2] - hb[2] + s2);
+}
+
+// Row m's window from the row arrays.
+__device__ __forceinline__ Win row_window(const int* sRowWin, int m) {
+  Win w;
+  for (int ax = 0; ax < 3; ++ax) {
+    w.b[ax] = sRowWin[6 * m + ax];
+    w.e[ax] = sRowWin[6 * m + 3 + ax];
+  }
+  return w;
+}
+
+// The tile's key halo (nbr::tile_union per axis).
+__device__ __forceinline__ int key_halo(const Geometry& g, const Place& pl, int* hb, int* hs) {
+  for (int ax = 0; ax < 3; ++ax) {
+    const nbr::Range u = nbr::tile_union(g.axis[ax], pl.len[ax], pl.i0[ax], pl.i1[ax]);
+    hb[ax] = u.begin;
+    hs[ax] = u.size();
+  }
+  return hs[0] * hs[1] * hs[2];
+}
+
+// Rows' sources (threads < kRows): the row's offset in `v` (role of the query; -1 outside the
+// tile), its offset in the attention tensor `vo`, and its window.
+__device__ __forceinline__ void row_info(const Geometry& g, const Launch& L, const Place& pl,
+                                         const View& v, const View& vo, int64_t* sOff,
+                                         int64_t* sRowOut, int* sRowWin) {
+  if (threadIdx.x >= kRows) return;
+  const int m = threadIdx.x;
+  int loc[3], c[3];
+  if (!tile_row(L, pl, m, loc)) {
+    if (sOff) sOff[m] = -1;
+    sRowOut[m] = -1;
+    return;
+  }
+  global_of(g, pl, loc, c);
+  if (sOff) sOff[m] = v.at(pl.b, c, pl.hkv, pl.gi, 0);
+  sRowOut[m] = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
+  const Win w = window_of(g, pl, loc);
+  for (int ax = 0; ax < 3; ++ax) {
+    sRowWin[6 * m + ax] = w.b[ax];
+    sRowWin[6 * m + 3 + ax] = w.e[ax];
+  }
+}
+
+// Key sources of chunk c0 (threads < kChunk): grid keys' offsets in `vb` (-1 otherwise) and, in
+// sAdd, the additional key's index (-1 otherwise).
+__device__ __forceinline__ void chunk_keys(const Geometry& g, const Place& pl, const int* hb,
+                                           const int* hs, int halo, int c0, const View& vb,
+                                           int64_t* sOff, int* sAdd) {
+  if (threadIdx.x >= kChunk) return;
+  const int j = threadIdx.x, h = c0 + j;
+  sOff[j] = -1;
+  sAdd[j] = -1;
+  if (h < halo) {
+    int loc[3], y[3];
+    halo_token(h, hb, hs, loc);
+    global_of(g, pl, loc, y);
+    sOff[j] = vb.at(pl.b, y, pl.hkv, 0, 0);
+  } else if (h < halo + g.num_add) {
+    sAdd[j] = h - halo;
+  }
+}
+
+// Additional keys' rows of a chunk (columns [x0, x0 + wpad) of addB) into dst[j][x].
+template <typename T>
+__device__ __forceinline__ void load_add_rows(T* dst, int ld, const T* add_b, const AddView& vab,
+                                              const Place& pl, const int* sAdd, int x0, int width,
+                                              int wpad) {
+  for (int e = threadIdx.x; e < kChunk * wpad; e += kThreads) {
+    const int j = e / wpad, x = e % wpad;
+    if (sAdd[j] >= 0)
+      dst[j * ld + x] = x0 + x < width ? add_b[vab.at(pl.b, sAdd[j], pl.hkv, x0 + x)]
+                                       : naive::from_f32<T>(0.f);
+  }
+}
+
+// vec: bit 0, A's rows take 16-byte loads; bit 1, B's.
+template <typename TIn, typename TOut>
+__global__ void __launch_bounds__(kThreads) pn_full_kernel(Geometry g, Launch L, const TIn* a,
+                                                           View va, const TIn* bm, View vb,
+                                                           const TIn* add_b, AddView vab,
+                                                           TOut* out, View vo, int vec) {
+  const Place pl = place_of(g, L);
+  if (pl.empty) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int ld = L.width_pad + Elem<TIn>::kPad;
+  TIn* sA = reinterpret_cast<TIn*>(smem_raw);
+  TIn* sB = sA + kRows * ld;
+  TOut* sS = reinterpret_cast<TOut*>(sB + kChunk * ld);  // [kRows][L.full_ld]
+  int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);
+  int64_t* sRowOut = sOff + kRows;
+  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);  // [kRows][6]
+  int* sAdd = sRowWin + 6 * kRows;                         // [kChunk]
+
+  int hb[3], hs[3];
+  const int halo = key_halo(g, pl, hb, hs);
+  const int cols = halo + g.num_add;
+  row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
+  __syncthreads();
+  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const int r0 = warp * 16 + (lane >> 2);
+  for (int c0 = 0; c0 < cols; c0 += kChunk) {
+    __syncthreads();  // sOff / sB are free
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff, sAdd);
+    __syncthreads();
+    load_rows(sB, ld, bm, sOff, kChunk, L.width, L.width_pad, vb.sx, (vec & 2) != 0);
+    if (c0 + kChunk > halo && c0 < cols) {  // the chunk holds additional keys
+      __syncthreads();
+      load_add_rows(sB, ld, add_b, vab, pl, sAdd, 0, L.width, L.width_pad);
+    }
+    __syncthreads();
+    float acc[8][4] = {};
+    warp_mma<TIn, 8>(acc, sA, ld, sB, ld, L.width_pad);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        sS[(r0 + 8 * (e >> 1)) * L.full_ld + c0 + 8 * n + 2 * t + (e & 1)] =
+            naive::from_f32<TOut>(L.scale * acc[n][e]);
+  }
+  __syncthreads();
+  const TOut masked = naive::from_f32<TOut>(L.masked);
+  for (int m = warp; m < kRows; m += kThreads / 32) {
+    if (sRowOut[m] < 0) continue;
+    const Win w = row_window(sRowWin, m);
+    for (int s = lane; s < g.cols; s += 32) {
+      const int h = halo_of_slot(g, L, w, hb, hs, halo, s);
+      out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
+    }
+  }
+}
+
+// vec: B's rows take 16-byte loads.
+template <typename TAttn, typename T, int NT>
+__global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
+                                                           const TAttn* attn, View vattn,
+                                                           const T* bm, View vb, const T* add_b,
+                                                           AddView vab, T* out, View vo,
+                                                           int vec) {
+  const Place pl = place_of(g, L);
+  if (pl.empty) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kLdB = NT * 8 + kPadKN;
+  const int x0 = blockIdx.y * NT * 8;
+  T* sP = reinterpret_cast<T*>(smem_raw);  // [kRows][L.full_ld]
+  T* sB = sP + kRows * L.full_ld;           // [kChunk][kLdB]: B's rows, this slice
+  int64_t* sOff = reinterpret_cast<int64_t*>(sB + kChunk * kLdB);
+  int64_t* sRowAttn = sOff + kChunk;
+  int* sRowWin = reinterpret_cast<int*>(sRowAttn + kRows);  // [kRows][6]
+  int* sAdd = sRowWin + 6 * kRows;                          // [kChunk]
+
+  int hb[3], hs[3];
+  const int halo = key_halo(g, pl, hb, hs);
+  const int cols = halo + g.num_add;
+  const int ncols = (cols + kChunk - 1) / kChunk * kChunk;
+  row_info(g, L, pl, vattn, vattn, nullptr, sRowAttn, sRowWin);
+  {  // zero the block's columns this tile uses
+    const int per_row = ncols * int(sizeof(T)) / 16;
+    for (int e = threadIdx.x; e < kRows * per_row; e += kThreads) {
+      const int m = e / per_row, v = e % per_row;
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sP + m * L.full_ld) + 16 * v) =
+          make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  for (int m = warp; m < kRows; m += kThreads / 32) {
+    if (sRowAttn[m] < 0) continue;
+    const Win w = row_window(sRowWin, m);
+    for (int s = lane; s < g.cols; s += 32) {
+      const int h = halo_of_slot(g, L, w, hb, hs, halo, s);
+      if (h >= 0)
+        sP[m * L.full_ld + h] = naive::from_f32<T>(naive::to_f32(attn[sRowAttn[m] + s * vattn.sx]));
+    }
+  }
+  float acc[NT][4] = {};
+  for (int c0 = 0; c0 < cols; c0 += kChunk) {
+    __syncthreads();  // the block is written; the previous chunk's rows are consumed
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff, sAdd);
+    __syncthreads();
+    load_rows(sB, kLdB, bm + x0 * vb.sx, sOff, kChunk, max(L.width - x0, 0), NT * 8, vb.sx,
+              vec != 0);
+    if (c0 + kChunk > halo && c0 < cols) {
+      __syncthreads();
+      load_add_rows(sB, kLdB, add_b, vab, pl, sAdd, x0, L.width, NT * 8);
+    }
+    __syncthreads();
+    warp_mma<T, NT, false, true>(acc, sP + c0, L.full_ld, sB, kLdB, kChunk);
+  }
+  const int r0 = warp * 16 + (lane >> 2);
+  for (int i = 0; i < 2; ++i) {
+    const int m = r0 + 8 * i;
+    int loc[3], c[3];
+    if (!tile_row(L, pl, m, loc)) continue;
+    global_of(g, pl, loc, c);
+    const int64_t o = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
