@@ -8,12 +8,13 @@
 set -u
 OUT=${OUT:-/tmp/fna-out}
 p=${1:-2d-nat}
-ncu -k regex:"pn_kernel|nn_kernel|in_kernel" --section SpeedOfLight --section WarpStateStats \
+ncu -k regex:"^(pn|nn|in)(_full)?_kernel" --section SpeedOfLight --section WarpStateStats \
   --section Occupancy --section LaunchStats \
   python3 tools/experiments/gemm_profile.py "$p" > "$OUT/gemm_ncu.txt" 2>&1
-for k in pn_kernel nn_kernel in_kernel; do
-  ncu -k regex:$k --launch-count 1 --section SourceCounters -f -o /tmp/gemm_hot_$k \
+for k in pn_kernel pn_full_kernel nn_kernel nn_full_kernel in_kernel; do
+  ncu -k regex:"^$k" --launch-count 1 --section SourceCounters -f -o /tmp/gemm_hot_$k \
     python3 tools/experiments/gemm_profile.py "$p" > /dev/null 2>&1
+  [ -f /tmp/gemm_hot_$k.ncu-rep ] || continue  # this problem does not run that kernel
   ncu -i /tmp/gemm_hot_$k.ncu-rep --page source --csv --print-source sass > /tmp/gemm_hot_$k.csv
   python3 tools/experiments/ncu_hot.py "$p" $k --csv /tmp/gemm_hot_$k.csv --top 30 \
     > "$OUT/gemm_hot_$k.txt" 2>&1

@@ -93,11 +93,11 @@ int64_t blocks_per_pair(const Geometry& g, const Tile& t, int heads_per) {
 // Row padding of operands stored [row][k] (Elem::kPad): 16 bytes.
 int pad_of(int elem) { return 16 / elem; }
 
-// Dynamic shared memory of each kernel (kernels.cuh): operands, then index arrays (64-entry int64
-// offsets twice; 3 or 6 ints and one int per row / column).
-constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;
-// The most shared memory a full-tile kernel may take (two CTAs per SM on Hopper and A100).
-constexpr size_t kFullBytes = 100 * 1024;
+// Dynamic shared memory of each kernel (kernels.cuh): operands, then index arrays.
+constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;  // pn / nn: 2 offsets, 9 ints per row
+// The most shared memory the full-tile kernels may take: PN keeps three CTAs per SM (it holds
+// two operand blocks besides the tile's), NN two.
+constexpr size_t kPnFullBytes = 64 * 1024, kNnFullBytes = 100 * 1024;
 
 size_t pn_smem(int width_pad, int elem) {
   return size_t(kRows + kChunk) * (width_pad + pad_of(elem)) * elem + kIndexBytes;
@@ -105,14 +105,19 @@ size_t pn_smem(int width_pad, int elem) {
 size_t nn_smem(int nt, int elem) {
   return size_t(kRows + nt * 8) * (kChunk + pad_of(elem)) * elem + kIndexBytes;
 }
+// Column windows (2 x 2 x 64 int4), A / attn rows (2 x 2 x 64 int64), weights, two A buffers.
 size_t in_smem(int nt, int elem) {
-  return size_t(kChunk) * (kRows + kPadKN + nt * 8 + kPadKN) * elem + kIndexBytes;
+  return 6144 + size_t(kChunk) * (kRows + kPadKN + 2 * (nt * 8 + kPadKN)) * elem;
 }
+// A, two key buffers, the [64 x halo] block; offsets (A rows, 2 x key rows, out rows), 6 + 2 ints
+// per row.
 size_t pn_full_smem(int width_pad, int elem, int full_ld, int out_elem) {
-  return pn_smem(width_pad, elem) + size_t(kRows) * full_ld * out_elem;
+  return size_t(kRows + 2 * kChunk) * (width_pad + pad_of(elem)) * elem +
+         size_t(kRows) * full_ld * out_elem + 4096;
 }
+// The block, two B buffers; offsets (2 x key rows, attn rows), 6 + 2 ints per row.
 size_t nn_full_smem(int nt, int elem, int full_ld) {
-  return size_t(kRows) * full_ld * elem + size_t(kChunk) * (nt * 8 + kPadKN) * elem + kIndexBytes;
+  return size_t(kRows) * full_ld * elem + size_t(2 * kChunk) * (nt * 8 + kPadKN) * elem + 3584;
 }
 
 // Leading dimension of a full-tile kernel's [64 x halo] block: the largest halo of any tile (the
@@ -197,7 +202,7 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   if (Status st = smem_optin(&optin); !st.ok()) return st;
   L.full_ld = full_ld_of(g, L.tile, sizeof(TOut));
   const size_t full = pn_full_smem(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
-  const bool use_full = full <= std::min(kFullBytes, optin);
+  const bool use_full = full <= std::min(kPnFullBytes, optin);
   const size_t smem = use_full ? full : pn_smem(L.width_pad, sizeof(TIn));
   auto kernel = use_full ? pn_full_kernel<TIn, TOut> : pn_kernel<TIn, TOut>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
@@ -250,7 +255,7 @@ Status slice_op(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, 
     if (Status st = smem_optin(&optin); !st.ok()) return st;
     L.full_ld = full_ld_of(g, L.tile, sizeof(T));
     const size_t full = nn_full_smem(NT, sizeof(T), L.full_ld);
-    const bool use_full = full <= std::min(kFullBytes, optin);
+    const bool use_full = full <= std::min(kNnFullBytes, optin);
     auto kernel = use_full ? nn_full_kernel<TAttn, T, NT> : nn_kernel<TAttn, T, NT>;
     return run(kernel, use_full ? full : nn_smem(NT, sizeof(T)), [&](auto k, dim3 grid, size_t sm) {
       k<<<grid, kThreads, sm, stream>>>(g, L, static_cast<const TAttn*>(attn), vattn,

@@ -263,19 +263,35 @@ __device__ __forceinline__ int slot_of(const Geometry& g, const Win& w, const in
 }
 
 // Copies rows of `width` elements (element stride sx; row r at src + off[r], off < 0: a zero row)
-// into dst[r][0, wpad) with leading dimension ld, zero past width. Vector loads where the rows
-// allow them.
+// into dst[r][0, wpad) with leading dimension ld, zero past width. With `vec` (sx == 1, width a
+// multiple of 16 bytes, every row 16-byte aligned) by 16-byte copies: cp.async ones with `async`
+// (the caller commits and waits), else loads and stores; otherwise element by element.
 template <typename T>
 __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, const int64_t* off,
-                                          int rows, int width, int wpad, int64_t sx, bool vec) {
+                                          int rows, int width, int wpad, int64_t sx, bool vec,
+                                          bool async = false) {
   constexpr int kVec = 16 / sizeof(T);
-  if (vec) {  // sx == 1, width % kVec == 0, every row 16-byte aligned
+  if (vec) {
     const int per_row = wpad / kVec;
-    for (int e = threadIdx.x; e < rows * per_row; e += kThreads) {
-      const int r = e / per_row, x = (e % per_row) * kVec;
+    auto one = [&](int r, int x) {
+      const bool ok = off[r] >= 0 && x < width;
+      T* d = dst + r * ld + x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      if (async) {
+        mma::cp_async_16(mma::smem_u32(d), ok ? src + off[r] + x : src, ok);
+        return;
+      }
+#endif
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (off[r] >= 0 && x < width) v = *reinterpret_cast<const uint4*>(src + off[r] + x);
-      *reinterpret_cast<uint4*>(dst + r * ld + x) = v;
+      if (ok) v = *reinterpret_cast<const uint4*>(src + off[r] + x);
+      *reinterpret_cast<uint4*>(d) = v;
+    };
+    if ((per_row & (per_row - 1)) == 0 && per_row <= kThreads) {  // no division per vector
+      const int x = (threadIdx.x & (per_row - 1)) * kVec, step = kThreads / per_row;
+      for (int r = threadIdx.x / per_row; r < rows; r += step) one(r, x);
+    } else {
+      for (int e = threadIdx.x; e < rows * per_row; e += kThreads)
+        one(e / per_row, (e % per_row) * kVec);
     }
     return;
   }
@@ -283,6 +299,24 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, const in
     const int r = e / wpad, x = e % wpad;
     dst[r * ld + x] = off[r] >= 0 && x < width ? src[off[r] + x * sx] : naive::from_f32<T>(0.f);
   }
+}
+
+// cp.async bookkeeping (no-ops below sm_80, where the kernels never run).
+__device__ __forceinline__ void async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  mma::cp_async_commit();
+#endif
+}
+// Waits for this thread's copies but the newest group (`next`: a later chunk's is in flight).
+__device__ __forceinline__ void async_wait(bool next) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (next)
+    mma::cp_async_wait<1>();
+  else
+    mma::cp_async_wait<0>();
+#else
+  (void)next;
+#endif
 }
 
 // ---- PN ----------------------------------------------------------------------------------------
@@ -531,8 +565,11 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
 // out[key, x] = scale * sum over the queries q (and query heads of the KV head) whose windows hold
 // the key of attn[q, slot of key] * A[q, x]; a tile of 64 keys, the reduction over the tile's
 // inverse halo x G in chunks of 64 columns. The chunk's weights are stored [column][key] and its
-// rows of A [column][x], both read by ldmatrix.trans (float32: scalar loads).
-// vec: A's rows take 16-byte loads.
+// rows of A [column][x], both read by ldmatrix.trans (float32: scalar loads); A's rows of the next
+// chunk are copied (cp.async) while this one's weights are gathered and multiplied. Windows are
+// kept relative to the tile's first key, so a key's slot in a column's window is the difference of
+// two linear offsets (key_rel - col_rel).
+// vec: A's rows take 16-byte copies.
 template <typename TAttn, typename T, int NT>
 __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, const TAttn* attn,
                                                       View vattn, const T* a, View va, T* out,
@@ -542,11 +579,12 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int kLdP = kRows + kPadKN, kLdA = NT * 8 + kPadKN;
   const int x0 = blockIdx.y * NT * 8;
-  T* sP = reinterpret_cast<T*>(smem_raw);  // [kChunk columns][kLdP]: weights by key
-  T* sA = sP + kChunk * kLdP;               // [kChunk columns][kLdA]: A's rows, this slice
-  int64_t* sOff = reinterpret_cast<int64_t*>(sA + kChunk * kLdA);  // A row of column j
-  int64_t* sColAttn = sOff + kChunk;                               // attn row of column j
-  int* sColWin = reinterpret_cast<int*>(sColAttn + kChunk);         // [kChunk][6]
+  int4* sColB = reinterpret_cast<int4*>(smem_raw);  // [2][kChunk]: window begin, col_rel
+  int4* sColE = sColB + 2 * kChunk;                 // [2][kChunk]: window end
+  int64_t* sOff = reinterpret_cast<int64_t*>(sColE + 2 * kChunk);  // [2][kChunk]: A rows
+  int64_t* sColAttn = sOff + 2 * kChunk;                           // [2][kChunk]: attn rows
+  T* sP = reinterpret_cast<T*>(sColAttn + 2 * kChunk);  // [kChunk columns][kLdP]: weights by key
+  T* sA = sP + kChunk * kLdP;                           // [2][kChunk columns][kLdA]
 
   int qb[3], qs[3];
   for (int ax = 0; ax < 3; ++ax) {
@@ -555,52 +593,60 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
     qs[ax] = u.size();
   }
   const int cols = qs[0] * qs[1] * qs[2] * g.group;
-  // Thread t builds the weights of key t % 64 (fixed: the chunk loop steps by 128 = 2 x 64).
+  const int K1 = g.axis[1].kernel, K2 = g.axis[2].kernel;
+  // Thread t gathers the weights of key t % 64 (fixed: the loop below steps by 128 = 2 x 64).
   const int km = threadIdx.x & (kRows - 1);
   int kl[3];
   const bool key_ok = tile_row(L, pl, km, kl);
+  const int dk0 = kl[0] - pl.i0[0], dk1 = kl[1] - pl.i0[1], dk2 = kl[2] - pl.i0[2];
+  const int key_rel = (dk0 * K1 + dk1) * K2 + dk2;
 
-  float acc[NT][4] = {};
-  for (int c0 = 0; c0 < cols; c0 += kChunk) {
-    __syncthreads();  // the previous chunk's operands are consumed
+  auto stage = [&](int c0, int buf) {
     if (threadIdx.x < kChunk) {
-      const int j = threadIdx.x, h = c0 + j;
+      const int j = threadIdx.x, h = c0 + j, at = buf * kChunk + j;
       if (h < cols) {
         int loc[3], c[3];
         halo_token(h / g.group, qb, qs, loc);
         global_of(g, pl, loc, c);
         const int gi = h % g.group;
-        sOff[j] = va.at(pl.b, c, pl.hkv, gi, 0);
-        sColAttn[j] = vattn.at(pl.b, c, pl.hkv, gi, 0);
+        sOff[at] = va.at(pl.b, c, pl.hkv, gi, 0);
+        sColAttn[at] = vattn.at(pl.b, c, pl.hkv, gi, 0);
         const Win w = window_of(g, pl, loc);
-        for (int ax = 0; ax < 3; ++ax) {
-          sColWin[6 * j + ax] = w.b[ax];
-          sColWin[6 * j + 3 + ax] = w.e[ax];
-        }
+        const int b0 = w.b[0] - pl.i0[0], b1 = w.b[1] - pl.i0[1], b2 = w.b[2] - pl.i0[2];
+        sColB[at] = make_int4(b0, b1, b2, (b0 * K1 + b1) * K2 + b2);
+        sColE[at] = make_int4(w.e[0] - pl.i0[0], w.e[1] - pl.i0[1], w.e[2] - pl.i0[2], 0);
       } else {
-        sOff[j] = -1;
-        sColAttn[j] = -1;
+        sOff[at] = -1;
+        sColAttn[at] = -1;
       }
     }
     __syncthreads();
+    load_rows(sA + buf * kChunk * kLdA, kLdA, a + x0 * va.sx, sOff + buf * kChunk, kChunk,
+              max(L.width - x0, 0), NT * 8, va.sx, vec != 0, true);
+    async_commit();
+  };
+
+  float acc[NT][4] = {};
+  stage(0, 0);
+  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
+    const int buf = c & 1;
+    const bool next = c0 + kChunk < cols;
+    if (next) stage(c0 + kChunk, buf ^ 1);
     // Weights: a warp takes 32 consecutive keys of one column (neighbouring slots, one window).
     for (int j = threadIdx.x >> 6; j < kChunk; j += kThreads / kRows) {
+      const int at = buf * kChunk + j;
       float p = 0.f;
-      if (key_ok && sColAttn[j] >= 0) {
-        Win w;
-        for (int ax = 0; ax < 3; ++ax) {
-          w.b[ax] = sColWin[6 * j + ax];
-          w.e[ax] = sColWin[6 * j + 3 + ax];
-        }
-        const int slot = slot_of(g, w, kl);
-        if (slot >= 0) p = naive::to_f32(attn[sColAttn[j] + slot * vattn.sx]);
+      if (key_ok && sColAttn[at] >= 0) {
+        const int4 b = sColB[at], e = sColE[at];
+        if (dk0 >= b.x && dk0 < e.x && dk1 >= b.y && dk1 < e.y && dk2 >= b.z && dk2 < e.z)
+          p = naive::to_f32(attn[sColAttn[at] + int64_t(key_rel - b.w) * vattn.sx]);
       }
       sP[j * kLdP + km] = naive::from_f32<T>(p);
     }
-    load_rows(sA, kLdA, a + x0 * va.sx, sOff, kChunk, max(L.width - x0, 0), NT * 8, va.sx,
-              vec != 0);
+    async_wait(next);
     __syncthreads();
-    warp_mma<T, NT, true, true>(acc, sP, kLdP, sA, kLdA, kChunk);
+    warp_mma<T, NT, true, true>(acc, sP, kLdP, sA + buf * kChunk * kLdA, kLdA, kChunk);
+    __syncthreads();  // sP and this buffer are free
   }
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int r0 = (threadIdx.x >> 5) * 16 + (lane >> 2);
@@ -716,7 +762,8 @@ __device__ __forceinline__ void load_add_rows(T* dst, int ld, const T* add_b, co
   }
 }
 
-// vec: bit 0, A's rows take 16-byte loads; bit 1, B's.
+// vec: bit 0, A's rows take 16-byte copies; bit 1, B's. The next chunk's key rows are copied
+// (cp.async) while this one is multiplied.
 template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kThreads) pn_full_kernel(Geometry g, Launch L, const TIn* a,
                                                            View va, const TIn* bm, View vb,
@@ -727,41 +774,51 @@ __global__ void __launch_bounds__(kThreads) pn_full_kernel(Geometry g, Launch L,
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ld = L.width_pad + Elem<TIn>::kPad;
   TIn* sA = reinterpret_cast<TIn*>(smem_raw);
-  TIn* sB = sA + kRows * ld;
-  TOut* sS = reinterpret_cast<TOut*>(sB + kChunk * ld);  // [kRows][L.full_ld]
-  int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);
-  int64_t* sRowOut = sOff + kRows;
-  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);  // [kRows][6]
-  int* sAdd = sRowWin + 6 * kRows;                         // [kChunk]
+  TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
+  TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // [kRows][L.full_ld]
+  int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);  // A rows
+  int64_t* sKOff = sOff + kRows;                               // [2][kChunk]: key rows
+  int64_t* sRowOut = sKOff + 2 * kChunk;
+  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);      // [kRows][6]
+  int* sAdd = sRowWin + 6 * kRows;                             // [2][kChunk]
 
   int hb[3], hs[3];
   const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
   row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
   __syncthreads();
-  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0);
+  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0, true);
+  auto stage = [&](int c0, int buf) {
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sKOff + buf * kChunk, sAdd + buf * kChunk);
+    __syncthreads();
+    load_rows(sB + buf * kChunk * ld, ld, bm, sKOff + buf * kChunk, kChunk, L.width, L.width_pad,
+              vb.sx, (vec & 2) != 0, true);
+    async_commit();  // (the first group also holds A's rows)
+  };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);
-  for (int c0 = 0; c0 < cols; c0 += kChunk) {
-    __syncthreads();  // sOff / sB are free
-    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff, sAdd);
-    __syncthreads();
-    load_rows(sB, ld, bm, sOff, kChunk, L.width, L.width_pad, vb.sx, (vec & 2) != 0);
-    if (c0 + kChunk > halo && c0 < cols) {  // the chunk holds additional keys
+  stage(0, 0);
+  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
+    const int buf = c & 1;
+    const bool next = c0 + kChunk < cols;
+    if (next) stage(c0 + kChunk, buf ^ 1);
+    async_wait(next);
+    TIn* B = sB + buf * kChunk * ld;
+    if (c0 + kChunk > halo) {  // the chunk holds additional keys: over the zero-filled rows
       __syncthreads();
-      load_add_rows(sB, ld, add_b, vab, pl, sAdd, 0, L.width, L.width_pad);
+      load_add_rows(B, ld, add_b, vab, pl, sAdd + buf * kChunk, 0, L.width, L.width_pad);
     }
     __syncthreads();
     float acc[8][4] = {};
-    warp_mma<TIn, 8>(acc, sA, ld, sB, ld, L.width_pad);
+    warp_mma<TIn, 8>(acc, sA, ld, B, ld, L.width_pad);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         sS[(r0 + 8 * (e >> 1)) * L.full_ld + c0 + 8 * n + 2 * t + (e & 1)] =
             naive::from_f32<TOut>(L.scale * acc[n][e]);
+    __syncthreads();  // this buffer is free
   }
-  __syncthreads();
   const TOut masked = naive::from_f32<TOut>(L.masked);
   for (int m = warp; m < kRows; m += kThreads / 32) {
     if (sRowOut[m] < 0) continue;
@@ -773,7 +830,8 @@ __global__ void __launch_bounds__(kThreads) pn_full_kernel(Geometry g, Launch L,
   }
 }
 
-// vec: B's rows take 16-byte loads.
+// vec: B's rows take 16-byte copies. The first chunk's rows are copied (cp.async) while the block
+// is filled, each next one while the current one is multiplied.
 template <typename TAttn, typename T, int NT>
 __global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
                                                            const TAttn* attn, View vattn,
@@ -786,17 +844,25 @@ __global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
   constexpr int kLdB = NT * 8 + kPadKN;
   const int x0 = blockIdx.y * NT * 8;
   T* sP = reinterpret_cast<T*>(smem_raw);  // [kRows][L.full_ld]
-  T* sB = sP + kRows * L.full_ld;           // [kChunk][kLdB]: B's rows, this slice
-  int64_t* sOff = reinterpret_cast<int64_t*>(sB + kChunk * kLdB);
-  int64_t* sRowAttn = sOff + kChunk;
+  T* sB = sP + kRows * L.full_ld;           // [2][kChunk][kLdB]: B's rows, this slice
+  int64_t* sOff = reinterpret_cast<int64_t*>(sB + 2 * kChunk * kLdB);  // [2][kChunk]
+  int64_t* sRowAttn = sOff + 2 * kChunk;
   int* sRowWin = reinterpret_cast<int*>(sRowAttn + kRows);  // [kRows][6]
-  int* sAdd = sRowWin + 6 * kRows;                          // [kChunk]
+  int* sAdd = sRowWin + 6 * kRows;                          // [2][kChunk]
 
   int hb[3], hs[3];
   const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
   const int ncols = (cols + kChunk - 1) / kChunk * kChunk;
+  auto stage = [&](int c0, int buf) {
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff + buf * kChunk, sAdd + buf * kChunk);
+    __syncthreads();
+    load_rows(sB + buf * kChunk * kLdB, kLdB, bm + x0 * vb.sx, sOff + buf * kChunk, kChunk,
+              max(L.width - x0, 0), NT * 8, vb.sx, vec != 0, true);
+    async_commit();
+  };
   row_info(g, L, pl, vattn, vattn, nullptr, sRowAttn, sRowWin);
+  stage(0, 0);  // (its barrier also publishes the rows' info)
   {  // zero the block's columns this tile uses
     const int per_row = ncols * int(sizeof(T)) / 16;
     for (int e = threadIdx.x; e < kRows * per_row; e += kThreads) {
@@ -817,18 +883,19 @@ __global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
     }
   }
   float acc[NT][4] = {};
-  for (int c0 = 0; c0 < cols; c0 += kChunk) {
-    __syncthreads();  // the block is written; the previous chunk's rows are consumed
-    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff, sAdd);
-    __syncthreads();
-    load_rows(sB, kLdB, bm + x0 * vb.sx, sOff, kChunk, max(L.width - x0, 0), NT * 8, vb.sx,
-              vec != 0);
-    if (c0 + kChunk > halo && c0 < cols) {
+  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
+    const int buf = c & 1;
+    const bool next = c0 + kChunk < cols;
+    if (next) stage(c0 + kChunk, buf ^ 1);  // (its barrier also publishes the block)
+    async_wait(next);
+    T* B = sB + buf * kChunk * kLdB;
+    if (c0 + kChunk > halo) {
       __syncthreads();
-      load_add_rows(sB, kLdB, add_b, vab, pl, sAdd, x0, L.width, NT * 8);
+      load_add_rows(B, kLdB, add_b, vab, pl, sAdd + buf * kChunk, x0, L.width, NT * 8);
     }
     __syncthreads();
-    warp_mma<T, NT, false, true>(acc, sP + c0, L.full_ld, sB, kLdB, kChunk);
+    warp_mma<T, NT, false, true>(acc, sP + c0, L.full_ld, B, kLdB, kChunk);
+    __syncthreads();  // this buffer is free
   }
   const int r0 = warp * 16 + (lane >> 2);
   for (int i = 0; i < 2; ++i) {
