@@ -1,7 +1,8 @@
 """cuda-gemm (the unfused operators as tensor-core GEMMs over tiles) on the GPU: qk, av and both
 backwards against the CPU reference backend on random and fixed problems (ranks 1-3, dilation,
 stride, causal, GQA, D_v != D, additional keys, heads-first strides, head dims 1-256 and column
-slices), float32 (split TF32: the float32 criterion) and float16 / bfloat16 (within 2x of
+slices; the kernels' full-tile and direct variants, one and two chunk buffers), float32 (split
+TF32: the float32 criterion) and float16 / bfloat16 (within 2x of
 cuda-naive's error plus 2 ulp); that `auto` runs these kernels; and the limits. The composed
 attention (na*d(backend="cuda-gemm")) is checked in test_gpu.py with the other CUDA backends."""
 
@@ -49,6 +50,9 @@ FIXED = {
     "2d-d256-heads-first": ((12, 12), (5, 5), (1, 2), (2, 1), (False, True), 256, 256, 1, 1, 1,
                             True),
     "2d-odd-dims": ((9, 11), (3, 7), (3, 1), (3, 1), (False, False), 3, 5, 3, 1, 0, True),
+    # 400-key halos at head dim 64: NN's one-buffer full tiles (16-bit), PN's direct stores
+    "2d-13x13-d64-causal": ((24, 24), (13, 13), (1, 1), (1, 1), (False, True), 64, 64, 2, 1, 3,
+                            False),
 }
 
 

@@ -94,14 +94,11 @@ int64_t blocks_per_pair(const Geometry& g, const Tile& t, int heads_per) {
 int pad_of(int elem) { return 16 / elem; }
 
 // Dynamic shared memory of each kernel (kernels.cuh): operands, then index arrays.
-constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;  // pn / nn: 2 offsets, 9 ints per row
+constexpr size_t kIndexBytes = 2 * 64 * 8 + 9 * 64 * 4;  // nn: 2 offsets, 9 ints per row
 // The most shared memory the full-tile kernels may take: PN keeps three CTAs per SM (it holds
 // two operand blocks besides the tile's), NN two.
 constexpr size_t kPnFullBytes = 64 * 1024, kNnFullBytes = 100 * 1024;
 
-size_t pn_smem(int width_pad, int elem) {
-  return size_t(kRows + kChunk) * (width_pad + pad_of(elem)) * elem + kIndexBytes;
-}
 size_t nn_smem(int nt, int elem) {
   return size_t(kRows + nt * 8) * (kChunk + pad_of(elem)) * elem + kIndexBytes;
 }
@@ -109,15 +106,21 @@ size_t nn_smem(int nt, int elem) {
 size_t in_smem(int nt, int elem) {
   return 6144 + size_t(kChunk) * (kRows + kPadKN + 2 * (nt * 8 + kPadKN)) * elem;
 }
-// A, two key buffers, the [64 x halo] block; offsets (A rows, 2 x key rows, out rows), 6 + 2 ints
-// per row.
-size_t pn_full_smem(int width_pad, int elem, int full_ld, int out_elem) {
+// A, two key buffers, the [64 x halo] block (full_ld 0: none); offsets (A rows, 2 x key rows, out
+// rows), 6 + 2 + 6 ints per row.
+size_t pn_smem_of(int width_pad, int elem, int full_ld, int out_elem) {
   return size_t(kRows + 2 * kChunk) * (width_pad + pad_of(elem)) * elem +
-         size_t(kRows) * full_ld * out_elem + 4096;
+         size_t(kRows) * full_ld * out_elem + 5632;
 }
-// The block, two B buffers; offsets (2 x key rows, attn rows), 6 + 2 ints per row.
-size_t nn_full_smem(int nt, int elem, int full_ld) {
-  return size_t(kRows) * full_ld * elem + size_t(2 * kChunk) * (nt * 8 + kPadKN) * elem + 3584;
+// The block, `stages` B buffers; offsets (2 x key rows, attn rows), 6 + 2 ints per row.
+size_t nn_full_smem(int nt, int elem, int full_ld, int stages) {
+  return size_t(kRows) * full_ld * elem + size_t(stages * kChunk) * (nt * 8 + kPadKN) * elem +
+         3584;
+}
+// CTAs of `smem` bytes one SM holds (Hopper and A100: 228 / 164 KB, 1 KB reserved per CTA).
+int ctas_per_sm(size_t smem, size_t optin) {
+  const size_t sm = optin + 1024;
+  return static_cast<int>(sm / (smem + 1024));
 }
 
 // Leading dimension of a full-tile kernel's [64 x halo] block: the largest halo of any tile (the
@@ -172,8 +175,8 @@ Status check(const Problem& p, int device_index) {
   const int elem = p.dtype == DType::f32 ? 4 : 2;
   const int k = p.dtype == DType::f32 ? 8 : 16;
   const int wmax = static_cast<int>(std::max(p.dim, p.dim_v));
-  const size_t need = std::max({pn_smem(ceil_div(wmax, k) * k, elem), nn_smem(16, elem),
-                                in_smem(16, elem)});
+  const size_t need = std::max(
+      {pn_smem_of(ceil_div(wmax, k) * k, elem, 0, elem), nn_smem(16, elem), in_smem(16, elem)});
   if (need > size_t(props.smem_optin))
     return {Code::unsupported, "dim=" + std::to_string(wmax) + " " + dtype_name(p.dtype) +
                                    ": backend=cuda-gemm needs " + std::to_string(need) +
@@ -201,10 +204,10 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   size_t optin = 0;
   if (Status st = smem_optin(&optin); !st.ok()) return st;
   L.full_ld = full_ld_of(g, L.tile, sizeof(TOut));
-  const size_t full = pn_full_smem(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
-  const bool use_full = full <= std::min(kPnFullBytes, optin);
-  const size_t smem = use_full ? full : pn_smem(L.width_pad, sizeof(TIn));
-  auto kernel = use_full ? pn_full_kernel<TIn, TOut> : pn_kernel<TIn, TOut>;
+  const size_t with_block = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
+  if (with_block > std::min(kPnFullBytes, optin)) L.full_ld = 0;  // direct stores
+  const size_t smem = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
+  auto kernel = pn_kernel<TIn, TOut>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
     L.p0 = q;
@@ -254,7 +257,11 @@ Status slice_op(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, 
     size_t optin = 0;
     if (Status st = smem_optin(&optin); !st.ok()) return st;
     L.full_ld = full_ld_of(g, L.tile, sizeof(T));
-    const size_t full = nn_full_smem(NT, sizeof(T), L.full_ld);
+    // Two chunk buffers unless the second costs a CTA per SM below three.
+    const size_t one = nn_full_smem(NT, sizeof(T), L.full_ld, 1);
+    const size_t two = nn_full_smem(NT, sizeof(T), L.full_ld, 2);
+    L.stages = ctas_per_sm(two, optin) >= std::min(3, ctas_per_sm(one, optin)) ? 2 : 1;
+    const size_t full = L.stages == 2 ? two : one;
     const bool use_full = full <= std::min(kNnFullBytes, optin);
     auto kernel = use_full ? nn_full_kernel<TAttn, T, NT> : nn_kernel<TAttn, T, NT>;
     return run(kernel, use_full ? full : nn_smem(NT, sizeof(T)), [&](auto k, dim3 grid, size_t sm) {

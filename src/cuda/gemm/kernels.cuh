@@ -66,6 +66,8 @@ struct Launch {
   float masked;     // PN: the value of slots that hold no neighbor
   bool causal;      // any causal axis (PN writes `masked` slots)
   int full_ld;      // full-tile kernels: leading dimension of the tile's dense [64 x halo] block
+                    // (PN: 0 = direct stores)
+  int stages;       // full-tile NN: chunk buffers (2: the next chunk is copied during this one)
   fused::FastDiv k1, k2;  // full-tile kernels: slot -> window offsets (kernel sizes of axes 1, 2)
 };
 
@@ -319,10 +321,112 @@ __device__ __forceinline__ void async_wait(bool next) {
 #endif
 }
 
+// ---- shared by PN and NN ------------------------------------------------------------------------
+// Full tiles: where the tile's whole halo fits shared memory as a dense [64 x halo] block (leading
+// dimension L.full_ld), the scattered slot <-> halo mapping is done once per (row, slot) instead
+// of once per (row, halo token) and chunk: PN multiplies every chunk into the block and then
+// writes each row's slots out, coalesced; NN scatters each row's slots into the zeroed block,
+// coalesced, and then multiplies it chunk by chunk. A row's slot s is the window offset
+// (s0, s1, s2) of s = (s0 K1 + s1) K2 + s2 (L.k1 / L.k2 divide), and lies past a truncated causal
+// window where s_a >= e_a - b_a on some axis.
+
+// The halo index of slot `s` of the row with window w (halo box hb / hs), or -1 when the slot holds
+// no neighbor; slots W.. are the additional keys (at halo + n).
+__device__ __forceinline__ int halo_of_slot(const Geometry& g, const Launch& L, const Win& w,
+                                            const int* hb, const int* hs, int halo, int s) {
+  if (s >= g.window) return halo + (s - g.window);
+  int s0, s1, s2;
+  s2 = L.k2.divmod(s, s0);  // s0 = s / K2 for now
+  s1 = L.k1.divmod(s0, s0);
+  if (s0 >= w.e[0] - w.b[0] || s1 >= w.e[1] - w.b[1] || s2 >= w.e[2] - w.b[2]) return -1;
+  return ((w.b[0] - hb[0] + s0) * hs[1] + (w.b[1] - hb[1] + s1)) * hs[2] + (w.b[2] - hb[2] + s2);
+}
+
+// Row m's window from the row arrays.
+__device__ __forceinline__ Win row_window(const int* sRowWin, int m) {
+  Win w;
+  for (int ax = 0; ax < 3; ++ax) {
+    w.b[ax] = sRowWin[6 * m + ax];
+    w.e[ax] = sRowWin[6 * m + 3 + ax];
+  }
+  return w;
+}
+
+// The tile's key halo (nbr::tile_union per axis).
+__device__ __forceinline__ int key_halo(const Geometry& g, const Place& pl, int* hb, int* hs) {
+  for (int ax = 0; ax < 3; ++ax) {
+    const nbr::Range u = nbr::tile_union(g.axis[ax], pl.len[ax], pl.i0[ax], pl.i1[ax]);
+    hb[ax] = u.begin;
+    hs[ax] = u.size();
+  }
+  return hs[0] * hs[1] * hs[2];
+}
+
+// Rows' sources (threads < kRows): the row's offset in `v` (role of the query; -1 outside the
+// tile), its offset in the attention tensor `vo`, and its window.
+__device__ __forceinline__ void row_info(const Geometry& g, const Launch& L, const Place& pl,
+                                         const View& v, const View& vo, int64_t* sOff,
+                                         int64_t* sRowOut, int* sRowWin) {
+  if (threadIdx.x >= kRows) return;
+  const int m = threadIdx.x;
+  int loc[3], c[3];
+  if (!tile_row(L, pl, m, loc)) {
+    if (sOff) sOff[m] = -1;
+    sRowOut[m] = -1;
+    return;
+  }
+  global_of(g, pl, loc, c);
+  if (sOff) sOff[m] = v.at(pl.b, c, pl.hkv, pl.gi, 0);
+  sRowOut[m] = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
+  const Win w = window_of(g, pl, loc);
+  for (int ax = 0; ax < 3; ++ax) {
+    sRowWin[6 * m + ax] = w.b[ax];
+    sRowWin[6 * m + 3 + ax] = w.e[ax];
+  }
+}
+
+// Key sources of chunk c0 (threads < kChunk): grid keys' offsets in `vb` (-1 otherwise), their
+// local coordinates in sLoc (3 per key, when not null) and, in sAdd, the additional key's index
+// (-1 otherwise).
+__device__ __forceinline__ void chunk_keys(const Geometry& g, const Place& pl, const int* hb,
+                                           const int* hs, int halo, int c0, const View& vb,
+                                           int64_t* sOff, int* sAdd, int* sLoc = nullptr) {
+  if (threadIdx.x >= kChunk) return;
+  const int j = threadIdx.x, h = c0 + j;
+  sOff[j] = -1;
+  sAdd[j] = -1;
+  if (h < halo) {
+    int loc[3], y[3];
+    halo_token(h, hb, hs, loc);
+    global_of(g, pl, loc, y);
+    sOff[j] = vb.at(pl.b, y, pl.hkv, 0, 0);
+    if (sLoc)
+      for (int ax = 0; ax < 3; ++ax) sLoc[3 * j + ax] = loc[ax];
+  } else if (h < halo + g.num_add) {
+    sAdd[j] = h - halo;
+  }
+}
+
+// Additional keys' rows of a chunk (columns [x0, x0 + wpad) of addB) into dst[j][x].
+template <typename T>
+__device__ __forceinline__ void load_add_rows(T* dst, int ld, const T* add_b, const AddView& vab,
+                                              const Place& pl, const int* sAdd, int x0, int width,
+                                              int wpad) {
+  for (int e = threadIdx.x; e < kChunk * wpad; e += kThreads) {
+    const int j = e / wpad, x = e % wpad;
+    if (sAdd[j] >= 0)
+      dst[j * ld + x] = x0 + x < width ? add_b[vab.at(pl.b, sAdd[j], pl.hkv, x0 + x)]
+                                       : naive::from_f32<T>(0.f);
+  }
+}
+
 // ---- PN ----------------------------------------------------------------------------------------
 // out[q, slot] = scale * <A[q], B[key]> for every key of q's window (slot: its place in the window
-// box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`.
-// vec: bit 0, A's rows take 16-byte loads; bit 1, B's.
+// box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`. The next
+// chunk's key rows are copied (cp.async, two buffers) while this one is multiplied. The products
+// go to the attention tensor directly (each with its slot), or with L.full_ld > 0 into the tile's
+// [64 x halo] block, written out row by row at the end.
+// vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
 template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
@@ -331,116 +435,86 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   if (pl.empty) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ld = L.width_pad + Elem<TIn>::kPad;
+  const bool full = L.full_ld > 0;
   TIn* sA = reinterpret_cast<TIn*>(smem_raw);
-  TIn* sB = sA + kRows * ld;
-  int64_t* sOff = reinterpret_cast<int64_t*>(sB + kChunk * ld);  // row sources, then key sources
-  int* sKey = reinterpret_cast<int*>(sOff + kRows);              // [kChunk][3]; additional: -1 - n
-  int64_t* sRowOut = reinterpret_cast<int64_t*>(sKey + 3 * kChunk);
-  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);        // [kRows][6]
+  TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
+  TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // full: [kRows][L.full_ld]
+  int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);  // A rows
+  int64_t* sKOff = sOff + kRows;                               // [2][kChunk]: key rows
+  int64_t* sRowOut = sKOff + 2 * kChunk;
+  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);      // [kRows][6]
+  int* sAdd = sRowWin + 6 * kRows;                             // [2][kChunk]
+  int* sLoc = sAdd + 2 * kChunk;                               // [2][kChunk][3]
 
-  // The key halo of the tile.
   int hb[3], hs[3];
-  for (int ax = 0; ax < 3; ++ax) {
-    const nbr::Range u = nbr::tile_union(g.axis[ax], pl.len[ax], pl.i0[ax], pl.i1[ax]);
-    hb[ax] = u.begin;
-    hs[ax] = u.size();
-  }
-  const int halo = hs[0] * hs[1] * hs[2];
+  const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
-
-  if (threadIdx.x < kRows) {
-    const int m = threadIdx.x;
-    int loc[3], c[3];
-    if (tile_row(L, pl, m, loc)) {
-      global_of(g, pl, loc, c);
-      sOff[m] = va.at(pl.b, c, pl.hkv, pl.gi, 0);
-      sRowOut[m] = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
-      const Win w = window_of(g, pl, loc);
-      for (int ax = 0; ax < 3; ++ax) {
-        sRowWin[6 * m + ax] = w.b[ax];
-        sRowWin[6 * m + 3 + ax] = w.e[ax];
-      }
-    } else {
-      sOff[m] = -1;
-      sRowOut[m] = -1;
-    }
-  }
+  row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
   __syncthreads();
-  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0);
-  if (L.causal) {  // slots of the window box past a truncated causal window
+  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0, true);
+  if (!full && L.causal) {  // slots of the window box past a truncated causal window
     for (int e = threadIdx.x; e < kRows * g.window; e += kThreads) {
       const int m = e / g.window, s = e % g.window;
-      if (sRowOut[m] < 0) continue;
-      const int k[3] = {s / (g.axis[1].kernel * g.axis[2].kernel),
-                        (s / g.axis[2].kernel) % g.axis[1].kernel, s % g.axis[2].kernel};
-      bool nb = true;
-      for (int ax = 0; ax < 3; ++ax) nb = nb && sRowWin[6 * m + ax] + k[ax] < sRowWin[6 * m + 3 + ax];
-      if (!nb) out[sRowOut[m] + s * vo.sx] = naive::from_f32<TOut>(L.masked);
+      if (sRowOut[m] >= 0 && halo_of_slot(g, L, row_window(sRowWin, m), hb, hs, halo, s) < 0)
+        out[sRowOut[m] + s * vo.sx] = naive::from_f32<TOut>(L.masked);
     }
   }
-  // This thread's two accumulator rows.
-  const int lane = threadIdx.x & 31;
-  const int r0 = (threadIdx.x >> 5) * 16 + (lane >> 2);
-  Win w[2];
-  int64_t ro[2];
-  for (int i = 0; i < 2; ++i) {
-    const int m = r0 + 8 * i;
-    ro[i] = sRowOut[m];
-    for (int ax = 0; ax < 3; ++ax) {
-      w[i].b[ax] = sRowWin[6 * m + ax];
-      w[i].e[ax] = sRowWin[6 * m + 3 + ax];
-    }
-  }
-  __syncthreads();  // sOff is reused for the key rows
-
-  for (int c0 = 0; c0 < cols; c0 += kChunk) {
-    if (threadIdx.x < kChunk) {
-      const int j = threadIdx.x, h = c0 + j;
-      int* key = sKey + 3 * j;
-      sOff[j] = -1;  // additional keys are loaded below, from their own tensor
-      if (h < halo) {
-        int loc[3], y[3];
-        halo_token(h, hb, hs, loc);
-        global_of(g, pl, loc, y);
-        sOff[j] = vb.at(pl.b, y, pl.hkv, 0, 0);
-        key[0] = loc[0], key[1] = loc[1], key[2] = loc[2];
-      } else if (h < cols) {
-        key[0] = -1 - (h - halo);
-      } else {
-        key[0] = INT32_MIN;
-      }
-    }
+  auto stage = [&](int c0, int buf) {
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sKOff + buf * kChunk, sAdd + buf * kChunk,
+               full ? nullptr : sLoc + 3 * buf * kChunk);
     __syncthreads();
-    load_rows(sB, ld, bm, sOff, kChunk, L.width, L.width_pad, vb.sx, (vec & 2) != 0);
-    if (c0 + kChunk > halo && c0 < cols) {  // the chunk holds additional keys
+    load_rows(sB + buf * kChunk * ld, ld, bm, sKOff + buf * kChunk, kChunk, L.width, L.width_pad,
+              vb.sx, (vec & 2) != 0, true);
+    async_commit();  // (the first group also holds A's rows)
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const int r0 = warp * 16 + (lane >> 2);
+  Win w[2];  // direct stores: this thread's two accumulator rows
+  for (int i = 0; i < 2 && !full; ++i) w[i] = row_window(sRowWin, r0 + 8 * i);
+  stage(0, 0);
+  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
+    const int buf = c & 1;
+    const bool next = c0 + kChunk < cols;
+    if (next) stage(c0 + kChunk, buf ^ 1);
+    async_wait(next);
+    TIn* B = sB + buf * kChunk * ld;
+    if (c0 + kChunk > halo) {  // the chunk holds additional keys: over the zero-filled rows
       __syncthreads();
-      for (int e = threadIdx.x; e < kChunk * L.width_pad; e += kThreads) {
-        const int j = e / L.width_pad, x = e % L.width_pad, k0 = sKey[3 * j];
-        if (k0 < 0 && k0 != INT32_MIN)
-          sB[j * ld + x] = x < L.width ? add_b[vab.at(pl.b, -1 - k0, pl.hkv, x)]
-                                       : naive::from_f32<TIn>(0.f);
-      }
+      load_add_rows(B, ld, add_b, vab, pl, sAdd + buf * kChunk, 0, L.width, L.width_pad);
     }
     __syncthreads();
     float acc[8][4] = {};
-    warp_mma<TIn, 8>(acc, sA, ld, sB, ld, L.width_pad);
-    const int t = lane & 3;
+    warp_mma<TIn, 8>(acc, sA, ld, B, ld, L.width_pad);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = e >> 1, j = 8 * n + 2 * t + (e & 1);
-        if (ro[i] < 0) continue;
-        const int* key = sKey + 3 * j;
-        int slot;
-        if (key[0] >= 0)
-          slot = slot_of(g, w[i], key);
-        else
-          slot = key[0] == INT32_MIN ? -1 : g.window + (-1 - key[0]);
-        if (slot >= 0) out[ro[i] + slot * vo.sx] = naive::from_f32<TOut>(L.scale * acc[n][e]);
+        const int m = r0 + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1);
+        const TOut v = naive::from_f32<TOut>(L.scale * acc[n][e]);
+        if (full) {
+          sS[m * L.full_ld + c0 + j] = v;
+          continue;
+        }
+        const int at = buf * kChunk + j;
+        const int64_t o = sRowOut[m];
+        int slot = -1;
+        if (sKOff[at] >= 0)
+          slot = slot_of(g, w[e >> 1], sLoc + 3 * at);
+        else if (sAdd[at] >= 0)
+          slot = g.window + sAdd[at];
+        if (o >= 0 && slot >= 0) out[o + slot * vo.sx] = v;
       }
+    __syncthreads();  // this buffer is free
+  }
+  if (!full) return;
+  const TOut masked = naive::from_f32<TOut>(L.masked);
+  for (int m = warp; m < kRows; m += kThreads / 32) {
+    if (sRowOut[m] < 0) continue;
+    const Win rw = row_window(sRowWin, m);
+    for (int s = lane; s < g.cols; s += 32) {
+      const int h = halo_of_slot(g, L, rw, hb, hs, halo, s);
+      out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
     }
-    __syncthreads();
   }
 }
 
@@ -561,6 +635,103 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
   }
 }
 
+// vec: B's rows take 16-byte copies. The first chunk's rows are copied (cp.async) while the block
+// is filled; with L.stages = 2 each next one while the current one is multiplied (two buffers).
+template <typename TAttn, typename T, int NT>
+__global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
+                                                           const TAttn* attn, View vattn,
+                                                           const T* bm, View vb, const T* add_b,
+                                                           AddView vab, T* out, View vo,
+                                                           int vec) {
+  const Place pl = place_of(g, L);
+  if (pl.empty) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kLdB = NT * 8 + kPadKN;
+  const int x0 = blockIdx.y * NT * 8;
+  T* sP = reinterpret_cast<T*>(smem_raw);  // [kRows][L.full_ld]
+  T* sB = sP + kRows * L.full_ld;           // [stages][kChunk][kLdB]: B's rows, this slice
+  int64_t* sOff = reinterpret_cast<int64_t*>(sB + L.stages * kChunk * kLdB);  // [2][kChunk]
+  int64_t* sRowAttn = sOff + 2 * kChunk;
+  int* sRowWin = reinterpret_cast<int*>(sRowAttn + kRows);  // [kRows][6]
+  int* sAdd = sRowWin + 6 * kRows;                          // [2][kChunk]
+
+  int hb[3], hs[3];
+  const int halo = key_halo(g, pl, hb, hs);
+  const int cols = halo + g.num_add;
+  const int ncols = (cols + kChunk - 1) / kChunk * kChunk;
+  auto stage = [&](int c0, int buf) {
+    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff + buf * kChunk, sAdd + buf * kChunk);
+    __syncthreads();
+    load_rows(sB + buf * kChunk * kLdB, kLdB, bm + x0 * vb.sx, sOff + buf * kChunk, kChunk,
+              max(L.width - x0, 0), NT * 8, vb.sx, vec != 0, true);
+    async_commit();
+  };
+  row_info(g, L, pl, vattn, vattn, nullptr, sRowAttn, sRowWin);
+  stage(0, 0);  // (its barrier also publishes the rows' info)
+  {  // zero the block's columns this tile uses
+    const int per_row = ncols * int(sizeof(T)) / 16;
+    for (int e = threadIdx.x; e < kRows * per_row; e += kThreads) {
+      const int m = e / per_row, v = e % per_row;
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sP + m * L.full_ld) + 16 * v) =
+          make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  constexpr int kU = 4;  // loads in flight per lane
+  for (int m = warp; m < kRows; m += kThreads / 32) {
+    if (sRowAttn[m] < 0) continue;
+    const Win w = row_window(sRowWin, m);
+    for (int s0 = lane; s0 < g.cols; s0 += 32 * kU) {
+      int h[kU];
+      float v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int s = s0 + 32 * u;
+        h[u] = s < g.cols ? halo_of_slot(g, L, w, hb, hs, halo, s) : -1;
+        v[u] = h[u] >= 0 ? naive::to_f32(attn[sRowAttn[m] + s * vattn.sx]) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (h[u] >= 0) sP[m * L.full_ld + h[u]] = naive::from_f32<T>(v[u]);
+    }
+  }
+  float acc[NT][4] = {};
+  const bool two = L.stages == 2;
+  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
+    const int buf = two ? c & 1 : 0;
+    const bool next = two && c0 + kChunk < cols;
+    if (next)
+      stage(c0 + kChunk, buf ^ 1);  // (its barrier also publishes the block)
+    else if (!two && c > 0)
+      stage(c0, 0);
+    async_wait(next);
+    T* B = sB + buf * kChunk * kLdB;
+    if (c0 + kChunk > halo) {
+      __syncthreads();
+      load_add_rows(B, kLdB, add_b, vab, pl, sAdd + buf * kChunk, x0, L.width, NT * 8);
+    }
+    __syncthreads();
+    warp_mma<T, NT, false, true>(acc, sP + c0, L.full_ld, B, kLdB, kChunk);
+    __syncthreads();  // this buffer is free
+  }
+  const int r0 = warp * 16 + (lane >> 2);
+  for (int i = 0; i < 2; ++i) {
+    const int m = r0 + 8 * i;
+    int loc[3], c[3];
+    if (!tile_row(L, pl, m, loc)) continue;
+    global_of(g, pl, loc, c);
+    const int64_t o = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x = x0 + 8 * n + 2 * t + e;
+        if (x < L.width) out[o + x * vo.sx] = naive::from_f32<T>(L.scale * acc[n][2 * i + e]);
+      }
+  }
+}
+
 // ---- IN ----------------------------------------------------------------------------------------
 // out[key, x] = scale * sum over the queries q (and query heads of the KV head) whose windows hold
 // the key of attn[q, slot of key] * A[q, x]; a tile of 64 keys, the reduction over the tile's
@@ -632,16 +803,23 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
     const int buf = c & 1;
     const bool next = c0 + kChunk < cols;
     if (next) stage(c0 + kChunk, buf ^ 1);
-    // Weights: a warp takes 32 consecutive keys of one column (neighbouring slots, one window).
-    for (int j = threadIdx.x >> 6; j < kChunk; j += kThreads / kRows) {
-      const int at = buf * kChunk + j;
-      float p = 0.f;
-      if (key_ok && sColAttn[at] >= 0) {
-        const int4 b = sColB[at], e = sColE[at];
-        if (dk0 >= b.x && dk0 < e.x && dk1 >= b.y && dk1 < e.y && dk2 >= b.z && dk2 < e.z)
-          p = naive::to_f32(attn[sColAttn[at] + int64_t(key_rel - b.w) * vattn.sx]);
+    // Weights: a warp takes 32 consecutive keys of one column (neighbouring slots, one window);
+    // a thread has kU loads in flight.
+    constexpr int kU = 8, kStep = kThreads / kRows;
+    for (int j0 = threadIdx.x >> 6; j0 < kChunk; j0 += kStep * kU) {
+      float p[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int at = buf * kChunk + j0 + kStep * u;
+        p[u] = 0.f;
+        if (key_ok && sColAttn[at] >= 0) {
+          const int4 b = sColB[at], e = sColE[at];
+          if (dk0 >= b.x && dk0 < e.x && dk1 >= b.y && dk1 < e.y && dk2 >= b.z && dk2 < e.z)
+            p[u] = naive::to_f32(attn[sColAttn[at] + int64_t(key_rel - b.w) * vattn.sx]);
+        }
       }
-      sP[j * kLdP + km] = naive::from_f32<T>(p);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) sP[(j0 + kStep * u) * kLdP + km] = naive::from_f32<T>(p[u]);
     }
     async_wait(next);
     __syncthreads();
@@ -656,254 +834,6 @@ __global__ void __launch_bounds__(kThreads) in_kernel(Geometry g, Launch L, cons
     if (!tile_row(L, pl, m, loc)) continue;
     global_of(g, pl, loc, y);
     const int64_t o = vo.at(pl.b, y, pl.hkv, 0, 0);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int x = x0 + 8 * n + 2 * t + e;
-        if (x < L.width) out[o + x * vo.sx] = naive::from_f32<T>(L.scale * acc[n][2 * i + e]);
-      }
-  }
-}
-
-// ---- full-tile PN and NN -------------------------------------------------------------------------
-// Where the tile's whole halo fits shared memory as a dense [64 x halo] block (leading dimension
-// L.full_ld), the scattered slot <-> halo mapping is done once per (row, slot) instead of once per
-// (row, halo token) and chunk: PN multiplies every chunk into the block and then writes each row's
-// slots out, coalesced; NN scatters each row's slots into the zeroed block, coalesced, and then
-// multiplies it chunk by chunk. A row's slot s is the window offset (s0, s1, s2) of
-// s = (s0 K1 + s1) K2 + s2 (L.k1 / L.k2 divide), and lies past a truncated causal window where
-// s_a >= e_a - b_a on some axis.
-
-// The halo index of slot `s` of the row with window w (halo box hb / hs), or -1 when the slot holds
-// no neighbor; slots W.. are the additional keys (at halo + n).
-__device__ __forceinline__ int halo_of_slot(const Geometry& g, const Launch& L, const Win& w,
-                                            const int* hb, const int* hs, int halo, int s) {
-  if (s >= g.window) return halo + (s - g.window);
-  int s0, s1, s2;
-  s2 = L.k2.divmod(s, s0);  // s0 = s / K2 for now
-  s1 = L.k1.divmod(s0, s0);
-  if (s0 >= w.e[0] - w.b[0] || s1 >= w.e[1] - w.b[1] || s2 >= w.e[2] - w.b[2]) return -1;
-  return ((w.b[0] - hb[0] + s0) * hs[1] + (w.b[1] - hb[1] + s1)) * hs[2] + (w.b[2] - hb[2] + s2);
-}
-
-// Row m's window from the row arrays.
-__device__ __forceinline__ Win row_window(const int* sRowWin, int m) {
-  Win w;
-  for (int ax = 0; ax < 3; ++ax) {
-    w.b[ax] = sRowWin[6 * m + ax];
-    w.e[ax] = sRowWin[6 * m + 3 + ax];
-  }
-  return w;
-}
-
-// The tile's key halo (nbr::tile_union per axis).
-__device__ __forceinline__ int key_halo(const Geometry& g, const Place& pl, int* hb, int* hs) {
-  for (int ax = 0; ax < 3; ++ax) {
-    const nbr::Range u = nbr::tile_union(g.axis[ax], pl.len[ax], pl.i0[ax], pl.i1[ax]);
-    hb[ax] = u.begin;
-    hs[ax] = u.size();
-  }
-  return hs[0] * hs[1] * hs[2];
-}
-
-// Rows' sources (threads < kRows): the row's offset in `v` (role of the query; -1 outside the
-// tile), its offset in the attention tensor `vo`, and its window.
-__device__ __forceinline__ void row_info(const Geometry& g, const Launch& L, const Place& pl,
-                                         const View& v, const View& vo, int64_t* sOff,
-                                         int64_t* sRowOut, int* sRowWin) {
-  if (threadIdx.x >= kRows) return;
-  const int m = threadIdx.x;
-  int loc[3], c[3];
-  if (!tile_row(L, pl, m, loc)) {
-    if (sOff) sOff[m] = -1;
-    sRowOut[m] = -1;
-    return;
-  }
-  global_of(g, pl, loc, c);
-  if (sOff) sOff[m] = v.at(pl.b, c, pl.hkv, pl.gi, 0);
-  sRowOut[m] = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
-  const Win w = window_of(g, pl, loc);
-  for (int ax = 0; ax < 3; ++ax) {
-    sRowWin[6 * m + ax] = w.b[ax];
-    sRowWin[6 * m + 3 + ax] = w.e[ax];
-  }
-}
-
-// Key sources of chunk c0 (threads < kChunk): grid keys' offsets in `vb` (-1 otherwise) and, in
-// sAdd, the additional key's index (-1 otherwise).
-__device__ __forceinline__ void chunk_keys(const Geometry& g, const Place& pl, const int* hb,
-                                           const int* hs, int halo, int c0, const View& vb,
-                                           int64_t* sOff, int* sAdd) {
-  if (threadIdx.x >= kChunk) return;
-  const int j = threadIdx.x, h = c0 + j;
-  sOff[j] = -1;
-  sAdd[j] = -1;
-  if (h < halo) {
-    int loc[3], y[3];
-    halo_token(h, hb, hs, loc);
-    global_of(g, pl, loc, y);
-    sOff[j] = vb.at(pl.b, y, pl.hkv, 0, 0);
-  } else if (h < halo + g.num_add) {
-    sAdd[j] = h - halo;
-  }
-}
-
-// Additional keys' rows of a chunk (columns [x0, x0 + wpad) of addB) into dst[j][x].
-template <typename T>
-__device__ __forceinline__ void load_add_rows(T* dst, int ld, const T* add_b, const AddView& vab,
-                                              const Place& pl, const int* sAdd, int x0, int width,
-                                              int wpad) {
-  for (int e = threadIdx.x; e < kChunk * wpad; e += kThreads) {
-    const int j = e / wpad, x = e % wpad;
-    if (sAdd[j] >= 0)
-      dst[j * ld + x] = x0 + x < width ? add_b[vab.at(pl.b, sAdd[j], pl.hkv, x0 + x)]
-                                       : naive::from_f32<T>(0.f);
-  }
-}
-
-// vec: bit 0, A's rows take 16-byte copies; bit 1, B's. The next chunk's key rows are copied
-// (cp.async) while this one is multiplied.
-template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(kThreads) pn_full_kernel(Geometry g, Launch L, const TIn* a,
-                                                           View va, const TIn* bm, View vb,
-                                                           const TIn* add_b, AddView vab,
-                                                           TOut* out, View vo, int vec) {
-  const Place pl = place_of(g, L);
-  if (pl.empty) return;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int ld = L.width_pad + Elem<TIn>::kPad;
-  TIn* sA = reinterpret_cast<TIn*>(smem_raw);
-  TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
-  TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // [kRows][L.full_ld]
-  int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);  // A rows
-  int64_t* sKOff = sOff + kRows;                               // [2][kChunk]: key rows
-  int64_t* sRowOut = sKOff + 2 * kChunk;
-  int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);      // [kRows][6]
-  int* sAdd = sRowWin + 6 * kRows;                             // [2][kChunk]
-
-  int hb[3], hs[3];
-  const int halo = key_halo(g, pl, hb, hs);
-  const int cols = halo + g.num_add;
-  row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
-  __syncthreads();
-  load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0, true);
-  auto stage = [&](int c0, int buf) {
-    chunk_keys(g, pl, hb, hs, halo, c0, vb, sKOff + buf * kChunk, sAdd + buf * kChunk);
-    __syncthreads();
-    load_rows(sB + buf * kChunk * ld, ld, bm, sKOff + buf * kChunk, kChunk, L.width, L.width_pad,
-              vb.sx, (vec & 2) != 0, true);
-    async_commit();  // (the first group also holds A's rows)
-  };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
-  const int r0 = warp * 16 + (lane >> 2);
-  stage(0, 0);
-  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
-    const int buf = c & 1;
-    const bool next = c0 + kChunk < cols;
-    if (next) stage(c0 + kChunk, buf ^ 1);
-    async_wait(next);
-    TIn* B = sB + buf * kChunk * ld;
-    if (c0 + kChunk > halo) {  // the chunk holds additional keys: over the zero-filled rows
-      __syncthreads();
-      load_add_rows(B, ld, add_b, vab, pl, sAdd + buf * kChunk, 0, L.width, L.width_pad);
-    }
-    __syncthreads();
-    float acc[8][4] = {};
-    warp_mma<TIn, 8>(acc, sA, ld, B, ld, L.width_pad);
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        sS[(r0 + 8 * (e >> 1)) * L.full_ld + c0 + 8 * n + 2 * t + (e & 1)] =
-            naive::from_f32<TOut>(L.scale * acc[n][e]);
-    __syncthreads();  // this buffer is free
-  }
-  const TOut masked = naive::from_f32<TOut>(L.masked);
-  for (int m = warp; m < kRows; m += kThreads / 32) {
-    if (sRowOut[m] < 0) continue;
-    const Win w = row_window(sRowWin, m);
-    for (int s = lane; s < g.cols; s += 32) {
-      const int h = halo_of_slot(g, L, w, hb, hs, halo, s);
-      out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
-    }
-  }
-}
-
-// vec: B's rows take 16-byte copies. The first chunk's rows are copied (cp.async) while the block
-// is filled, each next one while the current one is multiplied.
-template <typename TAttn, typename T, int NT>
-__global__ void __launch_bounds__(kThreads) nn_full_kernel(Geometry g, Launch L,
-                                                           const TAttn* attn, View vattn,
-                                                           const T* bm, View vb, const T* add_b,
-                                                           AddView vab, T* out, View vo,
-                                                           int vec) {
-  const Place pl = place_of(g, L);
-  if (pl.empty) return;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kLdB = NT * 8 + kPadKN;
-  const int x0 = blockIdx.y * NT * 8;
-  T* sP = reinterpret_cast<T*>(smem_raw);  // [kRows][L.full_ld]
-  T* sB = sP + kRows * L.full_ld;           // [2][kChunk][kLdB]: B's rows, this slice
-  int64_t* sOff = reinterpret_cast<int64_t*>(sB + 2 * kChunk * kLdB);  // [2][kChunk]
-  int64_t* sRowAttn = sOff + 2 * kChunk;
-  int* sRowWin = reinterpret_cast<int*>(sRowAttn + kRows);  // [kRows][6]
-  int* sAdd = sRowWin + 6 * kRows;                          // [2][kChunk]
-
-  int hb[3], hs[3];
-  const int halo = key_halo(g, pl, hb, hs);
-  const int cols = halo + g.num_add;
-  const int ncols = (cols + kChunk - 1) / kChunk * kChunk;
-  auto stage = [&](int c0, int buf) {
-    chunk_keys(g, pl, hb, hs, halo, c0, vb, sOff + buf * kChunk, sAdd + buf * kChunk);
-    __syncthreads();
-    load_rows(sB + buf * kChunk * kLdB, kLdB, bm + x0 * vb.sx, sOff + buf * kChunk, kChunk,
-              max(L.width - x0, 0), NT * 8, vb.sx, vec != 0, true);
-    async_commit();
-  };
-  row_info(g, L, pl, vattn, vattn, nullptr, sRowAttn, sRowWin);
-  stage(0, 0);  // (its barrier also publishes the rows' info)
-  {  // zero the block's columns this tile uses
-    const int per_row = ncols * int(sizeof(T)) / 16;
-    for (int e = threadIdx.x; e < kRows * per_row; e += kThreads) {
-      const int m = e / per_row, v = e % per_row;
-      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(sP + m * L.full_ld) + 16 * v) =
-          make_uint4(0, 0, 0, 0);
-    }
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
-  for (int m = warp; m < kRows; m += kThreads / 32) {
-    if (sRowAttn[m] < 0) continue;
-    const Win w = row_window(sRowWin, m);
-    for (int s = lane; s < g.cols; s += 32) {
-      const int h = halo_of_slot(g, L, w, hb, hs, halo, s);
-      if (h >= 0)
-        sP[m * L.full_ld + h] = naive::from_f32<T>(naive::to_f32(attn[sRowAttn[m] + s * vattn.sx]));
-    }
-  }
-  float acc[NT][4] = {};
-  for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
-    const int buf = c & 1;
-    const bool next = c0 + kChunk < cols;
-    if (next) stage(c0 + kChunk, buf ^ 1);  // (its barrier also publishes the block)
-    async_wait(next);
-    T* B = sB + buf * kChunk * kLdB;
-    if (c0 + kChunk > halo) {
-      __syncthreads();
-      load_add_rows(B, kLdB, add_b, vab, pl, sAdd + buf * kChunk, x0, L.width, NT * 8);
-    }
-    __syncthreads();
-    warp_mma<T, NT, false, true>(acc, sP + c0, L.full_ld, B, kLdB, kChunk);
-    __syncthreads();  // this buffer is free
-  }
-  const int r0 = warp * 16 + (lane >> 2);
-  for (int i = 0; i < 2; ++i) {
-    const int m = r0 + 8 * i;
-    int loc[3], c[3];
-    if (!tile_row(L, pl, m, loc)) continue;
-    global_of(g, pl, loc, c);
-    const int64_t o = vo.at(pl.b, c, pl.hkv, pl.gi, 0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
