@@ -207,7 +207,7 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   const size_t with_block = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
   if (with_block > std::min(kPnFullBytes, optin)) L.full_ld = 0;  // direct stores
   const size_t smem = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
-  auto kernel = pn_kernel<TIn, TOut>;
+  auto kernel = L.full_ld > 0 ? pn_kernel<TIn, TOut, true> : pn_kernel<TIn, TOut, false>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
     L.p0 = q;

@@ -386,7 +386,7 @@ __device__ __forceinline__ void row_info(const Geometry& g, const Launch& L, con
 }
 
 // Key sources of chunk c0 (threads < kChunk): grid keys' offsets in `vb` (-1 otherwise), their
-// local coordinates in sLoc (3 per key, when not null) and, in sAdd, the additional key's index
+// local coordinates in sLoc (3 per key, -1 first where none; when not null) and, in sAdd, the additional key's index
 // (-1 otherwise).
 __device__ __forceinline__ void chunk_keys(const Geometry& g, const Place& pl, const int* hb,
                                            const int* hs, int halo, int c0, const View& vb,
@@ -395,6 +395,7 @@ __device__ __forceinline__ void chunk_keys(const Geometry& g, const Place& pl, c
   const int j = threadIdx.x, h = c0 + j;
   sOff[j] = -1;
   sAdd[j] = -1;
+  if (sLoc) sLoc[3 * j] = -1;
   if (h < halo) {
     int loc[3], y[3];
     halo_token(h, hb, hs, loc);
@@ -424,10 +425,10 @@ __device__ __forceinline__ void load_add_rows(T* dst, int ld, const T* add_b, co
 // out[q, slot] = scale * <A[q], B[key]> for every key of q's window (slot: its place in the window
 // box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`. The next
 // chunk's key rows are copied (cp.async, two buffers) while this one is multiplied. The products
-// go to the attention tensor directly (each with its slot), or with L.full_ld > 0 into the tile's
-// [64 x halo] block, written out row by row at the end.
+// go to the attention tensor directly (each with its slot), or with kFull into the tile's
+// [64 x halo] block (leading dimension L.full_ld), written out row by row at the end.
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
-template <typename TIn, typename TOut>
+template <typename TIn, typename TOut, bool kFull>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
                                                       AddView vab, TOut* out, View vo, int vec) {
@@ -435,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   if (pl.empty) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ld = L.width_pad + Elem<TIn>::kPad;
-  const bool full = L.full_ld > 0;
+  constexpr bool full = kFull;
   TIn* sA = reinterpret_cast<TIn*>(smem_raw);
   TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
   TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // full: [kRows][L.full_ld]
@@ -470,7 +471,12 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);
   Win w[2];  // direct stores: this thread's two accumulator rows
-  for (int i = 0; i < 2 && !full; ++i) w[i] = row_window(sRowWin, r0 + 8 * i);
+  int64_t ro[2] = {-1, -1};
+  if constexpr (!full)
+    for (int i = 0; i < 2; ++i) {
+      w[i] = row_window(sRowWin, r0 + 8 * i);
+      ro[i] = sRowOut[r0 + 8 * i];
+    }
   stage(0, 0);
   for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
     const int buf = c & 1;
@@ -491,22 +497,22 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
       for (int e = 0; e < 4; ++e) {
         const int m = r0 + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1);
         const TOut v = naive::from_f32<TOut>(L.scale * acc[n][e]);
-        if (full) {
+        if constexpr (full) {
           sS[m * L.full_ld + c0 + j] = v;
-          continue;
+        } else {
+          const int at = buf * kChunk + j;
+          const int* loc = sLoc + 3 * at;
+          int slot = -1;
+          if (loc[0] >= 0)
+            slot = slot_of(g, w[e >> 1], loc);
+          else if (sAdd[at] >= 0)
+            slot = g.window + sAdd[at];
+          if (ro[e >> 1] >= 0 && slot >= 0) out[ro[e >> 1] + slot * vo.sx] = v;
         }
-        const int at = buf * kChunk + j;
-        const int64_t o = sRowOut[m];
-        int slot = -1;
-        if (sKOff[at] >= 0)
-          slot = slot_of(g, w[e >> 1], sLoc + 3 * at);
-        else if (sAdd[at] >= 0)
-          slot = g.window + sAdd[at];
-        if (o >= 0 && slot >= 0) out[o + slot * vo.sx] = v;
       }
     __syncthreads();  // this buffer is free
   }
-  if (!full) return;
+  if constexpr (!full) return;
   const TOut masked = naive::from_f32<TOut>(L.masked);
   for (int m = warp; m < kRows; m += kThreads / 32) {
     if (sRowOut[m] < 0) continue;
