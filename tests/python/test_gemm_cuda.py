@@ -67,26 +67,29 @@ def problems(dtype):
     return out
 
 
-def run_ops(p, backend, dtype, device, rng_seed):
-    """qk, av, and both backwards on one backend; returns float64 NumPy results."""
+def run_ops(p, backend, dtype, device, rng_seed, compute=None):
+    """qk, av, and both backwards on one backend; returns float64 NumPy results. Every input
+    (the problem's tensors, the random weights and output gradients) is rounded to `dtype`, then
+    computed in `compute` (default: `dtype`; the reference takes float32 copies)."""
     rank = p["q"].ndim - 3
-    dt = DT[dtype]
-    t = {n: (torch.from_numpy(np.ascontiguousarray(p[n]) if n.startswith("add") else p[n])
-             .to(dt).to(device) if p[n] is not None else None)
-         for n in ("q", "k", "v", "add_k", "add_v")}
+    compute = compute or DT[dtype]
+
+    def tensor(x):
+        return torch.from_numpy(x).to(DT[dtype]).to(compute).to(device)
+
+    t = {n: tensor(p[n]) if p[n] is not None else None for n in ("q", "k", "v", "add_k", "add_v")}
     sp = dict(stride=p["st"], dilation=p["dil"], is_causal=p["causal"], backend=backend)
     attn = QK[rank](t["q"], t["k"], p["ks"], additional_keys=t["add_k"], **sp)
     # Inputs of av and of the backwards: the same random values on every backend.
     g = np.random.default_rng(rng_seed)
-    weights = torch.from_numpy(g.random(attn.shape).astype(np.float32)).to(dt).to(device)
-    d_attn = torch.from_numpy(g.standard_normal(attn.shape).astype(np.float32)).to(dt).to(device)
+    weights = tensor(g.random(attn.shape).astype(np.float32))
+    d_attn = tensor(g.standard_normal(attn.shape).astype(np.float32))
     out = AV[rank](weights, t["v"], p["ks"], additional_values=t["add_v"], **sp)
-    d_out = torch.from_numpy(g.standard_normal(out.shape).astype(np.float32)).to(dt).to(device)
-    kw = dict(stride=p["st"], dilation=p["dil"], is_causal=p["causal"], backend=backend)
+    d_out = tensor(g.standard_normal(out.shape).astype(np.float32))
     qk_grads = fna.na_qk_backward(d_attn, t["q"], t["k"], p["ks"], additional_keys=t["add_k"],
-                                  **kw)
+                                  **sp)
     av_grads = fna.na_av_backward(d_out, weights, t["v"], p["ks"],
-                                  additional_values=t["add_v"], **kw)
+                                  additional_values=t["add_v"], **sp)
     res = {"attn": attn, "out": out, "dq": qk_grads[0], "dk": qk_grads[1],
            "d_attn": av_grads[0], "dv": av_grads[1]}
     if p["add_k"] is not None:
@@ -103,9 +106,7 @@ def test_gemm_ops_against_reference(dtype):
         seed = seed_of("gemm-inputs", dtype, name)
         got = run_ops(p, "cuda-gemm", dtype, "cuda", seed)
         # The reference sees the same rounded inputs, in float32.
-        p32 = {n: (torch.from_numpy(np.ascontiguousarray(x)).to(DT[dtype]).float().numpy()
-                   if isinstance(x, np.ndarray) else x) for n, x in p.items()}
-        ref = _reference_rounded(p32, dtype, seed)
+        ref = run_ops(p, "reference", dtype, "cpu", seed, compute=torch.float32)
         if dtype != "float32":
             naive = run_ops(p, "cuda-naive", dtype, "cuda", seed)
         for n in got:
@@ -113,32 +114,6 @@ def test_gemm_ops_against_reference(dtype):
                 check_close(got[n], ref[n], what=f"{name} {n}")
             else:
                 check_close(got[n], ref[n], dtype, naive=naive[n], what=f"{name} {n}")
-
-
-def _reference_rounded(p32, dtype, seed):
-    """The reference backend on float32 copies of exactly the low-precision inputs the GPU
-    operators get (inputs, random weights and output gradients rounded to `dtype`)."""
-    rank = p32["q"].ndim - 3
-    t = {n: (torch.from_numpy(np.ascontiguousarray(p32[n])) if p32[n] is not None else None)
-         for n in ("q", "k", "v", "add_k", "add_v")}
-    sp = dict(stride=p32["st"], dilation=p32["dil"], is_causal=p32["causal"],
-              backend="reference")
-    attn = QK[rank](t["q"], t["k"], p32["ks"], additional_keys=t["add_k"], **sp)
-    g = np.random.default_rng(seed)
-    rnd = lambda a: torch.from_numpy(a.astype(np.float32)).to(DT[dtype]).float()  # noqa: E731
-    weights = rnd(g.random(attn.shape))
-    d_attn = rnd(g.standard_normal(attn.shape))
-    out = AV[rank](weights, t["v"], p32["ks"], additional_values=t["add_v"], **sp)
-    d_out = rnd(g.standard_normal(out.shape))
-    qk_grads = fna.na_qk_backward(d_attn, t["q"], t["k"], p32["ks"], additional_keys=t["add_k"],
-                                  **sp)
-    av_grads = fna.na_av_backward(d_out, weights, t["v"], p32["ks"],
-                                  additional_values=t["add_v"], **sp)
-    res = {"attn": attn, "out": out, "dq": qk_grads[0], "dk": qk_grads[1],
-           "d_attn": av_grads[0], "dv": av_grads[1]}
-    if p32["add_k"] is not None:
-        res["d_add_k"], res["d_add_v"] = qk_grads[2], av_grads[2]
-    return {n: x.double().numpy() for n, x in res.items()}
 
 
 def test_gemm_bound_is_tight():
