@@ -180,23 +180,27 @@ TEST(Hostile, StrideTimesExtentOverflow) {
   }
 }
 
-// Each backend's own limits, checked without a GPU.
+// Each backend's own limits, checked without a GPU. cuda-naive and cuda-gemm hold one row of
+// attention weights in an int.
 TEST(Hostile, CudaNaiveRowLimit) {
-  fna::Problem p;
-  p.rank = 2;
-  p.shape[0] = p.shape[1] = 46341;
-  p.kernel_size[0] = p.kernel_size[1] = 46341;  // W = 2147488281 > 2^31 - 1
-  p.stride[0] = p.stride[1] = 1;
-  ASSERT_TRUE(fna::validate_problem(p).ok());
-  EXPECT_TRUE(fna::validate_backend_limits(p, fna::Backend::cpu).ok());
-  EXPECT_TRUE(fna::validate_backend_limits(p, fna::Backend::reference).ok());
-  expect_status(fna::validate_backend_limits(p, fna::Backend::cuda_naive), fna::Code::unsupported,
-                {"window=2147488281", "cuda-naive", "2^31 - 1"});
-  p.kernel_size[1] = 46340;  // 46341 * 46340 = 2147441940 fits
-  EXPECT_TRUE(fna::validate_backend_limits(p, fna::Backend::cuda_naive).ok());
-  p.num_additional = 2147483647 - 2147441940 + 1;
-  expect_status(fna::validate_backend_limits(p, fna::Backend::cuda_naive), fna::Code::unsupported,
-                {"num_additional=41708"});
+  for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_gemm}) {
+    fna::Problem p;
+    p.rank = 2;
+    p.shape[0] = p.shape[1] = 46341;
+    p.kernel_size[0] = p.kernel_size[1] = 46341;  // W = 2147488281 > 2^31 - 1
+    p.stride[0] = p.stride[1] = 1;
+    ASSERT_TRUE(fna::validate_problem(p).ok());
+    EXPECT_TRUE(fna::validate_backend_limits(p, fna::Backend::cpu).ok());
+    EXPECT_TRUE(fna::validate_backend_limits(p, fna::Backend::reference).ok());
+    expect_status(fna::validate_backend_limits(p, b), fna::Code::unsupported,
+                  {"window=2147488281", std::string("backend=") + fna::backend_name(b),
+                   "2^31 - 1"});
+    p.kernel_size[1] = 46340;  // 46341 * 46340 = 2147441940 fits
+    EXPECT_TRUE(fna::validate_backend_limits(p, b).ok());
+    p.num_additional = 2147483647 - 2147441940 + 1;
+    expect_status(fna::validate_backend_limits(p, b), fna::Code::unsupported,
+                  {"num_additional=41708"});
+  }
 }
 
 TEST(Hostile, CudaFusedGroupLimit) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/validate.h"
 #include "cpu/tile.h"
 #include "support/check.h"
 
@@ -171,6 +172,16 @@ TEST(TuningValidation, CpuFieldWithReferenceBackendIsRejected) {
     o.backend = fna::Backend::cpu;
     st = fna::forward(c.p, t.forward_args(), o);
     EXPECT_TRUE(st.ok()) << kv.first << ": " << st.message;
+  }
+  // cuda-gemm's composed forward / backward take cuda-naive's workspace budget; its unfused
+  // operators, like every backend's, take no tuning.
+  {
+    fna::Tuning t2;
+    t2.naive_workspace_bytes = 1;
+    const fna::Status st = fna::detail::validate_tuning(c.p, t2, fna::Backend::cuda_gemm, false);
+    EXPECT_TRUE(st.ok()) << st.message;
+    EXPECT_FALSE(fna::detail::validate_tuning(c.p, t2, fna::Backend::cuda_gemm, true).ok());
+    EXPECT_FALSE(fna::detail::validate_tuning(c.p, t2, fna::Backend::cpu, false).ok());
   }
   // A cuda-naive field on the cpu backend, too.
   fna::Options o = options_for(c, fna::Backend::cpu);

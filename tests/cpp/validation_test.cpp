@@ -129,9 +129,24 @@ TEST(Validation, Backend) {
   EXPECT_TRUE(contains(st.message, "gpu-magic")) << st.message;
 }
 
+// cuda-gemm: named like the others, in the build exactly where cuda-naive is, no bias.
+TEST(Validation, GemmBackendNames) {
+  fna::Backend b = fna::Backend::automatic;
+  ASSERT_TRUE(fna::parse_backend("cuda-gemm", &b).ok());
+  EXPECT_EQ(b, fna::Backend::cuda_gemm);
+  EXPECT_STREQ(fna::backend_name(fna::Backend::cuda_gemm), "cuda-gemm");
+  EXPECT_EQ(fna::backend_compiled(fna::Backend::cuda_gemm),
+            fna::backend_compiled(fna::Backend::cuda_naive));
+  EXPECT_FALSE(fna::takes_rpb(fna::Backend::cuda_gemm));
+  const fna::Status st = fna::parse_backend("cuda-gemmm", &b);
+  EXPECT_EQ(st.code, fna::Code::invalid_argument);
+  EXPECT_TRUE(contains(st.message, "cuda-gemm")) << st.message;  // listed among the valid names
+}
+
 TEST(Validation, CudaBackendWithCpuTensors) {
   const fna::Problem p = valid_case().p;
-  for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused}) {
+  for (fna::Backend b : {fna::Backend::cuda_naive, fna::Backend::cuda_fused,
+                         fna::Backend::cuda_gemm}) {
     fna::Options o;
     o.backend = b;
     o.device = fna::Device::cpu;
