@@ -83,7 +83,9 @@ CASES = [
 ]
 
 
-def make(case, seed, dtype=torch.float32, D=8, Dv=6, B=2):
+def make(case, seed, dtype=torch.float32, D=8, Dv=6, B=2, device="cpu", rpb_dtype=None):
+    """Random leaves of `case` in `dtype` on `device` (rpb in `rpb_dtype` when given) and their
+    float64 CPU copies for the reference: the values the backend sees."""
     rank, shape, ks, st, dil, causal, H, Hkv, n_add = case
     g = torch.Generator().manual_seed(seed)
     t = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
@@ -91,8 +93,10 @@ def make(case, seed, dtype=torch.float32, D=8, Dv=6, B=2):
          "rpb": t(H, *(2 * k - 1 for k in ks)),
          "add_k": t(B, n_add, Hkv, D) if n_add else None,
          "add_v": t(B, n_add, Hkv, Dv) if n_add else None}
-    low = {n: None if a is None else a.to(dtype).requires_grad_(True) for n, a in x.items()}
-    ref = {n: None if a is None else a.to(dtype).double().requires_grad_(True)
+    dt = {n: rpb_dtype if n == "rpb" and rpb_dtype is not None else dtype for n in x}
+    low = {n: None if a is None else a.to(dt[n]).to(device).requires_grad_(True)
+           for n, a in x.items()}
+    ref = {n: None if a is None else low[n].detach().cpu().double().requires_grad_(True)
            for n, a in x.items()}
     return low, ref
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fna  # noqa: E402
 from helpers import random_params, seed_of  # noqa: E402
-from test_rpb import CASES, NA, reference  # noqa: E402
+from test_rpb import CASES, NA, make, reference  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -42,20 +42,9 @@ def _variants():
 
 
 def _make(case, seed, dtype, D, Dv, B=2):
-    rank, shape, ks, st, dil, causal, H, Hkv, n_add = case
-    g = torch.Generator().manual_seed(seed)
-    t = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    x = {"q": t(B, *shape, H, D), "k": t(B, *shape, Hkv, D), "v": t(B, *shape, Hkv, Dv),
-         "rpb": t(H, *(2 * k - 1 for k in ks)),
-         "add_k": t(B, n_add, Hkv, D) if n_add else None,
-         "add_v": t(B, n_add, Hkv, Dv) if n_add else None}
-    # The reference takes the values the GPU sees (rounded to dtype); rpb stays float32.
-    low = {n: None if a is None else
-           a.to(torch.float32 if n == "rpb" else dtype).cuda().requires_grad_(True)
-           for n, a in x.items()}
-    ref = {n: None if a is None else low[n].detach().cpu().double().requires_grad_(True)
-           for n, a in x.items()}
-    return low, ref
+    """test_rpb.make on the GPU: the reference takes the values the GPU sees (rounded to dtype);
+    rpb stays float32."""
+    return make(case, seed, dtype, D, Dv, B, device="cuda", rpb_dtype=torch.float32)
 
 
 def _close(a, b, tol, what):
