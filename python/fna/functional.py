@@ -364,8 +364,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     tuning: a dict of kernel choices the plan would otherwise make (``fna.tuning_keys()``:
     e.g. ``{"fwd_schedule": "plain", "fwd_copy": "cp_async", "persistent": True,
     "bwd_kernel": "sm80", "fwd_walk": "01"}`` for ``cuda-fused``, ``cpu_isa`` / ``cpu_band`` /
-    ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive`` / ``cuda-gemm``); validated, echoed by
-    :func:`fna.fused_plan`; a key that concerns another backend than the one that runs is an
+    ... for ``cpu``, ``naive_workspace_bytes`` for ``cuda-naive`` / ``cuda-gemm``); validated,
+    echoed by :func:`fna.fused_plan`; a key that concerns another backend than the one that runs is an
     error.
     num_threads: CPU threads for this call (forward, and the backward through autograd); None or
     0: the process-wide count (:func:`fna.set_num_threads`, default: the cores available to the
@@ -376,8 +376,8 @@ def na2d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, 
     and even kernels, stride and causal axes alike (docs/semantics.md section 1.3); additional keys
     get no bias. The call then computes ``softmax(scale * q.k + bias) @ v`` with the unfused
     operators (``na2d_qk``, softmax in float32, ``na2d_av``; on the CUDA operators ``auto``
-    picks for ``cuda-fused`` and NATTEN's fused names), so the attention weights are materialized; the LSE
-    (``return_lse``) is that of the biased logits, and autograd gives the gradient of ``rpb``.
+    picks for ``cuda-fused`` and NATTEN's fused names), so the attention weights are
+    materialized; the LSE (``return_lse``) is that of the biased logits, and autograd gives the gradient of ``rpb``.
     ``config``, ``backward_config``, ``tuning``, ``num_threads`` and NATTEN's tuning keywords,
     which steer the fused kernels, are a ValueError with ``rpb``.
     query_offset: None, or one int per axis: ``query`` holds only the queries of the box

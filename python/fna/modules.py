@@ -128,8 +128,8 @@ class _NeighborhoodAttention(nn.Module):
             raise ValueError(
                 f"{type(self).__name__}: attn_drop={self.attn_drop_rate} in training mode drops "
                 "attention weights, which only the unfused operators (qk / av) have and "
-                f"backend={self.backend!r} does not; use backend=None, 'cuda-gemm', 'cuda-naive' or 'cpu' "
-                "(or attn_drop=0, or eval mode)")
+                f"backend={self.backend!r} does not; use backend=None, 'cuda-gemm', 'cuda-naive' "
+                "or 'cpu' (or attn_drop=0, or eval mode)")
         if self.rpb is not None:  # the composition na*d(..., rpb=) runs (one shared helper)
             _rpb.check(type(self).__name__, self.rpb, self.num_heads, self.kernel_size, q)
             sp = (self.kernel_size, self.stride, self.dilation, self.is_causal)

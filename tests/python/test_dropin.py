@@ -353,8 +353,8 @@ def test_natten_backend_names_errors():
                                          r"unfused"):
         fna.na2d_qk(q, q, 3, backend="hopper-fna")
     with pytest.raises(ValueError, match=r"backend='cutlass-fmha' is not one of auto, reference, "
-                                         r"cpu, cuda-naive, cuda-fused, cuda-gemm \(or NATTEN's cutlass-fna, "
-                                         r"hopper-fna\)"):
+                                         r"cpu, cuda-naive, cuda-fused, cuda-gemm \(or NATTEN's "
+                                         r"cutlass-fna, hopper-fna\)"):
         fna.na2d(q, q, q, 3, backend="cutlass-fmha")
     out, lse = fna.na2d(q, q, q, 3, return_lse=True)
     with pytest.raises(ValueError, match=r"na_backward: backend='cutlass-fna' runs fna's "
