@@ -152,8 +152,8 @@ struct Tuning {
   BwdKernel bwd_kernel = BwdKernel::automatic;
   CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
-  // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half the free memory, at
-  // most 4 GiB); a small budget makes the kernels run in chunks.
+  // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
+  // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
   // cpu backend.
   CpuIsa cpu_isa = CpuIsa::automatic;        // kernel set (automatic: the best the CPU has)
@@ -233,6 +233,8 @@ Status forward(const Problem& p, const ForwardArgs& a, const Options& opt);
 Status backward(const Problem& p, const BackwardArgs& a, const Options& opt);
 
 // ---- Unfused operators (backends reference, cpu, cuda_naive, cuda_gemm) -----------------------
+// `automatic` on CUDA runs cuda_gemm, and cuda_naive where cuda_gemm answers `unsupported`
+// (compute capability below 8.0, head dim above 256; docs/unfused.md).
 // attn[..., w] for w < W is the logit of the w-th neighbor, neighbors numbered row-major over the
 // window box [start_0, start_0 + K_0) x .. (last axis fastest); attn[..., W + n] is the logit of
 // additional key n. Slots whose key is not a neighbor (only possible with causal windows near the
