@@ -156,29 +156,9 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
   int* sRowWin = sKey + 3 * kChunk;                                 // [kRows][6]
 
   int hb[3], hs[3];
-  for (int ax = 0; ax < 3; ++ax) {
-    const nbr::Range u = nbr::tile_union(g.axis[ax], pl.len[ax], pl.i0[ax], pl.i1[ax]);
-    hb[ax] = u.begin;
-    hs[ax] = u.size();
-  }
-  const int halo = hs[0] * hs[1] * hs[2];
+  const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
-
-  if (threadIdx.x < kRows) {
-    const int m = threadIdx.x;
-    int loc[3], c[3];
-    if (tile_row(L, pl, m, loc)) {
-      global_of(g, pl, loc, c);
-      sRowAttn[m] = vattn.at(pl.b, c, pl.hkv, pl.gi, 0);
-      const Win w = window_of(g, pl, loc);
-      for (int ax = 0; ax < 3; ++ax) {
-        sRowWin[6 * m + ax] = w.b[ax];
-        sRowWin[6 * m + 3 + ax] = w.e[ax];
-      }
-    } else {
-      sRowAttn[m] = -1;
-    }
-  }
+  row_info(g, L, pl, vattn, vattn, nullptr, sRowAttn, sRowWin);
   float acc[NT][4] = {};
   for (int c0 = 0; c0 < cols; c0 += kChunk) {
     __syncthreads();  // the previous chunk's operands are consumed
@@ -208,12 +188,7 @@ __global__ void __launch_bounds__(kThreads) nn_kernel(Geometry g, Launch L, cons
       if (sRowAttn[m] >= 0 && key[0] != INT32_MIN) {
         int slot;
         if (key[0] >= 0) {
-          Win w;
-          for (int ax = 0; ax < 3; ++ax) {
-            w.b[ax] = sRowWin[6 * m + ax];
-            w.e[ax] = sRowWin[6 * m + 3 + ax];
-          }
-          slot = slot_of(g, w, key);
+          slot = slot_of(g, row_window(sRowWin, m), key);
         } else {
           slot = g.window + (-1 - key[0]);
         }
