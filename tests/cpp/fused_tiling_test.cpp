@@ -36,6 +36,7 @@ namespace {
 using fna::fused::Geometry;
 using fna::fused::Group;
 using fna::fused::KvSpan;
+using fna::fused::QueryBox;
 using fna::fused::Tile;
 using fna::fused::kAxes;
 
@@ -105,21 +106,48 @@ void for_box(const int (&lo)[kAxes], const int (&hi)[kAxes], Fn&& fn) {
       }
 }
 
-// Calls fn(flat, gr, tables, q0) for every query tile (origin q0, tiles of QT) of every group
-// `flat` of `geo`, until a fatal failure.
+// A random query region of `geo` (global coordinates per lifted axis, at least one query), or
+// the whole grid one time in four.
+QueryBox random_box(std::mt19937_64& rng, const Geometry& geo) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  QueryBox b = QueryBox::whole(geo);
+  if (pick(0, 3) == 0) return b;
+  for (int a = 0; a < kAxes; ++a) {
+    const int n = geo.axis[a].length;
+    b.lo[a] = pick(0, n - 1);
+    b.hi[a] = pick(b.lo[a] + 1, n);
+  }
+  return b;
+}
+
+std::string describe(const QueryBox& b) {
+  std::ostringstream os;
+  os << " queries";
+  for (int a = 0; a < kAxes; ++a) os << " [" << b.lo[a] << "," << b.hi[a] << ")";
+  return os.str();
+}
+
+// Calls fn(flat, gr, tables, q0, q_end) for every query tile (origin q0, tiles of QT) of every
+// group `flat` of `geo` over the queries of `box`, laid as the forward kernels lay them (fwd_tile:
+// from the group's first query of the box; q_end: the end of its queries per axis), until a fatal
+// failure.
 template <class QT, typename Fn>
-void for_each_test_tile(const Geometry& geo, Fn&& fn) {
+void for_each_test_tile(const Geometry& geo, const QueryBox& box, Fn&& fn) {
   for (int flat = 0; flat < geo.num_groups(); ++flat) {
     const Group gr = Group::of(geo, flat);
     const GroupTables t(geo, gr);
     const int zero[kAxes] = {0, 0, 0};
-    int ntiles[kAxes];
-    for (int a = 0; a < kAxes; ++a) ntiles[a] = fna::fused::tiles_over(gr.len[a], QT::ext(a));
+    int ntiles[kAxes], qb[kAxes], qe[kAxes];
+    for (int a = 0; a < kAxes; ++a) {
+      qb[a] = box.begin(geo, a, gr.g[a]);
+      qe[a] = box.end(geo, a, gr.g[a]);
+      ntiles[a] = qe[a] > qb[a] ? fna::fused::tiles_over(qe[a] - qb[a], QT::ext(a)) : 0;
+    }
     for_box(zero, ntiles, [&](const int (&ti)[kAxes]) {
       if (::testing::Test::HasFatalFailure()) return;
       int q0[kAxes];
-      for (int a = 0; a < kAxes; ++a) q0[a] = ti[a] * QT::ext(a);
-      fn(flat, gr, t, q0);
+      for (int a = 0; a < kAxes; ++a) q0[a] = qb[a] + ti[a] * QT::ext(a);
+      fn(flat, gr, t, q0, qe);
     });
     if (::testing::Test::HasFatalFailure()) return;
   }
@@ -128,19 +156,19 @@ void for_each_test_tile(const Geometry& geo, Fn&& fn) {
 // Checks every query tile of every group of `geo` for tile shapes QT / KT; returns the number of
 // key tiles checked.
 template <class QT, class KT>
-int64_t check_forward(const Geometry& geo) {
-  const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
+int64_t check_forward(const Geometry& geo, const QueryBox& box) {
+  const std::string what = describe(geo) + describe(box) + " q=" + std::to_string(QT::ext(0)) + "x" +
                            std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
                            " kv=" + std::to_string(KT::ext(0)) + "x" + std::to_string(KT::ext(1)) +
                            "x" + std::to_string(KT::ext(2));
   double visited = 0, unmasked = 0;
   int64_t checked = 0;
   const int zero[kAxes] = {0, 0, 0};
-  for_each_test_tile<QT>(geo, [&](int flat, const Group& gr, const GroupTables& t,
-                                  const int (&q0)[kAxes]) {
+  for_each_test_tile<QT>(geo, box, [&](int flat, const Group& gr, const GroupTables& t,
+                                       const int (&q0)[kAxes], const int (&q_end)[kAxes]) {
     int q1[kAxes];
-    for (int a = 0; a < kAxes; ++a) q1[a] = std::min(q0[a] + QT::ext(a), gr.len[a]);
-    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+    for (int a = 0; a < kAxes; ++a) q1[a] = std::min(q0[a] + QT::ext(a), q_end[a]);
+    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0, q_end);
     // Every neighbor of every query lies in the span's box.
     int box0[kAxes], box1[kAxes];
     for (int a = 0; a < kAxes; ++a) {
@@ -180,31 +208,37 @@ int64_t check_forward(const Geometry& geo) {
     }
   });
   if (::testing::Test::HasFatalFailure()) return checked;
-  const fna::fused::TilingStats st = fna::fused::tiling_stats(geo, QT::kExt, KT::kExt);
+  const fna::fused::TilingStats st = fna::fused::tiling_stats(geo, QT::kExt, KT::kExt, &box);
   EXPECT_EQ(st.visited, visited) << what;
   EXPECT_EQ(st.unmasked, unmasked) << what;
   return checked;
 }
 
-TEST(FusedTiling, SpansAndStatsMatchBruteForce) {
-  std::mt19937_64 rng(20261122);
+// With `regions`, over a random query region of each geometry (the kernels' tiles of a region call,
+// whose last tile per axis may overhang the region: the span covers only its queries' windows).
+void check_spans(uint64_t seed, bool regions) {
+  std::mt19937_64 rng(seed);
   int64_t key_tiles = 0;
   for (int c = 0; c < 60; ++c) {
     int rank = 0;
     const Geometry geo = random_geometry(rng, &rank);
+    const QueryBox box = regions ? random_box(rng, geo) : QueryBox::whole(geo);
     SCOPED_TRACE("case " + std::to_string(c) + " rank " + std::to_string(rank));
     // Shapes of the configuration tables (config.h, the backward's) and small odd ones.
-    key_tiles += check_forward<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo);
-    key_tiles += check_forward<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo);
-    key_tiles += check_forward<Tile<1, 16, 4>, Tile<1, 4, 16>>(geo);
-    key_tiles += check_forward<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo);
-    key_tiles += check_forward<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo);  // 192 queries
-    key_tiles += check_forward<Tile<4, 4, 4>, Tile<2, 8, 8>>(geo);
-    key_tiles += check_forward<Tile<1, 2, 4>, Tile<2, 1, 2>>(geo);
-    if (HasFatalFailure()) return;
+    key_tiles += check_forward<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, box);
+    key_tiles += check_forward<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, box);
+    key_tiles += check_forward<Tile<1, 16, 4>, Tile<1, 4, 16>>(geo, box);
+    key_tiles += check_forward<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, box);
+    key_tiles += check_forward<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, box);  // 192 queries
+    key_tiles += check_forward<Tile<4, 4, 4>, Tile<2, 8, 8>>(geo, box);
+    key_tiles += check_forward<Tile<1, 2, 4>, Tile<2, 1, 2>>(geo, box);
+    if (::testing::Test::HasFatalFailure()) return;
   }
   EXPECT_GT(key_tiles, 1000);  // the sweep reached real spans
 }
+
+TEST(FusedTiling, SpansAndStatsMatchBruteForce) { check_spans(20261122, false); }
+TEST(FusedTiling, RegionSpansAndStatsMatchBruteForce) { check_spans(20261127, true); }
 
 // Parts of a query tile (rows [r0, r0 + rows), the warp-specialized forward's warpgroups: rows_span,
 // rows_walk) against the SPEC relation: every key tile of the span holding a pair with a valid
@@ -213,20 +247,20 @@ TEST(FusedTiling, SpansAndStatsMatchBruteForce) {
 // that wraps around an axis is bounded by a larger box) the run starts and ends on such tiles;
 // and part_tiling_stats adds the runs up, part_critical_tiles the slowest part's per query tile.
 template <class QT, class KT>
-void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
-  const std::string what = describe(geo) + " q=" + std::to_string(QT::ext(0)) + "x" +
+void check_parts(const Geometry& geo, const QueryBox& qbox, int rows, bool box, bool critical) {
+  const std::string what = describe(geo) + describe(qbox) + " q=" + std::to_string(QT::ext(0)) + "x" +
                            std::to_string(QT::ext(1)) + "x" + std::to_string(QT::ext(2)) +
                            " rows " + std::to_string(rows);
   const fna::fused::Ext3 qe = fna::fused::ext_of<QT>(), ke = fna::fused::ext_of<KT>();
   const double share = double(rows) / QT::kSize;
   double visited = 0, unmasked = 0, worst_sum = 0;
-  for_each_test_tile<QT>(geo, [&](int, const Group& gr, const GroupTables& t,
-                                  const int (&q0)[kAxes]) {
-    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0);
+  for_each_test_tile<QT>(geo, qbox, [&](int, const Group& gr, const GroupTables& t,
+                                        const int (&q0)[kAxes], const int (&q_end)[kAxes]) {
+    const KvSpan sp = fna::fused::kv_span<QT, KT>(geo, gr, q0, q_end);
     const int n = sp.total();
     double worst = 0;  // the slowest part's tiles, masked ones weighing 1.25
     for (int r0 = 0; r0 < QT::kSize; r0 += rows) {
-      const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, qe, r0, rows);
+      const fna::fused::RowsSpan rs = fna::fused::rows_span(geo, gr, q0, q_end, qe, r0, rows);
       const fna::fused::WalkRun run = fna::fused::rows_walk(sp, rs, ke, n, n);
       ASSERT_TRUE(0 <= run.first && run.first <= run.last && run.last <= n)
           << what << ": run [" << run.first << ", " << run.last << ") of " << n;
@@ -247,7 +281,7 @@ void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
           bool valid = true;
           for (int a = 0; a < kAxes; ++a) {
             q[a] += q0[a];
-            valid = valid && q[a] < gr.len[a];
+            valid = valid && q[a] < q_end[a];
           }
           if (!valid) continue;
           for_box(k0, k1, [&](const int (&k)[kAxes]) {
@@ -284,35 +318,40 @@ void check_parts(const Geometry& geo, int rows, bool box, bool critical) {
     worst_sum += worst;
   });
   if (::testing::Test::HasFatalFailure()) return;
-  const fna::fused::TilingStats st = fna::fused::part_tiling_stats(geo, qe, ke, rows);
+  const fna::fused::TilingStats st = fna::fused::part_tiling_stats(geo, qe, ke, rows, &qbox);
   EXPECT_NEAR(st.visited, visited, 1e-9 * (1 + visited)) << what;
   EXPECT_NEAR(st.unmasked, unmasked, 1e-9 * (1 + unmasked)) << what;
   // The heuristic's per-axis product (exact where the parts split the tile's slowest axis).
   if (critical) {
-    EXPECT_NEAR(fna::fused::part_critical_tiles(geo, qe, ke, rows, 0.25), worst_sum,
+    EXPECT_NEAR(fna::fused::part_critical_tiles(geo, qe, ke, rows, 0.25, &qbox), worst_sum,
                 1e-9 * (1 + worst_sum))
         << what;
   }
 }
 
-TEST(FusedTiling, PartRunsMatchBruteForce) {
-  std::mt19937_64 rng(20261124);
+void check_part_runs(uint64_t seed, bool regions) {
+  std::mt19937_64 rng(seed);
   for (int c = 0; c < 40; ++c) {
     int rank = 0;
     const Geometry geo = random_geometry(rng, &rank);
+    const QueryBox qb = regions ? random_box(rng, geo) : QueryBox::whole(geo);
     SCOPED_TRACE("case " + std::to_string(c) + " rank " + std::to_string(rank));
     // The warp-specialized forward's tiles (64-row warpgroups), and parts that wrap around an
     // axis (8 rows of a 4x6 tile) or split the fastest one (2 rows of 4).
-    check_parts<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, 64, true, true);
-    check_parts<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, 64, true, true);
-    check_parts<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, 64, true, true);
-    check_parts<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, 64, true, true);
-    check_parts<Tile<3, 8, 8>, Tile<1, 8, 8>>(geo, 64, true, true);
-    check_parts<Tile<1, 4, 6>, Tile<1, 2, 4>>(geo, 8, false, false);
-    check_parts<Tile<2, 2, 4>, Tile<2, 1, 2>>(geo, 2, true, false);
-    if (HasFatalFailure()) return;
+    check_parts<Tile<1, 1, 128>, Tile<1, 1, 64>>(geo, qb, 64, true, true);
+    check_parts<Tile<1, 8, 16>, Tile<1, 8, 8>>(geo, qb, 64, true, true);
+    check_parts<Tile<2, 8, 8>, Tile<2, 4, 8>>(geo, qb, 64, true, true);
+    check_parts<Tile<3, 8, 8>, Tile<2, 4, 8>>(geo, qb, 64, true, true);
+    check_parts<Tile<3, 8, 8>, Tile<1, 8, 8>>(geo, qb, 64, true, true);
+    check_parts<Tile<1, 4, 6>, Tile<1, 2, 4>>(geo, qb, 8, false, false);
+    check_parts<Tile<2, 2, 4>, Tile<2, 1, 2>>(geo, qb, 2, true, false);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
+
+TEST(FusedTiling, PartRunsMatchBruteForce) { check_part_runs(20261124, false); }
+// A region call's tiles: a warpgroup whose rows lie past the region visits no key tile.
+TEST(FusedTiling, RegionPartRunsMatchBruteForce) { check_part_runs(20261128, true); }
 
 // axis_tile_pairs per axis against the SPEC relation: tiles of `own` at multiples of it (per
 // dilation group), each visiting ceil(span / other) tiles of the other kind, where span runs from
@@ -372,6 +411,19 @@ TEST(FusedTiling, NeededPairsMatchSpec) {
       want *= sum;
     }
     ASSERT_EQ(fna::fused::needed_pairs(geo), want) << describe(geo);
+    // Over a query region: the sums run over the region's queries only.
+    const QueryBox box = random_box(rng, geo);
+    double want_box = 1;
+    for (int a = 0; a < kAxes; ++a) {
+      const auto& x = geo.axis[a];
+      double sum = 0;
+      for (int64_t q = box.lo[a]; q < box.hi[a]; ++q) {
+        const auto w = fna_test::spec_window(x.length, x.kernel, x.dilation, x.stride, x.causal, q);
+        sum += double(w.end - w.start);
+      }
+      want_box *= sum;
+    }
+    ASSERT_EQ(fna::fused::needed_pairs(geo, &box), want_box) << describe(geo) << describe(box);
   }
 }
 

@@ -333,7 +333,9 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   l.grid = static_cast<unsigned>(l.persistent ? std::min<int64_t>(l.ctas, dev.sms) : l.ctas);
 
   // Tiling statistics.
-  const double needed = fused::needed_pairs(geo);
+  // Over the call's queries (its region, if any).
+  const fused::QueryBox box = fused::query_box(p);
+  const double needed = fused::needed_pairs(geo, &box);
   double computed = 0;
   const double heads = double(p.batch) * double(p.heads);
   if (cfg->simt()) {
@@ -354,8 +356,8 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     // when wg_skip is on (tiling.cuh rows_walk).
     const fused::Ext3 qe{{cfg->q[0], cfg->q[1], cfg->q[2]}};
     const fused::Ext3 ke{{cfg->kv[0], cfg->kv[1], cfg->kv[2]}};
-    const fused::TilingStats ts = l.wg_skip ? fused::part_tiling_stats(geo, qe, ke, 64)
-                                            : fused::tiling_stats(geo, cfg->q, cfg->kv);
+    const fused::TilingStats ts = l.wg_skip ? fused::part_tiling_stats(geo, qe, ke, 64, &box)
+                                            : fused::tiling_stats(geo, cfg->q, cfg->kv, &box);
     plan->visited_tiles = ts.visited * heads;
     plan->unmasked_fraction = ts.visited > 0 ? ts.unmasked / ts.visited : 0.0;
     computed = ts.visited * double(cfg->q_size()) * double(cfg->kv_size());

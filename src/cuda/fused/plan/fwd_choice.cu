@@ -274,10 +274,11 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
                        ", dim=" + std::to_string(need) + " fits the device");
   const FwdEntry* cfg = nullptr;
   double best = 0;
+  const fused::QueryBox box = fused::query_box(p);
   for (const FwdEntry* e : cands) {
     if (e->boxes() || e->simt() || !fits(e)) continue;
     if (any90 ? !takes_wgmma(e) : e->wgmma()) continue;
-    const double c = any90 ? tiled_cost(*e, p, geo, t, dev) : sm80_cost(*e, geo);
+    const double c = any90 ? tiled_cost(*e, p, geo, t, dev) : sm80_cost(*e, geo, box);
     if (cfg == nullptr || c < best) {
       cfg = e;
       best = c;

@@ -90,9 +90,11 @@ inline double model_cost(const CostModel& m, double ctas, double tiles_per_cta,
          (m.cta + tiles_per_cta * (m.tile + m.pairs * tile_macs / (64.0 * 64.0 * 64.0)));
 }
 
+// CTAs of a tiled launch: query tiles over the call's queries (its region, if any; make_fwd_plan).
 inline double ctas_of(const Problem& p, const fused::Geometry& geo, const int (&q)[kAxes]) {
+  const fused::QueryBox box = fused::query_box(p);
   double tiles = 1;
-  for (int ax = 0; ax < kAxes; ++ax) tiles *= fused::tiles_over(geo.max_group_length(ax), q[ax]);
+  for (int ax = 0; ax < kAxes; ++ax) tiles *= fused::tiles_over(box.max_length(geo, ax), q[ax]);
   return double(p.batch) * double(p.heads) * geo.num_groups() * tiles;
 }
 
@@ -104,8 +106,11 @@ inline double tiled_cost(const FwdEntry& e, const Problem& p, const fused::Geome
   if (ctas <= 0) return 0;
   const bool ws = e.family == FwdFamily::sm90ws;
   const fused::Ext3 qe{{e.q[0], e.q[1], e.q[2]}}, ke{{e.kv[0], e.kv[1], e.kv[2]}};
-  const double visited = ws && wg_skip_on(t) ? fused::part_tiling_stats(geo, qe, ke, 64).visited
-                                             : fused::tiling_stats(geo, e.q, e.kv).visited;
+  // Over the call's queries: a query region's tiles start at its first query and stop at its end.
+  const fused::QueryBox box = fused::query_box(p);
+  const double visited = ws && wg_skip_on(t)
+                             ? fused::part_tiling_stats(geo, qe, ke, 64, &box).visited
+                             : fused::tiling_stats(geo, e.q, e.kv, &box).visited;
   const double per_cta = visited * double(p.batch) * double(p.heads) / ctas;
   return model_cost(ws ? kWsModel : kPlainModel, ctas, per_cta,
                     double(e.q_size()) * double(e.kv_size()) * double(e.dim),
@@ -116,8 +121,9 @@ inline double tiled_cost(const FwdEntry& e, const Problem& p, const fused::Geome
 // they compile): every visited key tile costs kQ * kN score pairs, border tiles about a quarter
 // more for the mask, and each tile's copy and barrier about as much as 32 more query rows would (so
 // smaller query tiles pay for re-reading K/V).
-inline double sm80_cost(const FwdEntry& e, const fused::Geometry& geo) {
-  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv);
+inline double sm80_cost(const FwdEntry& e, const fused::Geometry& geo,
+                        const fused::QueryBox& box) {
+  const fused::TilingStats s = fused::tiling_stats(geo, e.q, e.kv, &box);
   const double masked = s.visited - s.unmasked;
   return ((s.visited + 0.25 * masked) * double(e.q_size()) + 32.0 * s.visited) *
          double(e.kv_size());

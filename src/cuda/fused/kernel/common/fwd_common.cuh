@@ -428,23 +428,23 @@ __device__ __forceinline__ RowWindow row_window(const Geometry& geo, const Group
   return RowWindow::of(geo, gr, q);
 }
 
-// The CTA's key-tile span into shared memory `s`, one axis per warp (lane 0 of the last kAxes of
+// The CTA's key-tile span into shared memory `s` (over the tile's queries before ft.qhi), one axis
+// per warp (lane 0 of the last kAxes of
 // the CTA's kWarps warps, the ones init_windows leaves idle when the tile has fewer rows than
 // threads), so that the axes' integer divisions run side by side instead of one after another on
 // one thread. The caller's barrier publishes it.
 template <class QT, class KT, int kWarps>
-__device__ __forceinline__ void kv_span_by_warps(const Geometry& geo, const Group& gr,
-                                                 const int (&qo)[kAxes], KvSpan& s, int warp,
-                                                 int lane) {
+__device__ __forceinline__ void kv_span_by_warps(const Geometry& geo, const FwdTile& ft, KvSpan& s,
+                                                 int warp, int lane) {
   if (lane != 0) return;
   if constexpr (kWarps < kAxes) {
-    if (warp == 0) s = kv_span<QT, KT>(geo, gr, qo);
+    if (warp == 0) s = kv_span<QT, KT>(geo, ft.gr, ft.qo, ft.qhi);
     return;
   }
   // Constant axis numbers, so that the per-axis arrays are indexed statically (no local memory).
-  if (warp == kWarps - 1) kv_span_axis<QT, KT>(geo, gr, qo, 2, s);
-  else if (warp == kWarps - 2) kv_span_axis<QT, KT>(geo, gr, qo, 1, s);
-  else if (warp == kWarps - 3) kv_span_axis<QT, KT>(geo, gr, qo, 0, s);
+  if (warp == kWarps - 1) kv_span_axis<QT, KT>(geo, ft.gr, ft.qo, ft.qhi, 2, s);
+  else if (warp == kWarps - 2) kv_span_axis<QT, KT>(geo, ft.gr, ft.qo, ft.qhi, 1, s);
+  else if (warp == kWarps - 3) kv_span_axis<QT, KT>(geo, ft.gr, ft.qo, ft.qhi, 0, s);
 }
 
 // Every query row's window, once per CTA (made visible by the next barrier).

@@ -96,6 +96,17 @@ Ptr moved(Ptr ptr, int64_t elems, int64_t bytes) {
   return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(ptr) + elems * bytes);
 }
 
+// The queries problem `p` computes (tiling.cuh QueryBox): its query region, or the whole grid.
+inline QueryBox query_box(const Problem& p) {
+  QueryBox b;
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const int src = ax - (kAxes - p.rank);
+    b.lo[ax] = src < 0 ? 0 : static_cast<int>(p.query_offset[src]);
+    b.hi[ax] = src < 0 ? 1 : static_cast<int>(p.query_offset[src] + p.query_extent(src));
+  }
+  return b;
+}
+
 // The block of problem `p` with softmax scale `scale` (sizes narrowed to int: the plans reject
 // problems whose sizes exceed the kernels' limits before any launch).
 inline ProblemBlock problem_block(const Problem& p, double scale) {
@@ -113,11 +124,8 @@ inline ProblemBlock problem_block(const Problem& p, double scale) {
   b.div_groups = FastDiv(uint32_t(b.groups));
   b.div_heads = FastDiv(uint32_t(b.heads));
   b.region = p.has_query_region() ? 1 : 0;
-  for (int ax = 0; ax < kAxes; ++ax) {
-    const int src = ax - (kAxes - p.rank);
-    b.qlo[ax] = src < 0 ? 0 : static_cast<int>(p.query_offset[src]);
-    b.qhi[ax] = src < 0 ? 1 : static_cast<int>(p.query_offset[src] + p.query_extent(src));
-  }
+  const QueryBox box = query_box(p);
+  for (int ax = 0; ax < kAxes; ++ax) b.qlo[ax] = box.lo[ax], b.qhi[ax] = box.hi[ax];
   b.tokens = p.tokens();
   b.scale = static_cast<float>(scale);
   b.scale_log2 = static_cast<float>(scale * 1.4426950408889634);

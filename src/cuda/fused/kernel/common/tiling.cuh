@@ -105,6 +105,35 @@ struct Group {
   FNA_HD int global(const Geometry& geo, int ax, int c) const { return c * geo.axis[ax].dilation + g[ax]; }
 };
 
+// The queries a call computes per lifted axis, global coordinates [lo, hi): the whole grid, or a
+// query region (fna::Problem::query_offset / query_shape). For the host's statistics and plans;
+// the kernels take the same bounds from ProblemBlock::qlo / qhi.
+struct QueryBox {
+  int lo[kAxes], hi[kAxes];
+  static QueryBox whole(const Geometry& geo) {
+    QueryBox b;
+    for (int ax = 0; ax < kAxes; ++ax) b.lo[ax] = 0, b.hi[ax] = geo.axis[ax].length;
+    return b;
+  }
+  // Dilation group g's queries along `ax`, local [ceil((lo - g) / d), ceil((hi - g) / d)) (as
+  // fwd_tile; the whole group, [0, group_length), without a region).
+  int begin(const Geometry& geo, int ax, int g) const {
+    const int d = geo.axis[ax].dilation;
+    return (lo[ax] + d - 1 - g) / d;
+  }
+  int end(const Geometry& geo, int ax, int g) const {
+    const int d = geo.axis[ax].dilation;
+    return (hi[ax] + d - 1 - g) / d;
+  }
+  // The most queries any group has along `ax` (group 0's when there is no region).
+  int max_length(const Geometry& geo, int ax) const {
+    int m = 0;
+    for (int g = 0; g < geo.axis[ax].dilation; ++g)
+      m = std::max(m, end(geo, ax, g) - begin(geo, ax, g));
+    return m;
+  }
+};
+
 // Number of tiles of extent `ext` covering `len`.
 FNA_HD int tiles_over(int len, int ext) { return (len + ext - 1) / ext; }
 
@@ -121,13 +150,15 @@ struct KvSpan {
   FNA_HD int total() const { return count[0] * count[1] * count[2]; }
 };
 
-// `q_origin` is the query tile's first local coordinate per axis; queries beyond the group length
-// are ignored (a tile may overhang the end of an axis). kv_span_axis fills one axis's entries
-// (the forward kernels compute the axes on different warps, side by side).
+// `q_origin` is the query tile's first local coordinate per axis and `q_end` the end of the
+// group's queries (its length, or with a query region the end of its part of the region, FwdTile
+// qhi); queries at or past it are ignored (a tile may overhang the end of an axis or of the
+// region: a region's last tile then loads only the keys its own queries need). kv_span_axis fills
+// one axis's entries (the forward kernels compute the axes on different warps, side by side).
 FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes], int ax,
-                         int q_ext, int kv_ext, KvSpan& s) {
+                         int q_ext, int kv_ext, int q_end, KvSpan& s) {
   const int i0 = q_origin[ax];
-  const int i1 = i0 + q_ext < gr.len[ax] ? i0 + q_ext : gr.len[ax];
+  const int i1 = i0 + q_ext < q_end ? i0 + q_ext : q_end;
   const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
   const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
   s.origin[ax] = u.begin;
@@ -137,15 +168,16 @@ FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_ori
 }
 
 template <class QT, class KT>
-FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes], int ax,
-                         KvSpan& s) {
-  kv_span_axis(geo, gr, q_origin, ax, QT::ext(ax), KT::ext(ax), s);
+FNA_HD void kv_span_axis(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes],
+                         const int (&q_end)[kAxes], int ax, KvSpan& s) {
+  kv_span_axis(geo, gr, q_origin, ax, QT::ext(ax), KT::ext(ax), q_end[ax], s);
 }
 
 template <class QT, class KT>
-FNA_HD KvSpan kv_span(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes]) {
+FNA_HD KvSpan kv_span(const Geometry& geo, const Group& gr, const int (&q_origin)[kAxes],
+                      const int (&q_end)[kAxes]) {
   KvSpan s;
-  for (int ax = 0; ax < kAxes; ++ax) kv_span_axis<QT, KT>(geo, gr, q_origin, ax, s);
+  for (int ax = 0; ax < kAxes; ++ax) kv_span_axis<QT, KT>(geo, gr, q_origin, q_end, ax, s);
   return s;
 }
 
@@ -172,16 +204,16 @@ FNA_HD bool kv_tile_at(const KvSpan& s, int t, int (&k_origin)[kAxes]) {
 // tile (last axis fastest) lie in a box of it (per axis a run of positions, the whole extent on
 // the axes faster than the first one they wrap around), and per axis the union and the
 // intersection of that box's windows (as kv_span_axis for the whole tile) bound the key tiles the
-// rows need at all and those inside all their windows (no mask). A box with no query inside the
-// group needs nothing (empty ranges). The warp-specialized forward's compute warpgroups take
+// rows need at all and those inside all their windows (no mask). A box with no query of the group
+// before `q_end` (kv_span_axis) needs nothing (empty ranges). The warp-specialized forward's compute warpgroups take
 // their 64 rows' part (fwd_sm90_ws.cuh).
 struct RowsSpan {
   int need_begin[kAxes], need_end[kAxes];
   int inner_begin[kAxes], inner_end[kAxes];
 };
 
-FNA_HD RowsSpan rows_span(const Geometry& geo, const Group& gr, const int (&qo)[kAxes], Ext3 q,
-                          int r0, int n) {
+FNA_HD RowsSpan rows_span(const Geometry& geo, const Group& gr, const int (&qo)[kAxes],
+                          const int (&q_end)[kAxes], Ext3 q, int r0, int n) {
   int c0[kAxes], c1[kAxes];
   const int last = r0 + n - 1;
   c0[2] = r0 % q.e[2], c0[1] = (r0 / q.e[2]) % q.e[1], c0[0] = r0 / (q.e[1] * q.e[2]);
@@ -192,7 +224,7 @@ FNA_HD RowsSpan rows_span(const Geometry& geo, const Group& gr, const int (&qo)[
     const int lo = same ? c0[ax] : 0, hi = same ? c1[ax] + 1 : q.e[ax];
     same = same && c0[ax] == c1[ax];
     const int i0 = qo[ax] + lo;
-    const int i1 = qo[ax] + hi < gr.len[ax] ? qo[ax] + hi : gr.len[ax];
+    const int i1 = qo[ax] + hi < q_end[ax] ? qo[ax] + hi : q_end[ax];
     if (i0 < i1) {
       const nbr::Range u = nbr::tile_union(geo.axis[ax], gr.len[ax], i0, i1);
       const nbr::Range x = nbr::tile_intersection(geo.axis[ax], gr.len[ax], i0, i1);
@@ -372,15 +404,17 @@ inline std::vector<int> walk_axes(int rank, const int (&order)[kAxes]) {
   return out;
 }
 
-// Host-side tiling statistics over the whole problem (all groups and query tiles): key tiles
-// visited and those needing no mask. Tile counts are separable per axis, so the sums over the
-// product of groups and query tiles factor into a product of per-axis sums.
+// Host-side tiling statistics over the whole problem (all groups and query tiles; with `box`, the
+// tiles of its queries, laid from each group's first query of it as the kernels lay them): key
+// tiles visited and those needing no mask. Tile counts are separable per axis, so the sums over
+// the product of groups and query tiles factor into a product of per-axis sums.
 struct TilingStats {
   double visited = 0;
   double unmasked = 0;
 };
 inline TilingStats tiling_stats(const Geometry& geo, const int (&q_ext)[kAxes],
-                                const int (&kv_ext)[kAxes]) {
+                                const int (&kv_ext)[kAxes], const QueryBox* box = nullptr) {
+  const QueryBox qb = box != nullptr ? *box : QueryBox::whole(geo);
   double visited = 1, unmasked = 1;
   for (int ax = 0; ax < kAxes; ++ax) {
     const nbr::Axis& a = geo.axis[ax];
@@ -388,8 +422,9 @@ inline TilingStats tiling_stats(const Geometry& geo, const int (&q_ext)[kAxes],
     double v = 0, u = 0;
     for (int g = 0; g < a.dilation; ++g) {
       const int len = nbr::group_length(a, g);
-      for (int i0 = 0; i0 < len; i0 += qe) {
-        const int i1 = i0 + qe < len ? i0 + qe : len;
+      const int end = qb.end(geo, ax, g);
+      for (int i0 = qb.begin(geo, ax, g); i0 < end; i0 += qe) {
+        const int i1 = i0 + qe < end ? i0 + qe : end;
         const nbr::Range un = nbr::tile_union(a, len, i0, i1);
         const nbr::Range x = nbr::tile_intersection(a, len, i0, i1);
         const int n = tiles_over(un.size(), ke);
@@ -405,15 +440,19 @@ inline TilingStats tiling_stats(const Geometry& geo, const int (&q_ext)[kAxes],
   }
   return {visited, unmasked};
 }
-// Needed (query, key) pairs per (batch, head): the window is a product over axes, so the count is
-// the product of per-axis sums of window lengths over every dilation group.
-inline double needed_pairs(const Geometry& geo) {
+// Needed (query, key) pairs per (batch, head), over `box`'s queries (every query without one):
+// the window is a product over axes, so the count is the product of per-axis sums of window
+// lengths over every dilation group.
+inline double needed_pairs(const Geometry& geo, const QueryBox* box = nullptr) {
+  const QueryBox qb = box != nullptr ? *box : QueryBox::whole(geo);
   double needed = 1;
-  for (const nbr::Axis& a : geo.axis) {
+  for (int ax = 0; ax < kAxes; ++ax) {
+    const nbr::Axis& a = geo.axis[ax];
     double sum = 0;
     for (int g = 0; g < a.dilation; ++g) {
       const int len = nbr::group_length(a, g);
-      for (int i = 0; i < len; ++i) sum += nbr::window(a, len, i).size();
+      const int end = qb.end(geo, ax, g);
+      for (int i = qb.begin(geo, ax, g); i < end; ++i) sum += nbr::window(a, len, i).size();
     }
     needed *= sum;
   }
@@ -425,21 +464,29 @@ inline TilingStats tiling_stats(const Geometry& geo) {
   return tiling_stats(geo, QT::kExt, KT::kExt);
 }
 
-// Calls fn(group, query-tile origin, key-tile span) for every query tile of every dilation group
-// (host; for the statistics below, which do not factor over axes).
+// Calls fn(group, query-tile origin, end of the group's queries, key-tile span) for every query
+// tile of every dilation group, over `box`'s queries (host; for the statistics below, which do not
+// factor over axes).
 template <class Fn>
-inline void for_each_query_tile(const Geometry& geo, Ext3 q, Ext3 kv, Fn&& fn) {
+inline void for_each_query_tile(const Geometry& geo, Ext3 q, Ext3 kv, const QueryBox* box,
+                                Fn&& fn) {
+  const QueryBox qb = box != nullptr ? *box : QueryBox::whole(geo);
   for (int flat = 0; flat < geo.num_groups(); ++flat) {
     const Group gr = Group::of(geo, flat);
-    int nt[kAxes], qo[kAxes];
-    for (int ax = 0; ax < kAxes; ++ax) nt[ax] = tiles_over(gr.len[ax], q.e[ax]);
+    int nt[kAxes], qo[kAxes], q0[kAxes], q1[kAxes];
+    for (int ax = 0; ax < kAxes; ++ax) {
+      q0[ax] = qb.begin(geo, ax, gr.g[ax]);
+      q1[ax] = qb.end(geo, ax, gr.g[ax]);
+      nt[ax] = q1[ax] > q0[ax] ? tiles_over(q1[ax] - q0[ax], q.e[ax]) : 0;
+    }
     for (int t = 0; t < nt[0] * nt[1] * nt[2]; ++t) {
-      qo[0] = (t / (nt[1] * nt[2])) * q.e[0];
-      qo[1] = (t / nt[2] % nt[1]) * q.e[1];
-      qo[2] = (t % nt[2]) * q.e[2];
+      qo[0] = q0[0] + (t / (nt[1] * nt[2])) * q.e[0];
+      qo[1] = q0[1] + (t / nt[2] % nt[1]) * q.e[1];
+      qo[2] = q0[2] + (t % nt[2]) * q.e[2];
       KvSpan span;
-      for (int ax = 0; ax < kAxes; ++ax) kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], span);
-      fn(gr, qo, span);
+      for (int ax = 0; ax < kAxes; ++ax)
+        kv_span_axis(geo, gr, qo, ax, q.e[ax], kv.e[ax], q1[ax], span);
+      fn(gr, qo, q1, span);
     }
   }
 }
@@ -448,13 +495,15 @@ inline void for_each_query_tile(const Geometry& geo, Ext3 q, Ext3 kv, Fn&& fn) {
 // of the key-tile walk (rows_span, rows_walk: the warp-specialized forward's warpgroups), in units
 // of whole query tiles (each part's visit counts rows / q.size()); the mask is skipped on tiles
 // inside all of the part's windows. Not separable over axes, so this walks every query tile.
-inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int rows) {
+inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int rows,
+                                     const QueryBox* box = nullptr) {
   double visited = 0, unmasked = 0;
   const double share = double(rows) / double(q.size());
-  for_each_query_tile(geo, q, kv, [&](const Group& gr, const int (&qo)[kAxes], const KvSpan& span) {
+  for_each_query_tile(geo, q, kv, box, [&](const Group& gr, const int (&qo)[kAxes],
+                                           const int (&q_end)[kAxes], const KvSpan& span) {
     const int n = span.total();
     for (int r0 = 0; r0 < q.size(); r0 += rows) {
-      const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+      const RowsSpan rs = rows_span(geo, gr, qo, q_end, q, r0, rows);
       const WalkRun run = rows_walk(span, rs, kv, n, n);
       visited += share * (run.last - run.first);
       KvSpan part = span;  // "inside" for the part's rows, as the kernel decides it
@@ -477,12 +526,13 @@ inline TilingStats part_tiling_stats(const Geometry& geo, Ext3 q, Ext3 kv, int r
 // are their product (exact for the parts the kernels use, which differ on the tile's slowest
 // axis). O(query tiles x parts x axes), so the forward's heuristic can afford it.
 inline double part_critical_tiles(const Geometry& geo, Ext3 q, Ext3 kv, int rows,
-                                  double masked_weight) {
+                                  double masked_weight, const QueryBox* box = nullptr) {
   double total = 0;
-  for_each_query_tile(geo, q, kv, [&](const Group& gr, const int (&qo)[kAxes], const KvSpan& span) {
+  for_each_query_tile(geo, q, kv, box, [&](const Group& gr, const int (&qo)[kAxes],
+                                           const int (&q_end)[kAxes], const KvSpan& span) {
     double worst = 0;
     for (int r0 = 0; r0 < q.size(); r0 += rows) {
-      const RowsSpan rs = rows_span(geo, gr, qo, q, r0, rows);
+      const RowsSpan rs = rows_span(geo, gr, qo, q_end, q, r0, rows);
       double n = 1, in = 1;
       for (int ax = 0; ax < kAxes; ++ax) {
         const int e = kv.e[ax], o = span.origin[ax];

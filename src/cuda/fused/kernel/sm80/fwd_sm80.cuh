@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kD, kRank, kMT, QT, KT>::kThreads
   // would pin a dozen of them next to O for the whole loop.
   // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
   __shared__ KvSpan sSpan;
-  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
+  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, ft, sSpan, warp, lane);
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + Tr::kWinOffset);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   BiasRows<Tr> br;

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
 
   // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
   __shared__ KvSpan sSpan;
-  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, gr, ft.qo, sSpan, warp, lane);
+  kv_span_by_warps<QT, KT, Tr::kWarps>(geo, ft, sSpan, warp, lane);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   BiasRows<Tr> br;
   if constexpr (kBias)

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       }
       if (!valid) continue;
       const int hkv = ft.h / p.heads_per_kv;
-      const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+      const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo, ft.qhi);
       const int n_nbr = span.total();
       const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
       const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       mbar::arrive(q_empty);
       continue;
     }
-    KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo);
+    KvSpan span_r = kv_span<QT, KT>(geo, ft.gr, ft.qo, ft.qhi);
     const int n_nbr = span_r.total();
     const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
     RowWindow rw[1][2];  // the thread's two rows' windows, for the mask
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // handed back unread (pass), and the mask is skipped on tiles inside all of the rows'
     // windows. (A run rather than a test per tile: ptxas serializes MMAs under a branch it cannot
     // prove warp-uniform, warning C7518, and such a version ran 3d-video 1.1-1.3x slower.)
-    const RowsSpan rs = wg_rows ? rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), (warp >> 2) * 64, 64)
-                                : rows_span(geo, ft.gr, ft.qo, ext_of<QT>(), 0, Tr::kQ);
+    const RowsSpan rs = wg_rows ? rows_span(geo, ft.gr, ft.qo, ft.qhi, ext_of<QT>(), (warp >> 2) * 64, 64)
+                                : rows_span(geo, ft.gr, ft.qo, ft.qhi, ext_of<QT>(), 0, Tr::kQ);
     WalkRun run = rows_walk(span_r, rs, ext_of<KT>(), n_nbr, n_tiles);
     // The same on every lane; broadcast so that ptxas sees it (the key-tile counter `g`, the
     // stage and the MMA descriptors built from it stay in uniform registers).
