@@ -350,31 +350,24 @@ class _Ctx(NamedTuple):
     bwd_kwargs: dict
 
 
-def _zeros_rows(t, n):
-    return t.new_zeros((t.shape[0], n) + tuple(t.shape[2:]))
+def _extended(pl, t):
+    """The rank's rows [ext_start, ext_end) of K or V (or of their gradients): ``t`` itself when
+    it holds no halo, else a new buffer with ``t`` copied into its own rows (the halo rows are
+    received into it)."""
+    if pl.ext_start == pl.start and pl.ext_end == pl.end:
+        return t
+    ext = t.new_empty((t.shape[0], pl.ext_end - pl.ext_start) + tuple(t.shape[2:]))
+    _rows(ext, pl.start - pl.ext_start, pl.end - pl.ext_start).copy_(t)
+    return ext
 
 
-class _Slabs:
-    """Rows [a, b) of K or V from the halos and the local shard."""
-
-    def __init__(self, pl, left, local, right):
-        self.pl, self.left, self.local, self.right = pl, left, local, right
-
-    def rows(self, a, b):
-        pl, parts = self.pl, []
-        if a < pl.start:
-            parts.append(_rows(self.left, a - pl.ext_start, min(b, pl.start) - pl.ext_start))
-        if b > pl.start and a < pl.end:
-            parts.append(_rows(self.local, max(a, pl.start) - pl.start, min(b, pl.end) - pl.start))
-        if b > pl.end:
-            parts.append(_rows(self.right, max(a, pl.end) - pl.end, b - pl.end))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-
-
-def _exchange_ops(ctx, tensors, backward=False):
-    """The ops of the halo exchange of `tensors` (forward: owners send rows; backward: holders
-    send the rows' gradients back), the receive buffers by (peer, index), and the sent buffers
-    (kept alive until the wait)."""
+def _exchange_ops(ctx, tensors, backward=False, into=None):
+    """The ops of the halo exchange of `tensors` (forward: owners send rows of their shards;
+    backward: holders send the rows' gradients back from their extended buffers), and the
+    receives: forward, into the rows of the extended buffers `into` (directly where those rows
+    are contiguous, as with batch 1; else through a buffer copied in by _finish); backward, into
+    new buffers, returned by (sender, index, first row) for the caller to add. Also the sent
+    buffers (kept alive until the wait)."""
     ops, recv, keep = [], {}, []
     me, plans = ctx.me, ctx.plans
     pl = plans[me]
@@ -386,29 +379,27 @@ def _exchange_ops(ctx, tensors, backward=False):
         for i, t in enumerate(tensors):
             tag = i
             if me == sender:
-                if backward:  # t is this rank's extended gradient buffer
-                    buf = _rows(t, r0 - pl.ext_start, r1 - pl.ext_start).contiguous()
-                else:
-                    buf = _rows(t, r0 - pl.start, r1 - pl.start).contiguous()
+                first = pl.ext_start if backward else pl.start
+                buf = _rows(t, r0 - first, r1 - first).contiguous()
                 keep.append(buf)
                 ops.append((dist.isend, buf, receiver, tag))
             else:
-                shape = (t.shape[0], r1 - r0) + tuple(t.shape[2:])
-                buf = t.new_empty(shape)
-                recv[(sender, i, r0)] = buf
+                dst = None if into is None else _rows(into[i], r0 - pl.ext_start,
+                                                      r1 - pl.ext_start)
+                if dst is not None and dst.is_contiguous():
+                    buf = dst
+                else:
+                    buf = t.new_empty((t.shape[0], r1 - r0) + tuple(t.shape[2:]))
+                recv[(sender, i, r0)] = (buf, dst)
                 ops.append((dist.irecv, buf, sender, tag))
     return ops, recv, keep
 
 
-def _assemble_halos(ctx, recv, i, like):
-    """(left, right) halo of tensor i from the received pieces."""
-    pl = ctx.plans[ctx.me]
-    pieces = sorted((r0, buf) for (s, j, r0), buf in recv.items() if j == i)
-    left = [b for r0, b in pieces if r0 < pl.start]
-    right = [b for r0, b in pieces if r0 >= pl.end]
-    def cat(ps):
-        return (torch.cat(ps, 1) if len(ps) > 1 else ps[0]) if ps else _zeros_rows(like, 0)
-    return cat(left), cat(right)
+def _finish(recv):
+    """Copies the forward's halos received through buffers into their rows."""
+    for buf, dst in recv.values():
+        if dst is not None and buf is not dst:
+            dst.copy_(buf)
 
 
 def _offset(ctx, seg):
@@ -416,13 +407,18 @@ def _offset(ctx, seg):
     return [seg.q0 - seg.a] + [0] * (ctx.rank - 1)
 
 
-def _run_segment(ctx, seg, q, ks, vs, ak, av):
+def _slab(pl, ext, seg):
+    """The segment's slab [a, b) of an extended buffer."""
+    return _rows(ext, seg.a - pl.ext_start, seg.b - pl.ext_start)
+
+
+def _run_segment(ctx, seg, q, k_ext, v_ext, ak, av):
     """fna on the segment's slab: (out, lse) of its queries [q0, q1), computed alone (the
     slab's keys and values, the queries as a query region of it)."""
     pl = ctx.plans[ctx.me]
     return getattr(_functional, f"na{ctx.rank}d")(
-        _rows(q, seg.q0 - pl.start, seg.q1 - pl.start), ks.rows(seg.a, seg.b),
-        vs.rows(seg.a, seg.b), *ctx.sp, scale=ctx.scale, additional_keys=ak,
+        _rows(q, seg.q0 - pl.start, seg.q1 - pl.start), _slab(pl, k_ext, seg),
+        _slab(pl, v_ext, seg), *ctx.sp, scale=ctx.scale, additional_keys=ak,
         additional_values=av, backend=ctx.backend, return_lse=True,
         query_offset=_offset(ctx, seg), **ctx.fwd_kwargs)
 
@@ -432,92 +428,97 @@ class _ContextParallelNA(torch.autograd.Function):
     @staticmethod
     def forward(fctx, ctx, query, key, value, ak, av):
         pl = ctx.plans[ctx.me]
-        ops, recv, keep = _exchange_ops(ctx, (key, value))
+        # K and V rows [ext_start, ext_end): the own rows copied in, the halos received into
+        # their rows; kept for the backward.
+        k_ext, v_ext = _extended(pl, key), _extended(pl, value)
+        ops, recv, keep = _exchange_ops(ctx, (key, value), into=(k_ext, v_ext))
         works = _start(ctx.group, ops)
         results = {}
-        local = _Slabs(pl, None, key, None), _Slabs(pl, None, value, None)
-        for seg in pl.segments:  # interior queries while the halos travel
+        for seg in pl.segments:  # interior queries (own rows only) while the halos travel
             if seg.interior:
-                results[seg] = _run_segment(ctx, seg, query, *local, ak, av)
+                results[seg] = _run_segment(ctx, seg, query, k_ext, v_ext, ak, av)
         _wait(works)
         del keep
-        k_left, k_right = _assemble_halos(ctx, recv, 0, key)
-        v_left, v_right = _assemble_halos(ctx, recv, 1, value)
-        ks, vs = _Slabs(pl, k_left, key, k_right), _Slabs(pl, v_left, value, v_right)
+        _finish(recv)
         for seg in pl.segments:
             if not seg.interior:
-                results[seg] = _run_segment(ctx, seg, query, ks, vs, ak, av)
+                results[seg] = _run_segment(ctx, seg, query, k_ext, v_ext, ak, av)
         outs = [results[seg] for seg in pl.segments]
         out = outs[0][0] if len(outs) == 1 else torch.cat([o for o, _ in outs], 1)
         lse = outs[0][1] if len(outs) == 1 else torch.cat([s for _, s in outs], 1)
         out, lse = out.contiguous(), lse.contiguous()
         fctx.ctx = ctx
         fctx.has_additional = ak is not None
-        fctx.save_for_backward(query, key, value, ak, av, out, lse, k_left, k_right, v_left,
-                               v_right)
+        fctx.save_for_backward(query, k_ext, v_ext, ak, av, out, lse)
         fctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(fctx, d_out, d_lse):
         ctx = fctx.ctx
-        (query, key, value, ak, av, out, lse, k_left, k_right, v_left,
-         v_right) = fctx.saved_tensors
+        query, k_ext, v_ext, ak, av, out, lse = fctx.saved_tensors
         pl = ctx.plans[ctx.me]
         # No early return when neither output reached this rank's loss: the other ranks post
         # the halo exchange and the all_reduce below, so this rank joins them with zero
         # gradients.
         if d_out is None:
             d_out = torch.zeros_like(out)
-        ks, vs = _Slabs(pl, k_left, key, k_right), _Slabs(pl, v_left, value, v_right)
-        acc = torch.float32 if key.dtype != torch.float64 else key.dtype
-        n_ext = pl.ext_end - pl.ext_start
-        dk_ext = key.new_zeros((key.shape[0], n_ext) + tuple(key.shape[2:]), dtype=acc)
-        dv_ext = value.new_zeros((value.shape[0], n_ext) + tuple(value.shape[2:]), dtype=acc)
-        dq = torch.empty_like(query)
         dak = dav = None
         seg_backward = lambda seg: _segment_backward(  # noqa: E731
-            ctx, seg, query, ks, vs, ak, av, out, lse, d_out, d_lse)
-
-        def add(seg, grads):
-            nonlocal dak, dav
-            o = seg.q0 - pl.start
-            _rows(dq, o, o + seg.q1 - seg.q0).copy_(grads[0])
-            _rows(dk_ext, seg.a - pl.ext_start, seg.b - pl.ext_start).add_(grads[1])
-            _rows(dv_ext, seg.a - pl.ext_start, seg.b - pl.ext_start).add_(grads[2])
+            ctx, seg, query, k_ext, v_ext, ak, av, out, lse, d_out, d_lse)
+        if len(pl.segments) == 1:
+            # One slab, the rank's rows [ext_start, ext_end): its gradients are the extended
+            # gradients, in the inputs' dtype (as what is sent and received).
+            grads = seg_backward(pl.segments[0])
+            dq, dk_ext, dv_ext = grads[0], grads[1], grads[2]
             if len(grads) > 3:
-                dak = grads[3].float() if dak is None else dak.add_(grads[3])
-                dav = grads[4].float() if dav is None else dav.add_(grads[4])
+                dak, dav = grads[3].float(), grads[4].float()
+            ops, recv, keep = _exchange_ops(ctx, (dk_ext, dv_ext), backward=True)
+            works = _start(ctx.group, ops)
+        else:
+            acc = torch.float32 if k_ext.dtype != torch.float64 else k_ext.dtype
+            dk_ext = torch.zeros_like(k_ext, dtype=acc)
+            dv_ext = torch.zeros_like(v_ext, dtype=acc)
+            dq = torch.empty_like(query)
 
-        # Border segments first: their halo rows' gradients go back to the owners while the
-        # interior's backward runs.
-        for seg in pl.segments:
-            if not seg.interior:
-                add(seg, seg_backward(seg))
-        send_k = dk_ext.to(key.dtype) if acc != key.dtype else dk_ext
-        send_v = dv_ext.to(value.dtype) if acc != value.dtype else dv_ext
-        ops, recv, keep = _exchange_ops(ctx, (send_k, send_v), backward=True)
-        # receive buffers take the dtype of the gradients sent (the inputs' dtype)
-        works = _start(ctx.group, ops)
-        for seg in pl.segments:
-            if seg.interior:
-                add(seg, seg_backward(seg))
+            def add(seg, grads):
+                nonlocal dak, dav
+                o = seg.q0 - pl.start
+                _rows(dq, o, o + seg.q1 - seg.q0).copy_(grads[0])
+                _slab(pl, dk_ext, seg).add_(grads[1])
+                _slab(pl, dv_ext, seg).add_(grads[2])
+                if len(grads) > 3:
+                    dak = grads[3].float() if dak is None else dak.add_(grads[3])
+                    dav = grads[4].float() if dav is None else dav.add_(grads[4])
+
+            # Border segments first: their halo rows' gradients go back to the owners while
+            # the interior's backward runs.
+            for seg in pl.segments:
+                if not seg.interior:
+                    add(seg, seg_backward(seg))
+            send_k = dk_ext.to(k_ext.dtype) if acc != k_ext.dtype else dk_ext
+            send_v = dv_ext.to(v_ext.dtype) if acc != v_ext.dtype else dv_ext
+            ops, recv, keep = _exchange_ops(ctx, (send_k, send_v), backward=True)
+            works = _start(ctx.group, ops)
+            for seg in pl.segments:
+                if seg.interior:
+                    add(seg, seg_backward(seg))
         _wait(works)
         del keep
         off = pl.start - pl.ext_start
         dk = _rows(dk_ext, off, off + pl.end - pl.start)
         dv = _rows(dv_ext, off, off + pl.end - pl.start)
-        for (sender, i, r0), buf in recv.items():
+        for (sender, i, r0), (buf, _) in recv.items():
             tgt = dk if i == 0 else dv
             _rows(tgt, r0 - pl.start, r0 - pl.start + buf.shape[1]).add_(buf)
         if dak is not None and (fctx.needs_input_grad[4] or fctx.needs_input_grad[5]):
             dist.all_reduce(dak, group=ctx.group)
             dist.all_reduce(dav, group=ctx.group)
             dak, dav = dak.to(ak.dtype), dav.to(av.dtype)
-        return (None, dq, dk.to(key.dtype), dv.to(value.dtype), dak, dav)
+        return (None, dq, dk.to(k_ext.dtype), dv.to(v_ext.dtype), dak, dav)
 
 
-def _segment_backward(ctx, seg, query, ks, vs, ak, av, out, lse, d_out, d_lse):
+def _segment_backward(ctx, seg, query, k_ext, v_ext, ak, av, out, lse, d_out, d_lse):
     """fna's backward of the segment's queries (a query region of its slab): d_query of the
     queries, d_key / d_value of the slab's rows, and the additional keys' gradients."""
     pl = ctx.plans[ctx.me]
@@ -525,7 +526,7 @@ def _segment_backward(ctx, seg, query, ks, vs, ak, av, out, lse, d_out, d_lse):
     def sl(t):
         return _rows(t, seg.q0 - pl.start, seg.q1 - pl.start)
     return _functional.na_backward(
-        sl(d_out), sl(query), ks.rows(seg.a, seg.b), vs.rows(seg.a, seg.b), sl(out), sl(lse),
+        sl(d_out), sl(query), _slab(pl, k_ext, seg), _slab(pl, v_ext, seg), sl(out), sl(lse),
         *ctx.sp, scale=ctx.scale, additional_keys=ak, additional_values=av,
         backend=ctx.backend, d_lse=None if d_lse is None else sl(d_lse),
         query_offset=_offset(ctx, seg), **ctx.bwd_kwargs)

@@ -202,12 +202,13 @@ CASES = [
 ]
 
 
-def _tensors(seed, shape, H, Hkv, D, Dv, n_add, dtype=torch.float32):
+def _tensors(seed, shape, H, Hkv, D, Dv, n_add, dtype=torch.float32, batch=2):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
-    q, k, v = r(2, *shape, H, D), r(2, *shape, Hkv, D), r(2, *shape, Hkv, Dv)
-    ak = r(2, n_add, Hkv, D) if n_add else None
-    av = r(2, n_add, Hkv, Dv) if n_add else None
+    B = batch
+    q, k, v = r(B, *shape, H, D), r(B, *shape, Hkv, D), r(B, *shape, Hkv, Dv)
+    ak = r(B, n_add, Hkv, D) if n_add else None
+    av = r(B, n_add, Hkv, Dv) if n_add else None
     return q, k, v, ak, av
 
 
@@ -219,12 +220,14 @@ def _close(name, got, want, tol):
 
 
 def _check_case(me, world, case, overlap, group=None, sizes=None, dtype=torch.float32,
-                device=None):
+                device=None, batch=2):
+    """`batch` 1: the halos are received straight into the rows of the rank's K / V buffer (its
+    rows are contiguous); 2: through buffers copied in."""
     shape, H, Hkv, D, Dv, sz, kw, n_add = case
     rank = len(shape)
     sizes = sizes or sz[world - 2]
-    seed = seed_of("cp-case", shape, kw)
-    q, k, v, ak, av = _tensors(seed, shape, H, Hkv, D, Dv, n_add, dtype)
+    seed = seed_of("cp-case", shape, kw, batch)
+    q, k, v, ak, av = _tensors(seed, shape, H, Hkv, D, Dv, n_add, dtype, batch)
     if device is not None:
         q, k, v, ak, av = (None if t is None else t.to(device) for t in (q, k, v, ak, av))
     full = [t.clone().requires_grad_() if t is not None else None for t in (q, k, v, ak, av)]
@@ -243,7 +246,7 @@ def _check_case(me, world, case, overlap, group=None, sizes=None, dtype=torch.fl
     # float32 on a GPU: the fused kernels' float32 path and atomically summed gradients differ
     # from the whole-tensor call in summation order only (a wrong window errs by O(1)).
     tol = (2e-5 if device is None else 1e-4) if dtype == torch.float32 else 2e-2
-    what = f"rank {me}/{world} case {shape} {kw} sizes {sizes} overlap {overlap}"
+    what = f"rank {me}/{world} case {shape} {kw} sizes {sizes} overlap {overlap} batch {batch}"
     _close(f"{what}: output", dout, out[:, o:o + n], tol)
     _close(f"{what}: lse", dlse, lse[:, o:o + n], tol)
     for name, a, b in zip(("d_query", "d_key", "d_value"), loc, full):
@@ -319,6 +322,9 @@ def _worker(me, world, init):
                 if overlap and i % 2 and world == 2:
                     continue
                 _check_case(me, world, case, overlap)
+        for case in (CASES[1], CASES[5], CASES[7]):  # batch 1: halos received in place
+            for overlap in (False, "always"):
+                _check_case(me, world, case, overlap, batch=1)
         if world == 3:
             # bf16, uneven shards, through a subgroup of the world (ranks 0 and 2)
             groups.append(dist.new_group([0, 2]))
@@ -378,8 +384,9 @@ def _worker_nccl(me, world, init):
             case = (shape, H, Hkv, D, Dv, None, kw, n_add)
             for dtype in (torch.bfloat16, torch.float32):
                 for overlap in (False, True, "always"):
-                    _check_case(me, world, case, overlap, sizes=sizes, dtype=dtype,
-                                device=f"cuda:{me}")
+                    for batch in (1, 2):
+                        _check_case(me, world, case, overlap, sizes=sizes, dtype=dtype,
+                                    device=f"cuda:{me}", batch=batch)
     finally:
         dist.destroy_process_group()
 
