@@ -13,8 +13,7 @@ On the CPU, ``--dry-run`` prints the plan (shards, slabs, bytes per rank) withou
 Methods (each forward, and forward + backward; median of CUDA-event timings, the slowest rank):
 
 * ``halo``: ``fna.distributed.na3d`` (``--overlap off`` for the plain path, ``always`` to split
-  every shard into interior and border slabs; with ``on`` a split where no rank has an interior
-  pipelines the exchange over ``--pipeline-chunks`` groups of KV heads).
+  every shard into interior and border slabs).
 * ``all-gather``: every rank all-gathers K and V (shards padded to one length), then computes its
   queries (a query region) on the same slab as ``halo`` (so the two differ only in what is sent
   and when); the backward
@@ -63,10 +62,6 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--overlap", choices=("on", "always", "off"), default="on",
                     help="fna.distributed's overlap: on (True), always, off (False)")
-    ap.add_argument("--pipeline-chunks", type=int, default=None,
-                    help="fna.distributed.PIPELINE_CHUNKS: groups of KV heads the halo exchange "
-                         "is pipelined over where no rank has an interior (default: the "
-                         "module's)")
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--methods", default="halo,all-gather,ulysses,compute",
                     help="compute: halo's query regions on local slabs, no communication")
@@ -288,9 +283,6 @@ def main(argv=None):
         return 0
     import torch
     import torch.distributed as dist
-    if args.pipeline_chunks is not None:
-        import fna.distributed as fd
-        fd.PIPELINE_CHUNKS = args.pipeline_chunks
     dist.init_process_group("nccl")
     me_world, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", me_world)))

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import _args
+from . import _args, _window
 from . import functional as _functional
 
 __all__ = ["na1d", "na2d", "na3d", "slab_rows", "plan", "transfers", "Axis", "Segment",
@@ -52,8 +52,161 @@ _FORWARD_KWARGS = ("config", "deterministic", "allow_tf32", "backward_config", "
 _BACKWARD_KWARGS = _FORWARD_KWARGS
 
 
-from ._cp_plan import (OVERLAP_MAX_EXTRA, Axis, RankPlan, Segment, _need,  # noqa: F401
-                       _overlap_mode, _rows_of_query, plan, slab_rows, transfers)
+# ---- the rows of axis 0 a query needs (its window: docs/semantics.md 1.1, fna._window) -----------
+
+class Axis(NamedTuple):
+    """Axis 0 of the global problem."""
+    length: int
+    kernel: int
+    dilation: int
+    stride: int
+    causal: bool
+
+
+def _rows_of_query(ax, x):
+    """Global rows [lo, hi) that query row x needs in a slab: its window's keys and its stride
+    group's leader (the leader sets the window; for causal windows it lies past the keys)."""
+    w = _window.axis_window(x, ax.length, ax.kernel, ax.dilation, ax.stride, ax.causal)
+    d, g = ax.dilation, w.group
+    return w.start * d + g, (max(w.end, w.leader + 1) - 1) * d + g + 1
+
+
+def _need(ax, x0, x1):
+    """Rows [lo, hi) needed by the queries [x0, x1). Window bounds and leaders are non-decreasing
+    in the query index within a dilation group, so the first query of each group gives lo and
+    the last one hi."""
+    lo = min(_rows_of_query(ax, x)[0] for x in range(x0, min(x0 + ax.dilation, x1)))
+    hi = max(_rows_of_query(ax, x)[1] for x in range(max(x1 - ax.dilation, x0), x1))
+    return lo, hi
+
+
+def slab_rows(ax, x0, x1, bound=None):
+    """The smallest slab [a, b) of global rows of axis 0 on which fna computes the queries
+    [x0, x1) exactly (see the module docstring), inside ``bound`` = (lo, hi) (default: the whole
+    axis); None when no slab inside ``bound`` works."""
+    lo_b, hi_b = (0, ax.length) if bound is None else bound
+    lo, hi = _need(ax, x0, x1)
+    unit = ax.stride * ax.dilation
+    a, b = lo - lo % unit, hi
+    need = ax.kernel * ax.dilation  # fna's K * d <= L on the slab
+    if b - a < need:
+        b = min(hi_b, a + need)
+        if b - a < need:
+            a = min(a, ((b - need) // unit) * unit)
+    if a < lo_b or b > hi_b or b - a < need:
+        return None
+    return a, b
+
+
+class Segment(NamedTuple):
+    """Queries [q0, q1) computed on the slab [a, b) (global rows of axis 0); ``interior``: the
+    slab lies in the rank's own rows (computed before the halos arrive)."""
+    q0: int
+    q1: int
+    a: int
+    b: int
+    interior: bool
+
+
+class RankPlan(NamedTuple):
+    start: int      # the rank's own rows [start, end)
+    end: int
+    ext_start: int  # rows it holds after the exchange [ext_start, ext_end) (halos included)
+    ext_end: int
+    segments: tuple
+
+
+def _interior(ax, s0, e0):
+    """The interior queries [p, q) of the shard [s0, e0) and their slab, or None."""
+    d = ax.dilation
+    unit = ax.stride * d
+
+    def lo_ok(p):  # the slab of the queries from p on starts in the shard
+        lo = min(_rows_of_query(ax, x)[0] for x in range(p, min(p + d, e0)))
+        return lo - lo % unit >= s0
+
+    def hi_ok(q):  # the slab of the queries before q ends in the shard
+        return max(_rows_of_query(ax, x)[1] for x in range(max(q - d, s0), q)) <= e0
+
+    lo, hi = s0, e0  # first p in [s0, e0) with lo_ok (monotone); e0 if none
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if lo_ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    p = lo
+    if p >= e0:
+        return None
+    lo, hi = p + 1, e0  # last q in (p, e0] with hi_ok (monotone)
+    if not hi_ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hi_ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    q = lo
+    slab = slab_rows(ax, p, q, bound=(s0, e0))
+    return None if slab is None else (p, q, slab)
+
+
+# overlap=True splits a rank's queries into interior and border segments only when their slabs
+# together hold at most this much more rows than the one slab of the plain path (each segment
+# computes only its own queries, but each slab's key rows are read by its own call).
+OVERLAP_MAX_EXTRA = 0.1
+
+
+def _overlap_mode(overlap):
+    if overlap is True or overlap is False or overlap == "always":
+        return overlap
+    raise ValueError(f"overlap={overlap!r} must be True (split when it costs at most "
+                     f"{OVERLAP_MAX_EXTRA:.0%} more computed rows), 'always' or False")
+
+
+def plan(ax, sizes, overlap=True):
+    """Per rank (shard sizes ``sizes`` of axis 0, in rank order) the segments it computes and the
+    rows it must hold. Every rank computes every rank's plan, so senders know what to send.
+    ``overlap``: False: one segment per rank (its whole shard on one slab); "always": interior
+    and border segments wherever an interior exists; True: the split where its slabs hold at
+    most ``OVERLAP_MAX_EXTRA`` more rows than the single slab."""
+    overlap = _overlap_mode(overlap)
+    plans, s0 = [], 0
+    for n in sizes:
+        e0 = s0 + n
+        a, b = slab_rows(ax, s0, e0)
+        segs = [Segment(s0, e0, a, b, a >= s0 and b <= e0)]
+        inner = _interior(ax, s0, e0) if overlap and not segs[0].interior else None
+        if inner is not None:
+            p, q, (a, b) = inner
+            split = []
+            if p > s0:
+                split.append(Segment(s0, p, *slab_rows(ax, s0, p), False))
+            split.append(Segment(p, q, a, b, True))
+            if q < e0:
+                split.append(Segment(q, e0, *slab_rows(ax, q, e0), False))
+            rows = sum(sg.b - sg.a for sg in split)
+            if overlap == "always" or rows <= (1 + OVERLAP_MAX_EXTRA) * (segs[0].b - segs[0].a):
+                segs = split
+        plans.append(RankPlan(s0, e0, min(sg.a for sg in segs), max(sg.b for sg in segs),
+                              tuple(segs)))
+        s0 = e0
+    return plans
+
+
+def transfers(plans):
+    """(sender, receiver, row0, row1): the rows of the sender's shard the receiver holds as halo."""
+    out = []
+    for t, pt in enumerate(plans):
+        for r, pr in enumerate(plans):
+            if r == t:
+                continue
+            for lo, hi in ((pt.ext_start, pt.start), (pt.end, pt.ext_end)):
+                r0, r1 = max(lo, pr.start), min(hi, pr.end)
+                if r0 < r1:
+                    out.append((r, t, r0, r1))
+    return out
 
 
 # ---- argument checks, agreed on by every rank ----------------------------------------------------
@@ -195,82 +348,6 @@ class _Ctx(NamedTuple):
     backend: object
     fwd_kwargs: dict
     bwd_kwargs: dict
-    chunks: tuple    # kv-head ranges the exchange and the computation are pipelined over
-
-
-# overlap=True / "always" pipelines the ranks, where each one's queries form one segment (no
-# interior to compute while the halos travel; 3d-video on 2-4 GPUs), over this many groups of KV
-# heads: group
-# c's halo rows travel while group c - 1 computes (forward), and group c's dK / dV halo rows go
-# back while group c + 1's backward runs. On CUDA consecutive groups run on two side streams, so
-# one group's last CTAs share the GPU with the next group's first.
-PIPELINE_CHUNKS = 4
-
-
-def _head_chunks(plans, heads_kv, overlap):
-    """The kv-head ranges of the pipeline, the same on every rank (each posts its transfers per
-    range): one range (no pipeline) without overlap, without halo rows anywhere, or where some
-    rank has an interior segment (it overlaps that instead)."""
-    halo = any(pl.ext_start < pl.start or pl.ext_end > pl.end for pl in plans)
-    single = all(len(pl.segments) == 1 for pl in plans)
-    if overlap is False or not halo or not single or heads_kv < 2:
-        return ((0, heads_kv),)
-    n = min(PIPELINE_CHUNKS, heads_kv)
-    out, h = [], 0
-    for i in range(n):
-        w = heads_kv // n + (1 if i < heads_kv % n else 0)
-        out.append((h, h + w))
-        h += w
-    return tuple(out)
-
-
-_SIDE_STREAMS = {}
-
-
-def _side_streams(device):
-    """Two side streams of a CUDA device (created once), or None off CUDA."""
-    if device.type != "cuda":
-        return None
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SIDE_STREAMS:
-        _SIDE_STREAMS[idx] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
-    return _SIDE_STREAMS[idx]
-
-
-class _OnStream:
-    """`with _OnStream(streams, c):` runs the block on side stream c % 2 (after everything the
-    current stream has queued so far), or on the current stream off CUDA."""
-
-    def __init__(self, streams, c):
-        self.s = None if streams is None else streams[c % 2]
-
-    def __enter__(self):
-        if self.s is not None:
-            self.main = torch.cuda.current_stream(self.s.device)
-            self.s.wait_stream(self.main)
-            self.cm = torch.cuda.stream(self.s)
-            self.cm.__enter__()
-        return self
-
-    def keep(self, *tensors):
-        """Marks tensors made on the side stream as used by the main stream too."""
-        if self.s is not None:
-            for t in tensors:
-                if t is not None:
-                    t.record_stream(self.main)
-
-    def __exit__(self, *exc):
-        if self.s is not None:
-            self.cm.__exit__(*exc)
-        return False
-
-
-def _join(streams):
-    """The current stream waits for both side streams."""
-    if streams is not None:
-        main = torch.cuda.current_stream(streams[0].device)
-        for st in streams:
-            main.wait_stream(st)
 
 
 def _extended(pl, t):
@@ -284,7 +361,7 @@ def _extended(pl, t):
     return ext
 
 
-def _exchange_ops(ctx, tensors, backward=False, into=None, tag0=0):
+def _exchange_ops(ctx, tensors, backward=False, into=None):
     """The ops of the halo exchange of `tensors` (forward: owners send rows of their shards;
     backward: holders send the rows' gradients back from their extended buffers), and the
     receives: forward, into the rows of the extended buffers `into` (directly where those rows
@@ -300,7 +377,7 @@ def _exchange_ops(ctx, tensors, backward=False, into=None, tag0=0):
         if me not in (sender, receiver):
             continue
         for i, t in enumerate(tensors):
-            tag = tag0 + i
+            tag = i
             if me == sender:
                 first = pl.ext_start if backward else pl.start
                 buf = _rows(t, r0 - first, r1 - first).contiguous()
@@ -346,97 +423,11 @@ def _run_segment(ctx, seg, q, k_ext, v_ext, ak, av):
         query_offset=_offset(ctx, seg), **ctx.fwd_kwargs)
 
 
-def _heads(t, h0, h1, per=1):
-    """Heads [h0 * per, h1 * per) of t ([B, ..., H, D]) as a view."""
-    return t.narrow(-2, h0 * per, (h1 - h0) * per)
-
-
-def _forward_pipelined(ctx, query, key, value, ak, av):
-    """The forward over ctx.chunks (one segment): each kv-head group's halos are received into
-    its own extended buffers while the previous group computes. Returns (out, lse, k_exts,
-    v_exts)."""
-    pl = ctx.plans[ctx.me]
-    seg = pl.segments[0]
-    per = query.shape[-2] // key.shape[-2]  # query heads per kv head
-    streams = _side_streams(query.device)
-    k_exts, v_exts, posted = [], [], []
-    for c, (h0, h1) in enumerate(ctx.chunks):
-        kc, vc = _heads(key, h0, h1), _heads(value, h0, h1)
-        k_ext, v_ext = _extended(pl, kc), _extended(pl, vc)
-        ops, recv, keep = _exchange_ops(ctx, (kc, vc), into=(k_ext, v_ext), tag0=2 * c)
-        posted.append((_start(ctx.group, ops), recv, keep))
-        k_exts.append(k_ext)
-        v_exts.append(v_ext)
-    outs, lses = [], []
-    for c, (h0, h1) in enumerate(ctx.chunks):
-        works, recv, keep = posted[c]
-        with _OnStream(streams, c) as on:
-            _wait(works)
-            _finish(recv)
-            add = (None, None) if ak is None else (_heads(ak, h0, h1), _heads(av, h0, h1))
-            o, lse = _run_segment(ctx, seg, _heads(query, h0, h1, per), k_exts[c], v_exts[c],
-                                  *add)
-            on.keep(o, lse)
-        outs.append(o)
-        lses.append(lse)
-        del keep
-    _join(streams)
-    return torch.cat(outs, -2), torch.cat(lses, -1), k_exts, v_exts
-
-
-def _backward_pipelined(ctx, query, k_exts, v_exts, ak, av, out, lse, d_out, d_lse):
-    """The backward over ctx.chunks: each kv-head group's dK / dV halo rows go back to their
-    owners while the next group's backward runs. Returns (dq, dk, dv, dak, dav) of this rank's
-    rows (dak / dav summed over the group's ranks: None without additional keys)."""
-    pl = ctx.plans[ctx.me]
-    seg = pl.segments[0]
-    per = query.shape[-2] // ctx.chunks[-1][1]  # query heads per kv head
-    streams = _side_streams(query.device)
-    grads, posted = [], []
-    for c, (h0, h1) in enumerate(ctx.chunks):
-        with _OnStream(streams, c) as on:
-            qs = (lambda t: _heads(t, h0, h1, per))  # noqa: E731
-            lse_c = lse.narrow(-1, h0 * per, (h1 - h0) * per)
-            d_lse_c = None if d_lse is None else d_lse.narrow(-1, h0 * per, (h1 - h0) * per)
-            add = (None, None) if ak is None else (_heads(ak, h0, h1), _heads(av, h0, h1))
-            g = _segment_backward(ctx, seg, qs(query), k_exts[c], v_exts[c], *add, qs(out),
-                                  lse_c, qs(d_out), d_lse_c)
-            # posted from the side stream: the transfers wait for this group's gradients
-            ops, recv, keep = _exchange_ops(ctx, (g[1], g[2]), backward=True, tag0=2 * c)
-            posted.append((_start(ctx.group, ops), recv, keep))
-            on.keep(*g)
-        grads.append(g)
-    _join(streams)
-    off, n = pl.start - pl.ext_start, pl.end - pl.start
-    dks, dvs = [], []
-    for g, (works, recv, keep) in zip(grads, posted):
-        _wait(works)
-        dk, dv = _rows(g[1], off, off + n), _rows(g[2], off, off + n)
-        for (sender, i, r0), (buf, _) in recv.items():
-            _rows(dk if i == 0 else dv, r0 - pl.start, r0 - pl.start + buf.shape[1]).add_(buf)
-        dks.append(dk)
-        dvs.append(dv)
-        del keep
-    dq = torch.cat([g[0] for g in grads], -2)
-    dak = dav = None
-    if ak is not None:
-        dak = torch.cat([g[3] for g in grads], -2).float()
-        dav = torch.cat([g[4] for g in grads], -2).float()
-    return dq, torch.cat(dks, -2), torch.cat(dvs, -2), dak, dav
-
-
 class _ContextParallelNA(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, ctx, query, key, value, ak, av):
         pl = ctx.plans[ctx.me]
-        fctx.ctx = ctx
-        fctx.has_additional = ak is not None
-        fctx.set_materialize_grads(False)
-        if len(ctx.chunks) > 1:
-            out, lse, k_exts, v_exts = _forward_pipelined(ctx, query, key, value, ak, av)
-            fctx.save_for_backward(query, ak, av, out, lse, *k_exts, *v_exts)
-            return out, lse
         # K and V rows [ext_start, ext_end): the own rows copied in, the halos received into
         # their rows; kept for the backward.
         k_ext, v_ext = _extended(pl, key), _extended(pl, value)
@@ -456,25 +447,22 @@ class _ContextParallelNA(torch.autograd.Function):
         out = outs[0][0] if len(outs) == 1 else torch.cat([o for o, _ in outs], 1)
         lse = outs[0][1] if len(outs) == 1 else torch.cat([s for _, s in outs], 1)
         out, lse = out.contiguous(), lse.contiguous()
-        fctx.save_for_backward(query, ak, av, out, lse, k_ext, v_ext)
+        fctx.ctx = ctx
+        fctx.has_additional = ak is not None
+        fctx.save_for_backward(query, k_ext, v_ext, ak, av, out, lse)
+        fctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(fctx, d_out, d_lse):
         ctx = fctx.ctx
-        query, ak, av, out, lse, *exts = fctx.saved_tensors
+        query, k_ext, v_ext, ak, av, out, lse = fctx.saved_tensors
         pl = ctx.plans[ctx.me]
         # No early return when neither output reached this rank's loss: the other ranks post
         # the halo exchange and the all_reduce below, so this rank joins them with zero
         # gradients.
         if d_out is None:
             d_out = torch.zeros_like(out)
-        if len(ctx.chunks) > 1:
-            c = len(ctx.chunks)
-            dq, dk, dv, dak, dav = _backward_pipelined(ctx, query, exts[:c], exts[c:], ak, av,
-                                                       out, lse, d_out, d_lse)
-            return (None, dq, dk) + _reduced(fctx, ctx, dv, dak, dav, ak, av)
-        k_ext, v_ext = exts
         dak = dav = None
         seg_backward = lambda seg: _segment_backward(  # noqa: E731
             ctx, seg, query, k_ext, v_ext, ak, av, out, lse, d_out, d_lse)
@@ -523,17 +511,11 @@ class _ContextParallelNA(torch.autograd.Function):
         for (sender, i, r0), (buf, _) in recv.items():
             tgt = dk if i == 0 else dv
             _rows(tgt, r0 - pl.start, r0 - pl.start + buf.shape[1]).add_(buf)
-        return (None, dq, dk.to(k_ext.dtype)) + _reduced(fctx, ctx, dv.to(v_ext.dtype), dak, dav,
-                                                         ak, av)
-
-
-def _reduced(fctx, ctx, dv, dak, dav, ak, av):
-    """(dv, dak, dav) with the additional keys' gradients summed over the group's ranks."""
-    if dak is not None and (fctx.needs_input_grad[4] or fctx.needs_input_grad[5]):
-        dist.all_reduce(dak, group=ctx.group)
-        dist.all_reduce(dav, group=ctx.group)
-        dak, dav = dak.to(ak.dtype), dav.to(av.dtype)
-    return dv, dak, dav
+        if dak is not None and (fctx.needs_input_grad[4] or fctx.needs_input_grad[5]):
+            dist.all_reduce(dak, group=ctx.group)
+            dist.all_reduce(dav, group=ctx.group)
+            dak, dav = dak.to(ak.dtype), dav.to(av.dtype)
+        return (None, dq, dk.to(k_ext.dtype), dv.to(v_ext.dtype), dak, dav)
 
 
 def _segment_backward(ctx, seg, query, k_ext, v_ext, ak, av, out, lse, d_out, d_lse):
@@ -600,10 +582,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     if s > K:
         raise ValueError(f"{fn}: stride[0]={s} must be in [1, kernel_size[0]={K}]")
     ax = Axis(L, K, d, s, c)
-    plans = plan(ax, sizes, overlap)
-    ctx = _Ctx(fn, rank, me, group, plans, sp, scale, backend, dict(kwargs),
-               {k: v for k, v in kwargs.items() if k in _BACKWARD_KWARGS},
-               _head_chunks(plans, key.shape[-2], overlap))
+    ctx = _Ctx(fn, rank, me, group, plan(ax, sizes, overlap), sp, scale, backend,
+               dict(kwargs), {k: v for k, v in kwargs.items() if k in _BACKWARD_KWARGS})
     out, lse = _ContextParallelNA.apply(ctx, query, key, value, additional_keys,
                                         additional_values)
     return (out, lse) if return_lse else out
