@@ -4,7 +4,8 @@ and the paper's naive / GEMM / fused comparison of whole neighborhood attention.
 
     PYTHONPATH=python python3 bench/unfused_gpu.py [--problems nat-t,2d-nat,2d-large-k13] [--reps 7]
 
-Per problem and operator (qk, av, and their backwards: na_qk_backward -> dQ, dK;
+Per problem and operator (qk, qk with a relative positional bias added in the kernel and, for
+comparison, gathered and added after it; av, and their backwards: na_qk_backward -> dQ, dK;
 na_av_backward -> d attn, dV), bfloat16, the median GPU milliseconds of each backend and its
 ratio to the roofline max(bytes / copy bandwidth, FLOPs / dense rate): bytes are one read of each
 input and one write of each output (the attention tensor [B, *shape, H, W] included), FLOPs those
@@ -91,9 +92,17 @@ def main():
         attn = QK[rank](q, k, ks).float().mul_(D ** -0.5).softmax(-1).to(torch.bfloat16)
         d_attn = torch.randn_like(attn)
         d_out = torch.randn_like(q)
+        table = torch.randn(H, *(2 * x - 1 for x in ks), device="cuda")
+        sp = (ks, (1,) * rank, (1,) * rank, (False,) * rank)
+
+        def gathered(b):  # the bias gathered and added after the qk kernel (before QKArgs::rpb)
+            return fna._rpb.add_to_logits(QK[rank](q, k, ks, backend=b), table, sp).to(q.dtype)
         ops = {
             # op: (callable(backend), bytes, flops)
             "qk": (lambda b: QK[rank](q, k, ks, backend=b), 2 * qkv + att, 2.0 * tokens * W * D),
+            "qk + rpb": (lambda b: QK[rank](q, k, ks, backend=b, rpb=table), 2 * qkv + att,
+                         2.0 * tokens * W * D),
+            "qk + rpb gathered": (gathered, 2 * qkv + att, 2.0 * tokens * W * D),
             "av": (lambda b: AV[rank](attn, v, ks, backend=b), att + 2 * qkv,
                    2.0 * tokens * W * D),
             "qk backward": (lambda b: fna.na_qk_backward(d_attn, q, k, ks, backend=b),

@@ -240,9 +240,15 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt);
 // additional key n. Slots whose key is not a neighbor (only possible with causal windows near the
 // start of an axis) hold -inf in qk's output and are ignored by av. qk does not apply `scale`
 // unless Options::scale is given (> 0), matching NATTEN's na*d_qk which returns raw dot products.
+// With `rpb` (ForwardArgs::rpb's table, float32 [H, 2 K_0 - 1 ..], any strides) each neighbor
+// slot gets its bias entry added after the scale, in float32 before the one rounding to attn's
+// dtype (every unfused backend; cuda_gemm adds it in its QK kernel's epilogue); the additional
+// keys' slots get none and empty slots stay -inf. Its gradient is the sum of d_attn over the
+// slots of each entry (the Python op computes it; qk_backward takes no bias).
 struct QKArgs {
   TensorRef q, k, add_k;         // inputs
   TensorRef attn;                // output [B, *shape, H, W + N_add]
+  TensorRef rpb;                 // optional bias table
 };
 struct QKBackwardArgs {
   TensorRef q, k, add_k, d_attn; // inputs

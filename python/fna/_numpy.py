@@ -48,10 +48,11 @@ def backward(q, k, v, o, lse, d_o, add_k, add_v, sp, scale, backend, opts, d_lse
             + ([] if rpb is None else [d_rpb.astype(rpb.dtype, copy=False)]))
 
 
-def qk(q, k, add_k, sp, backend, scale=-1.0):
+def qk(q, k, add_k, sp, backend, scale=-1.0, rpb=None):
     n_add = 0 if add_k is None else add_k.shape[1]
     attn = _empty(q.shape[:-1] + (math.prod(sp[0]) + n_add,), q.dtype)
-    _C.qk_forward(q, k, attn, add_k, **_kw(sp, backend, scale))
+    bias = {} if rpb is None else {"rpb": np.ascontiguousarray(rpb, dtype=np.float32)}
+    _C.qk_forward(q, k, attn, add_k, **_kw(sp, backend, scale), **bias)
     return attn
 
 

@@ -11,11 +11,13 @@ and the logit of query q and key k of head h gets ``rpb[h, i_0, .., i_{r-1}]`` w
 causal axes. The query is always inside its own window (section 1.1), so ``i_a`` lies in
 ``[0, 2 K_a - 2]`` (causal axes: ``[0, K_a - 1]``). Additional keys get no bias.
 
-fna's kernels do not add a bias yet, so a call with ``rpb`` runs ``na*d_qk`` (scale applied), adds
-the gathered bias, takes the softmax in float32 and runs ``na*d_av``: the attention weights live in
-memory (``[B, *spatial, H, prod(K) + N_add]``). Backends without unfused operators (``cuda-fused``
-and NATTEN's fused names) run that composition on the CUDA unfused operators ``auto`` picks
-(``cuda-gemm``'s, or ``cuda-naive``'s where those cannot run).
+The fused kernels of the reference, cpu and cuda-fused backends and every backend's unfused
+``na*d_qk`` add the bias themselves (its gradient through the unfused op: :func:`gather_grad`).
+Where the fused path cannot take it (cuda-naive, deterministic CUDA calls, tables the fused
+backward cannot hold), :func:`attention` runs ``na*d_qk`` (scale applied), adds the gathered bias,
+takes the softmax in float32 and runs ``na*d_av``: the attention weights live in memory
+(``[B, *spatial, H, prod(K) + N_add]``), on the CUDA unfused operators ``auto`` picks
+(``cuda-gemm``'s, or ``cuda-naive``'s where those cannot run) for the fused-only backend names.
 """
 
 import functools
@@ -56,7 +58,9 @@ def axis_index(L, K, d, s, causal, device):
     same few axes on every step. The cached tensors are shared, so callers never write into
     them. While torch.compile traces, it is computed afresh (traced tensors must not outlive
     their trace)."""
-    if torch.compiler.is_compiling():
+    # (A compiled graph's backward is traced under a fake mode that is_compiling() does not
+    # report.)
+    if torch.compiler.is_compiling() or torch._guards.detect_fake_mode() is not None:
         return _axis_index(L, K, d, s, causal, device)
     return _axis_index_cached(int(L), int(K), int(d), int(s), bool(causal), torch.device(device))
 
@@ -99,6 +103,36 @@ def gather(rpb, spatial, kernel_size, stride, dilation, is_causal):
     if valid is not None:
         bias = bias.masked_fill(~valid, 0)
     return bias.flatten(r + 1).movedim(0, r)
+
+
+def gather_grad(d_logits, rpb, sp):
+    """The gradient of ``rpb`` when its gathered entries were added to the neighbor slots of
+    logits ``[B, *spatial, H, W + N_add]`` whose gradient is ``d_logits``: each entry sums the
+    slots that hold it (over the batch too), in float32, returned in rpb's dtype. Slots that hold
+    no key add nothing."""
+    kernel_size, stride, dilation, is_causal = sp
+    r = len(kernel_size)
+    spatial = d_logits.shape[1:1 + r]
+    H, W = d_logits.shape[-2], math.prod(kernel_size)
+    flat, valid = None, None
+    for a in range(r):
+        idx, ok = axis_index(spatial[a], kernel_size[a], dilation[a], stride[a], is_causal[a],
+                             d_logits.device)
+        shape = [1] * (2 * r)
+        shape[a], shape[r + a] = spatial[a], kernel_size[a]
+        idx = idx.reshape(shape)
+        flat = idx if flat is None else flat * (2 * kernel_size[a] - 1) + idx
+        if ok is not None:
+            ok = ok.reshape(shape)
+            valid = ok if valid is None else valid & ok
+    g = d_logits[..., :W].float().sum(0)  # [*spatial, H, W]
+    g = g.movedim(r, 0).reshape((H,) + tuple(spatial) + tuple(kernel_size))
+    if valid is not None:
+        g = g.masked_fill(~valid, 0)
+    flat = flat.expand(tuple(spatial) + tuple(kernel_size)).reshape(-1)
+    entries = math.prod(2 * k - 1 for k in kernel_size)
+    d = g.new_zeros((H, entries)).index_add_(1, flat, g.reshape(H, -1))
+    return d.reshape(rpb.shape).to(rpb.dtype)
 
 
 def add_to_logits(attn, rpb, sp):

@@ -290,15 +290,17 @@ def _attn_shape(query, kernel_size, additional):
 @torch.library.custom_op("fna::na_qk", mutates_args=())
 def na_qk(query: Tensor, key: Tensor, additional_keys: Optional[Tensor], kernel_size: List[int],
           stride: List[int], dilation: List[int], is_causal: List[bool], scale: float,
-          backend: str) -> Tensor:
+          backend: str, rpb: Optional[Tensor] = None) -> Tensor:
     attn = query.new_empty(_attn_shape(query, kernel_size, additional_keys))
+    bias = {} if rpb is None else {"rpb": _export(rpb.to(torch.float32))}
     _call(_C.qk_forward, query.device, query, key, attn, additional_keys,
-          sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale)
+          sp=_sp(kernel_size, stride, dilation, is_causal), backend=backend, scale=scale, **bias)
     return attn
 
 
 @na_qk.register_fake
-def _(query, key, additional_keys, kernel_size, stride, dilation, is_causal, scale, backend):
+def _(query, key, additional_keys, kernel_size, stride, dilation, is_causal, scale, backend,
+      rpb=None):
     return query.new_empty(_attn_shape(query, kernel_size, additional_keys))
 
 
@@ -324,17 +326,23 @@ def _(query, key, additional_keys, d_attn, kernel_size, stride, dilation, is_cau
 
 
 def _qk_setup(ctx, inputs, output):
-    query, key, add_k, kernel_size, stride, dilation, is_causal, scale, backend = inputs
-    ctx.save_for_backward(query, key, add_k)
+    query, key, add_k, kernel_size, stride, dilation, is_causal, scale, backend = inputs[:9]
+    rpb = inputs[9] if len(inputs) > 9 else None
+    ctx.save_for_backward(query, key, add_k, rpb)
     ctx.params = (list(kernel_size), list(stride), list(dilation), list(is_causal), scale, backend)
 
 
 def _qk_backward(ctx, d_attn):
     _no_double_backward("na*d_qk")
-    query, key, add_k = ctx.saved_tensors
+    query, key, add_k, rpb = ctx.saved_tensors
     grads = torch.ops.fna.na_qk_backward(query, key, add_k, d_attn, *ctx.params)
     d_add_k = grads[2] if add_k is not None else None
-    return (grads[0], grads[1], d_add_k) + (None,) * 6
+    # The bias is added, so its entries take the sum of their slots' gradients (_rpb.gather_grad).
+    d_rpb = None
+    if rpb is not None and ctx.needs_input_grad[9]:
+        from . import _rpb
+        d_rpb = _rpb.gather_grad(d_attn, rpb, ctx.params[:4])
+    return (grads[0], grads[1], d_add_k) + (None,) * 6 + (d_rpb,)
 
 
 na_qk.register_autograd(_qk_backward, setup_context=_qk_setup)

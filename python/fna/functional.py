@@ -487,21 +487,16 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     backend = _args.backend_name(backend, unfused=True)
     if rpb is not None:
-        _rpb = _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
+        _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)
         named = named + [("rpb", rpb)]
     if kind == "torch":
         _check_devices(fn, backend, named)
         _compat.torch_ops.check_autograd_mode(fn, (query, key, additional_keys, rpb))
-        attn = _compat.torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend)
-        if rpb is not None:  # in float32, rounded once to attn's dtype
-            attn = _rpb.add_to_logits(attn, rpb, sp).to(attn.dtype)
-        return attn
+        # with a bias, every backend adds it in float32 before the one rounding to attn's dtype
+        return _compat.torch.ops.fna.na_qk(query, key, additional_keys, *sp, -1.0, backend, rpb)
     _numpy_backend(fn, backend)
     from . import _numpy
-    attn = _numpy.qk(query, key, additional_keys, sp, backend)
-    if rpb is not None:  # in float32, rounded once to attn's dtype
-        attn = _rpb.add_to_logits(attn, rpb, sp).astype(attn.dtype)
-    return attn
+    return _numpy.qk(query, key, additional_keys, sp, backend, rpb=rpb)
 
 
 def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additional_values,

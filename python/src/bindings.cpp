@@ -407,7 +407,8 @@ void backward(const In& q, const In& k, const In& v, const In& o, const In& d_o,
   run([&] { return fna::backward(c.p, a, c.opt); });
 }
 
-void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, FNA_OPTION_PARAMS) {
+void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, FNA_OPTION_PARAMS,
+                const OptIn& rpb) {
   Call c;
   init_problem(c, "query", q, {kernel_size, stride, dilation, is_causal});
   int64_t dim_k = 0;
@@ -420,6 +421,7 @@ void qk_forward(const In& q, const In& k, const Out& attn, const OptIn& add_k, F
   a.k = c.ref("key", k, c.kv(c.p.dim));
   a.add_k = c.opt_ref("additional_keys", add_k, c.add(c.p.dim));
   a.attn = c.ref("attn", attn, c.attn());
+  a.rpb = c.opt_ref("rpb", rpb, c.rpb(), true);
   run([&] { return fna::qk_forward(c.p, a, c.opt); });
 }
 
@@ -548,7 +550,9 @@ NB_MODULE(_C, m) {
         "gradient.");
   m.def("qk_forward", &qk_forward, nb::arg("query"), nb::arg("key"), nb::arg("attn"),
         nb::arg("additional_keys").none() = nb::none(), FNA_OPTION_ARGS,
-        "Unfused logits over the neighborhood (+ additional keys) into `attn`.");
+        nb::arg("rpb").none() = nb::none(),
+        "Unfused logits over the neighborhood (+ additional keys) into `attn`; `rpb` (float32 "
+        "[H, 2K-1 ..], every backend) adds each neighbor slot's bias entry.");
   m.def("qk_backward", &qk_backward, nb::arg("query"), nb::arg("key"), nb::arg("d_attn"),
         nb::arg("d_query"), nb::arg("d_key"), nb::arg("additional_keys").none() = nb::none(),
         nb::arg("d_additional_keys").none() = nb::none(), FNA_OPTION_ARGS);

@@ -239,6 +239,7 @@ Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
       make("key", a.k, p, 1, p.dim, false, true, e),
       make_add("additional_keys", a.add_k, p, p.dim, false, e),
       make_attn("attn", a.attn, p, true, e),
+      make_rpb("rpb", a.rpb, p, false, false),
   };
   Backend b;
   Options o;

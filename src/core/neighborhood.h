@@ -105,5 +105,10 @@ FNA_HD Range inverse_tile_union(const Axis& a, int lg, int j0, int j1) {
 // Number of keys attended by the query (product over axes of window sizes); used for FLOP counts.
 FNA_HD int window_size(const Axis& a, int lg, int i) { return window(a, lg, i).size(); }
 
+// Index along axis `a` of a relative positional bias table ([H, 2 K_0 - 1, ..]) for local query i
+// and local key j of one dilation group: their offset in units of the dilation, plus K - 1
+// (docs/semantics.md section 1.3). In [0, 2 K - 1) for every neighbor.
+FNA_HD int bias_index(const Axis& a, int i, int j) { return j - i + a.kernel - 1; }
+
 }  // namespace nbr
 }  // namespace fna

@@ -370,6 +370,7 @@ Status reference_qk_forward(const Problem& p, const QKArgs& a, const Options& op
   const Strided q = cpu::grid_view(a.q, p, p.dtype), attn = cpu::grid_view(a.attn, p, p.dtype);
   const int64_t W = p.window();
   const Membership mem(p);
+  const Bias bias(p, a.rpb);
   std::vector<int64_t> keys, slots;
   std::vector<double> qr, kr;
   for (int64_t t = 0; t < vw.N; ++t) {
@@ -383,7 +384,8 @@ Status reference_qk_forward(const Problem& p, const QKArgs& a, const Options& op
           attn.store(off + w * attn.se, -std::numeric_limits<double>::infinity());
         for (size_t n = 0; n < keys.size(); ++n) {
           vw.key(b, keys[n], hk, &kr);
-          attn.store(off + slots[n] * attn.se, opt.scale * dot(qr, kr));
+          attn.store(off + slots[n] * attn.se, opt.scale * dot(qr, kr) +
+                                                   (bias.present() ? bias.at(h, t, keys[n]) : 0.0));
         }
         for (int64_t n = 0; n < vw.A; ++n) {
           vw.key(b, vw.N + n, hk, &kr);

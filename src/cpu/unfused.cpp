@@ -142,6 +142,7 @@ Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
   const Geometry g(p);
   const Strided q = grid_view(a.q, p, p.dtype), k = grid_view(a.k, p, p.dtype);
   const Strided ak = add_view(a.add_k, p), attn = grid_view(a.attn, p, p.dtype);
+  const float* rpb = static_cast<const float*>(a.rpb.data);
   const int64_t rows = p.batch * g.N;
   parallel_for(rows, resolve_threads(opt.num_threads, rows), [&](int64_t row, int) {
     const int64_t b = row / g.N, t = row % g.N;
@@ -149,6 +150,21 @@ Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
     g.coords(t, c);
     std::vector<int64_t> slots;
     g.slots(c, &slots);
+    // With a bias: each neighbor slot's entry in one head's table (rpb's strides).
+    std::vector<int64_t> entry;
+    if (rpb != nullptr) {
+      entry.assign(static_cast<size_t>(g.W), 0);
+      for (int64_t s = 0; s < g.W; ++s) {
+        if (slots[static_cast<size_t>(s)] < 0) continue;
+        int kc[kMaxRank];
+        g.coords(slots[static_cast<size_t>(s)], kc);
+        for (int x = 0; x < p.rank; ++x) {
+          const int d = g.ax[x].dilation;
+          entry[static_cast<size_t>(s)] +=
+              nbr::bias_index(g.ax[x], c[x] / d, kc[x] / d) * a.rpb.strides[1 + x];
+        }
+      }
+    }
     std::vector<float> qr, kr;
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t hk = h / g.group;
@@ -162,6 +178,8 @@ Status qk_forward(const Problem& p, const QKArgs& a, const Options& opt) {
           if (s < g.W) load(k, k.token_offset(b, slots[static_cast<size_t>(s)], hk), p.dim, &kr);
           else load(ak, ak.token_offset(b, s - g.W, hk), p.dim, &kr);
           val = static_cast<float>(opt.scale) * dot(qr, kr);
+          if (rpb != nullptr && s < g.W)
+            val += rpb[h * a.rpb.strides[0] + entry[static_cast<size_t>(s)]];
         }
         attn.store(off + s * attn.se, val);
       }

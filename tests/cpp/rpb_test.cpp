@@ -438,6 +438,69 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Rpb, ::testing::Values(1, 2, 3),
                            return "rank" + std::to_string(info.param);
                          });
 
+// ---- qk_forward with a bias (QKArgs::rpb) ----------------------------------------------------------
+
+// The reference and cpu backends' qk_forward with the table: attn equals the same call without it
+// plus each neighbor slot's entry, the slot's key found by the test's own brute force
+// (spec_slots) and the entry from the two tokens' coordinates; empty slots stay -inf and the
+// additional keys' slots get nothing.
+TEST_P(Rpb, QkForwardAddsEachSlotsEntry) {
+  int64_t checked = 0;
+  for (uint64_t i = 0; i < 6; ++i) {
+    RpbCase rc = rpb_case(500 + i, rank());
+    rc.region = false;  // the unfused operators take no query region
+    for (int a = 0; a < fna::kMaxRank; ++a) rc.c.p.query_offset[a] = rc.c.p.query_shape[a] = 0;
+    Call r = make_run(rc, 11 + i);
+    const fna::Problem& p = r.p();
+    SCOPED_TRACE(rc.str());
+    const std::vector<double> table = r.rpb.to_double();
+    const int64_t W = p.window(), C = W + p.num_additional, N = p.tokens();
+    for (fna::Backend be : {fna::Backend::reference, fna::Backend::cpu}) {
+      const fna::Options opt = options_for(rc.c, be);
+      fna::QKArgs a = r.g.qk_args();
+      r.g.attn.fill(std::nan(""));
+      ASSERT_TRUE(fna::qk_forward(p, a, opt).ok());
+      const std::vector<double> plain = r.g.attn.to_double();
+      a.rpb = r.rpb.ref();
+      r.g.attn.fill(std::nan(""));
+      const fna::Status st = fna::qk_forward(p, a, opt);
+      ASSERT_TRUE(st.ok()) << st.message;
+      const std::vector<double> got = r.g.attn.to_double();
+      const double rel = p.dtype == fna::DType::f32 ? 1e-5 : 2e-2;
+      for (int64_t t = 0; t < N; ++t) {
+        const std::vector<int64_t> keys = spec_slots(p, t);
+        for (int64_t b = 0; b < p.batch; ++b)
+          for (int64_t h = 0; h < p.heads; ++h)
+            for (int64_t s = 0; s < C; ++s) {
+              const size_t at = static_cast<size_t>(((b * N + t) * p.heads + h) * C + s);
+              if (s >= W) {
+                ASSERT_EQ(got[at], plain[at]) << "additional key slot " << s;
+                continue;
+              }
+              const int64_t kt = keys[static_cast<size_t>(s)];
+              if (kt < 0) {
+                ASSERT_TRUE(std::isinf(got[at]) && got[at] < 0) << "empty slot " << s;
+                continue;
+              }
+              int64_t entry = h, qt = t, kk = kt, qc[fna::kMaxRank], kc[fna::kMaxRank];
+              for (int x = p.rank - 1; x >= 0; --x) {
+                qc[x] = qt % p.shape[x], qt /= p.shape[x];
+                kc[x] = kk % p.shape[x], kk /= p.shape[x];
+              }
+              for (int x = 0; x < p.rank; ++x)
+                entry = entry * (2 * p.kernel_size[x] - 1) + (kc[x] - qc[x]) / p.dilation[x] +
+                        p.kernel_size[x] - 1;
+              const double want = plain[at] + table[static_cast<size_t>(entry)];
+              ASSERT_NEAR(got[at], want, rel * std::max(1.0, std::fabs(want)))
+                  << fna::backend_name(be) << " token " << t << " head " << h << " slot " << s;
+              ++checked;
+            }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 // ---- validation at the API boundary ---------------------------------------------------------------
 
 TEST(RpbValidation, ErrorsNameTheArgument) {

@@ -116,6 +116,55 @@ def test_gemm_ops_against_reference(dtype):
                 check_close(got[n], ref[n], dtype, naive=naive[n], what=f"{name} {n}")
 
 
+def qk_bias(p, backend, dtype, device, seed, heads_last, compute=None):
+    """na*d_qk(rpb=) and the table's gradient (through a random d_attn) on one backend, float64
+    NumPy; the same rounded inputs and table on every backend (the table float32, its layout
+    heads-last in memory with `heads_last`)."""
+    rank = p["q"].ndim - 3
+    compute = compute or DT[dtype]
+    g = np.random.default_rng(seed)
+    H = p["q"].shape[-2]
+    ext = [2 * k - 1 for k in p["ks"]]
+    table = torch.from_numpy(2 * g.standard_normal([H] + ext).astype(np.float32))
+    if heads_last:
+        table = table.movedim(0, -1).contiguous().movedim(-1, 0)
+    rpb = table.to(device).requires_grad_()
+
+    def tensor(x):
+        return torch.from_numpy(x).to(DT[dtype]).to(compute).to(device)
+
+    q, k = tensor(p["q"]), tensor(p["k"])
+    add_k = tensor(p["add_k"]) if p["add_k"] is not None else None
+    attn = QK[rank](q, k, p["ks"], stride=p["st"], dilation=p["dil"], is_causal=p["causal"],
+                    additional_keys=add_k, backend=backend, rpb=rpb)
+    d_attn = tensor(g.standard_normal(attn.shape).astype(np.float32))
+    d_rpb, = torch.autograd.grad(attn, [rpb], d_attn)
+    return {"attn+rpb": attn.detach().cpu().double().numpy(),
+            "d_rpb": d_rpb.cpu().double().numpy()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemm_qk_bias_against_reference(dtype):
+    """na*d_qk(rpb=) on cuda-gemm (the bias added in the QK kernel's epilogue, full-tile and
+    direct-store variants) and cuda-naive (in its PN kernel) against the reference backend: the
+    logits and d rpb, the table in both layouts."""
+    for i, (name, p) in enumerate(problems(dtype).items()):
+        seed = seed_of("gemm-bias", dtype, name)
+        ref = qk_bias(p, "reference", dtype, "cpu", seed, i % 2 == 1, compute=torch.float32)
+        naive = qk_bias(p, "cuda-naive", dtype, "cuda", seed, i % 2 == 1)
+        got = qk_bias(p, "cuda-gemm", dtype, "cuda", seed, i % 2 == 1)
+        for n in got:
+            if dtype == "float32":
+                check_close(got[n], ref[n], what=f"{name} {n} cuda-gemm")
+                check_close(naive[n], ref[n], what=f"{name} {n} cuda-naive")
+            else:
+                check_close(got[n], ref[n], dtype, naive=naive[n], what=f"{name} {n}")
+        # the bias is there: without it the logits differ
+        plain = run_ops(p, "cuda-gemm", dtype, "cuda", seed)["attn"]
+        finite = np.isfinite(plain)
+        assert np.abs(got["attn+rpb"][finite] - plain[finite]).max() > 0.1, name
+
+
 def test_gemm_bound_is_tight():
     """The float32 bound can fail: the same qk with one key perturbed by 1e-3 breaks it."""
     p = fixed(np.random.default_rng(seed_of("gemm-tight")), *FIXED["2d-mixed"])

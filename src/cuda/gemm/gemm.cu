@@ -107,10 +107,10 @@ size_t in_smem(int nt, int elem) {
   return 6144 + size_t(kChunk) * (kRows + kPadKN + 2 * (nt * 8 + kPadKN)) * elem;
 }
 // A, two key buffers, the [64 x halo] block (full_ld 0: none); offsets (A rows, 2 x key rows, out
-// rows), 6 + 2 + 6 ints per row.
+// rows), 6 + 2 + 6 + 3 ints per row.
 size_t pn_smem_of(int width_pad, int elem, int full_ld, int out_elem) {
   return size_t(kRows + 2 * kChunk) * (width_pad + pad_of(elem)) * elem +
-         size_t(kRows) * full_ld * out_elem + 5632;
+         size_t(kRows) * full_ld * out_elem + 6400;
 }
 // The block, `stages` B buffers; offsets (2 x key rows, attn rows), 6 + 2 ints per row.
 size_t nn_full_smem(int nt, int elem, int full_ld, int stages) {
@@ -188,7 +188,8 @@ Status check(const Problem& p, int device_index) {
 template <typename TIn, typename TOut>
 Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const View& va,
           const void* b, const View& vb, const void* add_b, const AddView& vab, int width,
-          void* out, const View& vo, float scale, float masked, cudaStream_t stream) {
+          void* out, const View& vo, float scale, float masked, cudaStream_t stream,
+          const naive::Bias& bias) {
   Launch L{};
   L.tile = choose_tile(g, 1, g.num_add);
   L.heads_per = g.group;
@@ -215,7 +216,7 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
     const unsigned blocks = static_cast<unsigned>(n * blocks_per_pair(g, L.tile, L.heads_per));
     kernel<<<blocks, kThreads, smem, stream>>>(
         g, L, static_cast<const TIn*>(a), va, static_cast<const TIn*>(b), vb,
-        static_cast<const TIn*>(add_b), vab, static_cast<TOut*>(out), vo, vec);
+        static_cast<const TIn*>(add_b), vab, static_cast<TOut*>(out), vo, vec, bias);
     FNA_CUDA_CHECK_LAUNCH("cuda-gemm PN kernel");
     return Status::Ok();
   });
@@ -308,10 +309,11 @@ Status inverse(const Geometry& g, int64_t p0, int64_t pairs, const void* attn, c
 #define FNA_GEMM_INSTANTIATE(T)                                                                 \
   template Status pn<T, T>(const Geometry&, int64_t, int64_t, const void*, const View&,         \
                            const void*, const View&, const void*, const AddView&, int, void*,   \
-                           const View&, float, float, cudaStream_t);                             \
+                           const View&, float, float, cudaStream_t, const naive::Bias&);         \
   template Status pn<T, float>(const Geometry&, int64_t, int64_t, const void*, const View&,     \
                                const void*, const View&, const void*, const AddView&, int,      \
-                               void*, const View&, float, float, cudaStream_t);                 \
+                               void*, const View&, float, float, cudaStream_t,                  \
+                               const naive::Bias&);                                             \
   template Status nn<T, T>(const Geometry&, int64_t, int64_t, const void*, const View&,         \
                            const void*, const View&, const void*, const AddView&, int, void*,   \
                            const View&, float, cudaStream_t);                                   \
@@ -332,7 +334,8 @@ FNA_GEMM_INSTANTIATE(__nv_bfloat16)
 // float32: T and the f32 workspace coincide.
 template Status pn<float, float>(const Geometry&, int64_t, int64_t, const void*, const View&,
                                  const void*, const View&, const void*, const AddView&, int,
-                                 void*, const View&, float, float, cudaStream_t);
+                                 void*, const View&, float, float, cudaStream_t,
+                                 const naive::Bias&);
 template Status nn<float, float>(const Geometry&, int64_t, int64_t, const void*, const View&,
                                  const void*, const View&, const void*, const AddView&, int,
                                  void*, const View&, float, cudaStream_t);

@@ -17,9 +17,10 @@ struct Naive {
   static Status pn(const naive::Geo<kRegion>& g, int64_t p0, int64_t rows, const void* a,
                    const naive::View& va, const void* b, const naive::View& vb, const void* add_b,
                    const naive::AddView& vab, int width, void* out, const naive::View& vo,
-                   float scale, float masked, cudaStream_t stream) {
+                   float scale, float masked, cudaStream_t stream,
+                   const naive::Bias& bias = naive::Bias{}) {
     return naive::pn<TIn, TOut, kRegion>(g, p0, rows, a, va, b, vb, add_b, vab, width, out, vo,
-                                         scale, masked, stream);
+                                         scale, masked, stream, bias);
   }
   template <typename TAttn, typename T, bool kRegion>
   static Status nn(const naive::Geo<kRegion>& g, int64_t p0, int64_t rows, const void* attn,
@@ -48,10 +49,11 @@ struct Gemm {
   static Status pn(const naive::Geometry& g, int64_t p0, int64_t rows, const void* a,
                    const naive::View& va, const void* b, const naive::View& vb, const void* add_b,
                    const naive::AddView& vab, int width, void* out, const naive::View& vo,
-                   float scale, float masked, cudaStream_t stream) {
+                   float scale, float masked, cudaStream_t stream,
+                   const naive::Bias& bias = naive::Bias{}) {
     static_assert(!kRegion, "cuda-gemm takes no query region");
     return gemm::pn<TIn, TOut>(g, p0, rows / (g.tokens * g.group), a, va, b, vb, add_b, vab,
-                               width, out, vo, scale, masked, stream);
+                               width, out, vo, scale, masked, stream, bias);
   }
   template <typename TAttn, typename T, bool kRegion>
   static Status nn(const naive::Geometry& g, int64_t p0, int64_t rows, const void* attn,

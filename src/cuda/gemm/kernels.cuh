@@ -37,12 +37,15 @@ namespace gemm {
 // box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`. The next
 // chunk's key rows are copied (cp.async, two buffers) while this one is multiplied. The products
 // go to the attention tensor directly (each with its slot), or with kFull into the tile's
-// [64 x halo] block (leading dimension L.full_ld), written out row by row at the end.
+// [64 x halo] block (leading dimension L.full_ld), written out row by row at the end. With `bias`
+// (QK's relative positional bias) each product whose key is in its query's window gets its entry
+// added in the epilogue, in float32 before the rounding.
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
 template <typename TIn, typename TOut, bool kFull>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
-                                                      AddView vab, TOut* out, View vo, int vec) {
+                                                      AddView vab, TOut* out, View vo, int vec,
+                                                      naive::Bias bias) {
   const Place pl = place_of(g, L);
   if (pl.empty) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -57,11 +60,14 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   int* sRowWin = reinterpret_cast<int*>(sRowOut + kRows);      // [kRows][6]
   int* sAdd = sRowWin + 6 * kRows;                             // [2][kChunk]
   int* sLoc = sAdd + 2 * kChunk;                               // [2][kChunk][3]
+  int* sRowQ = sLoc + 6 * kChunk;                              // [kRows][3]: bias only
 
   int hb[3], hs[3];
   const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
+  const bool biased = bias.t != nullptr;
   row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
+  if (biased && threadIdx.x < kRows) tile_row(L, pl, threadIdx.x, sRowQ + 3 * threadIdx.x);
   __syncthreads();
   load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0, true);
   if (!full && L.causal) {  // slots of the window box past a truncated causal window
@@ -73,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   }
   auto stage = [&](int c0, int buf) {
     chunk_keys(g, pl, hb, hs, halo, c0, vb, sKOff + buf * kChunk, sAdd + buf * kChunk,
-               full ? nullptr : sLoc + 3 * buf * kChunk);
+               full && !biased ? nullptr : sLoc + 3 * buf * kChunk);
     __syncthreads();
     load_rows(sB + buf * kChunk * ld, ld, bm, sKOff + buf * kChunk, kChunk, L.width, L.width_pad,
               vb.sx, (vec & 2) != 0, true);
@@ -81,12 +87,15 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);
-  Win w[2];  // direct stores: this thread's two accumulator rows
+  Win w[2];  // direct stores or a bias: this thread's two accumulator rows
   int64_t ro[2] = {-1, -1};
-  if constexpr (!full)
+  int qr[2][3];  // bias: the rows' local query coordinates
+  const int head = pl.hkv * g.group + pl.gi;
+  if (!full || biased)
     for (int i = 0; i < 2; ++i) {
       w[i] = row_window(sRowWin, r0 + 8 * i);
       ro[i] = sRowOut[r0 + 8 * i];
+      for (int ax = 0; ax < 3; ++ax) qr[i][ax] = biased ? sRowQ[3 * (r0 + 8 * i) + ax] : 0;
     }
   stage(0, 0);
   for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
@@ -106,19 +115,28 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int m = r0 + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1);
-        const TOut v = naive::from_f32<TOut>(L.scale * acc[n][e]);
+        const int i = e >> 1, m = r0 + 8 * i, j = 8 * n + 2 * t + (e & 1);
+        float val = L.scale * acc[n][e];
+        int slot = -1;
+        if (!full || biased) {
+          const int at = buf * kChunk + j;
+          const int* loc = sLoc + 3 * at;
+          if (loc[0] >= 0) {
+            slot = slot_of(g, w[i], loc);
+            if (biased && slot >= 0 && ro[i] >= 0) {
+              int bi[3];
+              for (int ax = 0; ax < 3; ++ax) bi[ax] = nbr::bias_index(g.axis[ax], qr[i][ax], loc[ax]);
+              val += bias.at(head, bi);
+            }
+          } else if (sAdd[at] >= 0) {
+            slot = g.window + sAdd[at];
+          }
+        }
+        const TOut v = naive::from_f32<TOut>(val);
         if constexpr (full) {
           sS[m * L.full_ld + c0 + j] = v;
         } else {
-          const int at = buf * kChunk + j;
-          const int* loc = sLoc + 3 * at;
-          int slot = -1;
-          if (loc[0] >= 0)
-            slot = slot_of(g, w[e >> 1], loc);
-          else if (sAdd[at] >= 0)
-            slot = g.window + sAdd[at];
-          if (ro[e >> 1] >= 0 && slot >= 0) out[ro[e >> 1] + slot * vo.sx] = v;
+          if (ro[i] >= 0 && slot >= 0) out[ro[i] + slot * vo.sx] = v;
         }
       }
     __syncthreads();  // this buffer is free

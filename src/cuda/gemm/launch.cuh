@@ -17,13 +17,14 @@ namespace gemm {
 // device. `unsupported` naming the limit otherwise.
 Status check(const Problem& p, int device_index);
 
-// out[q, slot] = scale * <A[q], B[key]> (+ the additional keys' columns; `masked` where a slot
-// holds no neighbor), for every query row of pairs [p0, p0 + pairs).
+// out[q, slot] = scale * <A[q], B[key]> (+ the bias entry of the pair with `bias`; the additional
+// keys' columns; `masked` where a slot holds no neighbor), for every query row of pairs
+// [p0, p0 + pairs).
 template <typename TIn, typename TOut>
 Status pn(const naive::Geometry& g, int64_t p0, int64_t pairs, const void* a,
           const naive::View& va, const void* b, const naive::View& vb, const void* add_b,
           const naive::AddView& vab, int width, void* out, const naive::View& vo, float scale,
-          float masked, cudaStream_t stream);
+          float masked, cudaStream_t stream, const naive::Bias& bias = naive::Bias{});
 
 // out[q, x] = scale * sum_slot attn[q, slot] * B[key of slot, x] (+ the additional columns).
 template <typename TAttn, typename T>

@@ -123,6 +123,24 @@ struct AddView {
   }
 };
 
+// The relative positional bias of the QK operator (QKArgs::rpb, float32 [H, 2 K_0 - 1 ..], any
+// strides): query head h's entry at per-axis indices i (nbr::bias_index) is t[at(h, i)]; axes past
+// the problem's rank have stride 0 (their index is 0). t null: no bias.
+struct Bias {
+  const float* t = nullptr;
+  int64_t sh = 0, st[3] = {0, 0, 0};
+  __host__ __device__ __forceinline__ float at(int h, const int* i) const {
+    return t[h * sh + i[0] * st[0] + i[1] * st[1] + i[2] * st[2]];
+  }
+};
+inline Bias bias_view(const TensorRef& rpb, int rank) {
+  Bias b;
+  b.t = static_cast<const float*>(rpb.data);
+  b.sh = rpb.strides[0];
+  for (int a = 0; a < rank; ++a) b.st[a] = rpb.strides[1 + a];
+  return b;
+}
+
 // View of a user tensor of rank + 3 dims (rank + 2 for LSE: has_last = false). `group` is G for
 // query-head tensors and 1 for KV-head tensors.
 inline View user_view(const TensorRef& t, int rank, int group, bool has_last) {

@@ -55,11 +55,12 @@ __device__ __forceinline__ float dot(const T* a, int64_t sa, const T* b, int64_t
 // PN (pointwise-neighborhood): out[row, w] = scale * <A[row], B[w-th neighbor]> for w < W, and
 // scale * <A[row], addB[w - W]> for the additional columns. Slots that are not neighbors (causal
 // windows near the start of an axis) get `masked`. A is query-head role, B KV-head role, both of
-// width `width`. Serves QK^T (A=Q, B=K) and the gradient of P (A=dO, B=V).
+// width `width`. Serves QK^T (A=Q, B=K; with `bias` the neighbors' entries are added, in float32)
+// and the gradient of P (A=dO, B=V).
 template <typename TIn, typename TOut, bool kRegion = false>
 __global__ void pn_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, const TIn* a, View va,
                           const TIn* bm, View vb, const TIn* add_b, AddView vab, int width,
-                          TOut* out, View vo, float scale, float masked) {
+                          TOut* out, View vo, float scale, float masked, Bias bias) {
   FNA_GRID_STRIDE(t, rows * g.cols) {
     const int64_t r = t / g.cols;
     const int col = static_cast<int>(t % g.cols);
@@ -68,10 +69,11 @@ __global__ void pn_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, const TIn* a
     const TIn* pa = a + va.at(row.b, q, row.hkv, row.g, 0);
     const TIn* pb;
     int64_t sbx;
+    float add = 0.f;
     if (col < g.window) {
       const int k[3] = {col / (g.axis[1].kernel * g.axis[2].kernel),
                         (col / g.axis[2].kernel) % g.axis[1].kernel, col % g.axis[2].kernel};
-      int y[3];
+      int y[3], bi[3];
       bool neighbor = true;
       for (int ax = 0; ax < 3; ++ax) {
         const Local l = local_of(g.axis[ax], row.c[ax]);
@@ -79,11 +81,13 @@ __global__ void pn_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, const TIn* a
         const int j = w.begin + k[ax];
         neighbor = neighbor && j < w.end;
         y[ax] = j * g.axis[ax].dilation + l.group;
+        bi[ax] = nbr::bias_index(g.axis[ax], l.index, j);
       }
       if (!neighbor) {
         out[vo.at(row.b, q, row.hkv, row.g, col)] = from_f32<TOut>(masked);
         continue;
       }
+      if (bias.t != nullptr) add = bias.at(row.hkv * g.group + row.g, bi);
       pb = bm + vb.at(row.b, y, row.hkv, 0, 0);
       sbx = vb.sx;
     } else {
@@ -91,7 +95,7 @@ __global__ void pn_kernel(Geo<kRegion> g, int64_t p0, int64_t rows, const TIn* a
       sbx = vab.sx;
     }
     out[vo.at(row.b, q, row.hkv, row.g, col)] =
-        from_f32<TOut>(scale * dot(pa, va.sx, pb, sbx, width));
+        from_f32<TOut>(scale * dot(pa, va.sx, pb, sbx, width) + add);
   }
 }
 

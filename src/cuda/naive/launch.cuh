@@ -19,10 +19,12 @@ namespace naive {
 template <typename TIn, typename TOut, bool kRegion = false>
 Status pn(const Geo<kRegion>& g, int64_t p0, int64_t rows, const void* a, const View& va,
           const void* b, const View& vb, const void* add_b, const AddView& vab, int width,
-          void* out, const View& vo, float scale, float masked, cudaStream_t stream) {
+          void* out, const View& vo, float scale, float masked, cudaStream_t stream,
+          const Bias& bias = Bias{}) {
   pn_kernel<TIn, TOut, kRegion><<<grid_for(rows * g.cols), kThreads, 0, stream>>>(
       g, p0, rows, static_cast<const TIn*>(a), va, static_cast<const TIn*>(b), vb,
-      static_cast<const TIn*>(add_b), vab, width, static_cast<TOut*>(out), vo, scale, masked);
+      static_cast<const TIn*>(add_b), vab, width, static_cast<TOut*>(out), vo, scale, masked,
+      bias);
   FNA_CUDA_CHECK_LAUNCH("cuda-naive PN kernel");
   return Status::Ok();
 }

@@ -25,7 +25,8 @@ Status qk_forward_t(const Problem& p, const QKArgs& a, const Options& opt) {
   return K::template pn<T, T, false>(g, 0, rows, a.q.data, naive::user_view(a.q, r, G, true), a.k.data,
                          naive::user_view(a.k, r, 1, true), a.add_k.data, naive::add_view(a.add_k),
                          g.dim, a.attn.data, naive::user_view(a.attn, r, G, true),
-                         static_cast<float>(opt.scale), -INFINITY, stream_of(opt));
+                         static_cast<float>(opt.scale), -INFINITY, stream_of(opt),
+                         naive::bias_view(a.rpb, r));
 }
 
 template <typename T, class K>
