@@ -23,6 +23,7 @@ import sys
 import torch
 
 import fna
+import fna._rpb  # noqa: F401  (the gathered-bias comparison row)
 from fna._profiler_torch import gpu_time
 
 # name: (B, H, shape, D, kernel)
