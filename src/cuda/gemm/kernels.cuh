@@ -37,11 +37,12 @@ namespace gemm {
 // box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`. The next
 // chunk's key rows are copied (cp.async, two buffers) while this one is multiplied. The products
 // go to the attention tensor directly (each with its slot), or with kFull into the tile's
-// [64 x halo] block (leading dimension L.full_ld), written out row by row at the end. With `bias`
-// (QK's relative positional bias) each product whose key is in its query's window gets its entry
-// added in the epilogue, in float32 before the rounding.
+// [64 x halo] block of TBlock (leading dimension L.full_ld), written out row by row at the end.
+// With `bias` (QK's relative positional bias) each stored product gets its pair's entry added in
+// float32 before the one rounding: per product in the direct stores, per slot when the block is
+// written out (the host then makes the block float32: TBlock).
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
-template <typename TIn, typename TOut, bool kFull>
+template <typename TIn, typename TOut, bool kFull, typename TBlock = TOut>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
                                                       AddView vab, TOut* out, View vo, int vec,
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   constexpr bool full = kFull;
   TIn* sA = reinterpret_cast<TIn*>(smem_raw);
   TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
-  TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // full: [kRows][L.full_ld]
+  TBlock* sS = reinterpret_cast<TBlock*>(sB + 2 * kChunk * ld);  // full: [kRows][L.full_ld]
   int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);  // A rows
   int64_t* sKOff = sOff + kRows;                               // [2][kChunk]: key rows
   int64_t* sRowOut = sKOff + 2 * kChunk;
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   }
   auto stage = [&](int c0, int buf) {
     chunk_keys(g, pl, hb, hs, halo, c0, vb, sKOff + buf * kChunk, sAdd + buf * kChunk,
-               full && !biased ? nullptr : sLoc + 3 * buf * kChunk);
+               full ? nullptr : sLoc + 3 * buf * kChunk);
     __syncthreads();
     load_rows(sB + buf * kChunk * ld, ld, bm, sKOff + buf * kChunk, kChunk, L.width, L.width_pad,
               vb.sx, (vec & 2) != 0, true);
@@ -87,11 +88,11 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);
-  Win w[2];  // direct stores or a bias: this thread's two accumulator rows
+  Win w[2];  // direct stores: this thread's two accumulator rows
   int64_t ro[2] = {-1, -1};
-  int qr[2][3];  // bias: the rows' local query coordinates
+  int qr[2][3];  // and with a bias their local query coordinates
   const int head = pl.hkv * g.group + pl.gi;
-  if (!full || biased)
+  if constexpr (!full)
     for (int i = 0; i < 2; ++i) {
       w[i] = row_window(sRowWin, r0 + 8 * i);
       ro[i] = sRowOut[r0 + 8 * i];
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
         const int i = e >> 1, m = r0 + 8 * i, j = 8 * n + 2 * t + (e & 1);
         float val = L.scale * acc[n][e];
         int slot = -1;
-        if (!full || biased) {
+        if constexpr (!full) {
           const int at = buf * kChunk + j;
           const int* loc = sLoc + 3 * at;
           if (loc[0] >= 0) {
@@ -132,11 +133,13 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
             slot = g.window + sAdd[at];
           }
         }
-        const TOut v = naive::from_f32<TOut>(val);
         if constexpr (full) {
-          sS[m * L.full_ld + c0 + j] = v;
+          if constexpr (std::is_same_v<TBlock, float>)
+            sS[m * L.full_ld + c0 + j] = val;
+          else
+            sS[m * L.full_ld + c0 + j] = naive::from_f32<TOut>(val);
         } else {
-          if (ro[i] >= 0 && slot >= 0) out[ro[i] + slot * vo.sx] = v;
+          if (ro[i] >= 0 && slot >= 0) out[ro[i] + slot * vo.sx] = naive::from_f32<TOut>(val);
         }
       }
     __syncthreads();  // this buffer is free
@@ -146,9 +149,32 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   for (int m = warp; m < kRows; m += kThreads / 32) {
     if (sRowOut[m] < 0) continue;
     const Win rw = row_window(sRowWin, m);
+    if (!biased) {
+      for (int s = lane; s < g.cols; s += 32) {
+        const int h = halo_of_slot(g, L, rw, hb, hs, halo, s);
+        if constexpr (std::is_same_v<TBlock, TOut>)
+          out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
+        else
+          out[sRowOut[m] + s * vo.sx] = h >= 0 ? naive::from_f32<TOut>(sS[m * L.full_ld + h]) : masked;
+      }
+      continue;
+    }
+    // The table entry of the window box's first slot; slot (s0, s1, s2) adds s_a per axis.
+    int first[3];
+    for (int ax = 0; ax < 3; ++ax) first[ax] = nbr::bias_index(g.axis[ax], sRowQ[3 * m + ax], rw.b[ax]);
     for (int s = lane; s < g.cols; s += 32) {
-      const int h = halo_of_slot(g, L, rw, hb, hs, halo, s);
-      out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
+      int o[3];
+      const int h = halo_of_slot(g, L, rw, hb, hs, halo, s, o);
+      if (h < 0) {
+        out[sRowOut[m] + s * vo.sx] = masked;
+        continue;
+      }
+      float x = naive::to_f32(sS[m * L.full_ld + h]);
+      if (s < g.window) {
+        for (int ax = 0; ax < 3; ++ax) o[ax] += first[ax];
+        x += bias.at(head, o);
+      }
+      out[sRowOut[m] + s * vo.sx] = naive::from_f32<TOut>(x);
     }
   }
 }

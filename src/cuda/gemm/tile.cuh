@@ -308,13 +308,16 @@ __device__ __forceinline__ void async_wait(bool next) {
 // window where s_a >= e_a - b_a on some axis.
 
 // The halo index of slot `s` of the row with window w (halo box hb / hs), or -1 when the slot holds
-// no neighbor; slots W.. are the additional keys (at halo + n).
+// no neighbor; slots W.. are the additional keys (at halo + n). With `offsets`, a window slot's
+// offsets (s_0, s_1, s_2) into the window box.
 __device__ __forceinline__ int halo_of_slot(const Geometry& g, const Launch& L, const Win& w,
-                                            const int* hb, const int* hs, int halo, int s) {
+                                            const int* hb, const int* hs, int halo, int s,
+                                            int* offsets = nullptr) {
   if (s >= g.window) return halo + (s - g.window);
   int s0, s1, s2;
   s2 = L.k2.divmod(s, s0);  // s0 = s / K2 for now
   s1 = L.k1.divmod(s0, s0);
+  if (offsets) offsets[0] = s0, offsets[1] = s1, offsets[2] = s2;
   if (s0 >= w.e[0] - w.b[0] || s1 >= w.e[1] - w.b[1] || s2 >= w.e[2] - w.b[2]) return -1;
   return ((w.b[0] - hb[0] + s0) * hs[1] + (w.b[1] - hb[1] + s1)) * hs[2] + (w.b[2] - hb[2] + s2);
 }
