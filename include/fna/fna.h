@@ -241,9 +241,10 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt);
 // start of an axis) hold -inf in qk's output and are ignored by av. qk does not apply `scale`
 // unless Options::scale is given (> 0), matching NATTEN's na*d_qk which returns raw dot products.
 // With `rpb` (ForwardArgs::rpb's table, float32 [H, 2 K_0 - 1 ..], any strides) each neighbor
-// slot gets its bias entry added after the scale, in float32 before the one rounding to attn's
-// dtype (every unfused backend; cuda_gemm adds it in its QK kernel's epilogue); the additional
-// keys' slots get none and empty slots stay -inf. Its gradient is the sum of d_attn over the
+// slot gets its bias entry added after the scale, in float32 (every unfused backend; cuda_gemm
+// in its QK kernel: for 16-bit attn its full-tile variant adds it to the product rounded to
+// attn's dtype, the others before the one rounding); the additional keys' slots get none and
+// empty slots stay -inf. Its gradient is the sum of d_attn over the
 // slots of each entry (the Python op computes it; qk_backward takes no bias).
 struct QKArgs {
   TensorRef q, k, add_k;         // inputs

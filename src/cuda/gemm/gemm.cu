@@ -204,16 +204,11 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
                   (rows_vec(b, vb, width, sizeof(TIn)) ? 2 : 0);
   size_t optin = 0;
   if (Status st = smem_optin(&optin); !st.ok()) return st;
-  // With a bias the block holds float32 products, the bias added once per slot before the one
-  // rounding (kernels.cuh).
-  const int block_elem = bias.t != nullptr ? 4 : static_cast<int>(sizeof(TOut));
-  L.full_ld = full_ld_of(g, L.tile, block_elem);
-  const size_t with_block = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, block_elem);
+  L.full_ld = full_ld_of(g, L.tile, sizeof(TOut));
+  const size_t with_block = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
   if (with_block > std::min(kPnFullBytes, optin)) L.full_ld = 0;  // direct stores
-  const size_t smem = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, block_elem);
-  auto kernel = L.full_ld == 0 ? pn_kernel<TIn, TOut, false>
-                : bias.t != nullptr ? pn_kernel<TIn, TOut, true, float>
-                                    : pn_kernel<TIn, TOut, true>;
+  const size_t smem = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
+  auto kernel = L.full_ld > 0 ? pn_kernel<TIn, TOut, true> : pn_kernel<TIn, TOut, false>;
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
     L.p0 = q;

@@ -37,12 +37,14 @@ namespace gemm {
 // box) and scale * <A[q], addB[n]> at slot W + n; slots without a neighbor get `masked`. The next
 // chunk's key rows are copied (cp.async, two buffers) while this one is multiplied. The products
 // go to the attention tensor directly (each with its slot), or with kFull into the tile's
-// [64 x halo] block of TBlock (leading dimension L.full_ld), written out row by row at the end.
-// With `bias` (QK's relative positional bias) each stored product gets its pair's entry added in
-// float32 before the one rounding: per product in the direct stores, per slot when the block is
-// written out (the host then makes the block float32: TBlock).
+// [64 x halo] block (leading dimension L.full_ld), written out row by row at the end. With `bias`
+// (QK's relative positional bias) each stored product gets its pair's entry added in float32:
+// per product before its rounding in the direct stores; per slot when the block is written out,
+// to the product as the block holds it (rounded to TOut: a float32 block would double the
+// block's shared memory and push nat-t / 2d-nat to the direct stores, 2.4x / 1.5x slower on an
+// H100).
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
-template <typename TIn, typename TOut, bool kFull, typename TBlock = TOut>
+template <typename TIn, typename TOut, bool kFull>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
                                                       AddView vab, TOut* out, View vo, int vec,
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   constexpr bool full = kFull;
   TIn* sA = reinterpret_cast<TIn*>(smem_raw);
   TIn* sB = sA + kRows * ld;                                   // [2][kChunk][ld]
-  TBlock* sS = reinterpret_cast<TBlock*>(sB + 2 * kChunk * ld);  // full: [kRows][L.full_ld]
+  TOut* sS = reinterpret_cast<TOut*>(sB + 2 * kChunk * ld);    // full: [kRows][L.full_ld]
   int64_t* sOff = reinterpret_cast<int64_t*>(sS + kRows * L.full_ld);  // A rows
   int64_t* sKOff = sOff + kRows;                               // [2][kChunk]: key rows
   int64_t* sRowOut = sKOff + 2 * kChunk;
@@ -134,10 +136,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
           }
         }
         if constexpr (full) {
-          if constexpr (std::is_same_v<TBlock, float>)
-            sS[m * L.full_ld + c0 + j] = val;
-          else
-            sS[m * L.full_ld + c0 + j] = naive::from_f32<TOut>(val);
+          sS[m * L.full_ld + c0 + j] = naive::from_f32<TOut>(val);
         } else {
           if (ro[i] >= 0 && slot >= 0) out[ro[i] + slot * vo.sx] = naive::from_f32<TOut>(val);
         }
@@ -152,10 +151,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
     if (!biased) {
       for (int s = lane; s < g.cols; s += 32) {
         const int h = halo_of_slot(g, L, rw, hb, hs, halo, s);
-        if constexpr (std::is_same_v<TBlock, TOut>)
-          out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
-        else
-          out[sRowOut[m] + s * vo.sx] = h >= 0 ? naive::from_f32<TOut>(sS[m * L.full_ld + h]) : masked;
+        out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
       }
       continue;
     }
