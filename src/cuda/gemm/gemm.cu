@@ -208,7 +208,11 @@ Status pn(const Geometry& g, int64_t p0, int64_t pairs, const void* a, const Vie
   const size_t with_block = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
   if (with_block > std::min(kPnFullBytes, optin)) L.full_ld = 0;  // direct stores
   const size_t smem = pn_smem_of(L.width_pad, sizeof(TIn), L.full_ld, sizeof(TOut));
-  auto kernel = L.full_ld > 0 ? pn_kernel<TIn, TOut, true> : pn_kernel<TIn, TOut, false>;
+  const bool biased = bias.t != nullptr;
+  auto kernel = L.full_ld > 0 ? (biased ? pn_kernel<TIn, TOut, true, true>
+                                        : pn_kernel<TIn, TOut, true, false>)
+                              : (biased ? pn_kernel<TIn, TOut, false, true>
+                                        : pn_kernel<TIn, TOut, false, false>);
   if (Status st = opt_in(kernel, smem); !st.ok()) return st;
   return for_pieces(p0, pairs, blocks_per_pair(g, L.tile, L.heads_per), [&](int64_t q, int64_t n) {
     L.p0 = q;

@@ -42,9 +42,10 @@ namespace gemm {
 // per product before its rounding in the direct stores; per slot when the block is written out,
 // to the product as the block holds it (rounded to TOut: a float32 block would double the
 // block's shared memory and push nat-t / 2d-nat to the direct stores, 2.4x / 1.5x slower on an
-// H100).
+// H100). kBias: separate instantiations, so that calls without a bias run the kernels without
+// its registers and tests.
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
-template <typename TIn, typename TOut, bool kFull>
+template <typename TIn, typename TOut, bool kFull, bool kBias>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
                                                       const TIn* bm, View vb, const TIn* add_b,
                                                       AddView vab, TOut* out, View vo, int vec,
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   int hb[3], hs[3];
   const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
-  const bool biased = bias.t != nullptr;
+  constexpr bool biased = kBias;
   row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
   if (biased && threadIdx.x < kRows) tile_row(L, pl, threadIdx.x, sRowQ + 3 * threadIdx.x);
   __syncthreads();
