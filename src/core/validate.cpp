@@ -290,8 +290,8 @@ Status validate_options(const Problem& p, const Options& opt, Backend* resolved,
     return invalid("query_offset / query_shape: a query region is taken by the fused attention "
                    "(forward / backward), not by the unfused (qk / av) operators");
   if (unfused && p.rpb)
-    return invalid("problem.rpb=true: the unfused (qk / av) operators take no bias table (add it to "
-                   "the attention weights)");
+    return invalid("problem.rpb=true: the unfused operators take no Problem::rpb flag (qk takes "
+                   "its bias table as QKArgs::rpb)");
   if (unfused && r == Backend::cuda_fused)
     return {Code::unsupported,
             "backend=cuda-fused has no unfused (qk / av) operators; use cuda-gemm, cuda-naive or cpu"};
