@@ -41,8 +41,9 @@ namespace gemm {
 // (QK's relative positional bias) each stored product gets its pair's entry added in float32:
 // per product before its rounding in the direct stores; per slot when the block is written out,
 // to the product as the block holds it (rounded to TOut: a float32 block doubles the block's
-// shared memory and pushed nat-t to the direct stores, 0.431 against 0.262 ms on an H100). kBias: separate instantiations, so that calls without a bias run the kernels without
-// its registers and tests.
+// shared memory and pushed nat-t to the direct stores, 0.431 against 0.262 ms on an H100).
+// kBias: separate instantiations, so that calls without a bias run the kernels without its
+// registers and tests.
 // vec: bit 0, A's rows take 16-byte copies; bit 1, B's.
 template <typename TIn, typename TOut, bool kFull, bool kBias>
 __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, const TIn* a, View va,
@@ -68,9 +69,8 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   int hb[3], hs[3];
   const int halo = key_halo(g, pl, hb, hs);
   const int cols = halo + g.num_add;
-  constexpr bool biased = kBias;
   row_info(g, L, pl, va, vo, sOff, sRowOut, sRowWin);
-  if (biased && threadIdx.x < kRows) tile_row(L, pl, threadIdx.x, sRowQ + 3 * threadIdx.x);
+  if (kBias && threadIdx.x < kRows) tile_row(L, pl, threadIdx.x, sRowQ + 3 * threadIdx.x);
   __syncthreads();
   load_rows(sA, ld, a, sOff, kRows, L.width, L.width_pad, va.sx, (vec & 1) != 0, true);
   if (!full && L.causal) {  // slots of the window box past a truncated causal window
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
     for (int i = 0; i < 2; ++i) {
       w[i] = row_window(sRowWin, r0 + 8 * i);
       ro[i] = sRowOut[r0 + 8 * i];
-      for (int ax = 0; ax < 3; ++ax) qr[i][ax] = biased ? sRowQ[3 * (r0 + 8 * i) + ax] : 0;
+      for (int ax = 0; ax < 3; ++ax) qr[i][ax] = kBias ? sRowQ[3 * (r0 + 8 * i) + ax] : 0;
     }
   stage(0, 0);
   for (int c = 0, c0 = 0; c0 < cols; ++c, c0 += kChunk) {
@@ -126,9 +126,10 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
           const int* loc = sLoc + 3 * at;
           if (loc[0] >= 0) {
             slot = slot_of(g, w[i], loc);
-            if (biased && slot >= 0 && ro[i] >= 0) {
+            if (kBias && slot >= 0 && ro[i] >= 0) {
               int bi[3];
-              for (int ax = 0; ax < 3; ++ax) bi[ax] = nbr::bias_index(g.axis[ax], qr[i][ax], loc[ax]);
+              for (int ax = 0; ax < 3; ++ax)
+                bi[ax] = nbr::bias_index(g.axis[ax], qr[i][ax], loc[ax]);
               val += bias.at(head, bi);
             }
           } else if (sAdd[at] >= 0) {
@@ -148,29 +149,30 @@ __global__ void __launch_bounds__(kThreads) pn_kernel(Geometry g, Launch L, cons
   for (int m = warp; m < kRows; m += kThreads / 32) {
     if (sRowOut[m] < 0) continue;
     const Win rw = row_window(sRowWin, m);
-    if (!biased) {
+    if constexpr (!kBias) {
       for (int s = lane; s < g.cols; s += 32) {
         const int h = halo_of_slot(g, L, rw, hb, hs, halo, s);
         out[sRowOut[m] + s * vo.sx] = h >= 0 ? sS[m * L.full_ld + h] : masked;
       }
-      continue;
-    }
-    // The table entry of the window box's first slot; slot (s0, s1, s2) adds s_a per axis.
-    int first[3];
-    for (int ax = 0; ax < 3; ++ax) first[ax] = nbr::bias_index(g.axis[ax], sRowQ[3 * m + ax], rw.b[ax]);
-    for (int s = lane; s < g.cols; s += 32) {
-      int o[3];
-      const int h = halo_of_slot(g, L, rw, hb, hs, halo, s, o);
-      if (h < 0) {
-        out[sRowOut[m] + s * vo.sx] = masked;
-        continue;
+    } else {
+      // The table entry of the window box's first slot; slot (s0, s1, s2) adds s_a per axis.
+      int first[3];
+      for (int ax = 0; ax < 3; ++ax)
+        first[ax] = nbr::bias_index(g.axis[ax], sRowQ[3 * m + ax], rw.b[ax]);
+      for (int s = lane; s < g.cols; s += 32) {
+        int o[3];
+        const int h = halo_of_slot(g, L, rw, hb, hs, halo, s, o);
+        if (h < 0) {
+          out[sRowOut[m] + s * vo.sx] = masked;
+          continue;
+        }
+        float x = naive::to_f32(sS[m * L.full_ld + h]);
+        if (s < g.window) {
+          for (int ax = 0; ax < 3; ++ax) o[ax] += first[ax];
+          x += bias.at(head, o);
+        }
+        out[sRowOut[m] + s * vo.sx] = naive::from_f32<TOut>(x);
       }
-      float x = naive::to_f32(sS[m * L.full_ld + h]);
-      if (s < g.window) {
-        for (int ax = 0; ax < 3; ++ax) o[ax] += first[ax];
-        x += bias.at(head, o);
-      }
-      out[sRowOut[m] + s * vo.sx] = naive::from_f32<TOut>(x);
     }
   }
 }
