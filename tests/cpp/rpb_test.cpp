@@ -562,6 +562,15 @@ TEST(RpbValidation, ErrorsNameTheArgument) {
     EXPECT_NE(st.message.find("rpb: backend=cuda-naive"), std::string::npos) << st.message;
   EXPECT_TRUE(fna::takes_rpb(fna::Backend::cuda_fused));
   EXPECT_FALSE(fna::takes_rpb(fna::Backend::cuda_naive));
+  // qk_forward's table (QKArgs::rpb) is checked like the forward's
+  {
+    fna::QKArgs q = r.g.qk_args();
+    q.rpb = r.rpb.ref();
+    q.rpb.data = static_cast<char*>(q.rpb.data) + 2;
+    st = fna::qk_forward(rc.c.p, q, opt);
+    EXPECT_EQ(st.code, fna::Code::invalid_argument);
+    EXPECT_NE(st.message.find("rpb pointer"), std::string::npos) << st.message;
+  }
   // Problem::rpb announces a table: set without one it is an error, in forward and backward
   {
     fna::Problem flagged = rc.c.p;
