@@ -85,20 +85,28 @@ def _axis_index(L, K, d, s, causal, device):
 _axis_index_cached = functools.lru_cache(maxsize=256)(_axis_index)
 
 
-def gather(rpb, spatial, kernel_size, stride, dilation, is_causal):
-    """``rpb`` gathered into the unfused logits' layout, ``[*spatial, H, prod(kernel_size)]``, in
-    rpb's dtype; 0 in the slots that hold no key (so those get no gradient)."""
+def _indices(spatial, kernel_size, stride, dilation, is_causal, device):
+    """Per axis the index into that axis of rpb of each (query, window slot), shaped to broadcast
+    over ``[*spatial, *kernel_size]``, and their common `valid` mask (None without causal axes)."""
     r = len(spatial)
     index, valid = [], None
     for a in range(r):
         idx, ok = axis_index(spatial[a], kernel_size[a], dilation[a], stride[a], is_causal[a],
-                             rpb.device)
+                             device)
         shape = [1] * (2 * r)
         shape[a], shape[r + a] = spatial[a], kernel_size[a]
         index.append(idx.reshape(shape))
         if ok is not None:
             ok = ok.reshape(shape)
             valid = ok if valid is None else valid & ok
+    return index, valid
+
+
+def gather(rpb, spatial, kernel_size, stride, dilation, is_causal):
+    """``rpb`` gathered into the unfused logits' layout, ``[*spatial, H, prod(kernel_size)]``, in
+    rpb's dtype; 0 in the slots that hold no key (so those get no gradient)."""
+    r = len(spatial)
+    index, valid = _indices(spatial, kernel_size, stride, dilation, is_causal, rpb.device)
     bias = rpb[(slice(None), *index)]  # [H, *spatial, *kernel_size]
     if valid is not None:
         bias = bias.masked_fill(~valid, 0)
@@ -112,24 +120,17 @@ def gather_grad(d_logits, rpb, sp):
     no key add nothing."""
     kernel_size, stride, dilation, is_causal = sp
     r = len(kernel_size)
-    spatial = d_logits.shape[1:1 + r]
+    spatial = tuple(d_logits.shape[1:1 + r])
     H, W = d_logits.shape[-2], math.prod(kernel_size)
-    flat, valid = None, None
-    for a in range(r):
-        idx, ok = axis_index(spatial[a], kernel_size[a], dilation[a], stride[a], is_causal[a],
-                             d_logits.device)
-        shape = [1] * (2 * r)
-        shape[a], shape[r + a] = spatial[a], kernel_size[a]
-        idx = idx.reshape(shape)
-        flat = idx if flat is None else flat * (2 * kernel_size[a] - 1) + idx
-        if ok is not None:
-            ok = ok.reshape(shape)
-            valid = ok if valid is None else valid & ok
+    index, valid = _indices(spatial, kernel_size, stride, dilation, is_causal, d_logits.device)
+    flat = index[0]
+    for a in range(1, r):  # the entry's place in one head's table, row-major
+        flat = flat * (2 * kernel_size[a] - 1) + index[a]
     g = d_logits[..., :W].float().sum(0)  # [*spatial, H, W]
-    g = g.movedim(r, 0).reshape((H,) + tuple(spatial) + tuple(kernel_size))
+    g = g.movedim(r, 0).reshape((H,) + spatial + tuple(kernel_size))
     if valid is not None:
         g = g.masked_fill(~valid, 0)
-    flat = flat.expand(tuple(spatial) + tuple(kernel_size)).reshape(-1)
+    flat = flat.expand(spatial + tuple(kernel_size)).reshape(-1)
     entries = math.prod(2 * k - 1 for k in kernel_size)
     d = g.new_zeros((H, entries)).index_add_(1, flat, g.reshape(H, -1))
     return d.reshape(rpb.shape).to(rpb.dtype)
