@@ -24,7 +24,9 @@ struct DkdvSm90Traits {
   // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
-  static constexpr int kBufs = 3;
+  // The 64-key tile at head dim 64 keeps two, so that three CTAs fit an SM (with the register
+  // cap of bwd_dkdv_sm90.cuh's __launch_bounds__).
+  static constexpr int kBufs = kKVRows == 64 && kD == 64 ? 2 : 3;
   using Tag = typename MmaTag<T>::type;
   static constexpr int kKV = kKVRows, kQ = 64, kWarps = kKV / 16, kThreads = 32 * kWarps;
   static_assert(kKV == 64 || kKV == 128, "64 or 128 keys");

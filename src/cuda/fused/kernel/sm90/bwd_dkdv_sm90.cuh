@@ -19,7 +19,11 @@
 // and dQ per warpgroup over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
 // The 64-key instance (kKVRows = 64, one warpgroup taking every dQ column block) serves small
 // windows, where a 64-key tile's inverse neighborhood spans fewer query tiles per key (the plan
-// weighs the steps: plan/backward.cu).
+// weighs the steps: plan/backward.cu). At head dim 64 it runs three CTAs per SM: at most 168
+// registers (__launch_bounds__; about 80 bytes spill) and two query-tile buffers (65 KB of shared
+// memory; DkdvSm90Traits::kBufs). Against two CTAs with three buffers (214 registers) that ran
+// forward+backward 0.88x on dinat-t, 0.94x on nat-t and 0.91x on 1d-small (H200, same-run A/B,
+// 2026-11-26); the bias instance keeps its registers (it spills more at 168).
 //
 // The step is latency-bound (Nsight Compute, 2d-large: two warps per scheduler, 0.4 eligible, the
 // tensor pipe ~33% busy), so instructions on its path count: the border mask is one bit test per
@@ -45,7 +49,7 @@ namespace bwd {
 
 // kBias: the call has a relative positional bias (its own instantiation, as bwd_dkdv_sm80.cuh's).
 template <typename T, int kD, int kKVRows = 128, bool kBias = false>
-__global__ void __launch_bounds__(2 * kKVRows, 1)
+__global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBias ? 3 : 1)
     dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kKVRows>;
