@@ -115,7 +115,7 @@ def gen(tname, ptype, n):
 def main():
     parts = [HEADER]
     for tname, ptype in (("mma::BF16", "bf16"), ("mma::F16", "f16")):
-        for n in (64, 128):
+        for n in (32, 64, 128):
             parts.append(gen(tname, ptype, n))
     parts.append(FOOTER)
     text = "\n".join(parts)

@@ -333,6 +333,9 @@ struct FusedPlan {
   // needed score pairs / score pairs computed, and its walk.
   std::string backward_config, backward_family, backward_copy;
   bool backward_deterministic = false;
+  // The head-dim columns the dK / dV kernel's products cover: the padded head dim (64, 128,
+  // 256), or 32 where max(D, D_v) <= 32 on the sm90 kernel with 64-key tiles.
+  int backward_head_dim = 0;
   std::vector<int> backward_kv_tile, backward_q_tile;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes

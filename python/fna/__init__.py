@@ -147,7 +147,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     wholly inside every window), ``needed_fraction`` (needed score pairs over computed ones: the
     tiling efficiency), ``walk`` (the spatial axes in the order the CTAs take their tiles, fastest
     first); and for the backward ``backward_config``, ``backward_family``, ``backward_copy``,
-    ``backward_deterministic``, ``backward_kv_tile`` / ``backward_q_tile`` (the dK / dV kernel's
+    ``backward_deterministic``, ``backward_head_dim`` (the head-dim columns the dK / dV kernel's
+    products cover: the padded head dim, or 32 where the head dims are at most 32 on the Hopper
+    kernel with 64-key tiles), ``backward_kv_tile`` / ``backward_q_tile`` (the dK / dV kernel's
     key tile and the query tiles it visits), ``backward_grid``, ``backward_smem``,
     ``backward_visited_tiles``,
     ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does

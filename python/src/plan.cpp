@@ -104,6 +104,7 @@ void bind_fused_plan(nb::module_& m) {
     d["backward_family"] = plan.backward_family;
     d["backward_copy"] = plan.backward_copy;
     d["backward_deterministic"] = plan.backward_deterministic;
+    d["backward_head_dim"] = plan.backward_head_dim;
     d["backward_kv_tile"] = list(plan.backward_kv_tile);
     d["backward_q_tile"] = list(plan.backward_q_tile);
     d["backward_grid"] = plan.backward_grid;

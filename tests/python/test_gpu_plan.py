@@ -395,13 +395,13 @@ def test_small_head_dims_take_padded_kernels(dim):
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
-@pytest.mark.parametrize("dim", [32, 128])
+@pytest.mark.parametrize("dim", [16, 24, 32, 48, 128])
 def test_backward_64_key_tiles(dim):
     """The plain Hopper dK / dV kernel's 64-key tiles (one warpgroup; at head dim 128 it takes
-    both dQ column blocks): the plan takes them for 7x7 windows at head dim 32 (padded to 64),
-    not at 128; every listed 64-key configuration
-    gives the float64 oracle's gradients, with dilation, a causal axis, GQA and additional keys
-    (their own 64-key tiles)."""
+    both dQ column blocks): the plan takes them for 7x7 windows at head dims up to 64 (padded to
+    64), not at 128, and up to head dim 32 its products cover 32 columns (backward_head_dim);
+    every listed 64-key configuration gives the float64 oracle's gradients, with dilation, a
+    causal axis, GQA and additional keys (their own 64-key tiles)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper backward needs compute capability 9.0")
     shape, ks = (1, 22, 19, 4, dim), (7, 7)
@@ -409,6 +409,7 @@ def test_backward_64_key_tiles(dim):
     # The heuristic takes them at padded head dim 64 only (at 128 they ran slower).
     assert plan["backward_family"] == "sm90"
     assert int(np.prod(plan["backward_kv_tile"])) == (64 if dim <= 64 else 128), plan
+    assert plan["backward_head_dim"] == (32 if dim <= 32 else 64 if dim <= 64 else 128), plan
     names = [n for n in fna.fused_backward_configs(2, "bfloat16", dim)
              if n.startswith("fna_bwd_sm90_") and ("_kv8x8_" in n or "_kv4x16_" in n)]
     assert names
@@ -430,3 +431,48 @@ def test_backward_64_key_tiles(dim):
             mag = max(1.0, float(np.abs(ref[key]).max()))
             err = float(np.abs(np64(got) - ref[key]).max())
             assert err <= 3e-2 * mag, f"{name}: {key} max error {err} (max |ref| {mag})"
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dims", [(32, 16), (16, 32), (8, 8), (32, 32)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_32_columns(dims, dtype):
+    """Head dims up to 32 on the Hopper dK / dV kernel with 64-key tiles: its products cover 32
+    columns of the head-dim-64 layout (backward_head_dim 32, also with D_v != D), and the gradients
+    are the float64 oracle's, at the borders of a 2-D grid with a stride and over a 1-D causal one
+    (the plan's own tiles and a named 64-key configuration)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper backward needs compute capability 9.0")
+    D, Dv = dims
+    g = torch.Generator(device="cuda").manual_seed(seed_of("bwd-32-cols", D, Dv, str(dtype)))
+    rnd = lambda *s: torch.randn(s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    na = {1: fna.na1d, 2: fna.na2d}
+    for spatial, ks, st, causal in (((17, 30), (5, 7), (1, 2), (False, False)),
+                                    ((300,), (9,), (1,), (True,))):
+        rank = len(spatial)
+        dt = str(dtype).split(".")[1]
+        q, k = (rnd(2, *spatial, 3, D).requires_grad_() for _ in range(2))
+        v = rnd(2, *spatial, 3, Dv).requires_grad_()
+        d_out = rnd(2, *spatial, 3, Dv)
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=[1] * rank,
+                          causal=list(causal), add_k=None, add_v=None), d_out=d_out)
+        named = [n for n in fna.fused_backward_configs(rank, dt, D)
+                 if n.startswith("fna_bwd_sm90_") and ("_kv64_" if rank == 1 else "_kv8x8_") in n]
+        assert len(named) == 1, named
+        narrow = 0
+        for name in (None, named[0]):
+            plan = fna.fused_plan((2, *spatial, 3, D), ks, stride=st, is_causal=causal, dim_v=Dv,
+                                  dtype=dt, backward_config=name)
+            assert plan["backward_family"] == "sm90", plan
+            keys = int(np.prod(plan["backward_kv_tile"]))
+            assert plan["backward_head_dim"] == (32 if keys == 64 else 64), plan
+            narrow += keys == 64
+            out = na[rank](q, k, v, ks, stride=st, is_causal=causal, backend="cuda-fused",
+                           backward_config=name)
+            grads = torch.autograd.grad(out, (q, k, v), d_out)
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            for got, key in zip(grads, ("dq", "dk", "dv")):
+                mag = max(1.0, float(np.abs(ref[key]).max()))
+                err = float(np.abs(np64(got) - ref[key]).max())
+                assert err <= 3e-2 * mag, f"{spatial} {name}: {key} max error {err} (max |ref| {mag})"
+        assert narrow >= 1

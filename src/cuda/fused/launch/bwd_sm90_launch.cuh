@@ -12,12 +12,13 @@
 namespace fna {
 namespace bwd {
 
-// The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys.
-template <typename T, int kD, int kKV>
+// The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys,
+// its products over kDn head-dim columns.
+template <typename T, int kD, int kKV, int kDn = kD>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV>;
-  auto kernel = p.rpb != nullptr ? dkdv_sm90_kernel<T, kD, kKV, true>
-                                 : dkdv_sm90_kernel<T, kD, kKV, false>;
+  auto kernel = p.rpb != nullptr ? dkdv_sm90_kernel<T, kD, kKV, true, kDn>
+                                 : dkdv_sm90_kernel<T, kD, kKV, false, kDn>;
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
   Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
   if (!st.ok()) return st;
@@ -52,7 +53,11 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
       if (!st.ok()) return st;
     }
   } else if (l.kv_rows == 64) {
-    st = launch_plain<T, kD, 64>(p, l, stream);
+    if constexpr (kD == 64)
+      st = l.dim_cols == 32 ? launch_plain<T, 64, 64, 32>(p, l, stream)
+                            : launch_plain<T, 64, 64>(p, l, stream);
+    else
+      st = launch_plain<T, kD, 64>(p, l, stream);
     if (!st.ok()) return st;
   } else {
     st = launch_plain<T, kD, 128>(p, l, stream);

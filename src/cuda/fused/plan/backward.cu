@@ -347,6 +347,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   } else if (family == fused::BwdFamily::sm90) {
     l.kv_rows = sm90_key_rows(p, dpad);
   }
+  l.dim_cols = family == fused::BwdFamily::sm90 && l.kv_rows == 64 && dpad == 64 && dmax <= 32
+                   ? 32
+                   : dpad;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   if (pr.rpb) {
     int64_t elems = 1;
@@ -640,6 +643,7 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_family = fused::family_name(plan.launch.family);
   out->backward_copy = plan.launch.tma.on ? "tma" : "cp_async";
   out->backward_deterministic = plan.launch.deterministic;
+  out->backward_head_dim = plan.launch.dim_cols;
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;

@@ -53,6 +53,9 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
   int kv_rows = 128;           // sm90: keys per dK / dV tile (64 or 128; sm90ws: 128)
+  // The head-dim columns the dK / dV kernel's products cover: the padded head dim, or 32 where
+  // max(D, D_v) <= 32 on the plain sm90 kernel with 64-key tiles (in the head-dim-64 layout).
+  int dim_cols = 64;
   bool deterministic = false;  // dQ by its own kernel (sm80 only), else by atomics
   dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
   size_t smem = 0;             // the most dynamic shared memory one of its kernels takes

@@ -84,13 +84,18 @@ __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group
 
 // One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
 // (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
-// aQ / aO, all 128-byte swizzled.
-template <typename T, int kD, int kKVRows = 128>
+// aQ / aO, all 128-byte swizzled. kDn: the head-dim columns the products cover, kD or, for head
+// dims up to 32 in the 64-column layout, 32 (the k-steps of S^T / dP^T past them and the zero
+// columns of dV, dK and dQ are skipped; wgmma reads the first half of each 128-byte row).
+template <typename T, int kD, int kKVRows = 128, int kDn = kD>
 struct Sm90Step {
   using Tag = typename MmaTag<T>::type;
-  using MmaS = wgmma::Mma<Tag, 64>;  // S^T, dP^T (64 queries) and dQ (64 head-dim columns)
-  using MmaD = wgmma::Mma<Tag, kD>;  // dV, dK
-  static constexpr int kKV = kKVRows, kQ = 64, kNB = kQ / 8, kDB = kD / 8;
+  static constexpr int kDq = kDn < 64 ? kDn : 64;  // dQ columns per block
+  using MmaS = wgmma::Mma<Tag, 64>;   // S^T, dP^T (64 queries)
+  using MmaQ = wgmma::Mma<Tag, kDq>;  // dQ (one block of head-dim columns)
+  using MmaD = wgmma::Mma<Tag, kDn>;  // dV, dK
+  static constexpr int kKV = kKVRows, kQ = 64, kNB = kQ / 8, kDB = kDn / 8;
+  static_assert(kDn == kD || (kD == 64 && kDn == 32), "32 columns of the 64-column layout");
 
   __device__ __forceinline__ static void zero_acc(float (&acc_dk)[kDB][4], float (&acc_dv)[kDB][4]) {
 #pragma unroll
@@ -128,11 +133,11 @@ struct Sm90Step {
     const uint64_t dk = wgmma::desc_sw128(aK, 16, 1024), dq = wgmma::desc_sw128(aQ, 16, 1024);
     const uint64_t dv = wgmma::desc_sw128(aV, 16, 1024), dob = wgmma::desc_sw128(aO, 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
+    for (int kk = 0; kk < kDn / 16; ++kk)
       MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
                dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
+    for (int kk = 0; kk < kDn / 16; ++kk)
       MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
                dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
     wgmma::commit();
@@ -201,12 +206,12 @@ struct Sm90Step {
     wgmma::commit();
   }
 
-  // dQ block = dS K over the CTA's kKV keys for 64 head-dim columns: A = dS^T at aDs and B = the
+  // dQ block = dS K over the CTA's kKV keys for kDq head-dim columns: A = dS^T at aDs and B = the
   // column block of K at aKblk, both read transposed; committed, not waited for.
-  __device__ __forceinline__ static void issue_dq(float (&dqa)[8][4], uint32_t aDs,
+  __device__ __forceinline__ static void issue_dq(float (&dqa)[kDq / 8][4], uint32_t aDs,
                                                   uint32_t aKblk) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < kDq / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dqa[n][e] = 0.f;
     wgmma::fence_operands(dqa);
@@ -215,7 +220,7 @@ struct Sm90Step {
     const uint64_t dkb = wgmma::desc_sw128(aKblk, kKV * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kKV / 16; ++kk)
-      MmaS::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
+      MmaQ::sst(dqa, dds + (kk * 16 * 128) / 16, dkb + (kk * 16 * 128) / 16, 1);
     wgmma::commit();
     wgmma::fence_operands(dqa);
   }

@@ -48,16 +48,19 @@ namespace fna {
 namespace bwd {
 
 // kBias: the call has a relative positional bias (its own instantiation, as bwd_dkdv_sm80.cuh's).
-template <typename T, int kD, int kKVRows = 128, bool kBias = false>
-__global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBias ? 3 : 1)
+// kDn: the head-dim columns the products cover and the copies fill (Sm90Step; 32 for head dims
+// up to 32 with 64-key tiles, in the head-dim-64 layout).
+template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD>
+__global__ void __launch_bounds__(2 * kKVRows,
+                                  kKVRows == 64 && kD == 64 && (!kBias || kDn == 32) ? 3 : 1)
     dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kKVRows>;
   constexpr int kBufs = Tr::kBufs;
   using E = T;
-  constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = Tr::kChunks;
-  constexpr int kNB = kQ / 8;  // n8 blocks of queries
-  constexpr int kDB = kD / 8;  // n8 blocks of the head dim
+  constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = kDn / 8;
+  constexpr int kNB = kQ / 8;   // n8 blocks of queries
+  constexpr int kDB = kDn / 8;  // n8 blocks of the head dim the products cover
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   uint32_t base;
@@ -97,7 +100,8 @@ __global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBi
         sw);
   };
 
-  using Step = Sm90Step<T, kD, kKVRows>;
+  using Step = Sm90Step<T, kD, kKVRows, kDn>;
+  constexpr int kDq = Step::kDq, kDqBlocks = kDn / kDq;  // dQ columns per block, blocks
   constexpr int kWG = kKV / 64;  // warpgroups
   float acc_dk[kDB][4], acc_dv[kDB][4];
   Step::zero_acc(acc_dk, acc_dv);
@@ -171,27 +175,27 @@ __global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBi
     // dQ = dS K over the CTA's keys: every warpgroup's dS^T must be in shared memory. Column
     // block cblk of dQ goes to warpgroup cblk % kWG (one warpgroup takes both blocks at head dim
     // 128 with 64-key tiles). The dQ block's atomics, after its MMAs are waited for.
-    auto add_dq = [&](float (&dqa)[8][4], int cblk) {
+    auto add_dq = [&](float (&dqa)[kDq / 8][4], int cblk) {
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
       const int row0 = (warp & 3) * 16 + (lane >> 2);
       const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
-      const bool whole = cblk * 64 + 64 <= p.dim;
+      const bool whole = cblk * kDq + kDq <= p.dim;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t t = tok[half];
         if (t < 0) continue;
-        const int col0 = cblk * 64 + 2 * (lane & 3);
+        const int col0 = cblk * kDq + 2 * (lane & 3);
         float* dst = p.dq_accum + t * p.dq_row + col0;
         if (whole) {
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
+          for (int n = 0; n < kDq / 8; ++n)
             atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
                       make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
         } else {
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
+          for (int n = 0; n < kDq / 8; ++n)
             if (col0 + n * 8 < p.dim)
               atomicAdd(reinterpret_cast<float2*>(dst + n * 8),
                         make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]));
@@ -203,11 +207,11 @@ __global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBi
     if constexpr (kWG == 2) {
       // wgmma issues and waits stay outside branches ptxas cannot prove warp-uniform (it
       // serializes those).
-      static_assert(kD / 64 <= 2, "at most one dQ column block per warpgroup");
-      if (wg >= kD / 64) issue_dk();  // no dQ block for this warpgroup
+      static_assert(kDqBlocks <= 2, "at most one dQ column block per warpgroup");
+      if (wg >= kDqBlocks) issue_dk();  // no dQ block for this warpgroup
 #pragma unroll 1
-      for (int cblk = wg; cblk < kD / 64; cblk += 2) {
-        float dqa[8][4];
+      for (int cblk = wg; cblk < kDqBlocks; cblk += 2) {
+        float dqa[kDq / 8][4];
         Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
         issue_dk();
         wgmma::wait<1>();  // dV and dQ done; dK runs on
@@ -216,8 +220,8 @@ __global__ void __launch_bounds__(2 * kKVRows, kKVRows == 64 && kD == 64 && !kBi
     } else {
       // One warpgroup: every dQ column block in turn, dK issued after the first.
 #pragma unroll
-      for (int cblk = 0; cblk < kD / 64; ++cblk) {
-        float dqa[8][4];
+      for (int cblk = 0; cblk < kDqBlocks; ++cblk) {
+        float dqa[kDq / 8][4];
         Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
         if (cblk == 0) {
           issue_dk();
