@@ -250,11 +250,14 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
 // and 128 keys stay. Only at padded head dim 64: at 128 the one warpgroup also runs both dQ
 // column blocks in turn, and 64-key tiles ran 2d-k3 / 2d-k7 forward+backward 1.30x / 1.37x
 // slower; at 64 they ran dinat-t's forward+backward 1.62x and nat-t's 1.12x faster (H100, bf16,
-// 2026-11-26).
-int sm90_key_rows(const Params& p, int dpad) {
+// 2026-11-26). Where max(D, D_v) <= 32 the 64-key kernel's products cover 32 columns
+// (BwdLaunch::dim_cols), so its MMAs count half: nat-late's forward+backward ran 1.27x slower on
+// the 128-key tiles the unweighted count chose (H100).
+int sm90_key_rows(const Params& p, int dpad, int64_t dmax) {
   if (dpad != 64) return 128;
   double cost[2];
   const int rows[2] = {64, 128};
+  const double mma[2] = {dmax <= 32 ? 0.5 : 1.0, 2.0};  // the MMAs' share of a step
   for (int i = 0; i < 2; ++i) {
     Params t = p;
     int64_t n_tiles = 0;
@@ -262,7 +265,7 @@ int sm90_key_rows(const Params& p, int dpad) {
     double visited = 1;
     for (int a = 0; a < kAxes; ++a)
       visited *= fused::axis_tile_pairs(t.geo.axis[a], t.tkv[a], t.tq[a], true);
-    cost[i] = visited * (1.0 + rows[i] / 64.0);
+    cost[i] = visited * (1.0 + mma[i]);
   }
   return cost[0] < cost[1] ? 64 : 128;
 }
@@ -345,7 +348,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     for (int a = 0; a < kAxes; ++a) rows *= named->kv[a];
     l.kv_rows = rows;
   } else if (family == fused::BwdFamily::sm90) {
-    l.kv_rows = sm90_key_rows(p, dpad);
+    l.kv_rows = sm90_key_rows(p, dpad, dmax);
   }
   l.dim_cols = family == fused::BwdFamily::sm90 && l.kv_rows == 64 && dpad == 64 && dmax <= 32
                    ? 32
