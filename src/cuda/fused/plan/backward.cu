@@ -243,21 +243,23 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
 }
 
 // The plain Hopper dK / dV kernel's keys per tile (64 or 128) for the heuristic's own tiles: the
-// one whose query-tile steps cost less, a step of a kKV-key tile counted as 1 + kKV / 64 (its
-// MMAs scale with the keys; the query tile's copy, its dQ atomics and the barriers do not). Over
-// a small window a 64-key tile's inverse neighborhood spans fewer query tiles per key (nat-t's
-// 7x7 windows: 4 query tiles per 64 keys against 6 per 128); over large windows the steps double
-// and 128 keys stay. Only at padded head dim 64: at 128 the one warpgroup also runs both dQ
-// column blocks in turn, and 64-key tiles ran 2d-k3 / 2d-k7 forward+backward 1.30x / 1.37x
-// slower; at 64 they ran dinat-t's forward+backward 1.62x and nat-t's 1.12x faster (H100, bf16,
-// 2026-11-26). Where max(D, D_v) <= 32 the 64-key kernel's products cover 32 columns
-// (BwdLaunch::dim_cols), so its MMAs count half: nat-late's forward+backward ran 1.27x slower on
-// the 128-key tiles the unweighted count chose (H100).
+// one whose query-tile steps cost less, a step counted as 1 (the query tile's copy, its dQ
+// atomics and the barriers) plus its MMAs' share, which scales with the keys and the columns.
+// Over a small window a 64-key tile's inverse neighborhood spans fewer query tiles per key
+// (nat-t's 7x7 windows: 4 query tiles per 64 keys against 6 per 128); over large windows the
+// steps double and 128 keys stay. Only at padded head dim 64: at 128 the one warpgroup also runs
+// both dQ column blocks in turn, and 64-key tiles ran 2d-k3 / 2d-k7 forward+backward 1.30x /
+// 1.37x slower. At 64 the 64-key kernel runs three CTAs per SM against the 128-key kernel's one,
+// so its MMAs count 0.75 against 2: with 1.0, 2d-nat and 3d-small took 128-key tiles and ran
+// forward+backward 1.10x / 1.08x slower; with 0.75 both run their best configuration and random
+// 1-D, 2-D and 3-D problems at head dim 64 stay within 1.09x of theirs. Where max(D, D_v) <= 32
+// its products cover 32 columns (BwdLaunch::dim_cols) and count 0.5 (nat-late ran 1.27x slower
+// on 128-key tiles). bench/heuristic_quality.py, H100, 2026-11-26.
 int sm90_key_rows(const Params& p, int dpad, int64_t dmax) {
   if (dpad != 64) return 128;
   double cost[2];
   const int rows[2] = {64, 128};
-  const double mma[2] = {dmax <= 32 ? 0.5 : 1.0, 2.0};  // the MMAs' share of a step
+  const double mma[2] = {dmax <= 32 ? 0.5 : 0.75, 2.0};  // the MMAs' share of a step
   for (int i = 0; i < 2; ++i) {
     Params t = p;
     int64_t n_tiles = 0;
