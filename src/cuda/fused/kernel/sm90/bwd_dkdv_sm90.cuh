@@ -23,7 +23,9 @@
 // registers (__launch_bounds__; about 80 bytes spill) and two query-tile buffers (65 KB of shared
 // memory; DkdvSm90Traits::kBufs). Against two CTAs with three buffers (214 registers) that ran
 // forward+backward 0.88x on dinat-t, 0.94x on nat-t and 0.91x on 1d-small (H200, same-run A/B,
-// 2026-11-26); the bias instance keeps its registers (it spills more at 168).
+// 2026-11-26); the bias instance over 64 columns keeps its registers (it spills more at 168).
+// Over 32 columns (kDn, head dims up to 32) the products halve and nothing spills at 168 (the
+// bias instance 16 bytes).
 //
 // The step is latency-bound (Nsight Compute, 2d-large: two warps per scheduler, 0.4 eligible, the
 // tensor pipe ~33% busy), so instructions on its path count: the border mask is one bit test per
