@@ -254,12 +254,13 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
 // forward+backward 1.10x / 1.08x slower; with 0.75 both run their best configuration and random
 // 1-D, 2-D and 3-D problems at head dim 64 stay within 1.09x of theirs. Where max(D, D_v) <= 32
 // its products cover 32 columns (BwdLaunch::dim_cols) and count 0.5 (nat-late ran 1.27x slower
-// on 128-key tiles). bench/heuristic_quality.py, H100, 2026-11-26.
-int sm90_key_rows(const Params& p, int dpad, int64_t dmax) {
+// on 128-key tiles). bench/heuristic_quality.py, H100, 2026-11-26. With a bias the 64-column
+// instance keeps two CTAs per SM (bwd_dkdv_sm90.cuh), so its MMAs count 1 as before.
+int sm90_key_rows(const Params& p, int dpad, int64_t dmax, bool bias) {
   if (dpad != 64) return 128;
   double cost[2];
   const int rows[2] = {64, 128};
-  const double mma[2] = {dmax <= 32 ? 0.5 : 0.75, 2.0};  // the MMAs' share of a step
+  const double mma[2] = {dmax <= 32 ? 0.5 : bias ? 1.0 : 0.75, 2.0};  // the MMAs' share of a step
   for (int i = 0; i < 2; ++i) {
     Params t = p;
     int64_t n_tiles = 0;
@@ -350,7 +351,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     for (int a = 0; a < kAxes; ++a) rows *= named->kv[a];
     l.kv_rows = rows;
   } else if (family == fused::BwdFamily::sm90) {
-    l.kv_rows = sm90_key_rows(p, dpad, dmax);
+    l.kv_rows = sm90_key_rows(p, dpad, dmax, pr.rpb);
   }
   l.dim_cols = family == fused::BwdFamily::sm90 && l.kv_rows == 64 && dpad == 64 && dmax <= 32
                    ? 32
