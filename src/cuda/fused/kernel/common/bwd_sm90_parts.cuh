@@ -30,7 +30,6 @@ struct DkdvSm90Traits {
   using Tag = typename MmaTag<T>::type;
   static constexpr int kKV = kKVRows, kQ = 64, kWarps = kKV / 16, kThreads = 32 * kWarps;
   static_assert(kKV == 64 || kKV == 128, "64 or 128 keys");
-  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   static constexpr int kKVBytes = kKV * kD * 2;
   static constexpr int kQBytes = kQ * kD * 2;
   static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
