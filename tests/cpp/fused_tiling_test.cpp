@@ -451,9 +451,12 @@ TEST(FusedTiling, BoxPlanMatchesBruteForce) {
     }
     const Geometry geo = Geometry::lift(2, len, ker, dil, str, cau);
     const int q[kAxes] = {1, c % 2 == 0 ? 16 : 8, c % 4 < 2 ? 16 : 8};
+    // Warp boxes of 4x4 queries (the box and strip forwards) or 2x8 (the strip forward).
+    const int wb[kAxes] = {1, c % 3 == 2 ? 2 : 4, c % 3 == 2 ? 8 : 4};
     SCOPED_TRACE("case " + std::to_string(c) + " " + describe(geo) + " tile " +
-                 std::to_string(q[1]) + "x" + std::to_string(q[2]));
-    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64);
+                 std::to_string(q[1]) + "x" + std::to_string(q[2]) + " box " +
+                 std::to_string(wb[1]) + "x" + std::to_string(wb[2]));
+    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64, wb);
     // Per axis (1: rows, 2: columns): brute-force unions, summed like the plan.
     int halo_max[kAxes] = {1, 1, 1}, box_max[kAxes] = {1, 1, 1};
     double keys[kAxes] = {1, 1, 1}, chunks[kAxes] = {1, 1, 1}, halo[kAxes] = {1, 1, 1};
@@ -472,15 +475,15 @@ TEST(FusedTiling, BoxPlanMatchesBruteForce) {
           const int hn = uni(i0, std::min(i0 + q[ax], lg), &hb);
           halo_max[ax] = std::max(halo_max[ax], hn);
           halo[ax] += hn;
-          for (int j0 = i0; j0 < i0 + q[ax] && j0 < lg; j0 += 4) {
+          for (int j0 = i0; j0 < i0 + q[ax] && j0 < lg; j0 += wb[ax]) {
             int ub = 0;
-            const int un = uni(j0, std::min(j0 + 4, lg), &ub);
+            const int un = uni(j0, std::min(j0 + wb[ax], lg), &ub);
             box_max[ax] = std::max(box_max[ax], un);
             ASSERT_GE(ub, hb);
             ASSERT_LE(ub + un, hb + hn);  // the box's keys are in its CTA's halo
             const int ch = ax == 1 ? (un + 3) / 4 : 1;
             chunks[ax] += ch;
-            keys[ax] += 4.0 * (ax == 1 ? 4 * ch : 16);
+            keys[ax] += double(wb[ax]) * (ax == 1 ? 4 * ch : 16);
           }
         }
       }
@@ -508,7 +511,7 @@ TEST(FusedTiling, BoxPlanMatchesBruteForce) {
 // 16 consecutive columns' windows, the ring rows are what the shared-memory budget affords
 // (even, at most 64), the plan is refused exactly when the box forward's limits refuse the
 // problem or the ring holds fewer than max(16, a box union's rows + 4) rows, the row segments
-// (whole multiples of 4 rows, none empty) cover the axis, and the copied rows add up the
+// (whole multiples of the warp box's rows, none empty) cover the axis, and the copied rows add up the
 // segments' unions times the strips' unions over the dilation groups.
 TEST(FusedTiling, StripPlanMatchesBruteForce) {
   std::mt19937_64 rng(20261125);
@@ -532,9 +535,12 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     const double heads = c % 3 == 0 ? 1 : 64;
     SCOPED_TRACE("case " + std::to_string(c) + " " + describe(geo) + " smem " +
                  std::to_string(optin) + " heads " + std::to_string(heads));
-    const int q[kAxes] = {1, 4, 16};
-    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64);
-    const fna::fused::StripPlan sp = fna::fused::strip_plan(geo, 64, 2, sms, optin, heads);
+    // Warp boxes of 4x4 or 2x8 queries.
+    const int bh = c % 2 == 0 ? 4 : 2;
+    const int q[kAxes] = {1, bh, 16};
+    const int wb[kAxes] = {1, bh, 16 / bh};
+    const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64, wb);
+    const fna::fused::StripPlan sp = fna::fused::strip_plan(geo, bh, 16 / bh, 2, sms, optin, heads);
     // Union of the windows of local queries [i0, i1) of group g on axis ax, from the SPEC relation.
     auto uni = [&](int ax, int g, int lg, int i0, int i1) {
       const auto& x = geo.axis[ax];
@@ -558,8 +564,8 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
         pitch = std::max(pitch, uni(2, g, glen(2, g), c0, std::min(c0 + 16, glen(2, g))));
     for (int g = 0; g < geo.axis[1].dilation; ++g) {
       max_len1 = std::max(max_len1, glen(1, g));
-      for (int r0 = 0; r0 < glen(1, g); r0 += 4)
-        box_rows = std::max(box_rows, uni(1, g, glen(1, g), r0, std::min(r0 + 4, glen(1, g))));
+      for (int r0 = 0; r0 < glen(1, g); r0 += bh)
+        box_rows = std::max(box_rows, uni(1, g, glen(1, g), r0, std::min(r0 + bh, glen(1, g))));
     }
     if (!bp.ok) {
       ASSERT_FALSE(sp.ok);
@@ -589,7 +595,7 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     EXPECT_LE(sp.smem + 1024, size_t(optin));
     const int seg = sp.sp.seg_rows;
     ASSERT_GT(seg, 0);
-    EXPECT_EQ(seg % 4, 0);
+    EXPECT_EQ(seg % bh, 0);
     EXPECT_GE(int64_t(sp.sp.segs) * seg, max_len1);
     EXPECT_LT(int64_t(sp.sp.segs - 1) * seg, max_len1);
     if (sp.sp.segs > 1) ++segmented;

@@ -489,8 +489,9 @@ int main(int argc, char** argv) {
       int n = 0;
       for (fna::DType dtype : args.dtypes) {
         if (dtype == fna::DType::f32) continue;
+        // Head dim 32's list holds the head-dim-32 strips and the head-dim-64 configurations.
         std::vector<std::string> boxes;
-        for (const std::string& name : fna::fused_configs(2, dtype, 64))
+        for (const std::string& name : fna::fused_configs(2, dtype, 32))
           if (name.rfind(std::string("fna_fwd_") + family + "_", 0) == 0) boxes.push_back(name);
         if (boxes.empty()) continue;
         fna_test::RandomLimits lim;
@@ -505,12 +506,16 @@ int main(int argc, char** argv) {
             c.p.kernel_size[a] = std::min<int64_t>(c.p.kernel_size[a], 1 + (n * 7 + a * 5) % 13);
             c.p.stride[a] = std::min(c.p.stride[a], c.p.kernel_size[a]);
           }
-          // Head dims: multiples of 8 (the 16-byte copies' rule), 8 to 64.
-          auto round8 = [](int64_t d) { return std::min<int64_t>(64, std::max<int64_t>(8, (d + 7) / 8 * 8)); };
+          const std::string& box = boxes[i % boxes.size()];
+          // Head dims: multiples of 8 (the 16-byte copies' rule), 8 to the configuration's 32 or
+          // 64.
+          const int64_t dmax = box.find("_d32_") != std::string::npos ? 32 : 64;
+          auto round8 = [dmax](int64_t d) {
+            return std::min<int64_t>(dmax, std::max<int64_t>(8, (d + 7) / 8 * 8));
+          };
           c.p.dim = round8(c.p.dim);
           c.p.dim_v = round8(c.p.dim_v);
           if (args.dim > 0) c.p.dim = c.p.dim_v = round8(args.dim);
-          const std::string& box = boxes[i % boxes.size()];
           rc.config = box;
           rc.use_stream = n % 2 == 1;
           const Outcome o = fna_gpu_test::run_case(Op::forward, c, rc);

@@ -114,6 +114,48 @@ def test_fused_plan_strip_rows():
     assert ran >= 1
 
 
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dims", [(32, 32), (32, 16), (24, 8)])
+def test_strip_head_dim_32_and_2x8_boxes(dims):
+    """The strip forward at head dims up to 32 (its products skip the ring rows' columns past 32)
+    computes each 4x4 box as the head-dim-64 strip does, so their outputs are bitwise equal; its
+    2x8 warp boxes (7x7 windows: two 64-key chunks per box instead of three) give the float64
+    oracle's output with dilation, causal and stride. NAT-Tiny's first stage (7x7 at head dim
+    32) plans the head-dim-32 strip with 2x8 boxes when the strip forward is asked for."""
+    d, dv = dims
+    ks = (7, 7)
+    plan = fna.fused_plan((32, 56, 56, 3, 32), ks, dtype="bfloat16", tuning={"fwd_strip": "on"})
+    assert plan["config"].startswith("fna_fwd_strip_bf16_d32_") and "_b2x8_" in plan["config"], \
+        plan["config"]
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    g = torch.Generator(device="cuda").manual_seed(seed_of("strip-d32", d, dv))
+    shape = (2, 45, 50, 3)
+    q, k = (torch.randn(shape + (d,), device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    v = torch.randn(shape + (dv,), device="cuda", dtype=torch.bfloat16, generator=g)
+    names = [n for n in fna.fused_configs(2, "bfloat16", max(d, dv)) if "_strip_" in n]
+    assert any("_d32_" in n and "_b2x8_" in n for n in names), names
+    for st, dil, causal in (((1, 1), (1, 1), (False, False)), ((2, 1), (2, 3), (True, False)),
+                            ((1, 3), (1, 2), (False, True))):
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=list(dil),
+                          causal=list(causal), add_k=None, add_v=None))["out"]
+        outs = {}
+        for name in names:
+            try:
+                outs[name] = fna.na2d(q, k, v, ks, stride=st, dilation=dil, is_causal=causal,
+                                      config=name)
+            except NotImplementedError:
+                assert optin < 227 * 1024, name  # a ring that does not fit this device
+                continue
+            err = float(np.abs(np64(outs[name]) - ref).max())
+            assert err < 2e-2, f"{name} stride {st} dilation {dil} causal {causal}: {err}"
+        for name, out in outs.items():
+            twin = name.replace("_d32_", "_d64_")
+            if "_d32_" in name and twin in outs:
+                assert torch.equal(out, outs[twin]), (name, st, dil, causal)
+        assert any("_b2x8_" in n for n in outs) and any("_d32_" in n for n in outs), list(outs)
+
+
 def _family_cases(hopper):
     """(name, query shape, kernel, dtype, tuning) problems whose plans take each forward family."""
     cases = [

@@ -70,11 +70,10 @@ constexpr bool plain_tf32() {
            (Q0) * (Q1) * (Q2) / 32, FwdFamily::simt,                                           \
            &launch_fwd_simt<mma::DT, D, R, Tile<Q0, Q1, Q2>>,                                  \
            &fwd_simt_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>>},
-#define FNA_FWD_STRIP_ENTRY(D, PH, DT)                                                         \
-  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, kBoxExt*(PH), kStripCols},  \
-           {1, kBoxExt, kBoxExt}, kStripCols / kBoxExt * (PH),     \
-           FwdFamily::strip, &launch_fwd_strip<mma::DT, D, PH>,                         \
-           &fwd_strip_smem_bytes<mma::DT, D, PH>},
+#define FNA_FWD_STRIP_ENTRY(D, PH, BH, BW, DT)                                                 \
+  FwdEntry{2, DTypeOf<mma::DT>::value, false, D, {1, (BH) * (PH), kStripCols}, {1, BH, BW},     \
+           kStripCols / (BW) * (PH), FwdFamily::strip, &launch_fwd_strip<mma::DT, D, PH, BH, BW>, \
+           &fwd_strip_smem_bytes<mma::DT, D, PH, BH, BW>},
 
 const std::vector<FwdEntry>& forward_table() {
   static const std::vector<FwdEntry> t{

@@ -244,9 +244,9 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       break;
     }
     case FwdFamily::strip: {
-      const fused::StripPlan sp = fused::strip_plan(geo, cfg->dim, cfg->q[1] / fused::kBoxExt,
-                                                    dev.sms, dev.smem_optin,
-                                                    double(p.batch) * double(p.heads));
+      const fused::StripPlan sp =
+          fused::strip_plan(geo, cfg->kv[1], cfg->kv[2], cfg->q[1] / cfg->kv[1], dev.sms,
+                            dev.smem_optin, double(p.batch) * double(p.heads));
       l.smem = sp.smem;
       l.strip = sp.sp;
       l.ctas = int64_t(p.batch) * p.heads * fp->groups * sp.sp.strips * sp.sp.segs;
@@ -346,9 +346,10 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   } else if (cfg->boxes()) {
     // Visited "tiles" are the warps' 64-key chunks, all masked (the strip forward multiplies the
     // box forward's boxes).
-    const int q_box[kAxes] = {1, fused::kBoxExt, fused::kStripCols};
+    const int q_box[kAxes] = {1, cfg->kv[1], fused::kStripCols};
     const fused::BoxPlan bp =
-        fused::box_plan(geo, cfg->family == FwdFamily::box ? cfg->q : q_box, cfg->dim);
+        cfg->family == FwdFamily::box ? fused::box_plan(geo, cfg->q, cfg->dim)
+                                      : fused::box_plan(geo, q_box, cfg->dim, cfg->kv);
     plan->visited_tiles = bp.chunks * heads;
     computed = bp.computed;
   } else {

@@ -142,7 +142,7 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
     *why = "a relative positional bias (rpb; the strip forward adds none)";
     return false;
   }
-  *sp = fused::strip_plan(geo, e.dim, e.q[1] / fused::kBoxExt, dev.sms, dev.smem_optin,
+  *sp = fused::strip_plan(geo, e.kv[1], e.kv[2], e.q[1] / e.kv[1], dev.sms, dev.smem_optin,
                           double(p.batch) * double(p.heads));
   if (!sp->ok) *why = sp->why;
   return sp->ok;
@@ -175,7 +175,7 @@ static double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
 // without fences the copies' lookahead counts more than the warps: 12 warps ran 2d-nat 0.416 ms
 // against 0.426 for 16 and 0.467 for 8 (H100, bf16).
 static int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
-  if (e.q[1] == 3 * fused::kBoxExt) return 2000;
+  if (e.q[1] == 12) return 2000;
   return sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows ? 1000 + e.q[1]
                                                                           : -e.q[1];
 }
@@ -315,7 +315,9 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
       cfg = box;
       best = box_cost;
     }
-    // The strip forward: its entry of strip_rows_score, where it applies and pays.
+    // The strip forward: its entry of strip_rows_score, where it applies and pays; among entries
+    // of the same score the least modelled time (the warp box with fewer chunks), then the
+    // smaller head dim (the same chunks with half the products).
     const FwdEntry* strip = nullptr;
     int strip_score = 0;
     double strip_cost = 0;
@@ -326,14 +328,18 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
       std::string why;
       if (!strip_applies(*e, p, geo, dev, &sp, &why)) continue;
       const int score = strip_rows_score(*e, sp);
-      if (strip != nullptr && score <= strip_score) continue;
       const double ctas = heads * geo.num_groups() * double(sp.sp.strips) * double(sp.sp.segs);
+      const double c = ctas <= 0 ? 0
+                                 : model_cost(kStripModel, ctas, sp.box.chunks * heads / ctas, 0,
+                                              resident_ctas(e->family, sp.smem, e->warps, dev), dev);
+      if (strip != nullptr &&
+          (score < strip_score ||
+           (score == strip_score && (c > strip_cost || (c == strip_cost && e->dim >= strip->dim)))))
+        continue;
       strip = e;
       strip_score = score;
       strip_sp = sp;
-      strip_cost = ctas <= 0 ? 0
-                             : model_cost(kStripModel, ctas, sp.box.chunks * heads / ctas, 0,
-                                          resident_ctas(e->family, sp.smem, e->warps, dev), dev);
+      strip_cost = c;
     }
     if (strip != nullptr) {
       const bool pays =

@@ -46,8 +46,10 @@ struct BoxPlan {
   double fast_fill = 0;     // mean share of a chunk's 16 columns inside its box's union
 };
 
-// `q` is the CTA tile lifted to three axes (q[0] == 1), `dim` the padded head dim.
-inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
+// `q` is the CTA tile lifted to three axes (q[0] == 1), `dim` the padded head dim, `wb` the warp
+// box (16 queries: 4x4, or 2x8 for the strip forward, whose 2-row boxes' unions span fewer rows).
+inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim,
+                        const int (&wb)[kAxes] = {1, kBoxExt, kBoxExt}) {
   BoxPlan bp;
   if (geo.axis[0].length != 1 || q[0] != 1) {
     bp.why = "the box forward takes rank-2 problems only";
@@ -65,15 +67,15 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
         const int hn = nbr::tile_union(a, len, i0, i1).size();
         bp.halo_rows[ax] = std::max(bp.halo_rows[ax], hn);
         halo += hn;
-        for (int j0 = i0; j0 < i0 + q[ax] && j0 < len; j0 += kBoxExt) {
-          const int u = nbr::tile_union(a, len, j0, std::min(j0 + kBoxExt, len)).size();
+        for (int j0 = i0; j0 < i0 + q[ax] && j0 < len; j0 += wb[ax]) {
+          const int u = nbr::tile_union(a, len, j0, std::min(j0 + wb[ax], len)).size();
           max_box[ax] = std::max(max_box[ax], u);
           fill += double(std::min(u, kBoxCols)) / kBoxCols;
           boxes += 1;
           // Along the rows a box walks ceil(u / 4) chunks; across, one 16-column chunk.
           const int c = ax == 1 ? (u + kBoxChunkRows - 1) / kBoxChunkRows : 1;
           ch += c;
-          keys += double(kBoxExt) * (ax == 1 ? c * kBoxChunkRows : kBoxCols);
+          keys += double(wb[ax]) * (ax == 1 ? c * kBoxChunkRows : kBoxCols);
         }
       }
     }
@@ -83,12 +85,12 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim) {
     if (ax == 2) bp.fast_fill = boxes > 0 ? fill / boxes : 0;
   }
   if (max_box[2] > kBoxCols) {
-    bp.why = "a 4-query box's windows span " + std::to_string(max_box[2]) +
+    bp.why = "a " + std::to_string(wb[2]) + "-query box's windows span " + std::to_string(max_box[2]) +
              " positions on the last axis (the box forward holds " + std::to_string(kBoxCols) + ")";
     return bp;
   }
   if (max_box[1] > kBoxMaxRows) {
-    bp.why = "a 4-query box's windows span " + std::to_string(max_box[1]) +
+    bp.why = "a " + std::to_string(wb[1]) + "-query box's windows span " + std::to_string(max_box[1]) +
              " positions on the first axis (the box forward holds " + std::to_string(kBoxMaxRows) +
              ")";
     return bp;

@@ -122,11 +122,11 @@ cudaError_t launch_fwd_simt(const FwdParams& p, const FwdLaunch& l, cudaStream_t
 template <class T, int kD, int kRank, class QT>
 size_t fwd_simt_smem_bytes();
 
-// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases box rows side by side);
-// its shared memory comes from strip_plan, the size below is a lower bound.
-template <class T, int kD, int kPhases>
+// The strip forward of fwd_strip.cuh (rank 2, 16-bit, mma.sync; kPhases rows of kBH x kBW warp
+// boxes side by side); its shared memory comes from strip_plan, the size below is a lower bound.
+template <class T, int kD, int kPhases, int kBH, int kBW>
 cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
-template <class T, int kD, int kPhases>
+template <class T, int kD, int kPhases, int kBH, int kBW>
 size_t fwd_strip_smem_bytes();
 
 }  // namespace fused

@@ -20,7 +20,11 @@
 namespace fna {
 namespace fused {
 
-constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes)
+constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes of 4x4, or 2 of 2x8)
+// A ring row's key row: 64 16-bit elements with the 128-byte swizzle, whatever the head dim the
+// kernel multiplies (at head dims up to 32 the TMA box's columns past D land as zeros and the
+// products skip them).
+constexpr int kStripRowBytes = 128;
 constexpr int kStripBandRows = 2;   // halo rows per ring band (one mbarrier and hand-back count)
 constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
 
@@ -28,7 +32,7 @@ constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
 struct StripParams {
   int strips;     // column strips per (batch, head, group), over the largest group
   int segs;       // row segments per strip
-  int seg_rows;   // query rows per segment (a multiple of kBoxExt)
+  int seg_rows;   // query rows per segment (a multiple of the warp box's rows)
   int ring_rows;  // halo rows the ring holds (a multiple of kStripBandRows, at least 16)
   int pitch;      // key rows per ring row: the widest strip halo (columns)
 };
@@ -55,14 +59,21 @@ struct StripPlan {
   BoxPlan box;         // the multiplied pairs and chunks (the box forward's)
 };
 
-// `rows_in_flight`: box rows the consumer warps work on side by side (the configuration's
-// phases); `sms`: the device's SM count (for the row segments); `smem_optin`: the most dynamic
-// shared memory a CTA may take; `heads_items`: batch x heads (work items scale with it).
-inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, int sms,
-                            int smem_optin, double heads_items) {
+// `box_h` x `box_w`: the warp box (4x4 or 2x8); `rows_in_flight`: box rows the consumer warps
+// work on side by side (the configuration's phases); `sms`: the device's SM count (for the row
+// segments); `smem_optin`: the most dynamic shared memory a CTA may take; `heads_items`: batch x
+// heads (work items scale with it).
+inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_in_flight,
+                            int sms, int smem_optin, double heads_items) {
   StripPlan sp;
-  const int q[kAxes] = {1, kBoxExt, kStripCols};
-  sp.box = box_plan(geo, q, dim);
+  if (box_h * box_w != 16 || kStripCols % box_w != 0) {
+    sp.why = "warp box " + std::to_string(box_h) + "x" + std::to_string(box_w) +
+             " (the strip forward's boxes are 16 queries across a divisor of its 16 columns)";
+    return sp;
+  }
+  const int q[kAxes] = {1, box_h, kStripCols};
+  const int wb[kAxes] = {1, box_h, box_w};
+  sp.box = box_plan(geo, q, kStripRowBytes / 2, wb);
   if (!sp.box.ok) {
     sp.why = sp.box.why;  // the strip forward multiplies the box forward's boxes
     return sp;
@@ -81,13 +92,13 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   for (int g = 0; g < a1.dilation; ++g) {
     const int len = nbr::group_length(a1, g);
     max_len1 = std::max(max_len1, len);
-    for (int r0 = 0; r0 < len; r0 += kBoxExt)
-      box_rows = std::max(box_rows, nbr::tile_union(a1, len, r0, std::min(r0 + kBoxExt, len)).size());
+    for (int r0 = 0; r0 < len; r0 += box_h)
+      box_rows = std::max(box_rows, nbr::tile_union(a1, len, r0, std::min(r0 + box_h, len)).size());
   }
   // Ring rows hold a multiple of 4 columns, so that a band (2 rows) is a multiple of 1024 bytes
   // and each band's TMA box starts on the 128-byte swizzle's period.
   pitch = (pitch + 3) / 4 * 4;
-  const size_t row_bytes = size_t(dim) * 2;
+  const size_t row_bytes = kStripRowBytes;
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
@@ -105,7 +116,7 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   }
   // Row segments: whole columns unless that leaves fewer than two CTAs per SM; a segment keeps at
   // least two rounds of the consumers' box rows.
-  const int box_rows_total = (max_len1 + kBoxExt - 1) / kBoxExt;
+  const int box_rows_total = (max_len1 + box_h - 1) / box_h;
   const double per_seg = heads_items * double(a1.dilation) * double(a2.dilation) *
                          double((max_len2 + kStripCols - 1) / kStripCols);
   int segs = 1;
@@ -115,7 +126,7 @@ inline StripPlan strip_plan(const Geometry& geo, int dim, int rows_in_flight, in
   segs = (box_rows_total + seg_box_rows - 1) / seg_box_rows;
   sp.sp.strips = (max_len2 + kStripCols - 1) / kStripCols;
   sp.sp.segs = segs;
-  sp.sp.seg_rows = seg_box_rows * kBoxExt;
+  sp.sp.seg_rows = seg_box_rows * box_h;
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
   sp.box_rows = box_rows;

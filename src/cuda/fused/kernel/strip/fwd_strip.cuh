@@ -1,6 +1,11 @@
 // The strip forward: the box forward's warp work (fwd_box.cuh: a 4x4 query box against the
 // union of the box's windows, 64-key chunks, mma.sync) on a CTA that owns a strip of 16 query
 // columns of one (batch, head, dilation group) and walks its rows, instead of one query tile.
+// Its warp boxes may also be 2x8 queries: a 2-row box's union spans fewer rows (7x7 windows: 8
+// rows, two chunks of 4 rows x 16 columns, against 10 rows and three chunks), where the union of
+// 8 columns' windows still fits a chunk's 16 columns. At head dims up to 32 (kD = 32) the ring
+// rows keep their 64 columns (zeros past D) and the products skip the k-steps and n8 blocks
+// past column 32.
 //
 // The box forward copies each CTA tile's halo whole (200 KB for 16x16 queries with 13x13
 // windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
@@ -14,8 +19,8 @@
 // barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
 // cp.async copies (Tuning::fwd_copy = cp_async asks for them).
 //
-// Warp w takes box column w % 4 of the strip and box rows w / 4, w / 4 + kPhases, ...: the
-// kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
+// Warp w takes box column w % B of the strip (B = 16 / box width) and box rows w / B,
+// w / B + kPhases, ...: the kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
 // back every band below the row's union, a lane per band (an arrive on the slot's "empty"
 // barrier, then the count); a band is handed back only once it has been filled (waited on), so
 // the hand-backs of a slot follow the ring's generations, and the lane whose count is last waits
@@ -48,7 +53,9 @@
 namespace fna {
 namespace fused {
 
-template <class T, int kD_, int kPhases_>
+// kD: the head dim the products cover (64, or 32 where max(D, D_v) <= 32: the ring rows keep 64
+// columns, the k-steps of S and the n8 blocks of O past 32 are skipped); kBH x kBW: the warp box.
+template <class T, int kD_, int kPhases_, int kBH_, int kBW_>
 struct StripTraits {
   using Elem = typename T::type;
   using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
@@ -60,11 +67,13 @@ struct StripTraits {
   static constexpr int kStepN = 64;
   static constexpr bool kQInRegs = false;
   static constexpr int kPhases = kPhases_;
-  static constexpr int kBoxCols = kStripCols / kBoxExt;     // boxes across the strip
+  static constexpr int kBH = kBH_, kBW = kBW_;
+  static constexpr int kBoxCols = kStripCols / kBW;  // boxes across the strip
   static constexpr int kWarps = kBoxCols * kPhases;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowBytes = kD * 2;
-  static_assert(kD == 64, "strip forward: head dim 64 (128-byte rows)");
+  static constexpr int kRowBytes = kStripRowBytes;
+  static_assert(kD == 64 || kD == 32, "strip forward: head dim 32 or 64 (128-byte rows)");
+  static_assert(kBH * kBW == 16 && kStripCols % kBW == 0, "strip forward: 16-query warp boxes");
 };
 
 // x, as a value the compiler cannot see through: what is computed from it is recomputed where
@@ -98,11 +107,11 @@ struct RingCursor {
 };
 
 
-template <class T, int kD, int kPhases, bool kTma>
-__global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
+template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma>
+__global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThreads, 1)
     fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
                          const __grid_constant__ StripTma tm) {
-  using Tr = StripTraits<T, kD, kPhases>;
+  using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
   using Elem = typename Tr::Elem;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kTma) {
@@ -221,16 +230,16 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
   // Consumers. Fixed per warp: the box column, its union's columns and the thread's column
   // patterns (the four columns t2, t2 + 1, t2 + 8, t2 + 9 of a 16-column chunk row).
   const int phase = warp / Tr::kBoxCols;
-  const int qb2 = c0 + (warp % Tr::kBoxCols) * kBoxExt;
+  const int qb2 = c0 + (warp % Tr::kBoxCols) * kBW;
   const bool col_active = qb2 < len2;
   const int t2 = 2 * (lane & 3);
   nbr::Range u2{0, 0};
   unsigned pat[2] = {0u, 0u};
   if (col_active) {
-    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBoxExt, len2));
+    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBW, len2));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int q2 = qb2 + (((lane >> 2) + 8 * r) & 3);
+      const int q2 = qb2 + ((lane >> 2) + 8 * r) % kBW;
       if (q2 < len2) {
         const nbr::Range w2 = nbr::window(geo.axis[2], len2, q2);
         const unsigned cb = box_bits(w2.begin - u2.begin, w2.end - u2.begin) >> t2;
@@ -300,7 +309,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = (lane >> 2) + 8 * r;
-      int c[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      int c[kAxes] = {0, qb1 + i / kBW, qc + i % kBW};
       const bool ok = qc < len2 && c[1] < r1 && c[2] < len2;
       const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
 #pragma unroll
@@ -313,15 +322,15 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
         }
     }
   };
-  constexpr int kStep = kPhases * kBoxExt;
+  constexpr int kStep = kPhases * kBH;
   // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
   // 16 warps (at most 168 / 128 registers per thread, where qn would spill) it is loaded into
   // qf once the last chunk's S is computed, and flies during that chunk's softmax and P V.
-  constexpr bool kPrefetchQ = kPhases <= 2;
+  constexpr bool kPrefetchQ = Tr::kWarps <= 8;
   uint32_t qn[kD / 16][4], qf[kD / 16][4];
-  load_q(r0 + phase * kBoxExt, kPrefetchQ ? qn : qf);
-  for (int qb1 = r0 + phase * kBoxExt; qb1 < r1; qb1 += kStep) {
-    const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBoxExt, len1));
+  load_q(r0 + phase * kBH, kPrefetchQ ? qn : qf);
+  for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
+    const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
     const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
     release_below(u_off / kStripBandRows);
     if (!col_active) continue;
@@ -336,7 +345,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     unsigned rowbits[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBoxExt;
+      const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBW;
       rowbits[r] = 0u;
       if (q1 < r1) {
         const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
@@ -374,7 +383,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       const float l = row_sum(st, 0, r);
       const int i = (lane >> 2) + 8 * r;
-      const int q[kAxes] = {0, qb1 + (i >> 2), qc + (i & 3)};
+      const int q[kAxes] = {0, qb1 + i / kBW, qc + i % kBW};
       if (q[1] < r1) store_row<Tr, T, false>(st, p, fo, 0, r, l, q, lane);
     }
   }
@@ -382,11 +391,11 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases>::kThreads, 1)
 }
 
 
-template <class T, int kD, int kPhases>
+template <class T, int kD, int kPhases, int kBH, int kBW>
 cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
-  using Tr = StripTraits<T, kD, kPhases>;
-  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, true>
-                               : fna_fwd_strip_kernel<T, kD, kPhases, false>;
+  using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
+  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true>
+                               : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
@@ -394,17 +403,17 @@ cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_
   return cudaGetLastError();
 }
 
-template <class T, int kD, int kPhases>
+template <class T, int kD, int kPhases, int kBH, int kBW>
 size_t fwd_strip_smem_bytes() {
   // A lower bound: a ring of 16 rows of a 16-column halo.
-  return size_t(16) * kStripCols * 2 * kD * 2;
+  return size_t(16) * kStripCols * 2 * kStripRowBytes;
 }
 
 // Instantiates one row of configs/forward.h's strip table (the build's generated files expand it).
-#define FNA_FWD_STRIP_INSTANTIATE(D, PH, DT)                                                    \
-  template cudaError_t launch_fwd_strip<mma::DT, D, PH>(const FwdParams&, const FwdLaunch&,    \
-                                                        cudaStream_t);                         \
-  template size_t fwd_strip_smem_bytes<mma::DT, D, PH>();
+#define FNA_FWD_STRIP_INSTANTIATE(D, PH, BH, BW, DT)                                            \
+  template cudaError_t launch_fwd_strip<mma::DT, D, PH, BH, BW>(                               \
+      const FwdParams&, const FwdLaunch&, cudaStream_t);                                       \
+  template size_t fwd_strip_smem_bytes<mma::DT, D, PH, BH, BW>();
 
 }  // namespace fused
 }  // namespace fna
