@@ -147,7 +147,8 @@ struct Tuning {
                                              // (e.g. "10" at rank 2); empty: the plan's
   Switch fwd_rpb_stage = Switch::automatic;  // with a bias, sm80 / plain sm90 forward: each CTA
                                              // copies its head's table into shared memory (on)
-                                             // or reads it in global memory (off)
+                                             // or reads it in global memory (off; the strip
+                                             // forward, which always copies it, then never runs)
   // cuda-fused backward.
   BwdKernel bwd_kernel = BwdKernel::automatic;
   CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads

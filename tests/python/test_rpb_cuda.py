@@ -4,7 +4,8 @@ against the float64
 dense reference of test_rpb.py (the bias gathered there from coordinates, no fna code): output,
 LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks 1-3, odd and even
 kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
-query regions; the plan (no strip / box / SIMT forward, the sm80 backward with a bias); the
+query regions; the strip forward's configurations; the plan (no box / SIMT forward with a bias,
+the sm80 backward); the
 deterministic route (the unfused composition) and the errors. Needs a CUDA GPU."""
 
 import math
@@ -147,14 +148,16 @@ def test_bias_matters():
 
 
 def test_plan_with_rpb():
-    """NAT-like problems where the plan runs the strip / SIMT forwards without a bias run a tiled
-    kernel with one, and the sm80 / plain Hopper backward; fused_plan(rpb=True) reports exactly
-    that."""
+    """NAT-like problems: with a bias the plan runs the strip forward (which stages the table) or
+    a tiled kernel, never the box / SIMT forwards, and the sm80 / plain Hopper backward;
+    fused_plan(rpb=True) reports exactly that."""
     for shape, ks, D in (((56, 56), 7, 32), ((64, 64), 13, 64), ((28, 28), 7, 32)):
         q = (2, *shape, 4, D)
         plain = fna.fused_plan(q, ks)
         plan = fna.fused_plan(q, ks, rpb=True)
-        assert plan["family"] in ("sm80", "sm90", "sm90ws"), (shape, plan)
+        assert plan["family"] in ("sm80", "sm90", "sm90ws", "strip"), (shape, plan)
+        if plain["family"] == "strip":  # the strip forward adds the bias
+            assert plan["config"] == plain["config"], (plan, plain)
         assert plan["backward_family"] == ("sm90" if _hopper() else "sm80"), (shape, plan)
         assert plan["rpb_table"] == ("global" if plan["family"] == "sm90ws" else "shared"), plan
         assert plain["rpb_table"] == ""
@@ -166,6 +169,34 @@ def test_plan_with_rpb():
         rpb = torch.randn(4, 2 * ks - 1, 2 * ks - 1, device="cuda", generator=g)
         fna.na2d(*t, ks, rpb=rpb)
         assert fna._C.last_fused_launch()["forward"] == plan["config"]
+
+
+_STRIP_CASES = [CASES[3], CASES[5],
+                (2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0),
+                (2, [30, 33], [13, 5], [2, 1], [1, 2], [True, False], 4, 2, 0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("D", [16, 64])
+def test_strip_forward_bias(D, dtype):
+    """Every strip configuration (4x4 and 2x8 warp boxes, head dims 32 and 64, 8-16 warps) adds
+    the bias from its staged table: output, LSE and gradients against the reference, with
+    stride, dilation, causal and grouped heads; the launch is the named configuration."""
+    dt = str(dtype).replace("torch.", "")
+    names = [n for n in fna.fused_configs(2, dt, D) if "_strip_" in n]
+    assert names
+    ran = 0
+    for i, case in enumerate(_STRIP_CASES):
+        for name in names:
+            try:
+                _run(case, dtype, seed_of("rpb-strip", i, name), f"case {i} {name}", D=D, Dv=D,
+                     config=name)
+            except NotImplementedError:
+                continue  # a problem outside the configuration's limits, or a ring too large
+            assert fna._C.last_fused_launch()["forward"] == name
+            ran += 1
+    assert ran >= len(names) * 2, ran
 
 
 def test_deterministic_runs_the_composition():

@@ -246,7 +246,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     case FwdFamily::strip: {
       const fused::StripPlan sp =
           fused::strip_plan(geo, cfg->kv[1], cfg->kv[2], cfg->q[1] / cfg->kv[1], dev.sms,
-                            dev.smem_optin, double(p.batch) * double(p.heads));
+                            dev.smem_optin, double(p.batch) * double(p.heads), p.rpb);
       l.smem = sp.smem;
       l.strip = sp.sp;
       l.ctas = int64_t(p.batch) * p.heads * fp->groups * sp.sp.strips * sp.sp.segs;
@@ -319,6 +319,12 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
         }
       }
     }
+  } else if (p.rpb && cfg->family == FwdFamily::strip && t.fwd_rpb_stage != Switch::off) {
+    // The strip forward always stages its head's table (after its rings, in strip_plan's size).
+    fp->rpb_inv_scale = static_cast<float>(1.0 / double(fp->scale));
+    if (!std::isfinite(fp->rpb_inv_scale))
+      return unsupported("rpb with scale=" + std::to_string(fp->scale) +
+                         ": the strip forward stages the table divided by the scale");
   } else if (t.fwd_rpb_stage != Switch::automatic) {
     return unsupported("tuning fwd_rpb_stage needs the sm80 or plain sm90 forward, but the plan "
                        "runs " + plan->config);
@@ -486,7 +492,9 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
-  out->rpb_table = !p.rpb ? "" : fp.rpb_staged ? "shared" : "global";
+  out->rpb_table = !p.rpb ? ""
+                  : fp.rpb_staged || plan.family == FwdFamily::strip ? "shared"
+                                                                      : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;

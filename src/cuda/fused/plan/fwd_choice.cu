@@ -138,12 +138,8 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
     *why = "a query region (query_offset / query_shape; the strip forward computes whole grids)";
     return false;
   }
-  if (p.rpb) {
-    *why = "a relative positional bias (rpb; the strip forward adds none)";
-    return false;
-  }
   *sp = fused::strip_plan(geo, e.kv[1], e.kv[2], e.q[1] / e.kv[1], dev.sms, dev.smem_optin,
-                          double(p.batch) * double(p.heads));
+                          double(p.batch) * double(p.heads), p.rpb);
   if (!sp->ok) *why = sp->why;
   return sp->ok;
 }
@@ -323,7 +319,10 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
     double strip_cost = 0;
     fused::StripPlan strip_sp;
     for (const FwdEntry* e : cands) {
-      if (e->family != FwdFamily::strip || t.fwd_strip == Switch::off) continue;
+      // (The strip forward stages a bias table: not under fwd_rpb_stage off.)
+      if (e->family != FwdFamily::strip || t.fwd_strip == Switch::off ||
+          (p.rpb && t.fwd_rpb_stage == Switch::off))
+        continue;
       fused::StripPlan sp;
       std::string why;
       if (!strip_applies(*e, p, geo, dev, &sp, &why)) continue;

@@ -10,6 +10,7 @@
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/fused/kernel/common/box_plan.h"
+#include "cuda/fused/kernel/common/fwd_bias.cuh"
 #include "cuda/fused/kernel/common/fwd_common.cuh"
 #include "cuda/fused/kernel/common/fwd_params.h"
 
@@ -97,6 +98,28 @@ __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           if (((m >> (4 * a + 2 * h + e)) & 1u) == 0u) s[0][2 * a + h][2 * r + e] = -INFINITY;
+  }
+}
+
+// The bias of one chunk's scores (the strip forward with a bias): the table, divided by the
+// scale, in shared memory with rows of kPitch entries; at[r] is the address of row r's entry for
+// union position (0, t2), so the score of union row 4 ch + a, column 8 h + t2 + e reads
+// at[r] + 4 ((4 ch + a) kPitch + 8 h + e). Masked scores read nothing: their index may lie outside
+// the table (staged_entry is volatile, never speculated ahead of the test).
+template <int kPitch>
+__device__ __forceinline__ void box_bias(float (&s)[1][8][4], const uint32_t (&at)[2], int ch) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t base = at[r] + uint32_t(ch * kBoxChunkRows * kPitch * 4);
+#pragma unroll
+    for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[0][2 * a + h][2 * r + e];
+          if (x != -INFINITY) x += staged_entry(base + uint32_t((a * kPitch + 8 * h + e) * 4));
+        }
   }
 }
 

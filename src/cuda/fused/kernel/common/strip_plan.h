@@ -25,6 +25,9 @@ constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes of
 // kernel multiplies (at head dims up to 32 the TMA box's columns past D land as zeros and the
 // products skip them).
 constexpr int kStripRowBytes = 128;
+// With a bias, the head's table (divided by the scale) follows the rings: 2 K_1 - 1 rows of
+// 2 K_2 - 1 entries (at most 25: a box union's 16 columns bound K_2) at this pitch.
+constexpr int kStripBiasPitch = 32;
 constexpr int kStripBandRows = 2;   // halo rows per ring band (one mbarrier and hand-back count)
 constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
 
@@ -62,13 +65,19 @@ struct StripPlan {
 // `box_h` x `box_w`: the warp box (4x4 or 2x8); `rows_in_flight`: box rows the consumer warps
 // work on side by side (the configuration's phases); `sms`: the device's SM count (for the row
 // segments); `smem_optin`: the most dynamic shared memory a CTA may take; `heads_items`: batch x
-// heads (work items scale with it).
+// heads (work items scale with it); `bias`: whether the call has a relative positional bias.
 inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_in_flight,
-                            int sms, int smem_optin, double heads_items) {
+                            int sms, int smem_optin, double heads_items, bool bias = false) {
   StripPlan sp;
   if (box_h * box_w != 16 || kStripCols % box_w != 0) {
     sp.why = "warp box " + std::to_string(box_h) + "x" + std::to_string(box_w) +
              " (the strip forward's boxes are 16 queries across a divisor of its 16 columns)";
+    return sp;
+  }
+  if (bias && 2 * geo.axis[2].kernel - 1 > kStripBiasPitch) {
+    sp.why = "a bias table row of " + std::to_string(2 * geo.axis[2].kernel - 1) +
+             " entries (the strip forward stages rows of up to " +
+             std::to_string(kStripBiasPitch) + ")";
     return sp;
   }
   const int q[kAxes] = {1, box_h, kStripCols};
@@ -102,7 +111,9 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
-  const size_t avail = size_t(smem_optin) > 2048 ? size_t(smem_optin) - 2048 : 0;
+  const size_t bias_bytes =
+      bias ? size_t(2 * geo.axis[1].kernel - 1) * kStripBiasPitch * sizeof(float) : 0;
+  const size_t avail = size_t(smem_optin) > 2048 + bias_bytes ? size_t(smem_optin) - 2048 - bias_bytes : 0;
   int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;
   // A box's union (up to box_rows rows, at any band offset) must fit the ring with a band to
@@ -130,7 +141,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
   sp.box_rows = box_rows;
-  sp.smem = StripSmem{uint32_t(row_bytes), ring, pitch}.bytes();
+  sp.smem = StripSmem{uint32_t(row_bytes), ring, pitch}.bytes() + bias_bytes;
   sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
   // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
   // strip's columns.

@@ -107,7 +107,7 @@ struct RingCursor {
 };
 
 
-template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma>
+template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias>
 __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThreads, 1)
     fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
                          const __grid_constant__ StripTma tm) {
@@ -168,7 +168,6 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
     mbar::init(empty0 + 8 * threadIdx.x, Tr::kWarps);
     handed_back[threadIdx.x] = 0;
   }
-  __syncthreads();
   // The ring starts 1024-byte aligned (the 128-byte swizzle of TMA is a function of the address;
   // box_sw's is of the row, and a band is a multiple of 1024 bytes: pitch % 4 == 0).
   const uint32_t raw = mma::smem_u32(smem_raw);
@@ -176,6 +175,19 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   const StripSmem layout{uint32_t(Tr::kRowBytes), sp.ring_rows, sp.pitch};
   const uint32_t sV = sK + layout.v_offset();
   const uint32_t band_bytes = layout.band_bytes();
+  // The bias (kBias): the head's table divided by the scale after the rings, 2 K_1 - 1 rows of
+  // 2 K_2 - 1 <= 25 entries at a pitch of kStripBiasPitch (box_bias).
+  const uint32_t sB = sK + 2 * layout.v_offset();
+  if constexpr (kBias) {
+    const int n1 = 2 * geo.axis[1].kernel - 1, n2 = 2 * geo.axis[2].kernel - 1;
+    const float* src = p.rpb + ft.h * p.rpb_stride[0];
+    float* dst = reinterpret_cast<float*>(smem_raw + (sB - raw));
+    for (int i = threadIdx.x; i < n1 * kStripBiasPitch; i += Tr::kThreads) {
+      const int i1 = i / kStripBiasPitch, i2 = i % kStripBiasPitch;
+      dst[i] = i2 < n2 ? __ldg(src + i1 * p.rpb_stride[2] + i2) * p.rpb_inv_scale : 0.f;
+    }
+  }
+  __syncthreads();
 
   // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
   // x pitch columns per tensor (zeros past the axes' ends), completing on the slot's "full"
@@ -352,6 +364,17 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
       }
     }
+    // The bias rows' entries of union position (0, t2) (box_bias).
+    uint32_t bias_at[2] = {0u, 0u};
+    if constexpr (kBias) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = (lane >> 2) + 8 * r;
+        const int d1 = u1.begin - (qb1 + i / kBW) + geo.axis[1].kernel - 1;
+        const int d2 = u2.begin - (qb2 + i % kBW) + geo.axis[2].kernel - 1;
+        bias_at[r] = sB + 4u * uint32_t(d1 * kStripBiasPitch + d2 + t2);
+      }
+    }
     // The union's first row in the ring (ring_rows >= 16 > 3 chunk rows, and a union spans at
     // most 32 rows, so two conditional subtractions keep a chunk row inside the ring).
     const int ring_base = u_off % sp.ring_rows;
@@ -372,6 +395,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
       }
       float sc[1][8][4];
       box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+      if constexpr (kBias) box_bias<kStripBiasPitch>(sc, bias_at, ch);
       if (!kPrefetchQ && more && ch == n_chunks - 1) load_q(qb1 + kStep, qf);
       box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
     }
@@ -394,8 +418,12 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
 template <class T, int kD, int kPhases, int kBH, int kBW>
 cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
-  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true>
-                               : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false>;
+  const bool bias = p.rpb != nullptr;
+  auto kernel = l.strip_tma.on
+                    ? (bias ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, true>
+                            : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, false>)
+                    : (bias ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, true>
+                            : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
