@@ -159,10 +159,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     ``torch.are_deterministic_algorithms_enabled()`` as a call on torch tensors does (False when
     torch is not imported). Needs a CUDA device (the plan depends on its properties).
     ``rpb=True``: the plan of a call with a relative positional bias (:func:`na2d`'s ``rpb``),
-    which the tiled kernels and the strip forward add (the box and SIMT forwards and the
-    warp-specialized backward do not, so the plan chooses among the others); ``rpb_table`` then
-    says where the
-    forward reads the table: ``"shared"`` (each CTA copies its head's table into shared memory)
+    which every forward family adds (the warp-specialized backward does not, so the plan runs
+    the plain one); ``rpb_table`` then says where the forward reads the table: ``"shared"`` (each CTA copies its head's table into shared memory)
     or ``"global"`` (empty without a bias).
     """
     from . import _args

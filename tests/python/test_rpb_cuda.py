@@ -4,8 +4,8 @@ against the float64
 dense reference of test_rpb.py (the bias gathered there from coordinates, no fna code): output,
 LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks 1-3, odd and even
 kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
-query regions; the strip forward's configurations; the plan (no box / SIMT forward with a bias,
-the sm80 backward); the
+query regions; the strip, box and SIMT forwards' configurations; the plan (the sm80 / plain
+Hopper backward with a bias); the
 deterministic route (the unfused composition) and the errors. Needs a CUDA GPU."""
 
 import math
@@ -149,17 +149,18 @@ def test_bias_matters():
 
 def test_plan_with_rpb():
     """NAT-like problems: with a bias the plan runs the strip forward (which stages the table) or
-    a tiled kernel, never the box / SIMT forwards, and the sm80 / plain Hopper backward;
-    fused_plan(rpb=True) reports exactly that."""
+    a tiled kernel, and the sm80 / plain Hopper backward; fused_plan(rpb=True) reports exactly
+    that."""
     for shape, ks, D in (((56, 56), 7, 32), ((64, 64), 13, 64), ((28, 28), 7, 32)):
         q = (2, *shape, 4, D)
         plain = fna.fused_plan(q, ks)
         plan = fna.fused_plan(q, ks, rpb=True)
-        assert plan["family"] in ("sm80", "sm90", "sm90ws", "strip"), (shape, plan)
+        assert plan["family"] in ("sm80", "sm90", "sm90ws", "strip", "box", "simt"), (shape, plan)
         if plain["family"] == "strip":  # the strip forward adds the bias
             assert plan["config"] == plain["config"], (plan, plain)
         assert plan["backward_family"] == ("sm90" if _hopper() else "sm80"), (shape, plan)
-        assert plan["rpb_table"] == ("global" if plan["family"] == "sm90ws" else "shared"), plan
+        assert plan["rpb_table"] == ("global" if plan["family"] in ("sm90ws", "simt")
+                                     else "shared"), plan
         assert plain["rpb_table"] == ""
         assert fna.fused_plan(q, ks, rpb=True, tuning={"fwd_schedule": "mma_sync"})[
             "rpb_table"] == "shared"
@@ -171,32 +172,37 @@ def test_plan_with_rpb():
         assert fna._C.last_fused_launch()["forward"] == plan["config"]
 
 
-_STRIP_CASES = [CASES[3], CASES[5],
-                (2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0),
-                (2, [30, 33], [13, 5], [2, 1], [1, 2], [True, False], 4, 2, 0)]
+_BOX_CASES = [CASES[3], CASES[5],
+              (2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0),
+              (2, [30, 33], [13, 5], [2, 1], [1, 2], [True, False], 4, 2, 0)]
+_SIMT_CASES = _BOX_CASES + [CASES[0], CASES[2], CASES[7],
+                            (3, [6, 9, 10], [3, 5, 3], [1, 2, 1], [2, 1, 3], [False, False, True],
+                             2, 1, 0)]
 
 
+@pytest.mark.parametrize("family", ["strip", "box", "simt"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16],
                          ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("D", [16, 64])
-def test_strip_forward_bias(D, dtype):
-    """Every strip configuration (4x4 and 2x8 warp boxes, head dims 32 and 64, 8-16 warps) adds
-    the bias from its staged table: output, LSE and gradients against the reference, with
-    stride, dilation, causal and grouped heads; the launch is the named configuration."""
+def test_box_strip_simt_bias(family, D, dtype):
+    """Every strip (4x4 and 2x8 warp boxes, head dims 32 and 64, 8-16 warps), box (the table
+    staged after the halo) and SIMT (the table read per key along the window walk) configuration
+    adds the bias: output, LSE and gradients against the reference, with stride, dilation, causal
+    and grouped heads, ranks 1-3 for SIMT; the launch is the named configuration."""
     dt = str(dtype).replace("torch.", "")
-    names = [n for n in fna.fused_configs(2, dt, D) if "_strip_" in n]
-    assert names
-    ran = 0
-    for i, case in enumerate(_STRIP_CASES):
+    ran, listed = 0, 0
+    for i, case in enumerate(_SIMT_CASES if family == "simt" else _BOX_CASES):
+        names = [n for n in fna.fused_configs(case[0], dt, D) if f"_{family}_" in n]
+        listed += len(names)
         for name in names:
             try:
-                _run(case, dtype, seed_of("rpb-strip", i, name), f"case {i} {name}", D=D, Dv=D,
+                _run(case, dtype, seed_of("rpb-staged", i, name), f"case {i} {name}", D=D, Dv=D,
                      config=name)
             except NotImplementedError:
                 continue  # a problem outside the configuration's limits, or a ring too large
             assert fna._C.last_fused_launch()["forward"] == name
             ran += 1
-    assert ran >= len(names) * 2, ran
+    assert listed > 0 and ran >= listed // 3, (ran, listed)
 
 
 def test_deterministic_runs_the_composition():

@@ -239,7 +239,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     }
     case FwdFamily::box: {
       const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
-      l.smem = bp.smem;
+      l.smem = bp.smem + (p.rpb ? fused::box_bias_bytes(geo) : 0);
       l.halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
       break;
     }
@@ -319,8 +319,8 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
         }
       }
     }
-  } else if (p.rpb && cfg->family == FwdFamily::strip && t.fwd_rpb_stage != Switch::off) {
-    // The strip forward always stages its head's table (after its rings, in strip_plan's size).
+  } else if (p.rpb && cfg->boxes() && t.fwd_rpb_stage != Switch::off) {
+    // The box and strip forwards always stage their head's table (after their K / V rows).
     fp->rpb_inv_scale = static_cast<float>(1.0 / double(fp->scale));
     if (!std::isfinite(fp->rpb_inv_scale))
       return unsupported("rpb with scale=" + std::to_string(fp->scale) +
@@ -493,7 +493,9 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
   out->rpb_table = !p.rpb ? ""
-                  : fp.rpb_staged || plan.family == FwdFamily::strip ? "shared"
+                  : fp.rpb_staged || plan.family == FwdFamily::strip ||
+                            plan.family == FwdFamily::box
+                        ? "shared"
                                                                       : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).

@@ -109,14 +109,19 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
     *why = "a query region (query_offset / query_shape; the box forward computes whole grids)";
     return false;
   }
-  if (p.rpb) {
-    *why = "a relative positional bias (rpb; the box forward adds none)";
-    return false;
-  }
   *bp = fused::box_plan(geo, e.q, e.dim);
   if (!bp->ok) {
     *why = bp->why;
     return false;
+  }
+  if (p.rpb) {  // the head's bias table follows the halo
+    if (2 * geo.axis[2].kernel - 1 > fused::kBoxBiasPitch) {
+      *why = "a bias table row of " + std::to_string(2 * geo.axis[2].kernel - 1) +
+             " entries (the box forward stages rows of up to " +
+             std::to_string(fused::kBoxBiasPitch) + ")";
+      return false;
+    }
+    bp->smem += fused::box_bias_bytes(geo);
   }
   if (bp->smem > static_cast<size_t>(smem_optin)) {
     *why = "its halo needs " + std::to_string(bp->smem) + " bytes of shared memory, the device has " +
@@ -291,7 +296,9 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
     const FwdEntry* box = nullptr;
     double box_cost = 0;
     for (const FwdEntry* e : cands) {
-      if (e->family != FwdFamily::box || t.fwd_box == Switch::off || e->warps < 16) continue;
+      if (e->family != FwdFamily::box || t.fwd_box == Switch::off || e->warps < 16 ||
+          (p.rpb && t.fwd_rpb_stage == Switch::off))
+        continue;
       fused::BoxPlan bp;
       std::string why;
       if (!box_applies(*e, p, geo, dev.smem_optin, &bp, &why)) continue;
@@ -319,7 +326,7 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
     double strip_cost = 0;
     fused::StripPlan strip_sp;
     for (const FwdEntry* e : cands) {
-      // (The strip forward stages a bias table: not under fwd_rpb_stage off.)
+      // (The box and strip forwards stage a bias table: not under fwd_rpb_stage off.)
       if (e->family != FwdFamily::strip || t.fwd_strip == Switch::off ||
           (p.rpb && t.fwd_rpb_stage == Switch::off))
         continue;
@@ -357,7 +364,10 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
     const FwdEntry* simt = nullptr;
     double simt_cost = 0;
     for (const FwdEntry* e : cands) {
-      if (!e->simt() || t.fwd_simt == Switch::off) continue;
+      // (With a bias it reads the table in global memory: not under fwd_rpb_stage on / off.)
+      if (!e->simt() || t.fwd_simt == Switch::off ||
+          (p.rpb && t.fwd_rpb_stage != Switch::automatic))
+        continue;
       fused::SimtPlan sp;
       std::string why;
       if (!fwd_simt::applies(*e, p, geo, dev, &sp, &why)) continue;

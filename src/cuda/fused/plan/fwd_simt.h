@@ -30,10 +30,6 @@ inline bool applies(const FwdEntry& e, const Problem& p, const fused::Geometry& 
     *why = "a query region (query_offset / query_shape; the SIMT forward computes whole grids)";
     return false;
   }
-  if (p.rpb) {
-    *why = "a relative positional bias (rpb; the SIMT forward adds none)";
-    return false;
-  }
   *sp = fused::simt_plan(geo, e.q, e.dim);
   if (sp->smem > static_cast<size_t>(dev.smem_optin)) {
     *why = "its halo of " + std::to_string(sp->halo_rows) + " key rows needs " +

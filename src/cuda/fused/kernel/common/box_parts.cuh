@@ -61,7 +61,7 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
 // and O += P V. The ldmatrix addresses step by one XOR: box_sw(r, 2 kk + s) ==
 // box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
 // box_scores is its first half (S and the mask), box_update the second (softmax and P V), so a
-// caller can reuse Q's registers in between.
+// caller can add a bias (box_bias) or reuse Q's registers in between.
 template <class Tr>
 __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
                                            const uint32_t (&qf)[Tr::kD / 16][4],
@@ -101,7 +101,7 @@ __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
   }
 }
 
-// The bias of one chunk's scores (the strip forward with a bias): the table, divided by the
+// The bias of one chunk's scores (the box and strip forwards with a bias): the table, divided by the
 // scale, in shared memory with rows of kPitch entries; at[r] is the address of row r's entry for
 // union position (0, t2), so the score of union row 4 ch + a, column 8 h + t2 + e reads
 // at[r] + 4 ((4 ch + a) kPitch + 8 h + e). Masked scores read nothing: their index may lie outside
@@ -149,16 +149,6 @@ __device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4]
   }
 }
 
-template <class Tr>
-__device__ __forceinline__ void box_chunk(FwdState<Tr>& st, const uint32_t (&qf)[Tr::kD / 16][4],
-                                          const int (&row)[kBoxChunkRows], uint32_t sK,
-                                          uint32_t sV, int kcol, int vcol, int ksel, int vsel,
-                                          int ch, const unsigned (&rowbits)[2],
-                                          const unsigned (&pat)[2], float scale_log2) {
-  float s[1][8][4];
-  box_scores<Tr>(s, qf, row, sK, kcol, ksel, ch, rowbits, pat);
-  box_update<Tr>(st, s, row, sV, vcol, vsel, scale_log2);
-}
 
 }  // namespace fused
 }  // namespace fna

@@ -35,6 +35,14 @@ struct BoxSmem {
   FNA_HD size_t bytes() const { return 2 * size_t(halo) * row_bytes; }
 };
 
+// With a relative positional bias the box and strip forwards stage their head's table, divided
+// by the scale, after their K / V rows: 2 K_1 - 1 rows of 2 K_2 - 1 entries (at most 31: a box
+// union's 16 columns bound K_2) at this pitch (box_bias, box_parts.cuh).
+constexpr int kBoxBiasPitch = 32;
+inline size_t box_bias_bytes(const Geometry& geo) {
+  return size_t(2 * geo.axis[1].kernel - 1) * kBoxBiasPitch * sizeof(float);
+}
+
 struct BoxPlan {
   bool ok = false;
   std::string why;          // when !ok: what rules the problem out

@@ -25,9 +25,7 @@ constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes of
 // kernel multiplies (at head dims up to 32 the TMA box's columns past D land as zeros and the
 // products skip them).
 constexpr int kStripRowBytes = 128;
-// With a bias, the head's table (divided by the scale) follows the rings: 2 K_1 - 1 rows of
-// 2 K_2 - 1 entries (at most 25: a box union's 16 columns bound K_2) at this pitch.
-constexpr int kStripBiasPitch = 32;
+
 constexpr int kStripBandRows = 2;   // halo rows per ring band (one mbarrier and hand-back count)
 constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
 
@@ -74,10 +72,10 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
              " (the strip forward's boxes are 16 queries across a divisor of its 16 columns)";
     return sp;
   }
-  if (bias && 2 * geo.axis[2].kernel - 1 > kStripBiasPitch) {
+  if (bias && 2 * geo.axis[2].kernel - 1 > kBoxBiasPitch) {
     sp.why = "a bias table row of " + std::to_string(2 * geo.axis[2].kernel - 1) +
              " entries (the strip forward stages rows of up to " +
-             std::to_string(kStripBiasPitch) + ")";
+             std::to_string(kBoxBiasPitch) + ")";
     return sp;
   }
   const int q[kAxes] = {1, box_h, kStripCols};
@@ -111,8 +109,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
-  const size_t bias_bytes =
-      bias ? size_t(2 * geo.axis[1].kernel - 1) * kStripBiasPitch * sizeof(float) : 0;
+  const size_t bias_bytes = bias ? box_bias_bytes(geo) : 0;
   const size_t avail = size_t(smem_optin) > 2048 + bias_bytes ? size_t(smem_optin) - 2048 - bias_bytes : 0;
   int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;

@@ -18,7 +18,8 @@
 // consecutive queries on the last axis, so at one window offset they read consecutive halo rows:
 // with the odd number of 16-byte chunks per row a quarter warp's eight 16-byte loads hit eight
 // distinct bank groups; queries that share a key (stride, clamped borders) read it by broadcast.
-// 16-bit only, no additional keys (the plan checks).
+// 16-bit only, no additional keys (the plan checks). A relative positional bias (kBias) is read
+// per key from the head's table in global memory (its entry stepped with the walk).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,7 +51,7 @@ struct SimtTraits {
                                         : 1;
 };
 
-template <class T, int kD, int kRank, class QT>
+template <class T, int kD, int kRank, class QT, bool kBias>
 __global__ void __launch_bounds__(QT::kSize, (SimtTraits<kD, QT::kSize>::kMinBlocks))
     fna_fwd_simt_kernel(const FwdParams p, int halo_cap) {
   using Tr = SimtTraits<kD, QT::kSize>;
@@ -138,25 +139,40 @@ __global__ void __launch_bounds__(QT::kSize, (SimtTraits<kD, QT::kSize>::kMinBlo
   int row = (ws[0] * hn[1] + ws[1]) * hn[2] + ws[2];
   int c1 = 0, c2 = 0;  // position inside the window on axes 1 and 2
   const int step1 = hn[2] - wn[2], step0 = (hn[1] - wn[1]) * hn[2];
+  // kBias: the table entry of the walk's key (nbr::bias_index per axis: key - query + K - 1),
+  // stepped with the walk (unit stride on the last axis), and the head's table.
+  const float* tab = kBias ? p.rpb + ft.h * p.rpb_stride[0] : nullptr;
+  int bias = 0, bstep1 = 0, bstep0 = 0;
+  if constexpr (kBias) {
+#pragma unroll
+    for (int ax = kFirst; ax < kAxes; ++ax)
+      bias += (ws[ax] + u[ax].begin - qc[ax] + geo.axis[ax].kernel - 1) * p.rpb_stride[1 + ax];
+    bstep1 = p.rpb_stride[1 + 1] - wn[2];
+    bstep0 = p.rpb_stride[1 + 0] - wn[1] * p.rpb_stride[1 + 1];
+  }
   float m = -INFINITY, l = 0.f;
   float acc[kD];
 #pragma unroll
   for (int d = 0; d < kD; ++d) acc[d] = 0.f;
 
   for (int t0 = 0; t0 < total; t0 += kC) {
-    // The chunk's rows (past the window's end: its first row, masked).
-    int r[kC];
+    // The chunk's rows (past the window's end: its first row, masked) and bias entries.
+    int r[kC], bi[kC];
 #pragma unroll
     for (int j = 0; j < kC; ++j) {
       r[j] = j == 0 || t0 + j < total ? row : r[0];
+      bi[j] = bias;
       if (t0 + j < total) {
         ++row;
+        ++bias;
         if (++c2 == wn[2]) {
           c2 = 0;
           row += step1;
+          bias += bstep1;
           if (++c1 == wn[1]) {
             c1 = 0;
             row += step0;
+            bias += bstep0;
           }
         }
       }
@@ -176,6 +192,9 @@ __global__ void __launch_bounds__(QT::kSize, (SimtTraits<kD, QT::kSize>::kMinBlo
           a = fmaf(q[ch * 8 + 2 * e], f.x, a);
           a = fmaf(q[ch * 8 + 2 * e + 1], f.y, a);
         }
+      }
+      if constexpr (kBias) {
+        if (t0 + j < total) a = fmaf(__ldg(tab + bi[j]), 1.4426950408889634f, a);
       }
       s[j] = t0 + j < total ? a : -INFINITY;
     }
@@ -230,7 +249,8 @@ __global__ void __launch_bounds__(QT::kSize, (SimtTraits<kD, QT::kSize>::kMinBlo
 
 template <class T, int kD, int kRank, class QT>
 cudaError_t launch_fwd_simt(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
-  auto kernel = fna_fwd_simt_kernel<T, kD, kRank, QT>;
+  auto kernel = p.rpb != nullptr ? fna_fwd_simt_kernel<T, kD, kRank, QT, true>
+                                 : fna_fwd_simt_kernel<T, kD, kRank, QT, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;

@@ -26,14 +26,17 @@
 namespace fna {
 namespace fused {
 
-template <class T, int kD, class QT>
+template <class T, int kD, class QT, bool kBias>
 __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, kD, QT>::kMinBlocks)
     fna_fwd_box_kernel(const FwdParams p, int halo_cap) {
   using Tr = BoxTraits<T, kD, QT>;
   using Elem = typename Tr::Elem;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sK = mma::smem_u32(smem_raw);
-  const uint32_t sV = sK + BoxSmem{uint32_t(Tr::kRowBytes), uint32_t(halo_cap)}.v_offset();
+  const BoxSmem layout{uint32_t(Tr::kRowBytes), uint32_t(halo_cap)};
+  const uint32_t sV = sK + layout.v_offset();
+  // The bias (kBias): the head's table divided by the scale after the halo (box_bias).
+  const uint32_t sB = sK + uint32_t(layout.bytes());
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   FwdTile ft;
@@ -63,6 +66,15 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   const int n_bands = (hn1 + kBoxChunkRows - 1) / kBoxChunkRows;
   const uint32_t bar0 = mma::smem_u32(bars);
   if (threadIdx.x < n_bands) mbar::init(bar0 + 8 * threadIdx.x, Tr::kThreads);
+  if constexpr (kBias) {
+    const int n1 = 2 * geo.axis[1].kernel - 1, n2 = 2 * geo.axis[2].kernel - 1;
+    const float* src = p.rpb + ft.h * p.rpb_stride[0];
+    float* dst = reinterpret_cast<float*>(smem_raw + layout.bytes());
+    for (int i = threadIdx.x; i < n1 * kBoxBiasPitch; i += Tr::kThreads) {
+      const int i1 = i / kBoxBiasPitch, i2 = i % kBoxBiasPitch;
+      dst[i] = i2 < n2 ? __ldg(src + i1 * p.rpb_stride[2] + i2) * p.rpb_inv_scale : 0.f;
+    }
+  }
   __syncthreads();
   {
     constexpr int kSlots = Tr::kRowsPerPass;
@@ -109,10 +121,13 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   }
   const int t2 = 2 * (lane & 3);
   unsigned rowbits[2], pat[2];
+  uint32_t bias_at[2];  // kBias: the rows' entries of union position (0, t2) (box_bias)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = (lane >> 2) + 8 * r;
     const int q1 = qb1 + (i >> 2), q2 = qb2 + (i & 3);
+    bias_at[r] = sB + 4u * uint32_t((u1.begin - q1 + geo.axis[1].kernel - 1) * kBoxBiasPitch +
+                                    u2.begin - q2 + geo.axis[2].kernel - 1 + t2);
     rowbits[r] = 0;
     pat[r] = 0;
     if (active && q1 < len1 && q2 < len2) {
@@ -167,7 +182,10 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
 #pragma unroll
     for (int a = 0; a < kBoxChunkRows; ++a)
       row[a] = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2;
-    box_chunk<Tr>(st, qf, row, sK, sV, kcol, vcol, ksel, vsel, ch, rowbits, pat, p.scale_log2);
+    float sc[1][8][4];
+    box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+    if constexpr (kBias) box_bias<kBoxBiasPitch>(sc, bias_at, ch);
+    box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
   }
 
   // Epilogue: the thread's two rows of the box.
@@ -183,7 +201,8 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
 template <class T, int kD, class QT>
 cudaError_t launch_fwd_box(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = BoxTraits<T, kD, QT>;
-  auto kernel = fna_fwd_box_kernel<T, kD, QT>;
+  auto kernel = p.rpb != nullptr ? fna_fwd_box_kernel<T, kD, QT, true>
+                                 : fna_fwd_box_kernel<T, kD, QT, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
