@@ -340,6 +340,10 @@ struct FusedPlan {
   std::vector<int> backward_kv_tile, backward_q_tile;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
+  // With Problem::rpb: where the dK / dV kernel sums d rpb, "shared" (per head in shared memory,
+  // then one global atomic per entry) or "global" (a table too large for shared memory: the
+  // warps' sums go straight to d rpb with global atomics); empty without a bias.
+  std::string backward_rpb_sums;
   double backward_visited_tiles = 0;
   double backward_needed_fraction = 0;
   std::vector<int> backward_walk;

@@ -160,8 +160,11 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     torch is not imported). Needs a CUDA device (the plan depends on its properties).
     ``rpb=True``: the plan of a call with a relative positional bias (:func:`na2d`'s ``rpb``),
     which every forward family adds (the warp-specialized backward does not, so the plan runs
-    the plain one); ``rpb_table`` then says where the forward reads the table: ``"shared"`` (each CTA copies its head's table into shared memory)
-    or ``"global"`` (empty without a bias).
+    the plain one); ``rpb_table`` then says where the forward reads the table, ``"shared"``
+    (each CTA copies its head's table into shared memory) or ``"global"``, and
+    ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``, ``"shared"`` (per head, then
+    one atomic per entry) or ``"global"`` (a table too large for shared memory); both empty
+    without a bias.
     """
     from . import _args
     rank = len(query_shape) - 3

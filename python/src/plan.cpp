@@ -109,6 +109,7 @@ void bind_fused_plan(nb::module_& m) {
     d["backward_q_tile"] = list(plan.backward_q_tile);
     d["backward_grid"] = plan.backward_grid;
     d["backward_smem"] = plan.backward_smem;
+    d["backward_rpb_sums"] = plan.backward_rpb_sums;
     d["backward_visited_tiles"] = plan.backward_visited_tiles;
     d["backward_needed_fraction"] = plan.backward_needed_fraction;
     d["backward_walk"] = list(plan.backward_walk);

@@ -205,6 +205,32 @@ def test_box_strip_simt_bias(family, D, dtype):
     assert listed > 0 and ran >= listed // 3, (ran, listed)
 
 
+def test_backward_large_table():
+    """A bias table too large for shared memory next to the dK / dV kernel (a 3-D window of
+    9x17x17: 18,513 entries, at head dim 128) has the warps' d rpb sums added straight to global
+    memory (backward_rpb_sums "global", no table in the kernel's shared memory); at head dim 16
+    the plan sums where it fits; both give the reference's gradients."""
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    case = (3, [9, 17, 17], [9, 17, 17], [1, 1, 1], [1, 1, 1], [False, True, False], 2, 2, 0)
+    table = 4 * math.prod(2 * k - 1 for k in case[2])
+    modes = {}
+    for D in (128, 16):
+        plan = fna.fused_plan((2, *case[1], case[6], D), case[2], is_causal=case[5], rpb=True,
+                              dtype="bfloat16")
+        assert plan["backward_family"] in ("sm80", "sm90"), plan
+        modes[D] = plan["backward_rpb_sums"]
+        assert plan["backward_smem"] <= optin, plan
+        if modes[D] == "global":
+            assert plan["backward_smem"] + table > optin, plan
+        else:
+            assert modes[D] == "shared" and plan["backward_smem"] >= table, plan
+        assert fna.fused_plan((2, *case[1], case[6], D), case[2],
+                              dtype="bfloat16")["backward_rpb_sums"] == ""
+        _run(case, torch.bfloat16, seed_of("rpb-large-table", D), f"large table D={D}", D=D,
+             Dv=D)
+    assert modes[128] == "global", modes
+
+
 def test_deterministic_runs_the_composition():
     """deterministic=True (or torch's flag): the fused backward would sum d rpb with atomics, so
     the call runs the unfused composition; the results still match the reference."""

@@ -84,9 +84,10 @@ struct DkdvLaunch {
                                              kAtomicDq, kPass, false>;
   static constexpr auto kBiased = dkdv_kernel<T, kD, S::kDkdvWarps, S::kDkdvQueries, S::kQSub,
                                               kAtomicDq, kPass, true>;
-  // extra: shared memory after the kernel's own (BwdLaunch::bias_smem; nonzero with a bias).
-  static Status prepare(const char* name, size_t extra) {
-    return set_smem(extra > 0 ? kBiased : kPlain, Tr::kSmem + extra, name);
+  // extra: shared memory after the kernel's own (BwdLaunch::bias_smem: the d rpb sums, zero
+  // without a bias or with Params::d_rpb_global); biased: the call has a bias (p.rpb).
+  static Status prepare(const char* name, size_t extra, bool biased) {
+    return set_smem(biased ? kBiased : kPlain, Tr::kSmem + extra, name);
   }
   static Status launch(const Params& p, dim3 grid, dim3 grid_add, size_t extra,
                        cudaStream_t stream, const char* name) {
@@ -134,6 +135,7 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
   using DqT = DqTraits<T, kD, S::kDqWarps, S::kDqKeys>;
   auto dq = dq_kernel<T, kD, S::kDqWarps, S::kDqKeys>;
   const bool atomic = !l.deterministic;
+  const bool biased = p_dkdv.rpb != nullptr;
 #if defined(FNA_WITH_SM90)
   if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
     if (l.family != fused::BwdFamily::sm80) return launch_dkdv_sm90<T, kD>(p_dkdv, l, stream);
@@ -147,9 +149,9 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
     using Dv = DkdvLaunch<T, kD, false, kPassDv>;
     using DkAtomic = DkdvLaunch<T, kD, true, kPassDk>;
     using Dk = DkdvLaunch<T, kD, false, kPassDk>;
-    Status st = Dv::prepare("dkdv kernel (dV pass)", l.bias_smem);
-    if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)", l.bias_smem)
-                             : Dk::prepare("dkdv kernel (dK pass)", l.bias_smem);
+    Status st = Dv::prepare("dkdv kernel (dV pass)", l.bias_smem, biased);
+    if (st.ok()) st = atomic ? DkAtomic::prepare("dkdv kernel (dK pass, atomic dq)", l.bias_smem, biased)
+                             : Dk::prepare("dkdv kernel (dK pass)", l.bias_smem, biased);
     if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
     st = Dv::launch(p_dkdv, l.grid_dkdv, l.grid_add, l.bias_smem, stream, "dkdv (dV pass)");
@@ -165,8 +167,8 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
   } else {
     using Both = DkdvLaunch<T, kD, false, kPassBoth>;
     using BothAtomic = DkdvLaunch<T, kD, true, kPassBoth>;
-    Status st = atomic ? BothAtomic::prepare("dkdv kernel (atomic dq)", l.bias_smem)
-                           : Both::prepare("dkdv kernel", l.bias_smem);
+    Status st = atomic ? BothAtomic::prepare("dkdv kernel (atomic dq)", l.bias_smem, biased)
+                           : Both::prepare("dkdv kernel", l.bias_smem, biased);
     if (st.ok() && !atomic) st = set_smem(dq, DqT::kSmem, "dq kernel");
     if (!st.ok()) return st;
     if (atomic) {

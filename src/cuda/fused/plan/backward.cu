@@ -242,16 +242,14 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                    : dpad;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   if (pr.rpb) {
+    // d rpb: summed per head in shared memory after the kernel's own where the table fits
+    // there, else added straight into d rpb (global atomics of the warps' diagonal sums).
     int64_t elems = 1;
     for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
-    l.bias_smem = size_t(elems * sizeof(float) + 15) / 16 * 16;
+    const size_t bytes = size_t(elems * sizeof(float) + 15) / 16 * 16;
+    l.d_rpb_global = l.smem + bytes > static_cast<size_t>(dev.smem_optin);
+    l.bias_smem = l.d_rpb_global ? 0 : bytes;
     l.smem += l.bias_smem;
-    if (l.smem > static_cast<size_t>(dev.smem_optin))
-      return unsupported("rpb: the dK / dV kernel sums d rpb per head in shared memory; its " +
-                         std::to_string(elems) + " entries (" + std::to_string(l.bias_smem) +
-                         " bytes) do not fit next to the kernel's own " +
-                         std::to_string(l.smem - l.bias_smem) + " (the device has " +
-                         std::to_string(dev.smem_optin) + " per block)");
   }
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported(std::string(fused::family_name(family)) + " kernels need " +
@@ -267,6 +265,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   Params& pk = plan->p_dkdv;
   Params& pq = plan->p_dq;
   pk = pq = p;
+  pk.d_rpb_global = l.d_rpb_global ? 1 : 0;
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
@@ -538,6 +537,7 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
+  out->backward_rpb_sums = !pr.rpb ? "" : plan.launch.d_rpb_global ? "global" : "shared";
   out->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
   const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
   out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;

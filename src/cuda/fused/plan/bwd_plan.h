@@ -60,6 +60,8 @@ struct BwdLaunch {
   dim3 grid_dkdv, grid_add, grid_dq;  // neighborhood dK / dV, additional keys, dQ kernel
   size_t smem = 0;             // the most dynamic shared memory one of its kernels takes
   size_t bias_smem = 0;        // with a bias: the dK / dV kernel's d rpb table (shared memory)
+  bool d_rpb_global = false;   // with a bias: the table does not fit shared memory, d rpb takes
+                               // the dK / dV kernel's adds directly (Params::d_rpb_global)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
 };
 

@@ -3,7 +3,8 @@
 // n * 8 + 2 * (lane % 4) + j of the query sub-tile. P^T recomputes the forward's biased logits,
 // and dS^T, the gradient of the logits, is summed per table entry into the current head's table
 // in shared memory (atomics there), which goes to d rpb with one global atomic per entry when the
-// CTA's walk moves to the next head and at its end.
+// CTA's walk moves to the next head and at its end; a table too large for shared memory
+// (Params::d_rpb_global) takes the warp's diagonal sums straight into d rpb instead.
 #pragma once
 
 #include <cmath>
@@ -21,14 +22,17 @@ struct BwdBias {
 };
 
 // The thread's key rows of the key tile at kv0; zeroes the table `table` (made visible by the
-// caller's next barrier) when the kernel computes d rpb (`grad`).
+// caller's next barrier) when the kernel computes d rpb (`grad`), or with p.d_rpb_global points
+// the sums straight at head h0's d rpb (global atomics; `table` unused).
 template <int kThreads>
 __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, bool grad,
                                               const int* kv0, int wrow, int lane, int h0,
                                               float* table) {
   BwdBias bb;
   bb.on = p.rpb != nullptr && !additional;
-  bb.acc = bb.on && grad ? table : nullptr;
+  bb.acc = !(bb.on && grad) ? nullptr
+           : p.d_rpb_global ? p.d_rpb + int64_t(h0) * p.rpb_stride[0]
+                            : table;
   bb.h = h0;
   bb.kb[0] = bb.kb[1] = 0;
   if (!bb.on) return bb;
@@ -40,7 +44,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
       bb.kb[half] +=
           (kv0[a] + unpack_offset(off, a) + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
   }
-  if (bb.acc != nullptr)
+  if (bb.acc != nullptr && !p.d_rpb_global)
     for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) bb.acc[i] = 0.f;
   return bb;
 }
@@ -48,6 +52,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
 // The table's sums into d rpb of head bb.h (after a barrier that follows every add), zeroing it.
 template <int kThreads>
 __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
+  if (p.d_rpb_global) return;  // the adds went to d rpb directly
   float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
   for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) {
     const float v = bb.acc[i];
@@ -64,6 +69,11 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
 template <int kThreads>
 __device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int h) {
   if (bb.acc != nullptr && h != bb.h) {
+    if (p.d_rpb_global) {  // (no shared sums, no barrier)
+      bb.acc = p.d_rpb + int64_t(h) * p.rpb_stride[0];
+      bb.h = h;
+      return;
+    }
     bias_flush<kThreads>(p, bb);
     bb.h = h;
     __syncthreads();

@@ -51,8 +51,10 @@ struct Params : fused::ProblemBlock {
   float* dq_accum;
   int dq_row;
   // d rpb (with ProblemBlock::rpb; both dense [H, 2 K_a - 1 ..]), zeroed by the host: the dK / dV
-  // kernel sums each CTA's dS per table entry in shared memory and adds the sums with atomics.
+  // kernel sums each CTA's dS per table entry in shared memory and adds the sums with atomics,
+  // or (d_rpb_global: a table too large for shared memory) adds dS straight into d rpb.
   float* d_rpb;
+  int d_rpb_global;
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word
