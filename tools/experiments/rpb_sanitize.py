@@ -21,7 +21,7 @@ def main():
     fams = args.families.split(",")
     g = torch.Generator(device="cuda").manual_seed(7)
     problems = [((1, 30, 37, 2, 32), (7, 7), (1, 2), (2, 1), (False, True)),
-                ((1, 21, 40, 2, 64), (13, 5), (2, 1), (1, 3), (True, False))]
+                ((1, 30, 40, 2, 64), (13, 5), (2, 1), (1, 3), (True, False))]
     if "simt" in fams:
         problems += [((1, 200, 2, 32), (9,), (2,), (3,), (True,)),
                      ((1, 6, 9, 10, 2, 32), (3, 5, 3), (1, 2, 1), (2, 1, 1), (False, False, True))]
