@@ -24,7 +24,7 @@ def main():
                 ((1, 30, 40, 2, 64), (13, 5), (2, 1), (1, 3), (True, False))]
     if "simt" in fams:
         problems += [((1, 200, 2, 32), (9,), (2,), (3,), (True,)),
-                     ((1, 6, 9, 10, 2, 32), (3, 5, 3), (1, 2, 1), (2, 1, 1), (False, False, True))]
+                     ((1, 6, 9, 10, 2, 32), (3, 5, 3), (2, 1, 1), (1, 2, 1), (False, False, True))]
     n = 0
     for shape, ks, dil, st, causal in problems:
         rank = len(ks)
