@@ -64,8 +64,9 @@ inline void pick_tiles_uncached(const fused::Geometry& geo, int own_rows, int ot
             cost *= pairs[a][io[a]][jo[a]];
             const int cap = next_pow2(nbr::group_length(geo.axis[a], 0));
             over += std::max(0, (1 << io[a]) - cap) + std::max(0, (1 << jo[a]) - cap);
-            pref = pref * 16 + io[a] + jo[a];
           }
+          // Rows on the later axes first (the last axis is the most significant digit).
+          for (int a = kAxes - 1; a >= 0; --a) pref = pref * 16 + io[a] + jo[a];
           if (skip) continue;
           const bool better = best < 0 || cost < best ||
                               (cost == best && (over < best_over ||
