@@ -540,9 +540,12 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     const int q[kAxes] = {1, bh, 16};
     const int wb[kAxes] = {1, bh, 16 / bh};
     const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64, wb);
-    // With a bias the head's table (2 K_1 - 1 rows of 32 floats) follows the rings.
+    // With a bias the head's table follows the rings: 2 K_1 - 1 rows of 32 floats, or one row of
+    // 2 K_2 - 1 where K_1 is 1.
     const bool bias = c % 4 == 1;
-    const int bias_bytes = bias ? (2 * static_cast<int>(ker[0]) - 1) * 32 * 4 : 0;
+    const int bias_bytes = !bias ? 0
+                           : ker[0] > 1 ? (2 * static_cast<int>(ker[0]) - 1) * 32 * 4
+                                        : (2 * static_cast<int>(ker[1]) - 1) * 4;
     const fna::fused::StripPlan sp =
         fna::fused::strip_plan(geo, bh, 16 / bh, 2, sms, optin, heads, bias);
     // Union of the windows of local queries [i0, i1) of group g on axis ax, from the SPEC relation.

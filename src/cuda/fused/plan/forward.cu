@@ -239,7 +239,10 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     }
     case FwdFamily::box: {
       const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
-      l.smem = bp.smem + (p.rpb ? fused::box_bias_bytes(geo) : 0);
+      l.smem = bp.smem;
+      size_t bytes = 0;  // with a bias: its table staged after the halo
+      if (p.rpb && fused::box_bias_bytes(geo, &bytes, &why))
+        l.smem = fused::bias_stage_offset(bp.smem) + bytes;
       l.halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
       break;
     }
@@ -320,11 +323,13 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       }
     }
   } else if (p.rpb && cfg->boxes() && t.fwd_rpb_stage != Switch::off) {
-    // The box and strip forwards always stage their head's table (after their K / V rows).
+    // The box and strip forwards always stage their head's table (after their K / V rows, in
+    // the shared memory their plans size).
+    fp->rpb_staged = 1;
     fp->rpb_inv_scale = static_cast<float>(1.0 / double(fp->scale));
     if (!std::isfinite(fp->rpb_inv_scale))
-      return unsupported("rpb with scale=" + std::to_string(fp->scale) +
-                         ": the strip forward stages the table divided by the scale");
+      return unsupported("rpb with scale=" + std::to_string(fp->scale) + ": " + plan->config +
+                         " stages the table divided by the scale");
   } else if (t.fwd_rpb_stage != Switch::automatic) {
     return unsupported("tuning fwd_rpb_stage needs the sm80 or plain sm90 forward, but the plan "
                        "runs " + plan->config);
@@ -492,11 +497,7 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
-  out->rpb_table = !p.rpb ? ""
-                  : fp.rpb_staged || plan.family == FwdFamily::strip ||
-                            plan.family == FwdFamily::box
-                        ? "shared"
-                                                                      : "global";
+  out->rpb_table = !p.rpb ? "" : fp.rpb_staged ? "shared" : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;

@@ -114,14 +114,10 @@ bool box_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& geo
     *why = bp->why;
     return false;
   }
-  if (p.rpb) {  // the head's bias table follows the halo
-    if (2 * geo.axis[2].kernel - 1 > fused::kBoxBiasPitch) {
-      *why = "a bias table row of " + std::to_string(2 * geo.axis[2].kernel - 1) +
-             " entries (the box forward stages rows of up to " +
-             std::to_string(fused::kBoxBiasPitch) + ")";
-      return false;
-    }
-    bp->smem += fused::box_bias_bytes(geo);
+  if (p.rpb) {  // the head's bias table is staged after the halo
+    size_t bytes = 0;
+    if (!fused::box_bias_bytes(geo, &bytes, why)) return false;
+    bp->smem = fused::bias_stage_offset(bp->smem) + bytes;
   }
   if (bp->smem > static_cast<size_t>(smem_optin)) {
     *why = "its halo needs " + std::to_string(bp->smem) + " bytes of shared memory, the device has " +

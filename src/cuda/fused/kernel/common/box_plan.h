@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <string>
 
+#include "cuda/fused/kernel/common/bias_stage.h"
 #include "cuda/fused/kernel/common/tiling.cuh"
 
 namespace fna {
@@ -35,12 +36,15 @@ struct BoxSmem {
   FNA_HD size_t bytes() const { return 2 * size_t(halo) * row_bytes; }
 };
 
-// With a relative positional bias the box and strip forwards stage their head's table, divided
-// by the scale, after their K / V rows: 2 K_1 - 1 rows of 2 K_2 - 1 entries (at most 31: a box
-// union's 16 columns bound K_2) at this pitch (box_bias, box_parts.cuh).
-constexpr int kBoxBiasPitch = 32;
-inline size_t box_bias_bytes(const Geometry& geo) {
-  return size_t(2 * geo.axis[1].kernel - 1) * kBoxBiasPitch * sizeof(float);
+// The bytes of a bias table staged after the box or strip forward's K / V rows (bias_stage.h's
+// layout); false, with the reason, where the layout does not hold it (it always does for the
+// windows these kernels take: a box union's 16 columns bound K_2).
+inline bool box_bias_bytes(const Geometry& geo, size_t* bytes, std::string* why) {
+  const int ks[kAxes] = {geo.axis[0].kernel, geo.axis[1].kernel, geo.axis[2].kernel};
+  if (bias_stageable(ks, bytes)) return true;
+  *why = "its bias table does not fit the staged layout (rows of up to " +
+         std::to_string(stage_stride(1)) + " entries)";
+  return false;
 }
 
 struct BoxPlan {

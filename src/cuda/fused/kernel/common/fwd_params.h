@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/tma.h"
+#include "cuda/fused/kernel/common/bias_stage.h"
 #include "cuda/fused/kernel/common/problem_block.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
 #include "cuda/fused/kernel/common/tiling.cuh"
@@ -46,21 +47,6 @@ struct FwdParams : ProblemBlock {
   int rpb_front;
 };
 
-// A staged bias table (FwdParams::rpb_staged) starts at bias_stage_offset(own) after a kernel's
-// own `own` bytes of shared memory, laid out with the element strides stage_stride per lifted
-// axis (fwd_common.cuh stage_bias).
-constexpr size_t bias_stage_offset(size_t own) { return (own + 15) / 16 * 16; }
-// (lifted axes 0, 1, 2: 1024, 32, 1)
-constexpr int stage_stride(int ax) { return ax == 0 ? 1024 : (ax == 1 ? 32 : 1); }
-// Whether the staged layout holds a table of kernel sizes `kernel` (lifted), and its bytes.
-FNA_HD bool bias_stageable(const int* kernel, size_t* bytes) {
-  *bytes = 4 * size_t(2 * kernel[2] - 1);
-  if (kernel[0] > 1) *bytes = 4 * size_t(2 * kernel[0] - 1) * stage_stride(0);
-  else if (kernel[1] > 1) *bytes = 4 * size_t(2 * kernel[1] - 1) * stage_stride(1);
-  const bool last = (kernel[0] == 1 && kernel[1] == 1) || 2 * kernel[2] - 1 <= stage_stride(1);
-  const bool middle = kernel[0] == 1 || 2 * kernel[1] - 1 <= stage_stride(0) / stage_stride(1);
-  return last && middle;
-}
 
 
 // TMA maps the plan builds for a launch (on = 0: the kernel copies by cp.async instead): the

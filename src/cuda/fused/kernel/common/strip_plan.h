@@ -72,12 +72,8 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
              " (the strip forward's boxes are 16 queries across a divisor of its 16 columns)";
     return sp;
   }
-  if (bias && 2 * geo.axis[2].kernel - 1 > kBoxBiasPitch) {
-    sp.why = "a bias table row of " + std::to_string(2 * geo.axis[2].kernel - 1) +
-             " entries (the strip forward stages rows of up to " +
-             std::to_string(kBoxBiasPitch) + ")";
-    return sp;
-  }
+  size_t bias_bytes = 0;  // with a bias: its staged table after the rings
+  if (bias && !box_bias_bytes(geo, &bias_bytes, &sp.why)) return sp;
   const int q[kAxes] = {1, box_h, kStripCols};
   const int wb[kAxes] = {1, box_h, box_w};
   sp.box = box_plan(geo, q, kStripRowBytes / 2, wb);
@@ -109,7 +105,6 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
-  const size_t bias_bytes = bias ? box_bias_bytes(geo) : 0;
   const size_t avail = size_t(smem_optin) > 2048 + bias_bytes ? size_t(smem_optin) - 2048 - bias_bytes : 0;
   int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;

@@ -35,8 +35,6 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   const uint32_t sK = mma::smem_u32(smem_raw);
   const BoxSmem layout{uint32_t(Tr::kRowBytes), uint32_t(halo_cap)};
   const uint32_t sV = sK + layout.v_offset();
-  // The bias (kBias): the head's table divided by the scale after the halo (box_bias).
-  const uint32_t sB = sK + uint32_t(layout.bytes());
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   FwdTile ft;
@@ -66,15 +64,13 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   const int n_bands = (hn1 + kBoxChunkRows - 1) / kBoxChunkRows;
   const uint32_t bar0 = mma::smem_u32(bars);
   if (threadIdx.x < n_bands) mbar::init(bar0 + 8 * threadIdx.x, Tr::kThreads);
-  if constexpr (kBias) {
-    const int n1 = 2 * geo.axis[1].kernel - 1, n2 = 2 * geo.axis[2].kernel - 1;
-    const float* src = p.rpb + ft.h * p.rpb_stride[0];
-    float* dst = reinterpret_cast<float*>(smem_raw + layout.bytes());
-    for (int i = threadIdx.x; i < n1 * kBoxBiasPitch; i += Tr::kThreads) {
-      const int i1 = i / kBoxBiasPitch, i2 = i % kBoxBiasPitch;
-      dst[i] = i2 < n2 ? __ldg(src + i1 * p.rpb_stride[2] + i2) * p.rpb_inv_scale : 0.f;
-    }
-  }
+  // The bias (kBias): the head's table, divided by the scale, staged after the halo
+  // (fwd_bias.cuh stage_bias; FwdParams::rpb_staged).
+  BiasRows<Tr> br{};
+  if constexpr (kBias)
+    stage_bias<Tr>(p, ft.h,
+                   reinterpret_cast<float*>(smem_raw + bias_stage_offset(layout.bytes())), br);
+  const uint32_t sB = br.sbase;
   __syncthreads();
   {
     constexpr int kSlots = Tr::kRowsPerPass;
@@ -126,7 +122,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
   for (int r = 0; r < 2; ++r) {
     const int i = (lane >> 2) + 8 * r;
     const int q1 = qb1 + (i >> 2), q2 = qb2 + (i & 3);
-    bias_at[r] = sB + 4u * uint32_t((u1.begin - q1 + geo.axis[1].kernel - 1) * kBoxBiasPitch +
+    bias_at[r] = sB + 4u * uint32_t((u1.begin - q1 + geo.axis[1].kernel - 1) * stage_stride(1) +
                                     u2.begin - q2 + geo.axis[2].kernel - 1 + t2);
     rowbits[r] = 0;
     pat[r] = 0;
@@ -184,7 +180,7 @@ __global__ void __launch_bounds__(BoxTraits<T, kD, QT>::kThreads, BoxTraits<T, k
       row[a] = min(r_off + kBoxChunkRows * ch + a, hn1 - 1) * hn2;
     float sc[1][8][4];
     box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
-    if constexpr (kBias) box_bias<kBoxBiasPitch>(sc, bias_at, ch);
+    if constexpr (kBias) box_bias(sc, bias_at, ch);
     box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
   }
 

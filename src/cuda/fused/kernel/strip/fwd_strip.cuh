@@ -175,18 +175,13 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   const StripSmem layout{uint32_t(Tr::kRowBytes), sp.ring_rows, sp.pitch};
   const uint32_t sV = sK + layout.v_offset();
   const uint32_t band_bytes = layout.band_bytes();
-  // The bias (kBias): the head's table divided by the scale after the rings, 2 K_1 - 1 rows of
-  // 2 K_2 - 1 <= 25 entries at a pitch of kBoxBiasPitch (box_bias).
-  const uint32_t sB = sK + 2 * layout.v_offset();
-  if constexpr (kBias) {
-    const int n1 = 2 * geo.axis[1].kernel - 1, n2 = 2 * geo.axis[2].kernel - 1;
-    const float* src = p.rpb + ft.h * p.rpb_stride[0];
-    float* dst = reinterpret_cast<float*>(smem_raw + (sB - raw));
-    for (int i = threadIdx.x; i < n1 * kBoxBiasPitch; i += Tr::kThreads) {
-      const int i1 = i / kBoxBiasPitch, i2 = i % kBoxBiasPitch;
-      dst[i] = i2 < n2 ? __ldg(src + i1 * p.rpb_stride[2] + i2) * p.rpb_inv_scale : 0.f;
-    }
-  }
+  // The bias (kBias): the head's table, divided by the scale, staged after the rings
+  // (fwd_bias.cuh stage_bias; FwdParams::rpb_staged).
+  BiasRows<Tr> br{};
+  if constexpr (kBias)
+    stage_bias<Tr>(p, ft.h, reinterpret_cast<float*>(smem_raw + (sK + 2 * layout.v_offset() - raw)),
+                   br);
+  const uint32_t sB = br.sbase;
   __syncthreads();
 
   // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
@@ -372,7 +367,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         const int i = (lane >> 2) + 8 * r;
         const int d1 = u1.begin - (qb1 + i / kBW) + geo.axis[1].kernel - 1;
         const int d2 = u2.begin - (qb2 + i % kBW) + geo.axis[2].kernel - 1;
-        bias_at[r] = sB + 4u * uint32_t(d1 * kBoxBiasPitch + d2 + t2);
+        bias_at[r] = sB + 4u * uint32_t(d1 * stage_stride(1) + d2 + t2);
       }
     }
     // The union's first row in the ring (ring_rows >= 16 > 3 chunk rows, and a union spans at
@@ -395,7 +390,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
       }
       float sc[1][8][4];
       box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
-      if constexpr (kBias) box_bias<kBoxBiasPitch>(sc, bias_at, ch);
+      if constexpr (kBias) box_bias(sc, bias_at, ch);
       if (!kPrefetchQ && more && ch == n_chunks - 1) load_q(qb1 + kStep, qf);
       box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
     }
