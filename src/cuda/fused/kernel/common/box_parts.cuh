@@ -101,12 +101,12 @@ __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
   }
 }
 
-// The bias of one chunk's scores (the box and strip forwards with a bias): the table, divided by the
-// scale, staged in shared memory (stage_bias: rows of kPitch = stage_stride(1) entries); at[r] is
-// the address of row r's entry for union position (0, t2), so the score of union row 4 ch + a,
-// column 8 h + t2 + e reads at[r] + 4 ((4 ch + a) kPitch + 8 h + e). Masked scores read nothing:
-// their index may lie outside the table (staged_entry is volatile, never speculated ahead of the
-// test).
+// The bias of one chunk's scores (the box and strip forwards with a bias): the table, divided by
+// the scale, staged in shared memory (stage_bias: rows of kPitch = stage_stride(1) entries);
+// at[r] is the address of row r's entry for union position (0, t2), so the score of union row
+// 4 ch + a, column 8 h + t2 + e reads at[r] + 4 ((4 ch + a) kPitch + 8 h + e). Masked scores read
+// nothing: their index may lie outside the table (staged_entry is volatile, never speculated
+// ahead of the test).
 __device__ __forceinline__ void box_bias(float (&s)[1][8][4], const uint32_t (&at)[2], int ch) {
   constexpr int kPitch = stage_stride(1);
 #pragma unroll

@@ -97,12 +97,14 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim,
     if (ax == 2) bp.fast_fill = boxes > 0 ? fill / boxes : 0;
   }
   if (max_box[2] > kBoxCols) {
-    bp.why = "a " + std::to_string(wb[2]) + "-query box's windows span " + std::to_string(max_box[2]) +
+    bp.why = "a " + std::to_string(wb[2]) + "-query box's windows span " +
+             std::to_string(max_box[2]) +
              " positions on the last axis (the box forward holds " + std::to_string(kBoxCols) + ")";
     return bp;
   }
   if (max_box[1] > kBoxMaxRows) {
-    bp.why = "a " + std::to_string(wb[1]) + "-query box's windows span " + std::to_string(max_box[1]) +
+    bp.why = "a " + std::to_string(wb[1]) + "-query box's windows span " +
+             std::to_string(max_box[1]) +
              " positions on the first axis (the box forward holds " + std::to_string(kBoxMaxRows) +
              ")";
     return bp;

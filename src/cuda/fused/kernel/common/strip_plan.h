@@ -105,7 +105,8 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
-  const size_t avail = size_t(smem_optin) > 2048 + bias_bytes ? size_t(smem_optin) - 2048 - bias_bytes : 0;
+  const size_t avail =
+      size_t(smem_optin) > 2048 + bias_bytes ? size_t(smem_optin) - 2048 - bias_bytes : 0;
   int ring = int(std::min<size_t>(avail / ring_row_bytes, size_t(kStripMaxBands * kStripBandRows)));
   ring -= ring % kStripBandRows;
   // A box's union (up to box_rows rows, at any band offset) must fit the ring with a band to

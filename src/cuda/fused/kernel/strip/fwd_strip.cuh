@@ -19,18 +19,18 @@
 // barrier's transaction count); elsewhere, or where TMA cannot describe the tensors, a warp's
 // cp.async copies (Tuning::fwd_copy = cp_async asks for them).
 //
-// Warp w takes box column w % B of the strip (B = 16 / box width) and box rows w / B,
-// w / B + kPhases, ...: the kPhases box rows side by side share most of their halo rows. Before a box row the warp hands
-// back every band below the row's union, a lane per band (an arrive on the slot's "empty"
-// barrier, then the count); a band is handed back only once it has been filled (waited on), so
-// the hand-backs of a slot follow the ring's generations, and the lane whose count is last waits
-// for the "empty" barrier and copies the band that reuses the slot (there is no producer warp:
-// it would round the CTA's register budget to the next four warps). No memory fence is on that
-// path: a fence waits for the thread's global loads in flight, the next box's Q, and with fences
-// the hand-backs took 11.5% of the warps' time (2d-nat, H100). A box row's union fits the ring
-// with a band to spare (strip_plan), and the warps hand bands back in row order, so the lowest
-// box row in flight can always proceed. At 8 warps the next box's Q fragments wait in registers
-// through the current box; at 12 and 16 warps they are loaded during the last chunk (kPrefetchQ).
+// Warp w takes box column w % B of the strip (B = 16 / box width) and box rows w / B, w / B +
+// kPhases, ...: the kPhases box rows side by side share most of their halo rows. Before a box row
+// the warp hands back every band below the row's union, a lane per band (an arrive on the slot's
+// "empty" barrier, then the count); a band is handed back only once it has been filled (waited on),
+// so the hand-backs of a slot follow the ring's generations, and the lane whose count is last waits
+// for the "empty" barrier and copies the band that reuses the slot (there is no producer warp: it
+// would round the CTA's register budget to the next four warps). No memory fence is on that path: a
+// fence waits for the thread's global loads in flight, the next box's Q, and with fences the
+// hand-backs took 11.5% of the warps' time (2d-nat, H100). A box row's union fits the ring with a
+// band to spare (strip_plan), and the warps hand bands back in row order, so the lowest box row in
+// flight can always proceed. At 8 warps the next box's Q fragments wait in registers through the
+// current box; at 12 and 16 warps they are loaded during the last chunk (kPrefetchQ).
 //
 // Shared memory (1024-byte aligned): ring_rows x pitch K rows, then as many V rows, 128 bytes
 // each (head dim 64) with the box forward's XOR swizzle, which is TMA's 128-byte swizzle; ring
