@@ -240,9 +240,12 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     case FwdFamily::box: {
       const fused::BoxPlan bp = fused::box_plan(geo, cfg->q, cfg->dim);
       l.smem = bp.smem;
-      size_t bytes = 0;  // with a bias: its table staged after the halo
-      if (p.rpb && fused::box_bias_bytes(geo, &bytes, &why))
+      if (p.rpb) {  // its table staged after the halo
+        size_t bytes = 0;
+        if (!fused::box_bias_bytes(geo, &bytes, &why))
+          return unsupported(plan->config + " cannot run this problem: " + why);
         l.smem = fused::bias_stage_offset(bp.smem) + bytes;
+      }
       l.halo_cap = bp.halo_rows[1] * bp.halo_rows[2];
       break;
     }

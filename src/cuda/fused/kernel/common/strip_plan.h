@@ -42,7 +42,7 @@ struct StripParams {
 // offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring of
 // ring_rows x pitch key rows, then the V ring; a band is kStripBandRows ring rows.
 struct StripSmem {
-  uint32_t row_bytes;  // one key row (the padded head dim's 16-bit elements)
+  uint32_t row_bytes;  // one key row: kStripRowBytes (64 16-bit elements, zeros past D)
   int ring_rows, pitch;
   FNA_HD uint32_t v_offset() const { return uint32_t(ring_rows * pitch) * row_bytes; }
   FNA_HD uint32_t band_bytes() const { return uint32_t(kStripBandRows * pitch) * row_bytes; }
