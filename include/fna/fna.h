@@ -113,6 +113,8 @@ enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2, m
 // Backward kernel families: sm80 (mma.sync, every sm_80+ GPU), sm90 (wgmma dK / dV kernel),
 // sm90ws (its warp-specialized variant); the sm90 ones need compute capability 9.0.
 enum class BwdKernel : int { automatic = 0, sm80 = 1, sm90 = 2, sm90ws = 3 };
+// Where the fused backward's dK / dV kernel sums d rpb (FusedPlan::backward_rpb_sums).
+enum class RpbSums : int { automatic = 0, warps = 1, shared = 2, global = 3 };
 enum class CpuIsa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3 };
 enum class CpuPanels : int { automatic = 0, rings = 1, shared = 2 };
 // How cuda-fused picks a configuration: `heuristic` (the plan's cost model, never times), or
@@ -153,6 +155,8 @@ struct Tuning {
   BwdKernel bwd_kernel = BwdKernel::automatic;
   CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
+  RpbSums bwd_rpb_sums = RpbSums::automatic;  // with a bias: d rpb summed in a shared-memory
+                                              // table per warp, one table, or global memory
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
@@ -340,9 +344,10 @@ struct FusedPlan {
   std::vector<int> backward_kv_tile, backward_q_tile;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
-  // With Problem::rpb: where the dK / dV kernel sums d rpb, "shared" (per head in shared memory,
-  // then one global atomic per entry) or "global" (a table too large for shared memory: the
-  // warps' sums go straight to d rpb with global atomics); empty without a bias.
+  // With Problem::rpb: where the dK / dV kernel sums d rpb, "warps" (a table per warp in shared
+  // memory, plain adds), "shared" (one table, shared atomics; both flushed per head with one
+  // global atomic per entry) or "global" (a table too large for shared memory: the warps' sums
+  // go straight to d rpb with global atomics); empty without a bias (Tuning::bwd_rpb_sums).
   std::string backward_rpb_sums;
   double backward_visited_tiles = 0;
   double backward_needed_fraction = 0;

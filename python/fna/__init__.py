@@ -162,9 +162,10 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     which every forward family adds (the warp-specialized backward does not, so the plan runs
     the plain one); ``rpb_table`` then says where the forward reads the table, ``"shared"``
     (each CTA copies its head's table into shared memory) or ``"global"``, and
-    ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``, ``"shared"`` (per head, then
-    one atomic per entry) or ``"global"`` (a table too large for shared memory); both empty
-    without a bias.
+    ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``: ``"warps"`` (a shared-memory
+    table per warp, plain adds; small tables), ``"shared"`` (one table, shared atomics) or
+    ``"global"`` (a table too large for shared memory), the first two flushed per head with one
+    atomic per entry (tuning ``bwd_rpb_sums`` asks for one); both empty without a bias.
     """
     from . import _args
     rank = len(query_shape) - 3

@@ -17,6 +17,7 @@ namespace {
 const std::vector<std::string> kSwitch = {"automatic", "off", "on"};
 const std::vector<std::string> kCopy = {"automatic", "tma", "cp_async"};
 const std::vector<std::string> kSchedule = {"automatic", "plain", "warp_specialized", "mma_sync"};
+const std::vector<std::string> kRpbSums = {"automatic", "warps", "shared", "global"};
 const std::vector<std::string> kBwdKernel = {"automatic", "sm80", "sm90", "sm90ws"};
 const std::vector<std::string> kIsa = {"automatic", "generic", "avx2", "avx512"};
 const std::vector<std::string> kPanels = {"automatic", "rings", "shared"};
@@ -71,6 +72,7 @@ const std::vector<Field>& fields() {
       FNA_ENUM_FIELD(bwd_kernel, Backend::cuda_fused, kBwdKernel),
       FNA_ENUM_FIELD(bwd_copy, Backend::cuda_fused, kCopy),
       FNA_WALK_FIELD(bwd_walk, Backend::cuda_fused),
+      FNA_ENUM_FIELD(bwd_rpb_sums, Backend::cuda_fused, kRpbSums),
       FNA_INT_FIELD(naive_workspace_bytes, Backend::cuda_naive),
       FNA_ENUM_FIELD(cpu_isa, Backend::cpu, kIsa),
       FNA_INT_FIELD(cpu_band, Backend::cpu),

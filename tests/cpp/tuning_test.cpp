@@ -37,6 +37,7 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
       {"bwd_kernel", {"automatic", "sm80", "sm90", "sm90ws"}},
       {"bwd_copy", copy},
       {"bwd_walk", {"", "01", "2", "120"}},
+      {"bwd_rpb_sums", {"automatic", "warps", "shared", "global"}},
       {"naive_workspace_bytes", {"0", "1", "4096", "1073741824"}},
       {"cpu_isa", {"automatic", "generic", "avx2", "avx512"}},
       {"cpu_band", {"0", "1", "2", "8", "1024"}},
@@ -101,6 +102,7 @@ TEST(SetTuning, RejectsUnknownKeysAndBadValues) {
       {"naive_workspace_bytes", "-5"}, {"naive_workspace_bytes", "1e6"},
       {"fwd_walk", "13"},         {"bwd_walk", "a"},          {"fwd_copy", "tmaa"},
       {"bwd_kernel", "sm100"},    {"fwd_schedule", "coop"},   {"persistent", "true"},
+      {"bwd_rpb_sums", "warp"},
   };
   for (const auto& kv : bad) {
     fna::Tuning u;

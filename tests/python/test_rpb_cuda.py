@@ -223,12 +223,41 @@ def test_backward_large_table():
         if modes[D] == "global":
             assert plan["backward_smem"] + table > optin, plan
         else:
-            assert modes[D] == "shared" and plan["backward_smem"] >= table, plan
+            assert modes[D] in ("shared", "warps") and plan["backward_smem"] >= table, plan
         assert fna.fused_plan((2, *case[1], case[6], D), case[2],
                               dtype="bfloat16")["backward_rpb_sums"] == ""
         _run(case, torch.bfloat16, seed_of("rpb-large-table", D), f"large table D={D}", D=D,
              Dv=D)
     assert modes[128] == "global", modes
+
+
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+def test_backward_rpb_sums_modes(kernel):
+    """tuning bwd_rpb_sums: the dK / dV kernel sums d rpb in a shared-memory table per warp
+    (plain adds), in one shared table (atomics) or straight into d rpb (global atomics); every
+    mode gives the reference's gradients, on every test case and a grid whose key tiles visit
+    many query tiles, and the plan reports the mode that runs. Small tables get the per-warp
+    copies by default; the tuning key needs a bias."""
+    if kernel == "sm90" and not _hopper():
+        pytest.skip("the sm90 dK / dV kernel needs compute capability 9.0")
+    cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
+    for i, case in enumerate(cases):
+        rank, shape, ks = case[:3]
+        for mode in ("warps", "shared", "global"):
+            tuning = {"bwd_kernel": kernel, "bwd_rpb_sums": mode}
+            plan = fna.fused_plan((2, *shape, case[6], 16), ks, stride=case[3], dilation=case[4],
+                                  is_causal=case[5], heads_kv=case[7], rpb=True,
+                                  dtype="bfloat16", tuning=tuning)
+            assert plan["backward_rpb_sums"] == mode, (case, plan)
+            assert plan["backward_family"] == kernel, plan
+            _run(case, torch.bfloat16, seed_of("rpb-sums", i, mode, kernel),
+                 f"case {i} {kernel} {mode}", tuning=tuning)
+        auto = fna.fused_plan((2, *shape, case[6], 16), ks, stride=case[3], dilation=case[4],
+                              is_causal=case[5], heads_kv=case[7], rpb=True, dtype="bfloat16",
+                              tuning={"bwd_kernel": kernel})
+        assert auto["backward_rpb_sums"] == "warps", auto
+    with pytest.raises(NotImplementedError, match="bwd_rpb_sums needs a relative positional"):
+        fna.fused_plan((2, 16, 16, 2, 16), 5, tuning={"bwd_rpb_sums": "warps"})
 
 
 def test_deterministic_runs_the_composition():

@@ -6,7 +6,7 @@ Nsight Compute (tools/experiments/ncu_pipes.sh, ncu_mem.sh and ncu_hot.py run it
     ncu -k regex:dkdv --launch-skip 1 --launch-count 1 ... \
         python3 tools/experiments/profile_fwd.py 2d-large --bwd
 
---config NAME runs the forward with that configuration instead of the heuristic's (and
+--rpb adds a relative positional bias (and its gradient). --config NAME runs the forward with that configuration instead of the heuristic's (and
 --backward-config NAME the backward); --tuning K=V[,K=V..] passes Options::tuning (keys:
 fna.tuning_keys(), e.g. fwd_schedule=plain or bwd_kernel=sm90,bwd_copy=cp_async).
 """
@@ -28,6 +28,8 @@ ap.add_argument("problem", nargs="?", default="2d-large",
 ap.add_argument("--bwd", action="store_true")
 ap.add_argument("--config", default=None)
 ap.add_argument("--backward-config", default=None)
+ap.add_argument("--rpb", action="store_true",
+                help="with a relative positional bias (random, its gradient too with --bwd)")
 ap.add_argument("--tuning", default="-", help="K=V[,K=V..] (one setting; '-': defaults)")
 args = ap.parse_args()
 _, tuning = parse_tunings(args.tuning)[0]
@@ -36,13 +38,15 @@ B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)
            .requires_grad_(args.bwd) for _ in range(3))
+rpb = (torch.randn((H, *(2 * x - 1 for x in kernel)), device="cuda", generator=g)
+       .requires_grad_(args.bwd) if args.rpb else None)
 fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
 kw = dict(config=args.config, backward_config=args.backward_config, tuning=tuning,
           dilation=case["dilation"])
 for _ in range(3):
-    out = fn(q, k, v, kernel, backend="cuda-fused", **kw)
+    out = fn(q, k, v, kernel, backend="cuda-fused", rpb=rpb, **kw)
     if args.bwd:
         out.sum().backward()
 torch.cuda.synchronize()
-plan = fna.fused_plan(list(q.shape), kernel, dtype=torch.bfloat16, **kw)
+plan = fna.fused_plan(list(q.shape), kernel, dtype=torch.bfloat16, rpb=args.rpb, **kw)
 print(args.problem, plan["config"], "backward", plan["backward_config"] or "-")

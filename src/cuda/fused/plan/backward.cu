@@ -25,6 +25,7 @@
 #include "cuda/common/runtime.cuh"
 #include "cuda/fused/launch/bwd_launch.cuh"
 #include "cuda/fused/configs/backward_table.h"
+#include "cuda/fused/kernel/common/bwd_bias.cuh"
 #include "cuda/fused/kernel/common/bwd_stats.cuh"
 #include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/bwd_plan.h"
@@ -37,6 +38,9 @@ namespace bwd {
 FNA_BWD_INSTANCES(FNA_BWD_DECLARE)
 
 namespace {
+
+// The most shared memory the dK / dV kernel's per-warp d rpb copies may take (bwd_bias.cuh).
+constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
 
 // Strides of a [B, L.., H] LSE-role TensorRef lifted to 3 axes.
 TokStrides lift_lse(const Problem& p, const TensorRef& t) {
@@ -242,15 +246,40 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                    : dpad;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   if (pr.rpb) {
-    // d rpb: summed per head in shared memory after the kernel's own where the table fits
-    // there, else added straight into d rpb (global atomics of the warps' diagonal sums).
+    // d rpb: summed per head in shared memory after the kernel's own (bwd_bias.cuh): in a copy
+    // per warp (plain adds) where those copies take at most kRpbWarpCopyBytes and fit, else in
+    // one table (shared atomics) where that fits, else added straight into d rpb (global atomics
+    // of the warps' diagonal sums). Before the tables: the query rows' table offsets.
     int64_t elems = 1;
     for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
-    const size_t bytes = size_t(elems * sizeof(float) + 15) / 16 * 16;
-    l.d_rpb_global = l.smem + bytes > static_cast<size_t>(dev.smem_optin);
-    l.bias_smem = l.d_rpb_global ? 0 : bytes;
+    const int warps = l.kv_rows / 16;
+    const size_t table = size_t(elems * sizeof(float) + 15) / 16 * 16;
+    const size_t head = 16 + size_t(bwd::bias_qrel_bytes(tr.dkdv_queries));
+    const size_t optin = static_cast<size_t>(dev.smem_optin);
+    l.rpb_pitch = static_cast<int>(table / sizeof(float));
+    const bool warps_fit = l.smem + head + warps * table <= optin;
+    const bool shared_fits = l.smem + head + table <= optin;
+    const std::string asked = "tuning bwd_rpb_sums='" +
+                              std::string(t.bwd_rpb_sums == RpbSums::warps ? "warps" : "shared") +
+                              "': ";
+    if (t.bwd_rpb_sums == RpbSums::warps && !warps_fit)
+      return unsupported(asked + std::to_string(warps) + " copies of the " +
+                         std::to_string(elems) + "-entry table do not fit shared memory");
+    if (t.bwd_rpb_sums == RpbSums::shared && !shared_fits)
+      return unsupported(asked + "the " + std::to_string(elems) +
+                         "-entry table does not fit shared memory");
+    l.d_rpb_warps = t.bwd_rpb_sums == RpbSums::warps ||
+                            (t.bwd_rpb_sums == RpbSums::automatic &&
+                             warps * table <= kRpbWarpCopyBytes && warps_fit)
+                        ? warps
+                        : 0;
+    l.d_rpb_global = t.bwd_rpb_sums == RpbSums::global ||
+                     (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0 && !shared_fits);
+    l.bias_smem = head + (l.d_rpb_global ? 0 : l.d_rpb_warps > 0 ? warps * table : table);
     l.smem += l.bias_smem;
   }
+  if (t.bwd_rpb_sums != RpbSums::automatic && !pr.rpb)
+    return unsupported("tuning bwd_rpb_sums needs a relative positional bias (rpb)");
   if (l.smem > static_cast<size_t>(dev.smem_optin))
     return unsupported(std::string(fused::family_name(family)) + " kernels need " +
                        std::to_string(l.smem) + " bytes of shared memory per block, the device has " +
@@ -266,6 +295,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   Params& pq = plan->p_dq;
   pk = pq = p;
   pk.d_rpb_global = l.d_rpb_global ? 1 : 0;
+  pk.d_rpb_warps = l.d_rpb_warps;
+  pk.rpb_pitch = l.rpb_pitch;
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
@@ -537,7 +568,10 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
-  out->backward_rpb_sums = !pr.rpb ? "" : plan.launch.d_rpb_global ? "global" : "shared";
+  out->backward_rpb_sums = !pr.rpb                     ? ""
+                           : plan.launch.d_rpb_global    ? "global"
+                           : plan.launch.d_rpb_warps > 0 ? "warps"
+                                                         : "shared";
   out->backward_visited_tiles = visited * double(pr.batch) * double(pr.heads);
   const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
   out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;

@@ -62,6 +62,8 @@ struct BwdLaunch {
   size_t bias_smem = 0;        // with a bias: the dK / dV kernel's d rpb table (shared memory)
   bool d_rpb_global = false;   // with a bias: the table does not fit shared memory, d rpb takes
                                // the dK / dV kernel's adds directly (Params::d_rpb_global)
+  int d_rpb_warps = 0;         // with a bias: a table copy per warp (Params::d_rpb_warps)
+  int rpb_pitch = 0;           // floats between those copies
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
 };
 

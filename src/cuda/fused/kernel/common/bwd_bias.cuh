@@ -2,9 +2,15 @@
 // their S^T layout: this thread's key rows wrow + lane / 4 and 8 below, query columns
 // n * 8 + 2 * (lane % 4) + j of the query sub-tile. P^T recomputes the forward's biased logits,
 // and dS^T, the gradient of the logits, is summed per table entry into the current head's table
-// in shared memory (atomics there), which goes to d rpb with one global atomic per entry when the
-// CTA's walk moves to the next head and at its end; a table too large for shared memory
-// (Params::d_rpb_global) takes the warp's diagonal sums straight into d rpb instead.
+// in shared memory, which goes to d rpb with one global atomic per entry when the CTA's walk
+// moves to the next head and at its end. Where shared memory holds a copy per warp
+// (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else one table
+// takes shared atomics (compare-and-swap loops on Hopper); a table too large for shared memory
+// (Params::d_rpb_global) takes the warp's diagonal sums straight into d rpb.
+//
+// The bias region (shared memory after the kernel's own, BwdLaunch::bias_smem): int qrel[kQ],
+// the table offset of each query-tile row (its packed offsets times the table strides), then
+// the table copies (none with d_rpb_global), rpb_pitch floats apart.
 #pragma once
 
 #include <cmath>
@@ -15,24 +21,42 @@ namespace fna {
 namespace bwd {
 
 struct BwdBias {
-  bool on;     // a bias, and the CTA's keys are neighborhood keys
-  int kb[2];   // table index of this thread's two key rows at query coordinates 0
-  float* acc;  // the current head's d rpb sums (shared memory, p.rpb_elems); null: no gradient
-  int h;       // that head
+  bool on;       // a bias, and the CTA's keys are neighborhood keys
+  bool priv;     // acc is this warp's own copy (plain adds)
+  int kb[2];     // table index of this thread's two key rows at query coordinates 0
+  float* acc;    // the current head's d rpb sums (this warp's copy, the shared table, or d rpb
+                 // itself with p.d_rpb_global); null: no gradient
+  float* table;  // the first shared copy
+  const int* qrel;  // [kQ]: table offsets of the query-tile rows
+  int h;         // the current head
 };
 
-// The thread's key rows of the key tile at kv0; zeroes the table `table` (made visible by the
-// caller's next barrier) when the kernel computes d rpb (`grad`), or with p.d_rpb_global points
-// the sums straight at head h0's d rpb (global atomics; `table` unused).
-template <int kThreads>
+// Bytes of the bias region before the tables (qrel), for a query tile of q rows; the region
+// starts at the kernel's own shared memory rounded up to 16 bytes (BwdLaunch::bias_smem counts
+// the padding as 16 bytes).
+__host__ __device__ constexpr int bias_qrel_bytes(int q) { return (q * 4 + 15) / 16 * 16; }
+__host__ __device__ constexpr size_t bias_region_offset(size_t kernel_smem) {
+  return (kernel_smem + 15) / 16 * 16;
+}
+
+// The thread's key rows of the key tile at kv0; fills qrel from the tile's packed row offsets
+// `qoff` (kQ rows) and zeroes the table copies when the kernel computes d rpb (`grad`), both made
+// visible by the caller's next barrier; with p.d_rpb_global points the sums straight at head
+// h0's d rpb (global atomics).
+template <int kThreads, int kQ>
 __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, bool grad,
                                               const int* kv0, int wrow, int lane, int h0,
-                                              float* table) {
+                                              const uint32_t* qoff, unsigned char* region) {
   BwdBias bb;
   bb.on = p.rpb != nullptr && !additional;
+  int* qrel = reinterpret_cast<int*>(region);
+  bb.qrel = qrel;
+  bb.table = reinterpret_cast<float*>(region + bias_qrel_bytes(kQ));
+  bb.priv = !p.d_rpb_global && p.d_rpb_warps > 0;
   bb.acc = !(bb.on && grad) ? nullptr
            : p.d_rpb_global ? p.d_rpb + int64_t(h0) * p.rpb_stride[0]
-                            : table;
+           : bb.priv        ? bb.table + (threadIdx.x >> 5) * p.rpb_pitch
+                            : bb.table;
   bb.h = h0;
   bb.kb[0] = bb.kb[1] = 0;
   if (!bb.on) return bb;
@@ -44,22 +68,34 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
       bb.kb[half] +=
           (kv0[a] + unpack_offset(off, a) + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
   }
-  if (bb.acc != nullptr && !p.d_rpb_global)
-    for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) bb.acc[i] = 0.f;
+  for (int i = threadIdx.x; i < kQ; i += kThreads) {
+    int r = 0;
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a) r += unpack_offset(qoff[i], a) * p.rpb_stride[1 + a];
+    qrel[i] = r;
+  }
+  if (bb.acc != nullptr && !p.d_rpb_global) {
+    const int n = bb.priv ? p.d_rpb_warps * p.rpb_pitch : p.rpb_elems;
+    for (int i = threadIdx.x; i < n; i += kThreads) bb.table[i] = 0.f;
+  }
   return bb;
 }
 
-// The table's sums into d rpb of head bb.h (after a barrier that follows every add), zeroing it.
+// The table's sums (every copy's) into d rpb of head bb.h (after a barrier that follows every
+// add), zeroing them.
 template <int kThreads>
 __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
   if (p.d_rpb_global) return;  // the adds went to d rpb directly
   float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
+  const int copies = bb.priv ? p.d_rpb_warps : 1;
   for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) {
-    const float v = bb.acc[i];
-    if (v != 0.f) {
-      atomicAdd(g + i, v);
-      bb.acc[i] = 0.f;
+    float v = 0.f;
+    for (int c = 0; c < copies; ++c) {
+      float* t = bb.table + c * p.rpb_pitch + i;
+      v += *t;
+      *t = 0.f;
     }
+    if (v != 0.f) atomicAdd(g + i, v);
   }
 }
 
@@ -80,14 +116,26 @@ __device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int
   }
 }
 
+// Shared memory at `addr` += v, a plain load and store: only this lane adds there in this
+// instruction (the caller's __syncwarp orders the warp's later adds).
+__device__ __forceinline__ void shared_add(float* ptr, float v) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+  asm volatile(
+      "{\n .reg .f32 x;\n ld.shared.f32 x, [%0];\n add.f32 x, x, %1;\n st.shared.f32 [%0], x;\n}\n" ::"r"(
+          addr),
+      "f"(v)
+      : "memory");
+}
+
 // Adds this thread's dS^T values ds[j] (j = 0, 1: columns 2 (lane % 4) + j of an 8-query block)
 // of one key-row half to the table at their indices idx[j]. `diag`: the 8 key
 // rows and the 8 query columns are each consecutive on the last axis (key and query tiles with a
 // last extent of 8k), so the value of lane (g, t) (g = lane / 4, t = lane % 4) at column
 // 2t + j has index idx(lane 0, j = 0) + g - 2t - j: the warp's 64 values fall into 15 diagonals
 // c = g - 2t - j, which shuffles sum first, and one lane per diagonal adds (no two lanes of an
-// add share an address). Otherwise each value is added by itself.
-__device__ __forceinline__ void bias_grad_add(float* acc, bool diag, const float (&ds)[2],
+// add share an address: into the warp's own copy, `priv`, that is a plain load and store).
+// Otherwise each value is added by itself (atomics).
+__device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag, const float (&ds)[2],
                                               const int (&idx)[2], int lane) {
   if (!diag) {
 #pragma unroll
@@ -108,36 +156,44 @@ __device__ __forceinline__ void bias_grad_add(float* acc, bool diag, const float
   o = __shfl_down_sync(0xffffffffu, w, 18);
   w += (g + 4 <= 7 && t + 2 <= 3) ? o : 0.f;
   // The diagonal's first lane adds its sum; (0, 3, 1) has a diagonal of its own.
-  if ((g < 2 || t == 0) && w != 0.f) atomicAdd(acc + idx[0], w);
-  if (g == 0 && t == 3 && ds[1] != 0.f) atomicAdd(acc + idx[1], ds[1]);
+  if (priv) {
+    if ((g < 2 || t == 0) && w != 0.f) shared_add(acc + idx[0], w);
+    if (g == 0 && t == 3 && ds[1] != 0.f) shared_add(acc + idx[1], ds[1]);
+    __syncwarp();
+  } else {
+    if ((g < 2 || t == 0) && w != 0.f) atomicAdd(acc + idx[0], w);
+    if (g == 0 && t == 3 && ds[1] != 0.f) atomicAdd(acc + idx[1], ds[1]);
+  }
 }
 
 // P^T = exp2(S^T scale_log2 + bias log2(e) - LSE) and (kDs) dS^T = P^T (dP^T - Dsum) in place for
-// query head h, the sub-tile's queries at local coordinates q0 + qoff[column], statistics
-// stat[column]; with bb.acc, dS^T summed per table entry (bias_grad_add). Masked pairs (-inf)
-// read no bias: their index may lie outside the table.
+// query head h, the sub-tile's queries at local coordinates q0 + (the offsets of) its rows
+// qrel[column] (bb.qrel from the sub-tile's first row), statistics stat[column]; with bb.acc,
+// dS^T summed per table entry (bias_grad_add). Masked pairs (-inf) read no bias: their index may
+// lie outside the table.
 template <int kNB, bool kDs>
 __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb, int h,
                                              float (&s)[kNB][4], float (&dp)[kNB][4],
-                                             const float2* stat, const uint32_t* qoff,
-                                             const int* q0, int lane) {
+                                             const float2* stat, const int* qrel, const int* q0,
+                                             int lane) {
   const float* tab = p.rpb + int64_t(h) * p.rpb_stride[0];
   const bool diag = p.tkv[kAxes - 1] % 8 == 0 && p.tq[kAxes - 1] % 8 == 0;
+  int qbase = 0;
+#pragma unroll
+  for (int a = 0; a < kAxes; ++a) qbase += q0[a] * p.rpb_stride[1 + a];
+  // Key row half's index at the tile's first query: kb - qbase.
+  const int kq[2] = {bb.kb[0] - qbase, bb.kb[1] - qbase};
 #pragma unroll
   for (int n = 0; n < kNB; ++n) {
-    int qcs[2];
+    const int2 qr = *reinterpret_cast<const int2*>(qrel + n * 8 + 2 * (lane & 3));
+    const int qcs[2] = {qr.x, qr.y};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint32_t off = qoff[n * 8 + 2 * (lane & 3) + j];
-      int qc = 0;
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a) qc += (q0[a] + unpack_offset(off, a)) * p.rpb_stride[1 + a];
-      qcs[j] = qc;
       const float2 st = stat[n * 8 + 2 * (lane & 3) + j];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int e = 2 * half + j;
-        const int idx = bb.kb[half] - qc;
+        const int idx = kq[half] - qcs[j];
         const bool in = s[n][e] != -INFINITY;
         const float x =
             fmaf(in ? __ldg(tab + idx) : 0.f, 1.4426950408889634f, s[n][e] * p.scale_log2);
@@ -151,8 +207,8 @@ __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb,
       for (int half = 0; half < 2; ++half) {
         // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
         const float v[2] = {dp[n][2 * half], dp[n][2 * half + 1]};
-        const int idx[2] = {bb.kb[half] - qcs[0], bb.kb[half] - qcs[1]};
-        bias_grad_add(bb.acc, diag, v, idx, lane);
+        const int idx[2] = {kq[half] - qcs[0], kq[half] - qcs[1]};
+        bias_grad_add(bb.acc, bb.priv, diag, v, idx, lane);
       }
     }
   }

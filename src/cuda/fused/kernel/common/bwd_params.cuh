@@ -53,8 +53,12 @@ struct Params : fused::ProblemBlock {
   // d rpb (with ProblemBlock::rpb; both dense [H, 2 K_a - 1 ..]), zeroed by the host: the dK / dV
   // kernel sums each CTA's dS per table entry in shared memory and adds the sums with atomics,
   // or (d_rpb_global: a table too large for shared memory) adds dS straight into d rpb.
+  // d_rpb_warps > 0: every warp sums into a table of its own (rpb_pitch floats apart; plain
+  // adds, no atomics), the copies summed when they go to d rpb; 0: one table, shared atomics.
   float* d_rpb;
   int d_rpb_global;
+  int d_rpb_warps;
+  int rpb_pitch;
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word

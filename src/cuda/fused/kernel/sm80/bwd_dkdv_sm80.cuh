@@ -99,10 +99,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int ds_slot = 0;
   // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
   // (BwdLaunch::bias_smem), in the passes that compute dS (bwd_bias.cuh).
-  BwdBias bias{false, {0, 0}, nullptr, 0};
+  BwdBias bias{};
   if constexpr (kBias)
-    bias = bias_setup<kThreads>(p, additional, kDoDk, kv0, wrow, lane, cur.h,
-                                reinterpret_cast<float*>(smem + Tr::kSmem));
+    bias = bias_setup<kThreads, kQ>(p, additional, kDoDk, kv0, wrow, lane, cur.h, s_qoff,
+                                    smem + bias_region_offset(Tr::kSmem));
 
   if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
 
       // P^T = exp(scale S^T + bias - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
       if (kBias && bias.on) {
-        bias_softmax<kNB, kDoDk>(p, bias, cur.h, s, dp, stat + qs, s_qoff + qs, q0, lane);
+        bias_softmax<kNB, kDoDk>(p, bias, cur.h, s, dp, stat + qs, bias.qrel + qs, q0, lane);
       } else {
 #pragma unroll
       for (int n = 0; n < kNB; ++n) {

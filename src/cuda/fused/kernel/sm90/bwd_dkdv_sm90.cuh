@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(2 * kKVRows,
   const int wrow = warp * 16;
   // Relative positional bias: d rpb sums per head in shared memory after the kernel's own
   // (BwdLaunch::bias_smem; bwd_bias.cuh).
-  BwdBias bias{false, {0, 0}, nullptr, 0};
+  BwdBias bias{};
   if constexpr (kBias)
-    bias = bias_setup<kThreads>(p, additional, true, kv0, wrow, lane, cur.h,
-                                reinterpret_cast<float*>(smem_raw + Tr::kSmem));
+    bias = bias_setup<kThreads, kQ>(p, additional, true, kv0, wrow, lane, cur.h, s_qoff,
+                                    smem_raw + bias_region_offset(Tr::kSmem));
 
   // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
   QWalk ahead = cur;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
     // P^T, dS^T; dS^T also to shared memory for dQ.
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
     if (kBias && bias.on) {
-      bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, s_qoff, q0, lane);
+      bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, bias.qrel, q0, lane);
       Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
     } else {
       Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
