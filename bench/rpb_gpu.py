@@ -7,10 +7,11 @@ bfloat16), in one process with the variants in alternating rounds; and the unfus
     PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...]
 
 Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of each variant, the
-ratio with / without the bias (the issue's target: at most 1.15), where the plan stages the
-table in shared memory the ratio of the same call reading it in global memory
-(tuning fwd_rpb_stage='off'), the plans' forward families and table, and the composition's
-time. A problem the fused backward does not take with a bias (its d rpb
+ratio with / without the bias (the issue's target: at most 1.15), the ratio of another way of
+the same call ("other": for the forward where the plan stages the table in shared memory, the
+table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward where the plan
+sums d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
+families, the forward's table and where the backward sums d rpb, and the composition's time. A problem the fused backward does not take with a bias (its d rpb
 table does not fit shared memory) shows the reason instead.
 """
 
@@ -91,11 +92,16 @@ def main():
             return step
 
         for mode, make in (("fwd", fwd), ("fwd+bwd", fb)):
-            times = {"plain": [], "rpb": [], "global": []}
+            times = {"plain": [], "rpb": [], "other": []}
             err = ""
             variants = [("plain", None, None), ("rpb", rpb, None)]
-            if staged:  # the same call reading the table in global memory
-                variants.append(("global", rpb, {"fwd_rpb_stage": "off"}))
+            other = None
+            if mode == "fwd" and staged:  # the same call reading the table in global memory
+                other = {"fwd_rpb_stage": "off"}
+            if mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "warps":
+                other = {"bwd_rpb_sums": "shared"}  # d rpb summed in one table, atomics
+            if other is not None:
+                variants.append(("other", rpb, other))
             try:
                 for _ in range(args.rounds):
                     for label, b, tuning in variants:
@@ -113,20 +119,24 @@ def main():
                     comp = "error: " + str(e).splitlines()[0][:60]
             if err:
                 rows.append((name, mode, "-", "-", "-", "-", plain_plan["family"],
-                             bias_plan["family"] + "/" + bias_plan["rpb_table"], err))
+                             bias_plan["family"] + "/" + bias_plan["rpb_table"] + "/" +
+                             bias_plan["backward_rpb_sums"], err))
             else:
                 p = statistics.median(times["plain"])
                 r = statistics.median(times["rpb"])
-                gl = "%.3f" % (statistics.median(times["global"]) / p) if staged else "-"
+                gl = "%.3f" % (statistics.median(times["other"]) / p) if other else "-"
+                fam = (bias_plan["family"] + "/" + bias_plan["rpb_table"] if mode == "fwd" else
+                       bias_plan["backward_family"] + "/" + bias_plan["backward_rpb_sums"])
                 rows.append((name, mode, "%.3f" % p, "%.3f" % r, "%.3f" % (r / p), gl,
-                             plain_plan["family"], bias_plan["family"] + "/" +
-                             bias_plan["rpb_table"], comp))
+                             plain_plan["family"] if mode == "fwd" else
+                             plain_plan["backward_family"], fam, comp))
             print("  ".join(str(x) for x in rows[-1]), flush=True)
         del q, k, v, d_out
         torch.cuda.empty_cache()
     print()
-    print("| problem | mode | no bias (ms) | rpb (ms) | rpb / no bias | rpb, table in global "
-          "memory / no bias | plan | plan with rpb (family / table) | composition fwd (ms) |")
+    print("| problem | mode | no bias (ms) | rpb (ms) | rpb / no bias | other / no bias | plan | "
+          "plan with rpb (fwd: family / table; fwd+bwd: backward family / d rpb sums) | "
+          "composition fwd (ms) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
