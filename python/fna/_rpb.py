@@ -13,7 +13,7 @@ causal axes. The query is always inside its own window (section 1.1), so ``i_a``
 
 The fused kernels of the reference, cpu and cuda-fused backends and every backend's unfused
 ``na*d_qk`` add the bias themselves (its gradient through the unfused op: :func:`gather_grad`).
-Where the fused path cannot take it (cuda-naive, deterministic CUDA calls, tables the fused
+Where the fused path cannot take it (cuda-naive, deterministic CUDA calls whose table the fused
 backward cannot hold), :func:`attention` runs ``na*d_qk`` (scale applied), adds the gathered bias,
 takes the softmax in float32 and runs ``na*d_av``: the attention weights live in memory
 (``[B, *spatial, H, prod(K) + N_add]``), on the CUDA unfused operators ``auto`` picks

@@ -6,7 +6,7 @@ LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks
 kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
 query regions; the strip, box and SIMT forwards' configurations; the plan (the sm80 / plain
 Hopper backward with a bias); the
-deterministic route (the unfused composition) and the errors. Needs a CUDA GPU."""
+deterministic backward (fused; the unfused composition for tables too large) and the errors. Needs a CUDA GPU."""
 
 import math
 
@@ -260,20 +260,48 @@ def test_backward_rpb_sums_modes(kernel):
         fna.fused_plan((2, 16, 16, 2, 16), 5, tuning={"bwd_rpb_sums": "warps"})
 
 
-def test_deterministic_runs_the_composition():
-    """deterministic=True (or torch's flag): the fused backward would sum d rpb with atomics, so
-    the call runs the unfused composition; the results still match the reference."""
-    case = CASES[4]
-    _run(case, torch.float32, seed_of("rpb-cuda-det"), "deterministic", deterministic=True)
-    low, _ = _make(case, seed_of("rpb-cuda-det2"), torch.float32, 16, 16)
-    rank, shape, ks, st, dil, causal = case[:6]
-    grads = []
-    for _ in range(2):
-        out = NA[rank](low["q"], low["k"], low["v"], ks, stride=st, dilation=dil,
-                       is_causal=causal, additional_keys=low["add_k"],
-                       additional_values=low["add_v"], rpb=low["rpb"], deterministic=True)
-        grads.append(torch.autograd.grad(out.sum(), [low["rpb"]])[0])
-    assert torch.equal(grads[0], grads[1])
+def test_deterministic_fused():
+    """deterministic=True (or torch's flag) with a bias runs the fused deterministic backward:
+    the sm80 dK / dV kernel sums d rpb in per-warp tables into each CTA's own slots, added up in
+    a fixed order, and the dQ kernel adds the bias. It matches the reference, and two runs give
+    bitwise equal gradients. A table whose per-warp copies do not fit (a 9x17x17 window at head
+    dim 128) has no deterministic fused backward: the call runs the unfused composition, also
+    deterministic."""
+    cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
+    for i, case in enumerate(cases):
+        rank, shape, ks, st, dil, causal = case[:6]
+        for dtype in (torch.bfloat16, torch.float32):
+            dn = str(dtype).replace("torch.", "")
+            plan = fna.fused_plan((2, *shape, case[6], 16), ks, stride=st, dilation=dil,
+                                  is_causal=causal, heads_kv=case[7], rpb=True, dtype=dn,
+                                  deterministic=True)
+            assert plan["backward_deterministic"] and plan["backward_rpb_sums"] == "warps", plan
+            _run(case, dtype, seed_of("rpb-det", i, dn), f"case {i} deterministic {dn}",
+                 deterministic=True)
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            low, _ = _make(case, seed_of("rpb-det-rep", i, dn), dtype, 16, 16)
+            leaves = [low[n] for n in low if low[n] is not None]
+            grads = []
+            for _ in range(2):
+                out = NA[rank](low["q"], low["k"], low["v"], ks, stride=st, dilation=dil,
+                               is_causal=causal, additional_keys=low["add_k"],
+                               additional_values=low["add_v"], rpb=low["rpb"],
+                               deterministic=True)
+                g = torch.randn(out.shape, generator=torch.Generator().manual_seed(i))
+                grads.append(torch.autograd.grad(out, leaves, g.to(out))
+                             )
+            for a, b in zip(*grads):
+                assert torch.equal(a, b), f"case {i} {dn}: gradients differ between runs"
+    with pytest.raises(ValueError, match="bwd_rpb_sums='shared' with deterministic=true"):
+        fna.fused_plan((2, 16, 16, 2, 16), 5, rpb=True, deterministic=True,
+                       tuning={"bwd_rpb_sums": "shared"})
+    # Too large for the per-warp tables: the composition (no fused backward in the plan).
+    case = (3, [9, 17, 17], [9, 17, 17], [1, 1, 1], [1, 1, 1], [False, True, False], 2, 2, 0)
+    plan = fna.fused_plan((2, *case[1], 2, 128), case[2], is_causal=case[5], rpb=True,
+                          dtype="bfloat16", deterministic=True)
+    assert plan["backward_rpb_sums"] == "", plan
+    _run(case, torch.bfloat16, seed_of("rpb-det-large"), "large table deterministic", D=128,
+         Dv=128, deterministic=True)
 
 
 def test_errors():
@@ -283,9 +311,9 @@ def test_errors():
     q, k, v, rpb = (low[n].detach() for n in ("q", "k", "v", "rpb"))
     out, lse = fna.na2d(q, k, v, ks, rpb=rpb, return_lse=True, backend="cuda-fused")
     d_out = torch.randn_like(out)
-    with pytest.raises(Exception, match="deterministic"):
+    with pytest.raises(Exception, match="bwd_rpb_sums='global' with deterministic"):
         fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
-                        deterministic=True)
+                        deterministic=True, tuning={"bwd_rpb_sums": "global"})
     if _hopper():
         with pytest.raises(Exception, match="rpb: the sm90ws backward adds no bias"):
             fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",

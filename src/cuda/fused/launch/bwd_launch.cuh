@@ -133,9 +133,10 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
                        cudaStream_t stream) {
   using S = BwdShape<T, kD>;
   using DqT = DqTraits<T, kD, S::kDqWarps, S::kDqKeys>;
-  auto dq = dq_kernel<T, kD, S::kDqWarps, S::kDqKeys>;
   const bool atomic = !l.deterministic;
   const bool biased = p_dkdv.rpb != nullptr;
+  auto dq = biased ? dq_kernel<T, kD, S::kDqWarps, S::kDqKeys, true>
+                   : dq_kernel<T, kD, S::kDqWarps, S::kDqKeys, false>;
 #if defined(FNA_WITH_SM90)
   if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
     if (l.family != fused::BwdFamily::sm80) return launch_dkdv_sm90<T, kD>(p_dkdv, l, stream);

@@ -41,6 +41,27 @@ namespace {
 
 // The most shared memory the dK / dV kernel's per-warp d rpb copies may take (bwd_bias.cuh).
 constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
+// The most workspace the deterministic backward's per-CTA d rpb slots may take.
+constexpr size_t kRpbPartMaxBytes = size_t(1) << 31;
+
+// Deterministic d rpb: d_rpb[h][e] = the sum of the CTAs' slots of head h (p.d_rpb_part) over
+// batch, dilation group and key tile, in that fixed order; one thread per (h, e). grid_x: the
+// neighborhood launch's blockIdx.x extent.
+__global__ void rpb_partial_sum(const Params p, int grid_x) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(p.heads) * p.rpb_elems) return;
+  const int h = int(t / p.rpb_elems), e = int(t % p.rpb_elems);
+  const int hkv = h / p.heads_per_kv, j = h % p.heads_per_kv;
+  float sum = 0.f;
+  for (int b = 0; b < p.batch; ++b)
+    for (int g = 0; g < p.groups; ++g) {
+      const int64_t y = (int64_t(b) * p.heads_kv + hkv) * p.groups + g;
+      const float* src = p.d_rpb_part + (y * grid_x * p.heads_per_kv + j) * int64_t(p.rpb_elems) + e;
+      const int64_t step = int64_t(p.heads_per_kv) * p.rpb_elems;
+      for (int x = 0; x < grid_x; ++x) sum += src[x * step];
+    }
+  p.d_rpb[int64_t(h) * p.rpb_stride[0] + e] = sum;
+}
 
 // Strides of a [B, L.., H] LSE-role TensorRef lifted to 3 axes.
 TokStrides lift_lse(const Problem& p, const TensorRef& t) {
@@ -205,10 +226,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                                                                           : fused::BwdFamily::sm90;
   }
   if (pr.rpb) {
-    // The bias is in the sm80 and plain Hopper dK / dV kernels, whose d rpb sums end in atomics.
-    if (opt.deterministic)
-      return unsupported("rpb: the fused backward sums d rpb with atomics (not deterministic); "
-                         "deterministic=true with a bias runs on backends reference and cpu");
+    // The bias is in the sm80 and plain Hopper dK / dV kernels (and the sm80 dQ kernel of the
+    // deterministic mode, whose d rpb sums go to per-CTA slots: below).
     if (named == nullptr && t.bwd_kernel == BwdKernel::automatic &&
         family == fused::BwdFamily::sm90ws)
       family = fused::BwdFamily::sm90;
@@ -268,7 +287,22 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (t.bwd_rpb_sums == RpbSums::shared && !shared_fits)
       return unsupported(asked + "the " + std::to_string(elems) +
                          "-entry table does not fit shared memory");
-    l.d_rpb_warps = t.bwd_rpb_sums == RpbSums::warps ||
+    if (l.deterministic) {
+      // Plain adds into per-warp copies, summed in a fixed order, into each CTA's own slots:
+      // the same sums every run (shared atomics and global atomics are not).
+      if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global)
+        return invalid(std::string("tuning bwd_rpb_sums='") +
+                       (t.bwd_rpb_sums == RpbSums::global ? "global" : "shared") +
+                       "' with deterministic=true: only the per-warp tables ('warps') sum d rpb "
+                       "deterministically");
+      if (!warps_fit)
+        return unsupported("deterministic=true with a bias sums d rpb in a shared-memory table "
+                           "per warp: " + std::to_string(warps) + " copies of the " +
+                           std::to_string(elems) + "-entry table do not fit beside the dK / dV "
+                           "kernel (" + std::to_string(l.smem + head + warps * table) +
+                           " bytes, the device has " + std::to_string(optin) + ")");
+    }
+    l.d_rpb_warps = t.bwd_rpb_sums == RpbSums::warps || l.deterministic ||
                             (t.bwd_rpb_sums == RpbSums::automatic &&
                              warps * table <= kRpbWarpCopyBytes && warps_fit)
                         ? warps
@@ -317,6 +351,16 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     return unsupported("batch * heads * dilation groups = " + std::to_string(y_dq) +
                        " exceeds the grid");
   l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
+  if (pr.rpb && l.deterministic) {
+    int64_t elems = 1;
+    for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
+    const double bytes = double(n_dkdv) * double(y_dkdv) * p.heads_per_kv * elems * 4.0;
+    if (bytes > double(kRpbPartMaxBytes))
+      return unsupported("deterministic=true with a bias: the dK / dV CTAs' d rpb slots would take " +
+                         std::to_string(int64_t(bytes)) + " bytes (at most " +
+                         std::to_string(kRpbPartMaxBytes) + ")");
+    l.rpb_part_bytes = static_cast<size_t>(bytes);
+  }
   l.grid_add = dim3{unsigned((p.num_add + l.kv_rows - 1) / l.kv_rows),
                     unsigned(p.batch * p.heads_kv)};
   l.grid_dq = dim3{unsigned(n_dq), unsigned(y_dq)};
@@ -399,9 +443,24 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
       p, static_cast<const E*>(o_data), so, lse, sl, d_lse, sdl, ws.as<float2>(), log_tpr, dense,
       vec);
   FNA_CUDA_CHECK_LAUNCH("backward stats kernel");
-  if (plan.dpad == 64) return launch_backward<T, 64>(p, p_dq, plan.launch, stream);
-  if (plan.dpad == 256) return launch_backward<T, 256>(p, p_dq, plan.launch, stream);
-  return launch_backward<T, 128>(p, p_dq, plan.launch, stream);
+  // Deterministic d rpb: the CTAs' per-head sums in their own slots, then summed in order.
+  detail::Workspace ws_rpb(stream);
+  if (p.d_rpb != nullptr && plan.launch.deterministic) {
+    const size_t bytes = plan.launch.rpb_part_bytes;
+    st = ws_rpb.allocate(bytes, "backward d rpb partial sums");
+    if (!st.ok()) return st;
+    FNA_CUDA_TRY(cudaMemsetAsync(ws_rpb.get(), 0, bytes, stream));
+    p.d_rpb_part = ws_rpb.as<float>();
+  }
+  if (plan.dpad == 64) st = launch_backward<T, 64>(p, p_dq, plan.launch, stream);
+  else if (plan.dpad == 256) st = launch_backward<T, 256>(p, p_dq, plan.launch, stream);
+  else st = launch_backward<T, 128>(p, p_dq, plan.launch, stream);
+  if (!st.ok() || p.d_rpb_part == nullptr) return st;
+  const int64_t n = int64_t(p.heads) * p.rpb_elems;
+  rpb_partial_sum<<<unsigned((n + 255) / 256), 256, 0, stream>>>(
+      p, static_cast<int>(plan.launch.grid_dkdv.x));
+  FNA_CUDA_CHECK_LAUNCH("backward d rpb sum kernel");
+  return Status::Ok();
 }
 
 // Runs the plan's backward for the call (the statistics, the workspaces and the kernels).

@@ -64,6 +64,8 @@ struct BwdLaunch {
                                // the dK / dV kernel's adds directly (Params::d_rpb_global)
   int d_rpb_warps = 0;         // with a bias: a table copy per warp (Params::d_rpb_warps)
   int rpb_pitch = 0;           // floats between those copies
+  size_t rpb_part_bytes = 0;   // deterministic with a bias: the CTAs' d rpb slots
+                               // (Params::d_rpb_part)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
 };
 

@@ -81,12 +81,18 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
   return bb;
 }
 
-// The table's sums (every copy's) into d rpb of head bb.h (after a barrier that follows every
-// add), zeroing them.
+// The table's sums (every copy's, in order) into d rpb of head bb.h (after a barrier that follows
+// every add), zeroing them; with p.d_rpb_part stored into this CTA's slot of the head instead.
 template <int kThreads>
 __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
   if (p.d_rpb_global) return;  // the adds went to d rpb directly
   float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
+  float* part = nullptr;
+  if (p.d_rpb_part != nullptr)
+    part = p.d_rpb_part +
+           ((int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * p.heads_per_kv +
+            bb.h % p.heads_per_kv) *
+               int64_t(p.rpb_elems);
   const int copies = bb.priv ? p.d_rpb_warps : 1;
   for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) {
     float v = 0.f;
@@ -95,9 +101,13 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
       v += *t;
       *t = 0.f;
     }
-    if (v != 0.f) atomicAdd(g + i, v);
+    if (part != nullptr)
+      part[i] = v;
+    else if (v != 0.f)
+      atomicAdd(g + i, v);
   }
 }
+
 
 // At the top of an iteration (after its first barrier) of query head h: a change of head flushes
 // the previous head's sums; the barrier after it (the same branch on every thread) keeps new

@@ -55,10 +55,14 @@ struct Params : fused::ProblemBlock {
   // or (d_rpb_global: a table too large for shared memory) adds dS straight into d rpb.
   // d_rpb_warps > 0: every warp sums into a table of its own (rpb_pitch floats apart; plain
   // adds, no atomics), the copies summed when they go to d rpb; 0: one table, shared atomics.
+  // d_rpb_part (deterministic calls, with d_rpb_warps): each neighborhood CTA stores its sums
+  // per query head of its group, [blockIdx.y][blockIdx.x][heads_per_kv][rpb_elems] (zeroed by the
+  // host), instead of adding them to d rpb; rpb_partial_sum adds them up in a fixed order.
   float* d_rpb;
   int d_rpb_global;
   int d_rpb_warps;
   int rpb_pitch;
+  float* d_rpb_part;
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word

@@ -1,7 +1,8 @@
 // dQ kernel of the fused backward, deterministic: a CTA owns one multi-dimensional query tile of
 // one (batch, head, dilation group) and visits the key/value tiles covering the union of its
 // windows (like the forward), then the additional keys, recomputing S, P, dP and dS; dQ stays in
-// registers and is written once. Each warp owns 16 queries.
+// registers and is written once. Each warp owns 16 queries. kBias: the call has a relative
+// positional bias (p.rpb), added to the logits of neighborhood pairs as the forward adds it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +25,7 @@ struct DqTraits {
                                   kKV * sizeof(uint32_t) + kQ * kAxes * sizeof(int2);
 };
 
-template <typename T, int kD, int kWarps, int kKV>
+template <typename T, int kD, int kWarps, int kKV, bool kBias = false>
 __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   using Tr = DqTraits<T, kD, kWarps, kKV>;
   using E = typename Tr::E;
@@ -86,11 +87,14 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
   // Statistics of this thread's two query rows.
   const int wrow = warp * 16;
   float lse2[2], dsum[2];
+  int qb[2] = {0, 0};  // bias: the rows' table offsets (sum of coordinate x table stride)
   for (int half = 0; half < 2; ++half) {
     const int row = wrow + (lane >> 2) + half * 8;
     const uint32_t off = pack_offsets(p.tq, row);
     int i[kAxes], x[kAxes];
     for (int a = 0; a < kAxes; ++a) i[a] = q0[a] + unpack_offset(off, a);
+    if constexpr (kBias)
+      for (int a = 0; a < kAxes; ++a) qb[half] += i[a] * p.rpb_stride[1 + a];
     float2 st = make_float2(INFINITY, 0.f);
     if (query_global(p, G, i, x))
       st = p.stats[(int64_t(b) * p.tokens + token_index(p, x)) * p.heads + h];
@@ -192,6 +196,12 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
     for (int n = 0; n < kNB; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f, dp[n][e] = 0.f;
+    // Bias: the table of head h and the tile's key origin (offset K - 1 per axis).
+    const float* tab = kBias && it < n_nbr ? p.rpb + int64_t(h) * p.rpb_stride[0] : nullptr;
+    int kbase = 0;
+    if constexpr (kBias)
+      for (int a = 0; a < kAxes; ++a)
+        kbase += (k0[a] + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
 
     // kd counts 16-bit units: a k16 step of 16-bit data, a k8 step of float32 (TF32 mma).
 #pragma unroll
@@ -258,6 +268,16 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
             in = col < add_left;
           }
           if (!in) x = -INFINITY;
+        }
+        if constexpr (kBias) {
+          // (pairs masked out, or rows without a query, read nothing: x is -inf)
+          if (tab != nullptr && x != -INFINITY) {
+            const uint32_t off = s_koff[n * 8 + 2 * (lane & 3) + (e & 1)];
+            int kc = kbase;
+#pragma unroll
+            for (int a = 0; a < kAxes; ++a) kc += unpack_offset(off, a) * p.rpb_stride[1 + a];
+            x = fmaf(__ldg(tab + (kc - qb[half])), 1.4426950408889634f, x);
+          }
         }
         const float pe = mma::fast_exp2(x);
         dp[n][e] = pe * (dp[n][e] - dsum[half]);
