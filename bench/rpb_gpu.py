@@ -7,7 +7,8 @@ bfloat16), in one process with the variants in alternating rounds; and the unfus
     PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...]
 
 Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of each variant, the
-ratio with / without the bias (the issue's target: at most 1.15), the ratio of another way of
+ratio with / without the bias (the issue's target: at most 1.15; mode `det`, with
+--deterministic: forward + backward with deterministic=True, both variants), the ratio of another way of
 the same call ("other": for the forward where the plan stages the table in shared memory, the
 table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward where the plan
 sums d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
@@ -53,6 +54,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--problems", default="")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time forward + backward with deterministic=True (mode 'det')")
     ap.add_argument("--composition-gib", type=float, default=6.0,
                     help="run the composition only where its attention tensor is below this")
     args = ap.parse_args()
@@ -82,16 +85,19 @@ def main():
         def fwd(b, tuning=None):
             return lambda: na(q, k, v, ks, rpb=b, tuning=tuning, **kw)
 
-        def fb(b, tuning=None):
+        def fb(b, tuning=None, det=False):
             qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
             bb = None if b is None else b.detach().requires_grad_(True)
 
             def step():
-                out = na(qq, kk, vv, ks, rpb=bb, tuning=tuning, **kw)
+                out = na(qq, kk, vv, ks, rpb=bb, tuning=tuning, deterministic=det, **kw)
                 torch.autograd.grad(out, [qq, kk, vv] + ([] if bb is None else [bb]), d_out)
             return step
 
-        for mode, make in (("fwd", fwd), ("fwd+bwd", fb)):
+        modes = [("fwd", fwd), ("fwd+bwd", fb)]
+        if args.deterministic:
+            modes.append(("det", lambda b, tuning=None: fb(b, tuning, det=True)))
+        for mode, make in modes:
             times = {"plain": [], "rpb": [], "other": []}
             err = ""
             variants = [("plain", None, None), ("rpb", rpb, None)]
@@ -108,6 +114,9 @@ def main():
                         times[label].append(gpu_ms(make(b, tuning), reps))
             except Exception as e:  # noqa: BLE001  (reported in the table)
                 err = str(e).splitlines()[0][:120]
+            if mode == "det":
+                det_plan = fna.fused_plan((B, *shape, H, D), ks, dilation=dil, rpb=True,
+                                          deterministic=True)
             comp = ""
             att_gib = pairs * 4 / 2**30
             if not err and att_gib < args.composition_gib and mode == "fwd":
@@ -126,7 +135,9 @@ def main():
                 r = statistics.median(times["rpb"])
                 gl = "%.3f" % (statistics.median(times["other"]) / p) if other else "-"
                 fam = (bias_plan["family"] + "/" + bias_plan["rpb_table"] if mode == "fwd" else
-                       bias_plan["backward_family"] + "/" + bias_plan["backward_rpb_sums"])
+                       bias_plan["backward_family"] + "/" + bias_plan["backward_rpb_sums"]
+                       if mode == "fwd+bwd" else "sm80 deterministic/" +
+                       (det_plan["backward_rpb_sums"] or "composition"))
                 rows.append((name, mode, "%.3f" % p, "%.3f" % r, "%.3f" % (r / p), gl,
                              plain_plan["family"] if mode == "fwd" else
                              plain_plan["backward_family"], fam, comp))
