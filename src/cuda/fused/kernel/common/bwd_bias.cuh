@@ -137,22 +137,10 @@ __device__ __forceinline__ void shared_add(float* ptr, float v) {
       : "memory");
 }
 
-// Adds this thread's dS^T values ds[j] (j = 0, 1: columns 2 (lane % 4) + j of an 8-query block)
-// of one key-row half to the table at their indices idx[j]. `diag`: the 8 key
-// rows and the 8 query columns are each consecutive on the last axis (key and query tiles with a
-// last extent of 8k), so the value of lane (g, t) (g = lane / 4, t = lane % 4) at column
-// 2t + j has index idx(lane 0, j = 0) + g - 2t - j: the warp's 64 values fall into 15 diagonals
-// c = g - 2t - j, which shuffles sum first, and one lane per diagonal adds (no two lanes of an
-// add share an address: into the warp's own copy, `priv`, that is a plain load and store).
-// Otherwise each value is added by itself (atomics).
-__device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag, const float (&ds)[2],
-                                              const int (&idx)[2], int lane) {
-  if (!diag) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (ds[j] != 0.f) atomicAdd(acc + idx[j], ds[j]);
-    return;
-  }
+// The diagonal sums of one key-row half's 8 x 8 block (see bias_grad_add): lane (g, t) gets the
+// sum of its diagonal c = g - 2t when it is the diagonal's first lane (g < 2 or t == 0); lane
+// (0, 3) keeps ds[1] of the diagonal -7 for itself.
+__device__ __forceinline__ float diagonal_sum(const float (&ds)[2], int lane) {
   const int g = lane >> 2, t = lane & 3;
   // (g, t, 0) and (g + 1, t, 1) share a diagonal: lane + 4 holds the latter.
   const float v1_next = __shfl_down_sync(0xffffffffu, ds[1], 4);
@@ -165,14 +153,42 @@ __device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag, 
   w += (g + 2 <= 7 && t + 1 <= 3) ? o : 0.f;
   o = __shfl_down_sync(0xffffffffu, w, 18);
   w += (g + 4 <= 7 && t + 2 <= 3) ? o : 0.f;
+  return w;
+}
+
+// Adds this thread's dS^T values ds[half][j] (j = 0, 1: columns 2 (lane % 4) + j of an 8-query
+// block; both key-row halves) to the table at their indices idx[half][j]. `diag`: the 8 key
+// rows and the 8 query columns are each consecutive on the last axis (key and query tiles with a
+// last extent of 8k), so the value of lane (g, t) (g = lane / 4, t = lane % 4) at column
+// 2t + j has index idx(lane 0, j = 0) + g - 2t - j: a half's 64 values fall into 15 diagonals
+// c = g - 2t - j, which shuffles sum first (both halves' in turn, independent chains), and one
+// lane per diagonal adds (no two lanes of an add share an address: into the warp's own copy,
+// `priv`, that is a plain load and store). Otherwise each value is added by itself (atomics).
+__device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag,
+                                              const float (&ds)[2][2], const int (&idx)[2][2],
+                                              int lane) {
+  if (!diag) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (ds[half][j] != 0.f) atomicAdd(acc + idx[half][j], ds[half][j]);
+    return;
+  }
+  const int g = lane >> 2, t = lane & 3;
+  const float w[2] = {diagonal_sum(ds[0], lane), diagonal_sum(ds[1], lane)};
   // The diagonal's first lane adds its sum; (0, 3, 1) has a diagonal of its own.
-  if (priv) {
-    if ((g < 2 || t == 0) && w != 0.f) shared_add(acc + idx[0], w);
-    if (g == 0 && t == 3 && ds[1] != 0.f) shared_add(acc + idx[1], ds[1]);
-    __syncwarp();
-  } else {
-    if ((g < 2 || t == 0) && w != 0.f) atomicAdd(acc + idx[0], w);
-    if (g == 0 && t == 3 && ds[1] != 0.f) atomicAdd(acc + idx[1], ds[1]);
+  const bool first = g < 2 || t == 0, own = g == 0 && t == 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (priv) {
+      if (first && w[half] != 0.f) shared_add(acc + idx[half][0], w[half]);
+      if (own && ds[half][1] != 0.f) shared_add(acc + idx[half][1], ds[half][1]);
+      __syncwarp();  // the other half's adds may touch the same entries
+    } else {
+      if (first && w[half] != 0.f) atomicAdd(acc + idx[half][0], w[half]);
+      if (own && ds[half][1] != 0.f) atomicAdd(acc + idx[half][1], ds[half][1]);
+    }
   }
 }
 
@@ -213,13 +229,10 @@ __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb,
       }
     }
     if (kDs && bb.acc != nullptr) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
-        const float v[2] = {dp[n][2 * half], dp[n][2 * half + 1]};
-        const int idx[2] = {kq[half] - qcs[0], kq[half] - qcs[1]};
-        bias_grad_add(bb.acc, bb.priv, diag, v, idx, lane);
-      }
+      // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
+      const float v[2][2] = {{dp[n][0], dp[n][1]}, {dp[n][2], dp[n][3]}};
+      const int idx[2][2] = {{kq[0] - qcs[0], kq[0] - qcs[1]}, {kq[1] - qcs[0], kq[1] - qcs[1]}};
+      bias_grad_add(bb.acc, bb.priv, diag, v, idx, lane);
     }
   }
 }
