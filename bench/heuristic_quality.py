@@ -4,6 +4,7 @@ the standard set (docs/semantics.md 3.3, base variant), the small-window set (3.
 problems; GPU time as gpu_bench.py (CUDA events, median).
 
     python3 bench/heuristic_quality.py [--random 50] [--reps 5] [--warmup 2] [--json out.json]
+                                       [--only nat-t,...] [--variant base|dil2|causal0]
 
 Forward: every forward configuration fna.fused_plan accepts for the problem on this device.
 Forward+backward: the heuristic's forward with every backward configuration (the plan's own tiles
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
-from gpu_bench import PROBLEMS, SMALL, timed  # noqa: E402
+from gpu_bench import PROBLEMS, SMALL, make_case, timed  # noqa: E402
 
 
 
@@ -120,10 +121,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of problem names")
     ap.add_argument("--json", default="")
+    ap.add_argument("--variant", default="base", choices=("base", "dil2", "causal0"),
+                    help="the named problems' variant (gpu_bench.make_case: dilation 2 where the "
+                         "window fits, or a causal first axis)")
     args = ap.parse_args()
     probs = problems(args.random, args.seed)
     if args.only:
         probs = [p for p in probs if p["name"] in args.only.split(",")]
+    if args.variant != "base":
+        for p in probs:
+            if p["name"] in PROBLEMS or p["name"] in SMALL:
+                c = make_case(p["name"], args.variant)
+                p["dil"], p["causal"] = c["dilation"], c["causal"]
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, fna {fna.version()}, {len(probs)} problems",
           flush=True)

@@ -346,7 +346,8 @@ struct FusedPlan {
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
   // With Problem::rpb: where the dK / dV kernel sums d rpb, "warps" (a table per warp in shared
   // memory, plain adds), "shared" (one table, shared atomics; both flushed per head with one
-  // global atomic per entry) or "global" (a table too large for shared memory: the warps' sums
+  // global atomic per entry, or in deterministic calls stored per CTA and summed in a fixed
+  // order) or "global" (a table too large for shared memory: the warps' sums
   // go straight to d rpb with global atomics); empty without a bias (Tuning::bwd_rpb_sums).
   std::string backward_rpb_sums;
   double backward_visited_tiles = 0;

@@ -165,7 +165,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``: ``"warps"`` (a shared-memory
     table per warp, plain adds; small tables), ``"shared"`` (one table, shared atomics) or
     ``"global"`` (a table too large for shared memory), the first two flushed per head with one
-    atomic per entry (tuning ``bwd_rpb_sums`` asks for one); both empty without a bias.
+    atomic per entry (deterministic: ``"warps"`` only, stored per CTA and summed in a fixed
+    order; tuning ``bwd_rpb_sums`` asks for one); both empty without a bias.
     """
     from . import _args
     rank = len(query_shape) - 3

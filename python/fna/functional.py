@@ -167,10 +167,8 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         _args.check_additional("additional_values", additional_values, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     query_offset = _args.query_offset(fn, query_offset, rank)
-    if rpb is not None and not _native_rpb(
-            fn, kind, backend, query, opts[1],
-            lambda: _records_grad(kind, [t for _, t in named] + [rpb]),
-            lambda: _deterministic_fused_rpb(query, key, value, sp, query_offset, opts)):
+    if rpb is not None and not _native_rpb(fn, kind, backend, query, opts[1],
+                                           lambda: _records_grad(kind, [t for _, t in named] + [rpb])):
         if query_offset is not None:
             raise ValueError(f"{fn}: query_offset with rpb: on this backend a call with a "
                              "relative positional bias runs the unfused operators, which compute "
@@ -203,6 +201,18 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
             (config, deterministic, allow_tf32, backward_config, tuning))
     opts = (*_args.fused_options(config, deterministic, allow_tf32, kind == "torch",
                                  backward_config, tuning), _args.num_threads_value(num_threads))
+    if (rpb is not None and kind == "torch" and opts[1] and query.device.type == "cuda"
+            and backend in ("cuda-fused", "auto")
+            and not _plan_takes_deterministic_rpb(
+                tuple(query.shape), tuple(tuple(x) for x in sp),
+                str(query.dtype).replace("torch.", ""), key.shape[-2], value.shape[-1],
+                query.device.index or 0, None if query_offset is None else tuple(query_offset),
+                None if query_offset is None else tuple(key.shape[1:-2]), opts[3], opts[4],
+                bool(opts[2]))):
+        # Deterministic with a bias where the fused backward cannot sum d rpb deterministically
+        # (the plan says so): the composition, as for the other backends.
+        return _na_rpb(fn, kind, named, rpb, sp, scale, given[0], return_lse, given[1],
+                       natten_kwargs)
     if kind == "torch":
         _check_devices(fn, backend, named + ([] if rpb is None else [("rpb", rpb)]))
         inputs = (query, key, value, additional_keys, additional_values, *sp, scale, backend, *opts)
@@ -238,12 +248,12 @@ _RPB_BACKENDS = frozenset(n for n in ("reference", "cpu", "cuda-naive", "cuda-fu
                           if _C.takes_rpb(n))
 
 
-def _native_rpb(fn, kind, backend, query, deterministic, records_grad, fused_deterministic):
+def _native_rpb(fn, kind, backend, query, deterministic, records_grad):
     """Whether the backend that runs the call adds a relative positional bias itself (reference,
-    cpu, cuda-fused); the others run the unfused composition, and so does cuda-fused when the call
-    is deterministic and its plan has no deterministic fused backward for it
-    (`fused_deterministic()`: a table too large for the per-warp d rpb sums; while torch.compile
-    traces, where the plan is not asked, always)."""
+    cpu, cuda-fused); the others run the unfused composition, and so does a deterministic
+    cuda-fused call while torch.compile traces (the plan, which says whether the deterministic
+    fused backward takes the call, is asked once the call's options are resolved:
+    _plan_takes_deterministic_rpb)."""
     try:
         name = _args.natten_backend(backend) and "cuda-fused" or _args.backend_name(backend)
     except ValueError:
@@ -253,34 +263,26 @@ def _native_rpb(fn, kind, backend, query, deterministic, records_grad, fused_det
     if name == "cuda-fused" and kind == "torch":
         try:
             if _args.resolve_deterministic(fn, deterministic, True, records_grad):
-                return (not _compat.torch.compiler.is_compiling()) and fused_deterministic()
+                return not _compat.torch.compiler.is_compiling()
         except (TypeError, ValueError):
             return False  # the composition's path reports the error
     return name in _RPB_BACKENDS
 
 
-def _deterministic_fused_rpb(query, key, value, sp, query_offset, opts):
-    """Whether cuda-fused's plan has a deterministic backward for this call with a bias."""
-    grid = None if query_offset is None else tuple(key.shape[1:-2])
-    return _plan_takes_deterministic_rpb(
-        tuple(query.shape), tuple(tuple(x) for x in sp), str(query.dtype).replace("torch.", ""),
-        key.shape[-2], value.shape[-1], query.device.index or 0,
-        None if query_offset is None else tuple(query_offset), grid, opts[3] or None,
-        _args.tuning_text(opts[4] if opts[4] is not None else _args.DEFAULT_TUNING) or None,
-        bool(opts[2]))
-
-
 @functools.lru_cache(maxsize=256)
 def _plan_takes_deterministic_rpb(shape, sp, dtype, heads_kv, dim_v, device_index, query_offset,
                                   grid, backward_config, tuning, allow_tf32):
+    """Whether cuda-fused's plan has a deterministic backward for a call with a bias (the
+    call's resolved options): False where it does not take the call (NotImplementedError: a
+    table whose per-warp copies do not fit); an invalid option raises."""
     from . import fused_plan
     try:
         plan = fused_plan(shape, sp[0], stride=sp[1], dilation=sp[2], is_causal=sp[3],
                           dtype=dtype, heads_kv=heads_kv, dim_v=dim_v, device_index=device_index,
-                          backward_config=backward_config, tuning=tuning, allow_tf32=allow_tf32,
-                          deterministic=True, rpb=True, query_offset=query_offset,
-                          grid_shape=grid)
-    except (NotImplementedError, ValueError, RuntimeError, TypeError):
+                          backward_config=backward_config or None, tuning=tuning or None,
+                          allow_tf32=allow_tf32, deterministic=True, rpb=True,
+                          query_offset=query_offset, grid_shape=grid)
+    except NotImplementedError:
         return False
     return bool(plan.get("backward_deterministic")) and bool(plan.get("backward_rpb_sums"))
 

@@ -45,22 +45,28 @@ constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
 constexpr size_t kRpbPartMaxBytes = size_t(1) << 31;
 
 // Deterministic d rpb: d_rpb[h][e] = the sum of the CTAs' slots of head h (p.d_rpb_part) over
-// batch, dilation group and key tile, in that fixed order; one thread per (h, e). grid_x: the
-// neighborhood launch's blockIdx.x extent.
+// batch, dilation group and key tile. One warp per (h, e): lane l sums the slots l, l + 32, ...
+// in order, then the lanes' sums combine by a fixed butterfly, so every run adds in the same
+// order. grid_x: the neighborhood launch's blockIdx.x extent.
 __global__ void rpb_partial_sum(const Params p, int grid_x) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= int64_t(p.heads) * p.rpb_elems) return;
-  const int h = int(t / p.rpb_elems), e = int(t % p.rpb_elems);
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(p.heads) * p.rpb_elems) return;  // (whole warps: blockDim.x is 32k)
+  const int h = int(w / p.rpb_elems), e = int(w % p.rpb_elems);
   const int hkv = h / p.heads_per_kv, j = h % p.heads_per_kv;
+  const int64_t step = int64_t(p.heads_per_kv) * p.rpb_elems;
+  const int64_t per_y = int64_t(grid_x);
+  const int64_t n = int64_t(p.batch) * p.groups * per_y;  // slots of head h
   float sum = 0.f;
-  for (int b = 0; b < p.batch; ++b)
-    for (int g = 0; g < p.groups; ++g) {
-      const int64_t y = (int64_t(b) * p.heads_kv + hkv) * p.groups + g;
-      const float* src = p.d_rpb_part + (y * grid_x * p.heads_per_kv + j) * int64_t(p.rpb_elems) + e;
-      const int64_t step = int64_t(p.heads_per_kv) * p.rpb_elems;
-      for (int x = 0; x < grid_x; ++x) sum += src[x * step];
-    }
-  p.d_rpb[int64_t(h) * p.rpb_stride[0] + e] = sum;
+  for (int64_t i = lane; i < n; i += 32) {
+    const int64_t bg = i / per_y, x = i % per_y;  // (batch, group), key tile
+    const int64_t b = bg / p.groups, g = bg % p.groups;
+    const int64_t y = (b * p.heads_kv + hkv) * p.groups + g;
+    sum += p.d_rpb_part[(y * per_y + x) * step + int64_t(j) * p.rpb_elems + e];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) p.d_rpb[int64_t(h) * p.rpb_stride[0] + e] = sum;
 }
 
 // Strides of a [B, L.., H] LSE-role TensorRef lifted to 3 axes.
@@ -281,15 +287,10 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     const std::string asked = "tuning bwd_rpb_sums='" +
                               std::string(t.bwd_rpb_sums == RpbSums::warps ? "warps" : "shared") +
                               "': ";
-    if (t.bwd_rpb_sums == RpbSums::warps && !warps_fit)
-      return unsupported(asked + std::to_string(warps) + " copies of the " +
-                         std::to_string(elems) + "-entry table do not fit shared memory");
-    if (t.bwd_rpb_sums == RpbSums::shared && !shared_fits)
-      return unsupported(asked + "the " + std::to_string(elems) +
-                         "-entry table does not fit shared memory");
     if (l.deterministic) {
-      // Plain adds into per-warp copies, summed in a fixed order, into each CTA's own slots:
-      // the same sums every run (shared atomics and global atomics are not).
+      // Per-warp copies (plain adds; lane by lane where a warp's values do not fall on
+      // distinct diagonals: bias_grad_add), summed in order into each CTA's own slots: the same
+      // sums every run (shared and global atomics are not).
       if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global)
         return invalid(std::string("tuning bwd_rpb_sums='") +
                        (t.bwd_rpb_sums == RpbSums::global ? "global" : "shared") +
@@ -302,6 +303,12 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                            "kernel (" + std::to_string(l.smem + head + warps * table) +
                            " bytes, the device has " + std::to_string(optin) + ")");
     }
+    if (t.bwd_rpb_sums == RpbSums::warps && !warps_fit)
+      return unsupported(asked + std::to_string(warps) + " copies of the " +
+                         std::to_string(elems) + "-entry table do not fit shared memory");
+    if (t.bwd_rpb_sums == RpbSums::shared && !shared_fits)
+      return unsupported(asked + "the " + std::to_string(elems) +
+                         "-entry table does not fit shared memory");
     l.d_rpb_warps = t.bwd_rpb_sums == RpbSums::warps || l.deterministic ||
                             (t.bwd_rpb_sums == RpbSums::automatic &&
                              warps * table <= kRpbWarpCopyBytes && warps_fit)
@@ -456,7 +463,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   else if (plan.dpad == 256) st = launch_backward<T, 256>(p, p_dq, plan.launch, stream);
   else st = launch_backward<T, 128>(p, p_dq, plan.launch, stream);
   if (!st.ok() || p.d_rpb_part == nullptr) return st;
-  const int64_t n = int64_t(p.heads) * p.rpb_elems;
+  const int64_t n = int64_t(p.heads) * p.rpb_elems * 32;  // a warp per entry
   rpb_partial_sum<<<unsigned((n + 255) / 256), 256, 0, stream>>>(
       p, static_cast<int>(plan.launch.grid_dkdv.x));
   FNA_CUDA_CHECK_LAUNCH("backward d rpb sum kernel");

@@ -163,11 +163,26 @@ __device__ __forceinline__ float diagonal_sum(const float (&ds)[2], int lane) {
 // 2t + j has index idx(lane 0, j = 0) + g - 2t - j: a half's 64 values fall into 15 diagonals
 // c = g - 2t - j, which shuffles sum first (both halves' in turn, independent chains), and one
 // lane per diagonal adds (no two lanes of an add share an address: into the warp's own copy,
-// `priv`, that is a plain load and store). Otherwise each value is added by itself (atomics).
-__device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag,
+// `priv`, that is a plain load and store). Otherwise each value is added by itself: with
+// atomics, or (`ordered`: into the warp's own copy for a deterministic call) lane by lane in
+// lane order, so that the sums do not depend on the order of same-address atomics.
+__device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag, bool ordered,
                                               const float (&ds)[2][2], const int (&idx)[2][2],
                                               int lane) {
   if (!diag) {
+    if (ordered) {
+      for (int l = 0; l < 32; ++l) {
+        if (lane == l) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              if (ds[half][j] != 0.f) shared_add(acc + idx[half][j], ds[half][j]);
+        }
+        __syncwarp();
+      }
+      return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -232,7 +247,7 @@ __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb,
       // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
       const float v[2][2] = {{dp[n][0], dp[n][1]}, {dp[n][2], dp[n][3]}};
       const int idx[2][2] = {{kq[0] - qcs[0], kq[0] - qcs[1]}, {kq[1] - qcs[0], kq[1] - qcs[1]}};
-      bias_grad_add(bb.acc, bb.priv, diag, v, idx, lane);
+      bias_grad_add(bb.acc, bb.priv, diag, bb.priv && p.d_rpb_part != nullptr, v, idx, lane);
     }
   }
 }
