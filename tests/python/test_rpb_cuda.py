@@ -268,6 +268,7 @@ def test_deterministic_fused():
     dim 128) has no deterministic fused backward: the call runs the unfused composition, also
     deterministic."""
     cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
+    off_diagonal = 0  # plans whose tiles' last extents are not multiples of 8 (lane-by-lane adds)
     for i, case in enumerate(cases):
         rank, shape, ks, st, dil, causal = case[:6]
         for dtype in (torch.bfloat16, torch.float32):
@@ -276,6 +277,8 @@ def test_deterministic_fused():
                                   is_causal=causal, heads_kv=case[7], rpb=True, dtype=dn,
                                   deterministic=True)
             assert plan["backward_deterministic"] and plan["backward_rpb_sums"] == "warps", plan
+            off_diagonal += (plan["backward_kv_tile"][-1] % 8 != 0 or
+                             plan["backward_q_tile"][-1] % 8 != 0)
             _run(case, dtype, seed_of("rpb-det", i, dn), f"case {i} deterministic {dn}",
                  deterministic=True)
             assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
@@ -292,6 +295,7 @@ def test_deterministic_fused():
                              )
             for a, b in zip(*grads):
                 assert torch.equal(a, b), f"case {i} {dn}: gradients differ between runs"
+    assert off_diagonal > 0, "no case ran the lane-by-lane d rpb adds"
     with pytest.raises(ValueError, match="bwd_rpb_sums='shared' with deterministic=true"):
         fna.fused_plan((2, 16, 16, 2, 16), 5, rpb=True, deterministic=True,
                        tuning={"bwd_rpb_sums": "shared"})
