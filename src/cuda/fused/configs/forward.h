@@ -168,7 +168,8 @@
 // fna_fwd_strip_<dtype>_d<head_dim>_q<box_h * phases>x16_b<box_h>x<box_w>_w<warps>.
 #define FNA_FWD_CONFIGS_STRIP(X, DT)                                                       \
   X(64, 2, 4, 4, DT) X(64, 3, 4, 4, DT) X(64, 4, 4, 4, DT) X(64, 6, 2, 8, DT)             \
-  X(32, 3, 4, 4, DT) X(32, 4, 4, 4, DT) X(32, 6, 2, 8, DT) X(32, 8, 2, 8, DT)
+  X(64, 7, 2, 8, DT) X(32, 3, 4, 4, DT) X(32, 4, 4, 4, DT) X(32, 6, 2, 8, DT)             \
+  X(32, 7, 2, 8, DT) X(32, 8, 2, 8, DT)
 
 // SIMT forward configurations (fwd_simt.cuh: the CUDA cores, one query per thread, exactly the
 // needed pairs; ranks 1-3, 16-bit, no additional keys, sm_80+): X(rank, head_dim, q0, q1, q2,
