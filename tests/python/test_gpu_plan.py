@@ -121,13 +121,17 @@ def test_strip_head_dim_32_and_2x8_boxes(dims):
     computes each 4x4 box as the head-dim-64 strip does, so their outputs are bitwise equal; its
     2x8 warp boxes (7x7 windows: two 64-key chunks per box instead of three) give the float64
     oracle's output with dilation, causal and stride. NAT-Tiny's first stage (7x7 at head dim
-    32) plans the head-dim-32 strip with 2x8 boxes when the strip forward is asked for."""
+    32) plans the head-dim-32 strip with 2x8 boxes and 12-row steps when the strip forward is
+    asked for; its 14x14 third stage, 14-row steps (one step covers the grid)."""
     d, dv = dims
     ks = (7, 7)
     plan = fna.fused_plan((32, 56, 56, 3, 32), ks, dtype="bfloat16", tuning={"fwd_strip": "on"})
-    assert plan["config"].startswith("fna_fwd_strip_bf16_d32_") and "_b2x8_" in plan["config"], \
-        plan["config"]
+    assert plan["config"] == "fna_fwd_strip_bf16_d32_q12x16_b2x8_w12", plan["config"]
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    if optin >= 227 * 1024:  # (the 14-row ring fits)
+        plan = fna.fused_plan((32, 14, 14, 12, 32), ks, dtype="bfloat16",
+                              tuning={"fwd_strip": "on"})
+        assert plan["config"] == "fna_fwd_strip_bf16_d32_q14x16_b2x8_w14", plan["config"]
     g = torch.Generator(device="cuda").manual_seed(seed_of("strip-d32", d, dv))
     shape = (2, 45, 50, 3)
     q, k = (torch.randn(shape + (d,), device="cuda", dtype=torch.bfloat16, generator=g)

@@ -170,11 +170,18 @@ static double tiled_pairs(const FwdEntry& e, const fused::Geometry& geo) {
 // whose halo rows (their union, 4 P + box_rows - 4 rows for P box rows) fit the ring with four
 // bands to spare (ring_rows >= q[1] + box_rows + 4), else the fewest. With the bands handed back
 // without fences the copies' lookahead counts more than the warps: 12 warps ran 2d-nat 0.416 ms
-// against 0.426 for 16 and 0.467 for 8 (H100, bf16).
+// against 0.426 for 16 and 0.467 for 8 (H100, bf16). Except where a CTA's row segment is taller
+// than 12 rows but one step of more rows covers it (a grid or dilation group of 13-16 rows): then
+// the fewest rows that do, where the halo fits as above. nat-late (14x14, head dim 32): 14 rows
+// 0.0335 ms, 16 rows 0.0337, 12 rows (two steps, the second of 2 rows) 0.0367; nat-t (56 rows)
+// stays at 12: 0.0871 against 0.0947 for 14 and 0.0920 for 16 (H100, bf16,
+// bench/heuristic_quality.py, 2026-11-27).
 static int strip_rows_score(const FwdEntry& e, const fused::StripPlan& sp) {
+  const bool fits = sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows;
+  const int rows = sp.sp.seg_rows;
+  if (fits && rows > 12 && rows <= e.q[1]) return 3000 - e.q[1];
   if (e.q[1] == 12) return 2000;
-  return sp.sp.ring_rows >= e.q[1] + sp.box_rows + 2 * fused::kStripBandRows ? 1000 + e.q[1]
-                                                                          : -e.q[1];
+  return fits ? 1000 + e.q[1] : -e.q[1];
 }
 
 
