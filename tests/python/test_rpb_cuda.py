@@ -207,9 +207,10 @@ def test_box_strip_simt_bias(family, D, dtype):
 
 def test_backward_large_table():
     """A bias table too large for shared memory next to the dK / dV kernel (a 3-D window of
-    9x17x17: 18,513 entries, at head dim 128) has the warps' d rpb sums added straight to global
-    memory (backward_rpb_sums "global", no table in the kernel's shared memory); at head dim 16
-    the plan sums where it fits; both give the reference's gradients."""
+    9x17x17: 18,513 entries, at head dim 128) has d rpb summed per step in boxes over the step's
+    relative positions (backward_rpb_sums "box", no table in the kernel's shared memory), or with
+    tuning bwd_rpb_sums='global' added straight to global memory; at head dim 16 the plan sums
+    in a table where it fits; all give the reference's gradients."""
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     case = (3, [9, 17, 17], [9, 17, 17], [1, 1, 1], [1, 1, 1], [False, True, False], 2, 2, 0)
     table = 4 * math.prod(2 * k - 1 for k in case[2])
@@ -220,7 +221,7 @@ def test_backward_large_table():
         assert plan["backward_family"] in ("sm80", "sm90"), plan
         modes[D] = plan["backward_rpb_sums"]
         assert plan["backward_smem"] <= optin, plan
-        if modes[D] == "global":
+        if modes[D] in ("global", "box"):
             assert plan["backward_smem"] + table > optin, plan
         else:
             assert modes[D] in ("shared", "warps") and plan["backward_smem"] >= table, plan
@@ -228,13 +229,16 @@ def test_backward_large_table():
                               dtype="bfloat16")["backward_rpb_sums"] == ""
         _run(case, torch.bfloat16, seed_of("rpb-large-table", D), f"large table D={D}", D=D,
              Dv=D)
-    assert modes[128] == "global", modes
+    assert modes[128] == "box", modes
+    _run(case, torch.bfloat16, seed_of("rpb-large-table-global"), "large table D=128 global",
+         D=128, Dv=128, tuning={"bwd_rpb_sums": "global"})
 
 
 @pytest.mark.parametrize("kernel", ["sm80", "sm90"])
 def test_backward_rpb_sums_modes(kernel):
     """tuning bwd_rpb_sums: the dK / dV kernel sums d rpb in a shared-memory table per warp
-    (plain adds), in one shared table (atomics) or straight into d rpb (global atomics); every
+    (plain adds), in one shared table (atomics), straight into d rpb (global atomics) or per
+    step in per-warp boxes over the step's relative positions (global atomics per entry); every
     mode gives the reference's gradients, on every test case and a grid whose key tiles visit
     many query tiles, and the plan reports the mode that runs. Small tables get the per-warp
     copies by default; the tuning key needs a bias."""
@@ -243,7 +247,7 @@ def test_backward_rpb_sums_modes(kernel):
     cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
     for i, case in enumerate(cases):
         rank, shape, ks = case[:3]
-        for mode in ("warps", "shared", "global"):
+        for mode in ("warps", "shared", "global", "box"):
             tuning = {"bwd_kernel": kernel, "bwd_rpb_sums": mode}
             plan = fna.fused_plan((2, *shape, case[6], 16), ks, stride=case[3], dilation=case[4],
                                   is_causal=case[5], heads_kv=case[7], rpb=True,

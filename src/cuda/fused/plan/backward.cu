@@ -291,9 +291,12 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
       // Per-warp copies (plain adds; lane by lane where a warp's values do not fall on
       // distinct diagonals: bias_grad_add), summed in order into each CTA's own slots: the same
       // sums every run (shared and global atomics are not).
-      if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global)
+      if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global ||
+          t.bwd_rpb_sums == RpbSums::box)
         return invalid(std::string("tuning bwd_rpb_sums='") +
-                       (t.bwd_rpb_sums == RpbSums::global ? "global" : "shared") +
+                       (t.bwd_rpb_sums == RpbSums::global ? "global"
+                        : t.bwd_rpb_sums == RpbSums::box  ? "box"
+                                                          : "shared") +
                        "' with deterministic=true: only the per-warp tables ('warps') sum d rpb "
                        "deterministically");
       if (!warps_fit)
@@ -315,7 +318,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                         ? warps
                         : 0;
     l.d_rpb_global = t.bwd_rpb_sums == RpbSums::global ||
-                     (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0 && !shared_fits);
+                     ((t.bwd_rpb_sums == RpbSums::automatic || t.bwd_rpb_sums == RpbSums::box) &&
+                      l.d_rpb_warps == 0 && !shared_fits);
     l.bias_smem = head + (l.d_rpb_global ? 0 : l.d_rpb_warps > 0 ? warps * table : table);
     l.smem += l.bias_smem;
   }
@@ -341,6 +345,35 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
+  if (pr.rpb && !l.deterministic &&
+      (t.bwd_rpb_sums == RpbSums::box ||
+       (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0))) {
+    // d rpb per step in per-warp boxes over the step's relative positions (bwd_bias.cuh), in
+    // place of one shared table or global atomics, where the boxes fit.
+    int dims[kAxes], strides[kAxes];
+    const int entries = bias_box_dims(pk.tkv, pk.tq, dims, strides);
+    const int warps = l.kv_rows / 16, pitch = (entries + 3) / 4 * 4;
+    const size_t region = 16 + size_t(bias_qrel_bytes(tr.dkdv_queries)) +
+                          bias_box_bytes(tr.dkdv_queries, l.kv_rows, entries, warps, pitch);
+    const size_t smem = l.smem - l.bias_smem + region;
+    if (smem <= static_cast<size_t>(dev.smem_optin)) {
+      l.smem = smem;
+      l.bias_smem = region;
+      l.d_rpb_box = true;
+      l.d_rpb_global = false;
+      l.d_rpb_warps = warps;
+      l.rpb_pitch = pitch;
+    } else if (t.bwd_rpb_sums == RpbSums::box) {
+      return unsupported("tuning bwd_rpb_sums='box': " + std::to_string(2 * warps) +
+                         " boxes of " + std::to_string(entries) + " entries need " +
+                         std::to_string(smem) + " bytes of shared memory, the device has " +
+                         std::to_string(dev.smem_optin));
+    }
+    pk.d_rpb_global = l.d_rpb_global ? 1 : 0;
+    pk.d_rpb_warps = l.d_rpb_warps;
+    pk.rpb_pitch = l.rpb_pitch;
+    pk.d_rpb_box = l.d_rpb_box ? 1 : 0;
+  }
   if (l.deterministic)
     set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
               named ? named->dq_kv : nullptr, &n_dq);
@@ -635,6 +668,7 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
   out->backward_rpb_sums = !pr.rpb                     ? ""
+                           : plan.launch.d_rpb_box       ? "box"
                            : plan.launch.d_rpb_global    ? "global"
                            : plan.launch.d_rpb_warps > 0 ? "warps"
                                                          : "shared";
