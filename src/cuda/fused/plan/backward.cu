@@ -347,9 +347,13 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
             named ? named->kv : nullptr, &n_dkdv);
   if (pr.rpb && !l.deterministic &&
       (t.bwd_rpb_sums == RpbSums::box ||
-       (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0))) {
+       (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0 && !l.d_rpb_global))) {
     // d rpb per step in per-warp boxes over the step's relative positions (bwd_bias.cuh), in
-    // place of one shared table or global atomics, where the boxes fit.
+    // place of one shared table (compare-and-swap loops), where the boxes fit: 1d-long's
+    // forward+backward with the bias 2.45x its time without against 2.89x with the shared
+    // table. Not in place of global atomics (tables too large for shared memory): there the
+    // boxes' flushes cost more, 2d-large 3.09x against 2.84x, 3d-video 4.07x against 2.93x
+    // (H100, bench/rpb_gpu.py, 2026-11-27); tuning bwd_rpb_sums='box' asks for them anyway.
     int dims[kAxes], strides[kAxes];
     const int entries = bias_box_dims(pk.tkv, pk.tq, dims, strides);
     const int warps = l.kv_rows / 16, pitch = (entries + 3) / 4 * 4;
