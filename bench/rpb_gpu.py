@@ -11,8 +11,7 @@ ratio with / without the bias (the issue's target: at most 1.15; mode `det`, wit
 --deterministic: forward + backward with deterministic=True, both variants), the ratio of another way of
 the same call ("other": for the forward where the plan stages the table in shared memory, the
 table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward where the plan
-sums d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'; where it sums
-it per step in boxes, one shared table where it fits, else global atomics), the plans'
+sums d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
 families, the forward's table and where the backward sums d rpb, and the composition's time. A problem the fused backward does not take with a bias (its d rpb
 table does not fit shared memory) shows the reason instead.
 """
@@ -107,12 +106,6 @@ def main():
                 other = {"fwd_rpb_stage": "off"}
             if mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "warps":
                 other = {"bwd_rpb_sums": "shared"}  # d rpb summed in one table, atomics
-            if mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "box":
-                other = {"bwd_rpb_sums": "shared"}  # one table where it fits, else global
-                try:
-                    fna.fused_plan((B, *shape, H, D), ks, dilation=dil, rpb=True, tuning=other)
-                except NotImplementedError:
-                    other = {"bwd_rpb_sums": "global"}
             if other is not None:
                 variants.append(("other", rpb, other))
             try:

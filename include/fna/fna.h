@@ -114,7 +114,7 @@ enum class FwdSchedule : int { automatic = 0, plain = 1, warp_specialized = 2, m
 // sm90ws (its warp-specialized variant); the sm90 ones need compute capability 9.0.
 enum class BwdKernel : int { automatic = 0, sm80 = 1, sm90 = 2, sm90ws = 3 };
 // Where the fused backward's dK / dV kernel sums d rpb (FusedPlan::backward_rpb_sums).
-enum class RpbSums : int { automatic = 0, warps = 1, shared = 2, global = 3, box = 4 };
+enum class RpbSums : int { automatic = 0, warps = 1, shared = 2, global = 3 };
 enum class CpuIsa : int { automatic = 0, generic = 1, avx2 = 2, avx512 = 3 };
 enum class CpuPanels : int { automatic = 0, rings = 1, shared = 2 };
 // How cuda-fused picks a configuration: `heuristic` (the plan's cost model, never times), or
@@ -345,10 +345,9 @@ struct FusedPlan {
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
   // With Problem::rpb: where the dK / dV kernel sums d rpb, "warps" (a table per warp in shared
-  // memory, plain adds), "shared" (one table, shared atomics; both flushed per head with one
-  // global atomic per entry, or in deterministic calls stored per CTA and summed in a fixed
-  // order), "box" (a table too large for shared memory: each step's sums in per-warp boxes over
-  // its relative positions, then global atomics) or "global" (the warps' sums go straight to
+  // memory, plain adds), "shared" (one table, shared atomics, only where tuning asks; both
+  // flushed per head with one global atomic per entry, or in deterministic calls stored per CTA
+  // and summed in a fixed order) or "global" (tables whose per-warp copies do not fit: the warps' sums go straight to
   // d rpb with global atomics); empty without a bias (Tuning::bwd_rpb_sums).
   std::string backward_rpb_sums;
   double backward_visited_tiles = 0;

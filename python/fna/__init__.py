@@ -163,11 +163,11 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     the plain one); ``rpb_table`` then says where the forward reads the table, ``"shared"``
     (each CTA copies its head's table into shared memory) or ``"global"``, and
     ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``: ``"warps"`` (a shared-memory
-    table per warp, plain adds; small tables), ``"shared"`` (one table, shared atomics),
-    ``"box"`` (larger tables: each step's sums in per-warp boxes over its relative positions,
-    then one atomic per entry) or ``"global"`` (atomics per diagonal sum), the first two
-    flushed per head with one atomic per entry (deterministic: ``"warps"`` only, stored per CTA and summed in a fixed
-    order; tuning ``bwd_rpb_sums`` asks for one); both empty without a bias.
+    table per warp, plain adds; small tables), ``"shared"`` (one table, shared atomics; only
+    where tuning asks) or ``"global"`` (larger tables: atomics into ``d rpb``), the first two
+    flushed per head with one atomic per entry (deterministic: ``"warps"`` only, stored per CTA
+    and summed in a fixed order; tuning ``bwd_rpb_sums`` asks for one); both empty without a
+    bias.
     """
     from . import _args
     rank = len(query_shape) - 3

@@ -17,7 +17,7 @@ namespace {
 const std::vector<std::string> kSwitch = {"automatic", "off", "on"};
 const std::vector<std::string> kCopy = {"automatic", "tma", "cp_async"};
 const std::vector<std::string> kSchedule = {"automatic", "plain", "warp_specialized", "mma_sync"};
-const std::vector<std::string> kRpbSums = {"automatic", "warps", "shared", "global", "box"};
+const std::vector<std::string> kRpbSums = {"automatic", "warps", "shared", "global"};
 const std::vector<std::string> kBwdKernel = {"automatic", "sm80", "sm90", "sm90ws"};
 const std::vector<std::string> kIsa = {"automatic", "generic", "avx2", "avx512"};
 const std::vector<std::string> kPanels = {"automatic", "rings", "shared"};

@@ -206,12 +206,11 @@ def test_box_strip_simt_bias(family, D, dtype):
 
 
 def test_backward_large_table():
-    """A bias table too large for shared memory next to the dK / dV kernel (a 3-D window of
-    9x17x17: 18,513 entries, at head dim 128) has the warps' d rpb sums added straight to global
-    memory (backward_rpb_sums "global", no table in the kernel's shared memory), or with tuning
-    bwd_rpb_sums='box' summed per step in boxes over the step's relative positions; at head dim
-    16, where one table would fit but not a copy per warp, the plan sums per step in boxes; all
-    give the reference's gradients."""
+    """A bias table whose per-warp copies do not fit beside the dK / dV kernel (a 3-D window of
+    9x17x17: 18,513 entries) has the warps' d rpb sums added straight to global memory
+    (backward_rpb_sums "global", no table in the kernel's shared memory), at head dim 128 where
+    one table would not fit either and at head dim 16 where it would (tuning bwd_rpb_sums
+    'shared' runs that); all give the reference's gradients."""
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     case = (3, [9, 17, 17], [9, 17, 17], [1, 1, 1], [1, 1, 1], [False, True, False], 2, 2, 0)
     table = 4 * math.prod(2 * k - 1 for k in case[2])
@@ -222,24 +221,24 @@ def test_backward_large_table():
         assert plan["backward_family"] in ("sm80", "sm90"), plan
         modes[D] = plan["backward_rpb_sums"]
         assert plan["backward_smem"] <= optin, plan
-        if modes[D] == "global":
+        if D == 128:
             assert plan["backward_smem"] + table > optin, plan
-        else:
-            assert modes[D] == "box" and plan["backward_smem"] + table <= optin, plan
         assert fna.fused_plan((2, *case[1], case[6], D), case[2],
                               dtype="bfloat16")["backward_rpb_sums"] == ""
         _run(case, torch.bfloat16, seed_of("rpb-large-table", D), f"large table D={D}", D=D,
              Dv=D)
-    assert modes == {128: "global", 16: "box"}, modes
-    _run(case, torch.bfloat16, seed_of("rpb-large-table-box"), "large table D=128 box",
-         D=128, Dv=128, tuning={"bwd_rpb_sums": "box"})
+    assert modes == {128: "global", 16: "global"}, modes
+    shared = fna.fused_plan((2, *case[1], case[6], 16), case[2], is_causal=case[5], rpb=True,
+                            dtype="bfloat16", tuning={"bwd_rpb_sums": "shared"})
+    assert shared["backward_rpb_sums"] == "shared" and shared["backward_smem"] >= table, shared
+    _run(case, torch.bfloat16, seed_of("rpb-large-table-shared"), "large table D=16 shared",
+         D=16, Dv=16, tuning={"bwd_rpb_sums": "shared"})
 
 
 @pytest.mark.parametrize("kernel", ["sm80", "sm90"])
 def test_backward_rpb_sums_modes(kernel):
     """tuning bwd_rpb_sums: the dK / dV kernel sums d rpb in a shared-memory table per warp
-    (plain adds), in one shared table (atomics), straight into d rpb (global atomics) or per
-    step in per-warp boxes over the step's relative positions (global atomics per entry); every
+    (plain adds), in one shared table (atomics) or straight into d rpb (global atomics); every
     mode gives the reference's gradients, on every test case and a grid whose key tiles visit
     many query tiles, and the plan reports the mode that runs. Small tables get the per-warp
     copies by default; the tuning key needs a bias."""
@@ -248,7 +247,7 @@ def test_backward_rpb_sums_modes(kernel):
     cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
     for i, case in enumerate(cases):
         rank, shape, ks = case[:3]
-        for mode in ("warps", "shared", "global", "box"):
+        for mode in ("warps", "shared", "global"):
             tuning = {"bwd_kernel": kernel, "bwd_rpb_sums": mode}
             plan = fna.fused_plan((2, *shape, case[6], 16), ks, stride=case[3], dilation=case[4],
                                   is_causal=case[5], heads_kv=case[7], rpb=True,

@@ -271,10 +271,15 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                    : dpad;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   if (pr.rpb) {
-    // d rpb: summed per head in shared memory after the kernel's own (bwd_bias.cuh): in a copy
-    // per warp (plain adds) where those copies take at most kRpbWarpCopyBytes and fit, else in
-    // one table (shared atomics) where that fits, else added straight into d rpb (global atomics
-    // of the warps' diagonal sums). Before the tables: the query rows' table offsets.
+    // d rpb: summed per head in shared memory after the kernel's own (bwd_bias.cuh) in a copy
+    // per warp (plain adds) where those copies take at most kRpbWarpCopyBytes and fit, else added
+    // straight into d rpb (global atomics of the warps' diagonal sums). One shared table (shared
+    // atomics: compare-and-swap loops) only where tuning bwd_rpb_sums asks for it: forward +
+    // backward with the bias over without, H100, 2026-11-27, global / shared: 1d-long 2.60x /
+    // 3.07x, 2-D 256x256 window 31 2.37x / 2.70x, 128x128 window 21 1.97x / 2.20x, 3-D
+    // 16x32x32 window 9x11x11 2.01x / 2.49x (per-step boxes of the step's relative positions,
+    // tried as well, fell in between: 2.70x, 2.59x, 2.07x, 2.43x). Before the tables: the query
+    // rows' table offsets.
     int64_t elems = 1;
     for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
     const int warps = l.kv_rows / 16;
@@ -291,12 +296,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
       // Per-warp copies (plain adds; lane by lane where a warp's values do not fall on
       // distinct diagonals: bias_grad_add), summed in order into each CTA's own slots: the same
       // sums every run (shared and global atomics are not).
-      if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global ||
-          t.bwd_rpb_sums == RpbSums::box)
+      if (t.bwd_rpb_sums == RpbSums::shared || t.bwd_rpb_sums == RpbSums::global)
         return invalid(std::string("tuning bwd_rpb_sums='") +
-                       (t.bwd_rpb_sums == RpbSums::global ? "global"
-                        : t.bwd_rpb_sums == RpbSums::box  ? "box"
-                                                          : "shared") +
+                       (t.bwd_rpb_sums == RpbSums::global ? "global" : "shared") +
                        "' with deterministic=true: only the per-warp tables ('warps') sum d rpb "
                        "deterministically");
       if (!warps_fit)
@@ -318,8 +320,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                         ? warps
                         : 0;
     l.d_rpb_global = t.bwd_rpb_sums == RpbSums::global ||
-                     ((t.bwd_rpb_sums == RpbSums::automatic || t.bwd_rpb_sums == RpbSums::box) &&
-                      l.d_rpb_warps == 0 && !shared_fits);
+                     (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0);
     l.bias_smem = head + (l.d_rpb_global ? 0 : l.d_rpb_warps > 0 ? warps * table : table);
     l.smem += l.bias_smem;
   }
@@ -345,39 +346,6 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
-  if (pr.rpb && !l.deterministic &&
-      (t.bwd_rpb_sums == RpbSums::box ||
-       (t.bwd_rpb_sums == RpbSums::automatic && l.d_rpb_warps == 0 && !l.d_rpb_global))) {
-    // d rpb per step in per-warp boxes over the step's relative positions (bwd_bias.cuh), in
-    // place of one shared table (compare-and-swap loops), where the boxes fit: 1d-long's
-    // forward+backward with the bias 2.45x its time without against 2.89x with the shared
-    // table. Not in place of global atomics (tables too large for shared memory): there the
-    // boxes' flushes cost more, 2d-large 3.09x against 2.84x, 3d-video 4.07x against 2.93x
-    // (H100, bench/rpb_gpu.py, 2026-11-27); tuning bwd_rpb_sums='box' asks for them anyway.
-    int dims[kAxes], strides[kAxes];
-    const int entries = bias_box_dims(pk.tkv, pk.tq, dims, strides);
-    const int warps = l.kv_rows / 16, pitch = (entries + 3) / 4 * 4;
-    const size_t region = 16 + size_t(bias_qrel_bytes(tr.dkdv_queries)) +
-                          bias_box_bytes(tr.dkdv_queries, l.kv_rows, entries, warps, pitch);
-    const size_t smem = l.smem - l.bias_smem + region;
-    if (smem <= static_cast<size_t>(dev.smem_optin)) {
-      l.smem = smem;
-      l.bias_smem = region;
-      l.d_rpb_box = true;
-      l.d_rpb_global = false;
-      l.d_rpb_warps = warps;
-      l.rpb_pitch = pitch;
-    } else if (t.bwd_rpb_sums == RpbSums::box) {
-      return unsupported("tuning bwd_rpb_sums='box': " + std::to_string(2 * warps) +
-                         " boxes of " + std::to_string(entries) + " entries need " +
-                         std::to_string(smem) + " bytes of shared memory, the device has " +
-                         std::to_string(dev.smem_optin));
-    }
-    pk.d_rpb_global = l.d_rpb_global ? 1 : 0;
-    pk.d_rpb_warps = l.d_rpb_warps;
-    pk.rpb_pitch = l.rpb_pitch;
-    pk.d_rpb_box = l.d_rpb_box ? 1 : 0;
-  }
   if (l.deterministic)
     set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
               named ? named->dq_kv : nullptr, &n_dq);
@@ -672,7 +640,6 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
   out->backward_rpb_sums = !pr.rpb                     ? ""
-                           : plan.launch.d_rpb_box       ? "box"
                            : plan.launch.d_rpb_global    ? "global"
                            : plan.launch.d_rpb_warps > 0 ? "warps"
                                                          : "shared";

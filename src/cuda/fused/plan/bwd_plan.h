@@ -63,8 +63,7 @@ struct BwdLaunch {
   bool d_rpb_global = false;   // with a bias: the table does not fit shared memory, d rpb takes
                                // the dK / dV kernel's adds directly (Params::d_rpb_global)
   int d_rpb_warps = 0;         // with a bias: a table copy per warp (Params::d_rpb_warps)
-  int rpb_pitch = 0;           // floats between those copies (box mode: between boxes)
-  bool d_rpb_box = false;      // with a bias: d rpb summed per step in boxes (Params::d_rpb_box)
+  int rpb_pitch = 0;           // floats between those copies
   size_t rpb_part_bytes = 0;   // deterministic with a bias: the CTAs' d rpb slots
                                // (Params::d_rpb_part)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)

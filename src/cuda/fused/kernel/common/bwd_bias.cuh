@@ -5,19 +5,12 @@
 // in shared memory, which goes to d rpb with one global atomic per entry when the CTA's walk
 // moves to the next head and at its end. Where shared memory holds a copy per warp
 // (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else one table
-// takes shared atomics (compare-and-swap loops on Hopper). A table too large for shared memory
-// is summed per step instead (Params::d_rpb_box): a step's (key, query) pairs have relative
-// positions in a box of (tkv_a + tq_a - 1) per axis, whatever the tiles' origins, so each warp
-// adds into its own copy of that box (plain adds), and at the next step the copies' sums go to
-// d rpb with one global atomic per nonzero entry (two sets of boxes, used in turn, so that the
-// flush needs no barrier of its own); or, Params::d_rpb_global, the warp's diagonal sums go
-// straight into d rpb.
+// takes shared atomics (compare-and-swap loops on Hopper); a table too large for shared memory
+// (Params::d_rpb_global) takes the warp's diagonal sums straight into d rpb.
 //
 // The bias region (shared memory after the kernel's own, BwdLaunch::bias_smem): int qrel[kQ],
 // the table offset of each query-tile row (its packed offsets times the table strides), then
-// the table copies (none with d_rpb_global), rpb_pitch floats apart; in box mode instead
-// int qbox[kQ] (the rows' box offsets), int boff[box entries] (each box entry's table offset,
-// rounded up to 16 bytes) and 2 x d_rpb_warps boxes.
+// the table copies (none with d_rpb_global), rpb_pitch floats apart.
 #pragma once
 
 #include <cmath>
@@ -27,49 +20,21 @@
 namespace fna {
 namespace bwd {
 
-// Bytes of the bias region before the tables (qrel), for a query tile of q rows; the region
-// starts at the kernel's own shared memory rounded up to 16 bytes (BwdLaunch::bias_smem counts
-// the padding as 16 bytes).
-__host__ __device__ constexpr int bias_qrel_bytes(int q) { return (q * 4 + 15) / 16 * 16; }
-
 struct BwdBias {
   bool on;       // a bias, and the CTA's keys are neighborhood keys
   bool priv;     // acc is this warp's own copy (plain adds)
   int kb[2];     // table index of this thread's two key rows at query coordinates 0
-  float* acc;    // the current head's d rpb sums (this warp's copy, the shared table, this
-                 // step's box, or d rpb itself with p.d_rpb_global); null: no gradient
-  float* table;  // the first shared copy (box mode: the first box)
+  float* acc;    // the current head's d rpb sums (this warp's copy, the shared table, or d rpb
+                 // itself with p.d_rpb_global); null: no gradient
+  float* table;  // the first shared copy
   const int* qrel;  // [kQ]: table offsets of the query-tile rows
   int h;         // the current head
 };
 
-// Box mode's arrays after qrel (all ints; the CTA's kQ query rows and kKV = kThreads / 2 key
-// rows, as both dK / dV kernels have): qbox[kQ] (the query rows' box offsets), kbox[kKV] (the key
-// rows' box offsets plus tq - 1 per axis), boff[entries] (each box entry's table offset), and
-// 4 ints: per set of boxes, the head and table offset of box entry 0 of the step that used it
-// last (what its flush needs); then the boxes. (Kept in shared memory, not registers: the kernels' bias instances spill already.)
-__host__ __device__ constexpr int bias_box_ints(int q, int kv, int entries) {
-  return bias_qrel_bytes(q) / 4 + bias_qrel_bytes(kv) / 4 + bias_qrel_bytes(entries) / 4 + 4;
-}
-
-// A step's box: (tkv_a + tq_a - 1) relative positions per axis, the last axis fastest.
-__host__ __device__ inline int bias_box_dims(const int* tkv, const int* tq, int* dims,
-                                             int* strides) {
-  int n = 1;
-  for (int a = kAxes - 1; a >= 0; --a) {
-    dims[a] = tkv[a] + tq[a] - 1;
-    strides[a] = n;
-    n *= dims[a];
-  }
-  return n;
-}
-
-// Box mode: the bytes after qrel (qbox, kbox, boff, two sets of `warps` boxes of `pitch`
-// floats).
-__host__ __device__ constexpr size_t bias_box_bytes(int q, int kv, int entries, int warps,
-                                                    int pitch) {
-  return size_t(bias_box_ints(q, kv, entries)) * 4 + 2 * size_t(warps) * size_t(pitch) * 4;
-}
+// Bytes of the bias region before the tables (qrel), for a query tile of q rows; the region
+// starts at the kernel's own shared memory rounded up to 16 bytes (BwdLaunch::bias_smem counts
+// the padding as 16 bytes).
+__host__ __device__ constexpr int bias_qrel_bytes(int q) { return (q * 4 + 15) / 16 * 16; }
 __host__ __device__ constexpr size_t bias_region_offset(size_t kernel_smem) {
   return (kernel_smem + 15) / 16 * 16;
 }
@@ -88,13 +53,6 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
   bb.qrel = qrel;
   bb.table = reinterpret_cast<float*>(region + bias_qrel_bytes(kQ));
   bb.priv = !p.d_rpb_global && p.d_rpb_warps > 0;
-  constexpr int kKV = kThreads / 2;
-  int bdims[kAxes], bs[kAxes];
-  const int entries = bias_box_dims(p.tkv, p.tq, bdims, bs);
-  int* qbox = qrel + bias_qrel_bytes(kQ) / 4;
-  int* kbox = qbox + bias_qrel_bytes(kQ) / 4;
-  int* boff = kbox + bias_qrel_bytes(kKV) / 4;
-  if (p.d_rpb_box) bb.table = reinterpret_cast<float*>(boff + bias_qrel_bytes(entries) / 4 + 4);
   bb.acc = !(bb.on && grad) ? nullptr
            : p.d_rpb_global ? p.d_rpb + int64_t(h0) * p.rpb_stride[0]
            : bb.priv        ? bb.table + (threadIdx.x >> 5) * p.rpb_pitch
@@ -116,34 +74,8 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
     for (int a = 0; a < kAxes; ++a) r += unpack_offset(qoff[i], a) * p.rpb_stride[1 + a];
     qrel[i] = r;
   }
-  if (p.d_rpb_box) {
-    for (int i = threadIdx.x; i < kKV; i += kThreads) {
-      const uint32_t off = pack_offsets(p.tkv, i);
-      int r = 0;
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a) r += (unpack_offset(off, a) + p.tq[a] - 1) * bs[a];
-      kbox[i] = r;
-    }
-    for (int i = threadIdx.x; i < kQ; i += kThreads) {
-      int r = 0;
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a) r += unpack_offset(qoff[i], a) * bs[a];
-      qbox[i] = r;
-    }
-    for (int i = threadIdx.x; i < entries; i += kThreads) {
-      int r = 0, rest = i;
-#pragma unroll
-      for (int a = 0; a < kAxes; ++a) {
-        r += (rest / bs[a]) * p.rpb_stride[1 + a];
-        rest %= bs[a];
-      }
-      boff[i] = r;
-    }
-  }
   if (bb.acc != nullptr && !p.d_rpb_global) {
-    const int n = p.d_rpb_box ? 2 * p.d_rpb_warps * p.rpb_pitch
-                  : bb.priv   ? p.d_rpb_warps * p.rpb_pitch
-                              : p.rpb_elems;
+    const int n = bb.priv ? p.d_rpb_warps * p.rpb_pitch : p.rpb_elems;
     for (int i = threadIdx.x; i < n; i += kThreads) bb.table[i] = 0.f;
   }
   return bb;
@@ -153,7 +85,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
 // every add), zeroing them; with p.d_rpb_part stored into this CTA's slot of the head instead.
 template <int kThreads>
 __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
-  if (p.d_rpb_global || p.d_rpb_box) return;  // the adds went to d rpb directly / by steps
+  if (p.d_rpb_global) return;  // the adds went to d rpb directly
   float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
   float* part = nullptr;
   if (p.d_rpb_part != nullptr)
@@ -191,69 +123,6 @@ __device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int
     bias_flush<kThreads>(p, bb);
     bb.h = h;
     __syncthreads();
-  }
-}
-
-// Box mode: the boxes of set `set` (every warp's, in order) into d rpb at the head and table
-// offset its step left (ints 2 set, 2 set + 1 of the 4 before the boxes), one global atomic per
-// nonzero entry,
-// zeroing them (after a barrier that follows their adds; their next use is behind the next
-// step's barrier).
-template <int kThreads>
-__device__ __forceinline__ void bias_box_flush(const Params& p, const BwdBias& bb, int set) {
-  int bdims[kAxes], bs[kAxes];
-  const int entries = bias_box_dims(p.tkv, p.tq, bdims, bs);
-  const int* last = reinterpret_cast<const int*>(bb.table) - 4;  // {head, table offset} x 2
-  const int* boff = last - bias_qrel_bytes(entries) / 4;
-  float* g = p.d_rpb + int64_t(last[2 * set]) * p.rpb_stride[0] + last[2 * set + 1];
-  float* first = bb.table + set * p.d_rpb_warps * p.rpb_pitch;
-  for (int i = threadIdx.x; i < entries; i += kThreads) {
-    float v = 0.f;
-    for (int w = 0; w < p.d_rpb_warps; ++w) {
-      float* t = first + w * p.rpb_pitch + i;
-      v += *t;
-      *t = 0.f;
-    }
-    if (v != 0.f) atomicAdd(g + boff[i], v);  // (a nonzero sum has an in-window pair)
-  }
-}
-
-// At the top of iteration `it` (after its first barrier) of query head h, the query tile at q0
-// of the key tile at kv0: a change of head flushes the table's sums (bias_next_head); in box
-// mode the last step's boxes go to d rpb and this step's set of boxes takes the adds.
-template <int kThreads>
-__device__ __forceinline__ void bias_step(const Params& p, BwdBias& bb, int h, const int* kv0,
-                                          const int* q0, int64_t it) {
-  if (!p.d_rpb_box) {
-    bias_next_head<kThreads>(p, bb, h);
-    return;
-  }
-  if (bb.acc == nullptr) return;
-  if (it > 0) bias_box_flush<kThreads>(p, bb, int((it - 1) & 1));
-  // This step's head and table offset, for its set's flush at the next step (the flush above
-  // read the other set's; the next write to these is behind the step after next's barrier).
-  if (threadIdx.x == 0) {
-    int base = 0;
-#pragma unroll
-    for (int a = 0; a < kAxes; ++a)
-      base += (kv0[a] - q0[a] - p.tq[a] + p.geo.axis[a].kernel) * p.rpb_stride[1 + a];
-    int* last = reinterpret_cast<int*>(bb.table) - 4 + 2 * int(it & 1);
-    last[0] = h;
-    last[1] = base;
-  }
-  bb.acc = bb.table + (int(it & 1) * p.d_rpb_warps + (threadIdx.x >> 5)) * p.rpb_pitch;
-}
-
-// After the walk of n_iter steps: the last sums to d rpb (every thread calls it; a barrier
-// first).
-template <int kThreads>
-__device__ __forceinline__ void bias_finish(const Params& p, const BwdBias& bb, int64_t n_iter) {
-  if (bb.acc == nullptr) return;
-  __syncthreads();  // every thread's adds
-  if (p.d_rpb_box) {
-    if (n_iter > 0) bias_box_flush<kThreads>(p, bb, int((n_iter - 1) & 1));
-  } else {
-    bias_flush<kThreads>(p, bb);
   }
 }
 
@@ -343,21 +212,11 @@ __device__ __forceinline__ void bias_grad_add(float* acc, bool priv, bool diag, 
 // qrel[column] (bb.qrel from the sub-tile's first row), statistics stat[column]; with bb.acc,
 // dS^T summed per table entry (bias_grad_add). Masked pairs (-inf) read no bias: their index may
 // lie outside the table.
-template <int kNB, bool kDs, int kQ>
+template <int kNB, bool kDs>
 __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb, int h,
                                              float (&s)[kNB][4], float (&dp)[kNB][4],
-                                             const float2* stat, int qs, const int* q0,
-                                             int wrow, int lane) {
-  const int* qrel = bb.qrel + qs;
-  // Box mode: the box offsets of the sub-tile's query rows and of this thread's key rows.
-  const int* qbox = bb.qrel + bias_qrel_bytes(kQ) / 4;
-  int kbox[2] = {0, 0};
-  if (kDs && p.d_rpb_box && bb.acc != nullptr) {
-    const int* kb = qbox + bias_qrel_bytes(kQ) / 4;
-    kbox[0] = kb[wrow + (lane >> 2)];
-    kbox[1] = kb[wrow + (lane >> 2) + 8];
-  }
-  qbox += qs;
+                                             const float2* stat, const int* qrel, const int* q0,
+                                             int lane) {
   const float* tab = p.rpb + int64_t(h) * p.rpb_stride[0];
   const bool diag = p.tkv[kAxes - 1] % 8 == 0 && p.tq[kAxes - 1] % 8 == 0;
   int qbase = 0;
@@ -387,12 +246,7 @@ __device__ __forceinline__ void bias_softmax(const Params& p, const BwdBias& bb,
     if (kDs && bb.acc != nullptr) {
       // (pe = 0 for masked pairs and rows without a query: their dS^T is 0)
       const float v[2][2] = {{dp[n][0], dp[n][1]}, {dp[n][2], dp[n][3]}};
-      int idx[2][2] = {{kq[0] - qcs[0], kq[0] - qcs[1]}, {kq[1] - qcs[0], kq[1] - qcs[1]}};
-      if (p.d_rpb_box) {  // the box entry: the same (key row - query) structure, box strides
-        const int2 qb = *reinterpret_cast<const int2*>(qbox + n * 8 + 2 * (lane & 3));
-        idx[0][0] = kbox[0] - qb.x, idx[0][1] = kbox[0] - qb.y;
-        idx[1][0] = kbox[1] - qb.x, idx[1][1] = kbox[1] - qb.y;
-      }
+      const int idx[2][2] = {{kq[0] - qcs[0], kq[0] - qcs[1]}, {kq[1] - qcs[0], kq[1] - qcs[1]}};
       bias_grad_add(bb.acc, bb.priv, diag, bb.priv && p.d_rpb_part != nullptr, v, idx, lane);
     }
   }

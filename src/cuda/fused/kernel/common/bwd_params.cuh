@@ -58,15 +58,10 @@ struct Params : fused::ProblemBlock {
   // d_rpb_part (deterministic calls, with d_rpb_warps): each neighborhood CTA stores its sums
   // per query head of its group, [blockIdx.y][blockIdx.x][heads_per_kv][rpb_elems] (zeroed by the
   // host), instead of adding them to d rpb; rpb_partial_sum adds them up in a fixed order.
-  // d_rpb_box: the sums of one step (key tile x query tile) go to per-warp boxes over the step's
-  // relative positions (d_rpb_warps copies, rpb_pitch floats apart, two sets used in turn), added
-  // to d rpb by global atomics at the next step (bwd_bias.cuh): tables too large for shared
-  // memory.
   float* d_rpb;
   int d_rpb_global;
   int d_rpb_warps;
   int rpb_pitch;
-  int d_rpb_box;
   float* d_rpb_part;
 };
 

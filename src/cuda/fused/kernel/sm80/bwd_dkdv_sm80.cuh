@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
-    if constexpr (kBias) bias_step<kThreads>(p, bias, cur.h, kv0, cur.q0, it);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
 
       // P^T = exp(scale S^T + bias - LSE), dS^T = P^T (dP^T - Dsum); queries are columns.
       if (kBias && bias.on) {
-        bias_softmax<kNB, kDoDk, kQ>(p, bias, cur.h, s, dp, stat + qs, qs, q0, wrow, lane);
+        bias_softmax<kNB, kDoDk>(p, bias, cur.h, s, dp, stat + qs, bias.qrel + qs, q0, lane);
       } else {
 #pragma unroll
       for (int n = 0; n < kNB; ++n) {
@@ -267,7 +267,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cur.next(p, additional, qr, nq);
   }
 
-  if constexpr (kBias) bias_finish<kThreads>(p, bias, n_iter);  // the last head's (step's) sums
+  if constexpr (kBias) {
+    if (bias.acc != nullptr) {
+      __syncthreads();  // every thread's adds to the last head's table
+      bias_flush<kThreads>(p, bias);
+    }
+  }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
   store_dkdv<kDoDk, kDoDv, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);

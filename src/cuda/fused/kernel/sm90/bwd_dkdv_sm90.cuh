@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
     wgmma::fence_proxy_async();
     __syncthreads();
     prefetch(it);
-    if constexpr (kBias) bias_step<kThreads>(p, bias, cur.h, kv0, cur.q0, it);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
     const uint32_t aDs = base + Tr::kOffDs;
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
     // P^T, dS^T; dS^T also to shared memory for dQ.
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
     if (kBias && bias.on) {
-      bias_softmax<kNB, true, kQ>(p, bias, cur.h, s, dp, stat, 0, q0, wrow, lane);
+      bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, bias.qrel, q0, lane);
       Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
     } else {
       Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
@@ -241,7 +241,12 @@ __global__ void __launch_bounds__(2 * kKVRows,
     buf = buf + 1 == kBufs ? 0 : buf + 1;
   }
 
-  if constexpr (kBias) bias_finish<kThreads>(p, bias, n_iter);  // the last head's (step's) sums
+  if constexpr (kBias) {
+    if (bias.acc != nullptr) {
+      __syncthreads();  // every thread's adds to the last head's table
+      bias_flush<kThreads>(p, bias);
+    }
+  }
 
   // ---- epilogue: rows are keys; dK carries the softmax scale -----------------------------------
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
