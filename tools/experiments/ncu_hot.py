@@ -24,8 +24,6 @@ def main():
     ap.add_argument("what", nargs="?", default="fwd")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--csv", help="summarize this exported CSV instead of profiling")
-    ap.add_argument("--view", choices=("sass", "cuda"), default="sass",
-                    help="cuda: the CUDA source lines (-lineinfo builds) with the most samples")
     args, extra = ap.parse_known_args()
     if args.csv:
         with open(args.csv) as f:
@@ -42,57 +40,11 @@ def main():
     subprocess.run(["ncu", *sel, "--section", "SourceCounters", "-f", "-o", rep, *prog],
                    check=True, stdout=subprocess.DEVNULL)
     res = subprocess.run(["ncu", "-i", rep + ".ncu-rep", "--page", "source", "--csv",
-                          "--print-source", args.view], check=True, capture_output=True,
-                         text=True)
-    path = os.path.join(out, f"ncu_hot_{args.problem}_{args.what}_{args.view}.csv")
+                          "--print-source", "sass"], check=True, capture_output=True, text=True)
+    path = os.path.join(out, f"ncu_hot_{args.problem}_{args.what}.csv")
     with open(path, "w") as f:
         f.write(res.stdout)
-    return summarize(res.stdout, args) if args.view == "sass" else summarize_lines(res.stdout,
-                                                                                   args)
-
-
-def summarize_lines(raw, args):
-    """The CUDA source view: every file's lines, ranked by warp-stall samples."""
-    rows, file = [], "?"
-    lines = raw.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if not line.startswith('"') and line.strip():
-            file = line.strip()  # a file header
-            i += 1
-            continue
-        if line.startswith('"#') or line.startswith('"Line'):
-            header = next(csv.reader([line]))
-            j = i + 1
-            while j < len(lines) and lines[j].startswith('"'):
-                j += 1
-            for r in csv.reader(lines[i + 1:j]):
-                rows.append((file, dict(zip(header, r))))
-            i = j
-            continue
-        i += 1
-    if not rows:
-        print(raw[:3000])
-        return 1
-    keys = list(rows[0][1].keys())
-    samp = next(k for k in keys if "Sampling (All" in k)
-    inst = next(k for k in keys if k.startswith("Instructions Executed"))
-    src = next((k for k in keys if k.lower() == "source"), keys[1])
-    line_key = keys[0]
-
-    def num(v):
-        try:
-            return float(str(v).replace(",", ""))
-        except ValueError:
-            return 0.0
-    ts = sum(num(r[samp]) for _, r in rows) or 1.0
-    ti = sum(num(r[inst]) for _, r in rows) or 1.0
-    print(f"{args.problem} {args.what}: {ts:.0f} samples over {len(rows)} source lines")
-    for f, r in sorted(rows, key=lambda fr: -num(fr[1][samp]))[:args.top]:
-        print(f"{100 * num(r[samp]) / ts:6.2f} {100 * num(r[inst]) / ti:6.2f} "
-              f"{os.path.basename(f)[:28]}:{r[line_key]}  {r[src].strip()[:80]}")
-    return 0
+    return summarize(res.stdout, args)
 
 
 def summarize(raw, args):
