@@ -4,9 +4,9 @@
 // and dS^T, the gradient of the logits, is summed per table entry into the current head's table
 // in shared memory, which goes to d rpb with one global atomic per entry when the CTA's walk
 // moves to the next head and at its end. Where shared memory holds a copy per warp
-// (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else one table
-// takes shared atomics (compare-and-swap loops on Hopper); a table too large for shared memory
-// (Params::d_rpb_global) takes the warp's diagonal sums straight into d rpb.
+// (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else the warp's
+// diagonal sums go straight into d rpb (Params::d_rpb_global), or, where tuning asks for it, one
+// table takes shared atomics (compare-and-swap loops on Hopper: slower, plan/backward.cu).
 //
 // The bias region (shared memory after the kernel's own, BwdLaunch::bias_smem): int qrel[kQ],
 // the table offset of each query-tile row (its packed offsets times the table strides), then
@@ -107,7 +107,6 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
       atomicAdd(g + i, v);
   }
 }
-
 
 // At the top of an iteration (after its first barrier) of query head h: a change of head flushes
 // the previous head's sums; the barrier after it (the same branch on every thread) keeps new
