@@ -270,6 +270,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                    ? 32
                    : dpad;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
+  int64_t rpb_entries = 1;  // the bias table's entries per head
+  for (int a = 0; a < pr.rank; ++a) rpb_entries *= 2 * pr.kernel_size[a] - 1;
   if (pr.rpb) {
     // d rpb: summed per head in shared memory after the kernel's own (bwd_bias.cuh) in a copy
     // per warp (plain adds) where those copies take at most kRpbWarpCopyBytes and fit, else added
@@ -280,8 +282,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // 16x32x32 window 9x11x11 2.01x / 2.49x (per-step boxes of the step's relative positions,
     // tried as well, fell in between: 2.70x, 2.59x, 2.07x, 2.43x). Before the tables: the query
     // rows' table offsets.
-    int64_t elems = 1;
-    for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
+    const int64_t elems = rpb_entries;
     const int warps = l.kv_rows / 16;
     const size_t table = size_t(elems * sizeof(float) + 15) / 16 * 16;
     const size_t head = 16 + size_t(bwd::bias_qrel_bytes(tr.dkdv_queries));
@@ -364,9 +365,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                        " exceeds the grid");
   l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
   if (pr.rpb && l.deterministic) {
-    int64_t elems = 1;
-    for (int a = 0; a < pr.rank; ++a) elems *= 2 * pr.kernel_size[a] - 1;
-    const double bytes = double(n_dkdv) * double(y_dkdv) * p.heads_per_kv * elems * 4.0;
+    const double bytes = double(n_dkdv) * double(y_dkdv) * p.heads_per_kv * rpb_entries * 4.0;
     if (bytes > double(kRpbPartMaxBytes))
       return unsupported("deterministic=true with a bias: the dK / dV CTAs' d rpb slots would take " +
                          std::to_string(int64_t(bytes)) + " bytes (at most " +
