@@ -50,7 +50,7 @@ FNA_HD int group_length(const Axis& a, int g) {
 FNA_HD Range window(const Axis& a, int lg, int i) {
   const int K = a.kernel, s = a.stride;
   if (a.causal) {
-    int leader = (i / s) * s + s - 1;
+    int leader = s == 1 ? i : (i / s) * s + s - 1;  // no division for the common stride 1
     leader = leader < lg - 1 ? leader : lg - 1;
     int start = leader - K + 1;
     start = start > 0 ? start : 0;
@@ -58,7 +58,7 @@ FNA_HD Range window(const Axis& a, int lg, int i) {
     return {start, end};
   }
   const int left = K / 2, right = K - 1 - left;
-  int leader = (i / s) * s + s / 2;
+  int leader = s == 1 ? i : (i / s) * s + s / 2;
   leader = leader < lg - 1 ? leader : lg - 1;
   int start = leader - left > 0 ? leader - left : 0;
   if (leader + right >= lg) start += lg - right - leader - 1;
@@ -67,22 +67,41 @@ FNA_HD Range window(const Axis& a, int lg, int i) {
 
 // Window start and end are both non-decreasing in i (see docs/design.md), so the queries whose
 // windows contain key j form one contiguous range: the inverse neighborhood. Found by binary search
-// on the two monotone bounds; O(log L).
-FNA_HD Range inverse_window(const Axis& a, int lg, int j) {
-  // first i with window(i).end > j
-  int lo = 0, hi = lg;
+// on the two monotone bounds. A window holds K keys and its leader is within s of its query
+// (stride s <= K), so every query whose window holds j, and both searches' answers, lie in
+// [j - K - s, j + K + s + 1) (clamped to the group): the searches take O(log(K + s)) steps
+// whatever the length (the kernels run them per CTA, tests/cpp/inverse_neighborhood_test.cpp
+// checks them against brute force).
+FNA_HD int inverse_search_lo(const Axis& a, int j) {
+  const int v = j - a.kernel - a.stride;
+  return v > 0 ? v : 0;
+}
+FNA_HD int inverse_search_hi(const Axis& a, int lg, int j) {
+  const int v = j + a.kernel + a.stride + 1;
+  return v < lg ? v : lg;
+}
+// First i with window(i).end > j: the inverse neighborhood's first query.
+FNA_HD int inverse_begin(const Axis& a, int lg, int j) {
+  int lo = inverse_search_lo(a, j), hi = inverse_search_hi(a, lg, j);
   while (lo < hi) {
-    int mid = (lo + hi) / 2;
+    const int mid = (lo + hi) >> 1;
     if (window(a, lg, mid).end > j) hi = mid; else lo = mid + 1;
   }
-  const int first = lo;
-  // first i with window(i).begin > j
-  lo = first; hi = lg;
+  return lo;
+}
+// First i >= from with window(i).begin > j: one past the inverse neighborhood's last query.
+FNA_HD int inverse_end(const Axis& a, int lg, int j, int from) {
+  const int slo = inverse_search_lo(a, j);
+  int lo = from > slo ? from : slo, hi = inverse_search_hi(a, lg, j);
   while (lo < hi) {
-    int mid = (lo + hi) / 2;
+    const int mid = (lo + hi) >> 1;
     if (window(a, lg, mid).begin > j) hi = mid; else lo = mid + 1;
   }
-  return {first, lo};
+  return lo;
+}
+FNA_HD Range inverse_window(const Axis& a, int lg, int j) {
+  const int first = inverse_begin(a, lg, j);
+  return {first, inverse_end(a, lg, j, first)};
 }
 
 // Keys needed by a tile of queries [i0, i1) (local indices): the union of their windows, which by
@@ -99,7 +118,8 @@ FNA_HD Range tile_intersection(const Axis& a, int lg, int i0, int i1) {
 
 // Queries that need any key of [j0, j1): the union of inverse windows (monotone too).
 FNA_HD Range inverse_tile_union(const Axis& a, int lg, int j0, int j1) {
-  return {inverse_window(a, lg, j0).begin, inverse_window(a, lg, j1 - 1).end};
+  const int first = inverse_begin(a, lg, j0);
+  return {first, inverse_end(a, lg, j1 - 1, first)};
 }
 
 // Number of keys attended by the query (product over axes of window sizes); used for FLOP counts.

@@ -1,5 +1,5 @@
 // nbr::inverse_window and nbr::inverse_tile_union against brute force over nbr::window, for every
-// small axis: length <= 12, every valid kernel, dilation, stride, causal flag, dilation group and
+// small axis: length <= 24, every valid kernel, dilation, stride, causal flag, dilation group and
 // key. The brute force inverts the forward window by scanning all queries, so the binary searches
 // (and the monotonicity they rely on) are what is tested; nbr::window itself is checked against
 // the SPEC definition by the support library's spec_window.
@@ -25,7 +25,7 @@ std::string describe(const Axis& a, int g) {
 
 template <typename Fn>
 void for_every_small_axis(Fn&& fn) {
-  for (int L = 1; L <= 12; ++L)
+  for (int L = 1; L <= 24; ++L)
     for (int d = 1; d <= L; ++d)
       for (int K = 1; K * d <= L; ++K)
         for (int s = 1; s <= K; ++s)

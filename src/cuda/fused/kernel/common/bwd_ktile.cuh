@@ -54,8 +54,8 @@ __device__ __forceinline__ void load_kv_rows(const Params& p, const Group& G, bo
 
 // The query tiles the key tile visits: per axis, queries qr[a] in nq[a] tiles of p.tq[a]
 // (additional mode: all tokens, nq = {tiles of kQ, 1, 1}); returns the tile count. In
-// neighborhood mode threads 0 .. kKV - 1 also write their key's inverse window per axis to
-// s_kinv (made visible by the caller's barrier).
+// neighborhood mode the CTA's threads also write each key's inverse window per axis to s_kinv
+// (made visible by the caller's barrier).
 template <int kKV, int kQ>
 __device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group& G,
                                                     bool additional, const int* kv0,
@@ -67,20 +67,17 @@ __device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group
     nq[0] = int(n_tiles);
     return n_tiles;
   }
-  const int tid = threadIdx.x;
-  if (tid < kKV) {
-    const uint32_t off = pack_offsets(p.tkv, tid);
-    int i[kAxes];
+  // One (key, axis) pair per thread, the last axes first (a rank below 3 pads the first axes
+  // with length 1, whose searches take no step): each thread runs two short searches.
+  for (int idx = threadIdx.x; idx < kKV * kAxes; idx += blockDim.x) {
+    const int key = idx % kKV, ax = kAxes - 1 - idx / kKV;
+    const uint32_t off = pack_offsets(p.tkv, key);
     bool valid = true;
-    for (int a = 0; a < kAxes; ++a) {
-      i[a] = kv0[a] + unpack_offset(off, a);
-      valid = valid && i[a] < G.len[a];
-    }
-    for (int a = 0; a < kAxes; ++a) {
-      const nbr::Range r =
-          valid ? nbr::inverse_window(p.geo.axis[a], G.len[a], i[a]) : nbr::Range{0, 0};
-      s_kinv[tid * kAxes + a] = make_int2(r.begin, r.end);
-    }
+    for (int a = 0; a < kAxes; ++a) valid = valid && kv0[a] + unpack_offset(off, a) < G.len[a];
+    const nbr::Range r =
+        valid ? nbr::inverse_window(p.geo.axis[ax], G.len[ax], kv0[ax] + unpack_offset(off, ax))
+              : nbr::Range{0, 0};
+    s_kinv[key * kAxes + ax] = make_int2(r.begin, r.end);
   }
   int64_t n_tiles = 1;
   for (int a = 0; a < kAxes; ++a) {
@@ -144,17 +141,18 @@ __device__ __forceinline__ void mask_key_rows(float (&s)[kNB][4], const int2* s_
 // each axis a and bound v in [0, p.tq[a]], cm[a * 65 + v] holds the tile's queries (bit = row of
 // the tile) whose offset on axis a is below v, so the queries of a key row's window [lo, hi) on
 // that axis are cm[hi] & ~cm[lo]. Built once per CTA from the packed offsets (qoff, 64 rows).
+// A warp per entry: two ballots over the 64 rows (entries past p.tq[a] are never read).
 constexpr int kColMaskStride = 65;
 __device__ __forceinline__ void build_col_masks(const Params& p, const uint32_t* qoff,
                                                 uint64_t* cm) {
-  for (int i = threadIdx.x; i < kAxes * kColMaskStride; i += blockDim.x) {
-    const int a = i / kColMaskStride, v = i % kColMaskStride;
-    if (v > p.tq[a]) continue;
-    uint64_t m = 0;
-    for (int q = 0; q < 64; ++q)
-      if (unpack_offset(qoff[q], a) < v) m |= uint64_t(1) << q;
-    cm[i] = m;
-  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const uint32_t off_lo = qoff[lane], off_hi = qoff[lane + 32];
+  for (int a = 0; a < kAxes; ++a)
+    for (int v = warp; v <= p.tq[a]; v += warps) {
+      const uint32_t lo = __ballot_sync(0xffffffffu, unpack_offset(off_lo, a) < v);
+      const uint32_t hi = __ballot_sync(0xffffffffu, unpack_offset(off_hi, a) < v);
+      if (lane == 0) cm[a * kColMaskStride + v] = uint64_t(lo) | (uint64_t(hi) << 32);
+    }
 }
 
 // mask_key_rows for 64-query tiles by the bit sets of build_col_masks: per key row, one AND-NOT
