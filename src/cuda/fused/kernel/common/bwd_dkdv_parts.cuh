@@ -45,15 +45,16 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
                                              int& hkv, int (&kv0)[kAxes], Group& G,
                                              int64_t& n0) {
   if (!additional) {
-    int y = blockIdx.y;
-    const int group = y % p.groups;
-    y /= p.groups;
-    hkv = y % p.heads_kv;
-    b = y / p.heads_kv;
+    unsigned y = blockIdx.y;  // unsigned divisions: no sign corrections
+    const int group = int(y % unsigned(p.groups));
+    y /= unsigned(p.groups);
+    hkv = int(y % unsigned(p.heads_kv));
+    b = int(y / unsigned(p.heads_kv));
     G = Group::of(p.geo, group, p.dil);
-    const int x = blockIdx.x;
+    const unsigned x = blockIdx.x;
+#pragma unroll
     for (int a = 0; a < kAxes; ++a) {
-      kv0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tkv[a];
+      kv0[a] = int(x / unsigned(p.tdiv[a]) % unsigned(p.tiles[a])) * p.tkv[a];
       if (kv0[a] >= G.len[a]) return false;  // this group is shorter than group 0 on this axis
     }
   } else {

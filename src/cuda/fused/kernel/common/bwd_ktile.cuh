@@ -52,23 +52,14 @@ __device__ __forceinline__ void load_kv_rows(const Params& p, const Group& G, bo
   cp_async_commit();
 }
 
-// The query tiles the key tile visits: per axis, queries qr[a] in nq[a] tiles of p.tq[a]
-// (additional mode: all tokens, nq = {tiles of kQ, 1, 1}); returns the tile count. In
-// neighborhood mode the CTA's threads also write each key's inverse window per axis to s_kinv
-// (made visible by the caller's barrier).
-template <int kKV, int kQ>
-__device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group& G,
-                                                    bool additional, const int* kv0,
-                                                    int2* s_kinv, nbr::Range (&qr)[kAxes],
-                                                    int (&nq)[kAxes]) {
-  for (int a = 0; a < kAxes; ++a) nq[a] = 1;
-  if (additional) {
-    const int64_t n_tiles = (p.tokens + kQ - 1) / kQ;
-    nq[0] = int(n_tiles);
-    return n_tiles;
-  }
-  // One (key, axis) pair per thread, the last axes first (a rank below 3 pads the first axes
-  // with length 1, whose searches take no step): each thread runs two short searches.
+// The inverse windows of the key tile's keys per axis into s_kinv ([kKV][kAxes]; keys outside the
+// group get empty ones), neighborhood mode only: one (key, axis) pair per thread, the last axes
+// first (a rank below 3 pads the first axes with length 1, whose searches take no step). The
+// caller's barrier makes them visible to key_tile_ranges and the border masks.
+template <int kKV>
+__device__ __forceinline__ void key_tile_windows(const Params& p, const Group& G, bool additional,
+                                                 const int* kv0, int2* s_kinv) {
+  if (additional) return;
   for (int idx = threadIdx.x; idx < kKV * kAxes; idx += blockDim.x) {
     const int key = idx % kKV, ax = kAxes - 1 - idx / kKV;
     const uint32_t off = pack_offsets(p.tkv, key);
@@ -79,10 +70,32 @@ __device__ __forceinline__ int64_t key_tile_queries(const Params& p, const Group
               : nbr::Range{0, 0};
     s_kinv[key * kAxes + ax] = make_int2(r.begin, r.end);
   }
+}
+
+// The query tiles the key tile visits, after key_tile_windows' barrier: per axis, queries qr[a]
+// in nq[a] tiles of p.tq[a] (additional mode: all tokens, nq = {tiles of kQ, 1, 1}); returns the
+// tile count. The union of the keys' inverse windows on axis a runs from the first key's window
+// start to the end of the window of the last key along a (offset 0 on the other axes, so a key
+// of the group): windows are monotone, and no key's is empty (stride <= kernel puts every key in
+// some window; tests/cpp/inverse_neighborhood_test.cpp), so no search is repeated here.
+template <int kQ>
+__device__ __forceinline__ int64_t key_tile_ranges(const Params& p, const Group& G,
+                                                   bool additional, const int* kv0,
+                                                   const int2* s_kinv, nbr::Range (&qr)[kAxes],
+                                                   int (&nq)[kAxes]) {
+  for (int a = 0; a < kAxes; ++a) nq[a] = 1;
+  if (additional) {
+    const int64_t n_tiles = (p.tokens + kQ - 1) / kQ;
+    nq[0] = int(n_tiles);
+    return n_tiles;
+  }
   int64_t n_tiles = 1;
-  for (int a = 0; a < kAxes; ++a) {
-    const int e = min(kv0[a] + p.tkv[a], G.len[a]);
-    qr[a] = nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], e);
+  int row_stride = 1;  // key rows per step on axis a (the later axes' tile extents)
+#pragma unroll
+  for (int a = kAxes - 1; a >= 0; --a) {
+    const int last = min(kv0[a] + p.tkv[a], G.len[a]) - 1 - kv0[a];
+    qr[a] = nbr::Range{s_kinv[a].x, s_kinv[last * row_stride * kAxes + a].y};
+    row_stride *= p.tkv[a];
     if (p.region) {
       // Only the query region's queries: local [ceil((qlo - g) / d), ceil((qhi - g) / d)) of
       // the group (qlo >= 0 and g < d: the dividends are >= 0, so the division rounds down).

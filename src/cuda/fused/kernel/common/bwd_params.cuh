@@ -66,13 +66,16 @@ struct Params : fused::ProblemBlock {
 };
 
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word
-// (10 bits per axis) so tables of them fit in shared memory; tile extents are <= 256.
+// (10 bits per axis) so tables of them fit in shared memory; tile extents are <= 256. Unsigned
+// division: no sign corrections (t >= 0).
 __device__ __forceinline__ uint32_t pack_offsets(const int* shape, int t) {
-  const int o2 = t % shape[2];
-  t /= shape[2];
-  const int o1 = t % shape[1];
-  const int o0 = t / shape[1];
-  return uint32_t(o0) | (uint32_t(o1) << 10) | (uint32_t(o2) << 20);
+  const uint32_t s2 = uint32_t(shape[2]), s1 = uint32_t(shape[1]);
+  uint32_t u = uint32_t(t);
+  const uint32_t o2 = u % s2;
+  u /= s2;
+  const uint32_t o1 = u % s1;
+  const uint32_t o0 = u / s1;
+  return o0 | (o1 << 10) | (o2 << 20);
 }
 __device__ __forceinline__ int unpack_offset(uint32_t packed, int axis) {
   return int((packed >> (10 * axis)) & 1023u);

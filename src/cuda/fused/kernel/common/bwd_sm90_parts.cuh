@@ -72,11 +72,12 @@ __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group
                                                     bool additional, const int* kv0, int2* s_kinv,
                                                     uint32_t* s_qoff, uint64_t* s_cm,
                                                     nbr::Range (&qr)[kAxes], int (&nq)[kAxes]) {
-  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
+  key_tile_windows<kKV>(p, G, additional, kv0, s_kinv);
   const int tid = threadIdx.x;
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
   build_col_masks(p, s_qoff, s_cm);
+  const int64_t n_tiles = key_tile_ranges<kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   __syncthreads();
   return n_tiles * p.heads_per_kv;
 }

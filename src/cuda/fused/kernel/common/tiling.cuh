@@ -298,7 +298,7 @@ struct RowWindow {
 // axes (tiles are boxes and the per-axis ranges independent), so a problem visits the product.
 //   own_kv: key tiles of extent `own` at multiples of it, each visiting the query tiles of extent
 //           `other` laid from the start of its inverse neighborhood (the dK/dV kernel's walk,
-//           bwd_ktile.cuh key_tile_queries);
+//           bwd_ktile.cuh key_tile_ranges);
 //   else:   query tiles of extent `own`, each visiting the key tiles of extent `other` laid from
 //           the start of the union of its windows (kv_span; the dQ kernel).
 inline double axis_tile_pairs(const nbr::Axis& a, int own, int other, bool own_kv) {

@@ -72,9 +72,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   // Inverse windows of this tile's keys: the mask of border tiles reads them.
   nbr::Range qr[kAxes];  // queries to visit per axis (neighborhood mode)
   int nq[kAxes];
-  const int64_t n_tiles = key_tile_queries<kKV, kQ>(p, G, additional, kv0, s_kinv, qr, nq);
+  key_tile_windows<kKV>(p, G, additional, kv0, s_kinv);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
-  __syncthreads();  // s_qoff is read by the first query-tile load
+  __syncthreads();  // s_qoff is read by the first query-tile load, s_kinv by key_tile_ranges
+  const int64_t n_tiles = key_tile_ranges<kQ>(p, G, additional, kv0, s_kinv, qr, nq);
 
   const int64_t n_iter = n_tiles * p.heads_per_kv;
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
