@@ -78,7 +78,8 @@ __device__ __forceinline__ void key_tile_windows(const Params& p, const Group& G
 // start to the end of the window of the last key along a (offset 0 on the other axes, so a key
 // of the group): windows are monotone, and no key's is empty (stride <= kernel puts every key in
 // some window; tests/cpp/inverse_neighborhood_test.cpp), so no search is repeated here.
-template <int kQ>
+// kSearch: each axis' range by nbr::inverse_tile_union instead (no barrier needed).
+template <int kQ, bool kSearch = false>
 __device__ __forceinline__ int64_t key_tile_ranges(const Params& p, const Group& G,
                                                    bool additional, const int* kv0,
                                                    const int2* s_kinv, nbr::Range (&qr)[kAxes],
@@ -91,10 +92,10 @@ __device__ __forceinline__ int64_t key_tile_ranges(const Params& p, const Group&
   }
   int64_t n_tiles = 1;
   int row_stride = 1;  // key rows per step on axis a (the later axes' tile extents)
-#pragma unroll
   for (int a = kAxes - 1; a >= 0; --a) {
     const int last = min(kv0[a] + p.tkv[a], G.len[a]) - 1 - kv0[a];
-    qr[a] = nbr::Range{s_kinv[a].x, s_kinv[last * row_stride * kAxes + a].y};
+    qr[a] = kSearch ? nbr::inverse_tile_union(p.geo.axis[a], G.len[a], kv0[a], kv0[a] + last + 1)
+                    : nbr::Range{s_kinv[a].x, s_kinv[last * row_stride * kAxes + a].y};
     row_stride *= p.tkv[a];
     if (p.region) {
       // Only the query region's queries: local [ceil((qlo - g) / d), ceil((qhi - g) / d)) of

@@ -67,18 +67,24 @@ __device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint
 // key rows' inverse windows in s_kinv), the query tile shape's row offsets (s_qoff) and the
 // column-mask sets (s_cm), all in shared memory after the two CTA barriers. Returns the steps:
 // query tiles x query heads per kv head.
-template <int kKV, int kQ>
+// kSearch: the query ranges by their own searches before the barriers instead of from s_kinv
+// after them: the warp-specialized kernel and the bias instances, whose registers ptxas
+// otherwise spills (up to 300 bytes; 0-20 this way, as before the s_kinv reads).
+template <int kKV, int kQ, bool kSearch = false>
 __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group& G,
                                                     bool additional, const int* kv0, int2* s_kinv,
                                                     uint32_t* s_qoff, uint64_t* s_cm,
                                                     nbr::Range (&qr)[kAxes], int (&nq)[kAxes]) {
   key_tile_windows<kKV>(p, G, additional, kv0, s_kinv);
+  int64_t n_tiles = 0;
+  if constexpr (kSearch)
+    n_tiles = key_tile_ranges<kQ, true>(p, G, additional, kv0, s_kinv, qr, nq);
   const int tid = threadIdx.x;
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();
   build_col_masks(p, s_qoff, s_cm);
-  const int64_t n_tiles = key_tile_ranges<kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   __syncthreads();
+  if constexpr (!kSearch) n_tiles = key_tile_ranges<kQ>(p, G, additional, kv0, s_kinv, qr, nq);
   return n_tiles * p.heads_per_kv;
 }
 

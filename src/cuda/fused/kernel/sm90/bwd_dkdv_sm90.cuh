@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
   const int64_t n_iter =
-      sm90_query_setup<kKV, kQ>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+      sm90_query_setup<kKV, kQ, kBias>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
 
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
   QWalk cur;
