@@ -107,4 +107,23 @@ TEST(InverseNeighborhood, InverseTileUnionEqualsBruteForce) {
   EXPECT_GT(checked, 1000);
 }
 
+// The backward's key_tile_ranges (bwd_ktile.cuh) takes a key tile's query range from the inverse
+// windows of its first and last keys instead of searching again: for every tile of keys
+// [j0, j1), the union is [inverse_window(j0).begin, inverse_window(j1 - 1).end).
+TEST(InverseNeighborhood, TileUnionFromItsEndKeysWindows) {
+  int checked = 0;
+  for_every_small_axis([&](const Axis& a, int g, int lg) {
+    for (int j0 = 0; j0 < lg; ++j0)
+      for (int j1 = j0 + 1; j1 <= lg; ++j1) {
+        const Range u = fna::nbr::inverse_tile_union(a, lg, j0, j1);
+        ASSERT_EQ(u.begin, fna::nbr::inverse_window(a, lg, j0).begin)
+            << describe(a, g) << " keys [" << j0 << "," << j1 << ")";
+        ASSERT_EQ(u.end, fna::nbr::inverse_window(a, lg, j1 - 1).end)
+            << describe(a, g) << " keys [" << j0 << "," << j1 << ")";
+        ++checked;
+      }
+  });
+  EXPECT_GT(checked, 1000);
+}
+
 }  // namespace
