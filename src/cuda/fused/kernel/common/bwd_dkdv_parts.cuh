@@ -51,9 +51,9 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
     hkv = int(y % unsigned(p.heads_kv));
     b = int(y / unsigned(p.heads_kv));
     G = Group::of(p.geo, group, p.dil);
-    const unsigned x = blockIdx.x;
+    const int x = blockIdx.x;
     for (int a = 0; a < kAxes; ++a) {
-      kv0[a] = int(x / unsigned(p.tdiv[a]) % unsigned(p.tiles[a])) * p.tkv[a];
+      kv0[a] = (x / p.tdiv[a] % p.tiles[a]) * p.tkv[a];
       if (kv0[a] >= G.len[a]) return false;  // this group is shorter than group 0 on this axis
     }
   } else {

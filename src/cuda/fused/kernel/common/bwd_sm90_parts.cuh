@@ -68,8 +68,8 @@ __device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint
 // column-mask sets (s_cm), all in shared memory after the two CTA barriers. Returns the steps:
 // query tiles x query heads per kv head.
 // kSearch: the query ranges by their own searches before the barriers instead of from s_kinv
-// after them: the warp-specialized kernel and the bias instances, whose registers ptxas
-// otherwise spills (up to 300 bytes; 0-20 this way, as before the s_kinv reads).
+// after them: the warp-specialized kernel and the bias instances, where ptxas otherwise spills
+// more (the warp-specialized kernel's consumers 300 bytes of loads instead of 0-48).
 template <int kKV, int kQ, bool kSearch = false>
 __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group& G,
                                                     bool additional, const int* kv0, int2* s_kinv,
