@@ -82,10 +82,15 @@ wheel:
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --exclude 'libcuda.so.*' -w dist dist/raw/fna-*.whl
 	@ls -l dist/fna-*manylinux*.whl
 
-# The wheel in a fresh virtual environment (torch, numpy and pytest from the base interpreter's
-# site packages when it has them), the Python tests run against the installed copy.
+# The wheel in a fresh virtual environment, the Python tests run against the installed copy. The
+# test dependencies (torch, numpy, pytest) are those $(VENV) already has (`make wheel` set it up):
+# a .pth file puts its site packages after the new environment's own, where the wheel's fna goes,
+# so they are not downloaded and installed a second time; install_deps adds what is still missing.
 wheel-test: wheel
 	rm -rf build/wheel-venv
+	$(PYTHON) -m venv --system-site-packages build/wheel-venv
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$(build/wheel-venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/fna-test-deps.pth"
 	@NEED_GTEST=0 bash tools/install_deps.sh build/wheel-venv "$(PYTHON)"
 	build/wheel-venv/bin/python -m pip install -q --no-deps --force-reinstall dist/fna-*manylinux*.whl
 	cd tests/python && FNA_TEST_INSTALLED=1 $(abspath build/wheel-venv/bin/python) -m pytest -q -x .

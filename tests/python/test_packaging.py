@@ -152,6 +152,10 @@ def test_installed_copy_when_asked():
     dist = _installed()
     assert dist is not None, f"fna was imported from {fna.__file__}, not an installed distribution"
     assert not os.path.realpath(fna.__file__).startswith(os.path.join(_ROOT, "python") + os.sep)
+    # The wheel's copy in the test environment itself, not one its .pth file makes visible (the
+    # build venv's, make wheel-test).
+    assert os.path.realpath(fna.__file__).startswith(os.path.realpath(sys.prefix) + os.sep), \
+        (fna.__file__, sys.prefix)
 
 
 def test_bench_through_extension():
