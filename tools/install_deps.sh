@@ -66,7 +66,14 @@ if [ -n "$missing" ]; then
   mapfile -t reqs <<< "$missing"
   index=()
   if printf '%s\n' "${reqs[@]}" | grep -q '^torch' && ! nvidia-smi -L >/dev/null 2>&1; then
-    index=(--extra-index-url https://download.pytorch.org/whl/cpu)
+    # Only where the index answers: pip retries an unreachable index for every package, which
+    # costs minutes; without it torch comes from PyPI (with its CUDA libraries).
+    if "$PY" -c 'import urllib.request as u; u.urlopen("https://download.pytorch.org/whl/cpu/", timeout=10)' \
+        >/dev/null 2>&1; then
+      index=(--extra-index-url https://download.pytorch.org/whl/cpu)
+    else
+      echo "[deps] download.pytorch.org/whl/cpu does not answer: torch from PyPI"
+    fi
   fi
   echo "[deps] pip install (in $VENV) ${reqs[*]}"
   "$PY" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" \

@@ -178,6 +178,8 @@ def _family_cases(hopper):
              {"persistent": True, "fwd_copy": "cp_async"}),
             ("sm90", (1, 40, 36, 2, 128), (9, 7), torch.bfloat16, {"fwd_schedule": "plain"}),
             ("sm90ws", (1, 300, 2, 64), (33,), torch.bfloat16, {"fwd_schedule": "warp_specialized"}),
+            ("sm90ws", (1, 300, 2, 256), (33,), torch.bfloat16, None),
+            ("sm90ws", (1, 6, 20, 18, 2, 192), (3, 5, 5), torch.float16, {"persistent": True}),
         ]
     return cases
 
@@ -438,6 +440,48 @@ def test_small_head_dims_take_padded_kernels(dim):
         assert err < 2e-2, f"{name}: max error {err}"
         ran += 1
     assert ran >= (len(names) // 2 if hopper else 1)
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("copy", ["tma", "cp_async"])
+def test_head_dim_256_wgmma(rank, copy):
+    """Head dims 129-256 (padded to 256) take the warp-specialized wgmma forward on compute
+    capability 9.0 (its two-stage ring with K and V handed back apart), by TMA or cp.async
+    copies, and match the float64 oracle: D = D_v = 256, D = 192 with D_v = 160 (padded columns),
+    dilation, causal on an axis, GQA, and (cp.async only) additional keys."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    grids = {1: ((150,), (33,), (2,), (True,)), 2: ((27, 22), (9, 7), (2, 1), (False, True)),
+             3: ((6, 11, 10), (3, 5, 5), (1, 2, 1), (True, False, False))}
+    shape, ks, dil, causal = grids[rank]
+    for i, (d, dv, heads, heads_kv, n_add) in enumerate(
+            [(256, 256, 2, 2, 0), (192, 160, 4, 2, 0), (256, 200, 2, 1, 19)]):
+        if n_add and copy == "tma":
+            continue  # additional keys are loaded by cp.async
+        g = torch.Generator(device="cuda").manual_seed(seed_of("d256-wgmma", rank, copy, i))
+        mk = lambda *s: torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        q = mk(2, *shape, heads, d)
+        k, v = mk(2, *shape, heads_kv, d), mk(2, *shape, heads_kv, dv)
+        ak = mk(2, n_add, heads_kv, d) if n_add else None
+        av = mk(2, n_add, heads_kv, dv) if n_add else None
+        tuning = {"fwd_copy": copy}
+        plan = fna.fused_plan(q.shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16",
+                              heads_kv=heads_kv, dim_v=dv, tuning=tuning)
+        if hopper:
+            assert plan["family"] == "sm90ws" and "_d256_" in plan["config"], plan["config"]
+            assert plan["copy"] == copy
+        na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+        out = na(q, k, v, ks, dilation=dil, is_causal=causal, additional_keys=ak,
+                 additional_values=av, backend="cuda-fused", tuning=tuning)
+        assert fna._C.last_fused_launch()["forward"] == plan["config"]
+        kr = k.repeat_interleave(heads // heads_kv, dim=-2)
+        vr = v.repeat_interleave(heads // heads_kv, dim=-2)
+        akr = ak.repeat_interleave(heads // heads_kv, dim=-2) if n_add else None
+        avr = av.repeat_interleave(heads // heads_kv, dim=-2) if n_add else None
+        ref = oracle(dict(q=q, k=kr, v=vr, ks=list(ks), st=[1] * rank, dil=list(dil),
+                          causal=list(causal), add_k=akr, add_v=avr))["out"]
+        err = float(np.abs(np64(out) - ref).max())
+        assert err < 2e-2, f"{plan['config']} D={d} D_v={dv}: max error {err}"
 
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")

@@ -87,7 +87,8 @@
 // Hopper (sm_90a, wgmma) configurations, 16-bit only: X(rank, head_dim, q0, q1, q2, kv0, kv1, kv2,
 // schedule, dtype). Query tiles of 64 rows per compute warpgroup (64, 128 or 192 rows), key tiles
 // of 64 or 128 keys (the border mask keeps one bit per position on axes up to 64 keys and range
-// tests beyond); the head dim padded to 64 or 128. The schedule column says which kernel runs the
+// tests beyond); the head dim padded to 64, 128 or 256 (256: warp-specialized 128-query tiles
+// only, two K / V stages with K and V handed back apart). The schedule column says which kernel runs the
 // tile: Sm90 the plain kernel (fwd_sm90.cuh: every warp copies and computes; NATTEN's "non"
 // schedule), Sm90Ws the warp-specialized one (fwd_sm90_ws.cuh: a loader warpgroup feeds the compute
 // warpgroups; NATTEN's "coop"). 128-query tiles are listed with both; the plan's cost model picks
@@ -125,7 +126,8 @@
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)  \
   X(1, 128, 1, 1, 128, 1, 1, 64, Sm90, DT)   \
-  X(1, 128, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)
+  X(1, 128, 1, 1, 128, 1, 1, 64, Sm90Ws, DT) \
+  X(1, 256, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK2(X, DT)    \
   X(2, 64, 1, 8, 16, 1, 8, 16, Sm90Ws, DT)   \
@@ -133,7 +135,8 @@
   X(2, 64, 1, 8, 8, 1, 8, 8, Sm90, DT)       \
   X(2, 64, 1, 16, 4, 1, 4, 16, Sm90, DT)     \
   X(2, 128, 1, 8, 16, 1, 8, 8, Sm90Ws, DT)   \
-  X(2, 128, 1, 8, 16, 1, 8, 8, Sm90, DT)
+  X(2, 128, 1, 8, 16, 1, 8, 8, Sm90, DT)     \
+  X(2, 256, 1, 8, 16, 1, 8, 8, Sm90Ws, DT)
 
 #define FNA_FWD_CONFIGS_SM90_RANK3(X, DT)    \
   X(3, 64, 2, 8, 8, 2, 8, 8, Sm90Ws, DT)     \
@@ -143,7 +146,8 @@
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90, DT)      \
   X(3, 128, 3, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
-  X(3, 128, 3, 8, 8, 1, 8, 8, Sm90Ws, DT)
+  X(3, 128, 3, 8, 8, 1, 8, 8, Sm90Ws, DT)    \
+  X(3, 256, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)
 
 #define FNA_FWD_CONFIGS_SM90(X, DT)                                    \
   FNA_FWD_CONFIGS_SM90_RANK1(X, DT) FNA_FWD_CONFIGS_SM90_RANK2(X, DT) \

@@ -46,7 +46,9 @@ struct Sm90Traits {
   static constexpr int kByThreads = 65536 / (kThreads * 128);
   static constexpr int kMinBlocks0 = kBySmem < kByThreads ? kBySmem : kByThreads;
   static constexpr int kMinBlocks = kMinBlocks0 > 4 ? 4 : (kMinBlocks0 < 1 ? 1 : kMinBlocks0);
-  static_assert(kQ % 64 == 0 && (kD == 64 || kD == 128) && (kN == 64 || kN == 128),
+  // Head dim 256 only in the warp-specialized kernel (fwd_sm90_ws.cuh: O takes 128 registers of
+  // a compute thread, and Q with two K / V stages 192 KiB).
+  static_assert(kQ % 64 == 0 && (kD == 64 || kD == 128 || kD == 256) && (kN == 64 || kN == 128),
                 "sm90 tile sizes");
 };
 
@@ -154,6 +156,39 @@ __device__ __forceinline__ void copy_kv_tile(int tid, const FwdParams& p, const 
   }
 }
 
+// Only K (kWhich 0) or only V (1) of key/value tile `t` into `dst`, as copy_kv_tile copies both:
+// the warp-specialized kernel's two-stage ring (head dim 256) hands back K's and V's buffers
+// separately.
+template <class Tr, class KT, int kThr, int kWhich>
+__device__ __forceinline__ void copy_kv_half(int tid, const FwdParams& p, const FwdTile& ft,
+                                             int hkv, const KvTile& t,
+                                             const typename Tr::Elem* gK,
+                                             const typename Tr::Elem* gV, uint32_t dst) {
+  using Elem = typename Tr::Elem;
+  const int dim = kWhich == 0 ? p.dim : p.dim_v;
+  if (t.add_begin < 0) {
+    auto src = [&](int row, const Elem*& a, const Elem*&) {
+      const Elem* k = nullptr;
+      const Elem* v = nullptr;
+      const bool ok = kv_row_src<KT, Tr::kFirstAxis>(p, ft.gr, t, gK, gV, row, k, v);
+      a = kWhich == 0 ? k : v;
+      return ok;
+    };
+    copy_rows_sw<Tr, Tr::kN, false, kThr>(tid, dst, dim, kWhich == 0 ? p.k : p.v, 0, 0, nullptr,
+                                          src);
+  } else {
+    auto src = [&](int row, const Elem*& a, const Elem*&) {
+      const Elem* k = nullptr;
+      const Elem* v = nullptr;
+      const bool ok = add_row_src(p, ft.b, hkv, t, row, k, v);
+      a = kWhich == 0 ? k : v;
+      return ok;
+    };
+    copy_rows_sw<Tr, Tr::kN, false, kThr>(tid, dst, dim, kWhich == 0 ? p.add_k : p.add_v, 0, 0,
+                                          nullptr, src);
+  }
+}
+
 // S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one
 // wgmma group; the caller waits.
 template <class Tr, class T>
@@ -194,12 +229,19 @@ __device__ __forceinline__ void pack_p(const float (&s)[1][Tr::kN / 8][4],
 template <class Tr, class T>
 __device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN / 16][4],
                                          uint32_t sV) {
-  using MmaO = wgmma::Mma<T, Tr::kD>;
+  // Head dim 256 as two n128 halves: the second reads V's columns 128.. from its third
+  // 64-column region.
+  constexpr int kNO = Tr::kD > 128 ? 128 : Tr::kD;
+  using MmaO = wgmma::Mma<T, kNO>;
   const uint64_t dv = wgmma::desc_sw128(sV, Tr::kN * 128, 1024);
   wgmma::fence_operands(st.o[0]);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < Tr::kN / 16; ++kk) MmaO::rs(st.o[0], a[kk], dv + (kk * 16 * 128) / 16, 1);
+  for (int kk = 0; kk < Tr::kN / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < Tr::kD / kNO; ++h)
+      MmaO::rs(*reinterpret_cast<float(*)[kNO / 8][4]>(&st.o[0][h * (kNO / 8)][0]), a[kk],
+               dv + (h * (kNO / 64) * Tr::kN * 128 + kk * 16 * 128) / 16, 1);
   wgmma::commit();
   wgmma::fence_operands(st.o[0]);
   wgmma::fence_operands(a);

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     fna_fwd_sm90_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  static_assert(kD <= 128, "head dim 256 runs the warp-specialized kernel only");
   using Elem = typename Tr::Elem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);

@@ -31,22 +31,40 @@ namespace fused {
 // rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
 // warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
 // causal axis more at its start) and skips the mask on tiles inside all of its rows' windows.
-// The fna_fwd_sm90ws_* configurations run it (the plan takes them for 2-D and 3-D tiles), one
-// CTA per query tile, or persistent (Tuning::persistent): one CTA per SM walks query tiles, so the next tile's Q
-// and first key tiles load while the current one finishes.
+// The fna_fwd_sm90ws_* configurations run it (the plan takes them for 2-D and 3-D tiles, and for
+// head dim 256 at every rank), one CTA per query tile, or persistent (Tuning::persistent): one CTA
+// per SM walks query tiles, so the next tile's Q and first key tiles load while the current one
+// finishes.
+// Head dim 256: Q (64 KiB) and two K / V stages fill shared memory, so a stage's K and V have
+// barriers of their own (kSplit): K's buffer goes back as soon as S has read it and V's once P V
+// has, so the loader refills K one tile and V two tiles ahead of their MMAs. O takes 128 of a
+// compute thread's registers; P V runs as two n128 halves.
 template <class Tr>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
   static constexpr int kThreads = Tr::kThreads + 128;
   static constexpr int kFit = (226 * 1024 - Tr::kQBytes) / (2 * Tr::kTileBytes);
   static constexpr int kStages = kFit < 6 ? kFit : 6;
+  // Fewer than three stages (head dim 256): K and V full / empty barriers apart.
+  static constexpr bool kSplit = kStages < 3;
   static constexpr size_t kSmemBytes =
       1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
   // Registers after setmaxnreg: the CTA's 64K split between the loader and the compute
   // warpgroups (multiples of 8).
   static constexpr int kLoaderRegs = kConsumers == 2 ? 56 : 32;
   static constexpr int kComputeRegs = kConsumers == 2 ? 224 : 160;
-  static_assert(kStages >= 3, "a stage ahead of the two the compute warpgroups hold");
+  // Head dim 256, where O alone takes 128 of a compute thread's registers: 24 / 240 with TMA
+  // loads (one loader thread issues them), 64 / 224 with cp.async (the
+  // fallback; ptxas still spills 180 / 416 bytes there, against 256 / 548 at 56 / 224).
+  template <bool kTma>
+  static constexpr int loader_regs() { return Tr::kD == 256 ? (kTma ? 24 : 64) : kLoaderRegs; }
+  template <bool kTma>
+  static constexpr int compute_regs() { return Tr::kD == 256 ? (kTma ? 240 : 224) : kComputeRegs; }
+  static_assert(128 * loader_regs<true>() + kConsumers * 128 * compute_regs<true>() <= 65536 &&
+                    128 * loader_regs<false>() + kConsumers * 128 * compute_regs<false>() <= 65536,
+                "registers");
+  static_assert(kStages >= 3 || (kSplit && kStages == 2),
+                "a stage ahead of the two the compute warpgroups hold, or K and V apart");
   static_assert(kConsumers == 2 || kConsumers == 3,
                 "the warp-specialized forward takes 128- or 192-query tiles");
   static_assert(128 * kLoaderRegs + kConsumers * 128 * kComputeRegs <= 65536, "registers");
@@ -63,13 +81,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   using Ws = Sm90WsTraits<Tr>;
   using Elem = typename Tr::Elem;
   constexpr int kStages = Ws::kStages;
+  constexpr bool kSplit = Ws::kSplit;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
-  // full[s], empty[s], Q full, Q empty, tile id published [2]
-  __shared__ __align__(8) uint64_t bars[2 * kStages + 4];
+  // full[s], empty[s], Q full, Q empty, tile id published [2]; kSplit: then V's full[s], empty[s]
+  // (full / empty then count K's buffer alone).
+  __shared__ __align__(8) uint64_t bars[(kSplit ? 4 : 2) * kStages + 4];
   __shared__ int s_tile[2];
   const uint32_t bar0 = mma::smem_u32(bars);
   auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
@@ -77,6 +97,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t q_full = bar0 + 8u * uint32_t(2 * kStages);
   const uint32_t q_empty = q_full + 8u;
   auto tile_full = [&](int slot) { return q_full + 16u + 8u * uint32_t(slot); };
+  auto full_v = [&](int stage) {
+    return kSplit ? bar0 + 8u * uint32_t(2 * kStages + 4 + stage) : full(stage);
+  };
+  auto empty_v = [&](int stage) {
+    return kSplit ? bar0 + 8u * uint32_t(3 * kStages + 4 + stage) : empty(stage);
+  };
 
   // With TMA loads (kTma: tm holds the maps) one loader thread arrives on "full" / "Q full" with
   // the tiles' bytes.
@@ -85,6 +111,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     for (int i = 0; i < kStages; ++i) {
       mbar::init(full(i), use_tma ? 1 : 128);  // the loader's threads
       mbar::init(empty(i), Tr::kThreads);      // the compute threads
+      if constexpr (kSplit) {
+        mbar::init(full_v(i), use_tma ? 1 : 128);
+        mbar::init(empty_v(i), Tr::kThreads);
+      }
     }
     mbar::init(q_full, use_tma ? 1 : 128);
     mbar::init(q_empty, Tr::kThreads);
@@ -105,7 +135,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 
   if (threadIdx.x >= Tr::kThreads) {
     // Loader warpgroup.
-    mbar::regs_dec<Ws::kLoaderRegs>();
+    mbar::regs_dec<Ws::template loader_regs<kTma>()>();
     const int tid = threadIdx.x - Tr::kThreads;
     // TMA: the loader's first warp alone walks the tiles (its lane 0 issues the copies).
     if (use_tma && tid >= 32) return;
@@ -159,9 +189,39 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
       for (int it = 0; it < n_tiles; ++it, ++g) {
         const int stage = g % kStages;
-        if (g >= kStages) mbar::wait(empty(stage), uint32_t((g / kStages) - 1) & 1u);
+        const uint32_t used = uint32_t((g / kStages) - 1) & 1u;  // the buffers' last round
+        if (g >= kStages) mbar::wait(empty(stage), used);
         const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
-        if constexpr (use_tma) {
+        if constexpr (kSplit) {
+          // K, then V once its buffer is back (V of tile g - kStages is read one step after K).
+          const uint32_t sV = sK + Tr::kTileBytes;
+          if constexpr (use_tma) {
+            int c3[4], og[kAxes];
+            if (tid == 0) {
+#pragma unroll
+              for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, cur.origin[a]);
+              tma::arrive_expect_tx(full(stage), Tr::kTileBytes);
+              tma::box_coords(tm.k, ft.b, og, hkv, c3);
+#pragma unroll
+              for (int c = 0; c < kD / 64; ++c)
+                tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, c3, full(stage));
+            }
+            if (g >= kStages) mbar::wait(empty_v(stage), used);
+            if (tid == 0) {
+              tma::arrive_expect_tx(full_v(stage), Tr::kTileBytes);
+              tma::box_coords(tm.v, ft.b, og, hkv, c3);
+#pragma unroll
+              for (int c = 0; c < kD / 64; ++c)
+                tma::load_box(sV + c * Tr::kN * 128, tm.v, 64 * c, c3, full_v(stage));
+            }
+          } else {
+            copy_kv_half<Tr, KT, 128, 0>(tid, p, ft, hkv, cur, gK, gV, sK);
+            mbar::arrive_cp_async(full(stage));
+            if (g >= kStages) mbar::wait(empty_v(stage), used);
+            copy_kv_half<Tr, KT, 128, 1>(tid, p, ft, hkv, cur, gK, gV, sV);
+            mbar::arrive_cp_async(full_v(stage));
+          }
+        } else if constexpr (use_tma) {
           // Neighborhood tiles only (tm.on needs num_add == 0).
           if (tid == 0) {
             tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
@@ -190,7 +250,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   }
 
   // Compute warpgroups.
-  mbar::regs_inc<Ws::kComputeRegs>();
+  mbar::regs_inc<Ws::template compute_regs<kTma>()>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   int g = 0;
@@ -247,6 +307,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         const int stage = g % kStages;
         mbar::wait(full(stage), uint32_t(g / kStages) & 1u);  // the arrival counts for this round
         mbar::arrive(empty(stage));
+        if constexpr (kSplit) {
+          mbar::wait(full_v(stage), uint32_t(g / kStages) & 1u);
+          mbar::arrive(empty_v(stage));
+        }
       }
     };
     pass(run.first);
@@ -261,6 +325,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       issue_s<Tr, T>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
+      if constexpr (kSplit) mbar::arrive(empty(stage));  // K read
       if (cur.inside) {
         if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
         softmax_update<Tr, false>(st, s, sl2);
@@ -280,9 +345,14 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
         const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
         issue_s<Tr, T>(s, sQw, sK);
+        if constexpr (kSplit) {
+          mbar::wait(full_v(prev), uint32_t((g - 1) / kStages) & 1u);
+          wgmma::fence_proxy_async();
+        }
         issue_pv<Tr, T>(st, a, sVprev);
         wgmma::wait<1>();  // S_it done; P V of it - 1 may still run
         wgmma::fence_operands(s[0]);
+        if constexpr (kSplit) mbar::arrive(empty(stage));  // K read
         float alpha[1][2];
         bool rescale;
         if (cur.inside) {
@@ -296,17 +366,21 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         wgmma::wait<0>();
         wgmma::fence_operands(st.o[0]);
         wgmma::fence_operands(a);
-        mbar::arrive(empty(prev));
+        mbar::arrive(empty_v(prev));  // (without kSplit: K's and V's buffer)
         rescale_o(st, rescale, alpha);
         pack_p<Tr, T>(s, a);
       }
       // Every S of this query tile is done: Q's buffer may take the next tile's.
       mbar::arrive(q_empty);
+      if constexpr (kSplit) {
+        mbar::wait(full_v(stage), uint32_t(g / kStages) & 1u);
+        wgmma::fence_proxy_async();
+      }
       issue_pv<Tr, T>(st, a, sKV + (2 * stage + 1) * Tr::kTileBytes);
       wgmma::wait<0>();
       wgmma::fence_operands(st.o[0]);
       wgmma::fence_operands(a);
-      mbar::arrive(empty(stage));
+      mbar::arrive(empty_v(stage));
       ++g;
     } else {
       mbar::arrive(q_empty);

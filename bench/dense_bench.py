@@ -1,0 +1,173 @@
+"""Whole-grid neighborhood attention against dense attention (issue 27's first target): with the
+window as large as the grid, NA is self attention, so fna's rate there is its mainloop's rate with
+no tiling waste. Times fna (cuda-fused, the plan's forward and backward) against PyTorch SDPA's
+cuDNN and flash (FlashAttention-2) backends on the same tensors, forward and forward+backward, in
+one process on one GPU (GPU time, gpu_bench.py's timer), and checks that the outputs agree.
+
+    python3 bench/dense_bench.py [--dims 64,128,256] [--shapes 16384/128x128/16x32x32]
+        [--batch 1] [--heads 16] [--dtype bf16] [--tuning fwd_schedule=mma_sync] [--no-backward]
+        [--out DIR]
+
+FLOPs: 4 * B * H * N^2 * D forward, 3.5x that forward+backward (docs/semantics.md). "x cuDNN" is
+fna's TFLOP/s over cuDNN's (>= 1: fna as fast); "x flash" the same against the flash backend.
+--tuning passes fna tuning keys (K=V,...): fwd_schedule=mma_sync measures the sm80-class kernels
+(the same mma.sync instructions as FlashAttention-2) on a Hopper GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fna  # noqa: E402
+from gpu_bench import timed  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_tuning(text):
+    out = {}
+    for kv in filter(None, text.split(",")):
+        k, _, v = kv.partition("=")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def sdpa_call(backend, q, k, v):
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel([backend]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--shapes", default="16384/128x128/16x32x32",
+                    help="grids separated by '/', axes by 'x'")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--tuning", default="", help="fna tuning keys, K=V[,K=V..]")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--no-flash", action="store_true")
+    ap.add_argument("--out", default=None, help="directory for results.json")
+    args = ap.parse_args()
+    from torch.nn.attention import SDPBackend
+    dt = DTYPES[args.dtype]
+    tuning = parse_tuning(args.tuning) or None
+    dims = [int(x) for x in args.dims.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split("/")]
+    print(f"device: {torch.cuda.get_device_name()}; {args.dtype}, batch {args.batch}, heads "
+          f"{args.heads}, fna tuning {tuning or '{}'}", flush=True)
+    peers = [("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    if not args.no_flash:
+        peers.append(("flash", SDPBackend.FLASH_ATTENTION))
+    rows = []
+    for shape in shapes:
+        for d in dims:
+            n = 1
+            for s in shape:
+                n *= s
+            B, H = args.batch, args.heads
+            flops = 4.0 * B * H * n * n * d
+            g = torch.Generator(device="cuda").manual_seed(1000 * d + len(shape))
+            q, k, v = (torch.randn((B, *shape, H, d), device="cuda", dtype=dt, generator=g)
+                       for _ in range(3))
+            go = torch.randn_like(q)
+            na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
+            plan = fna.fused_plan(list(q.shape), list(shape), dtype=args.dtype, tuning=tuning)
+
+            def fna_fwd():
+                return na(q, k, v, list(shape), backend="cuda-fused", tuning=tuning)
+
+            res = {"shape": "x".join(map(str, shape)), "dim": d, "tokens": n,
+                   "fwd_config": plan["config"], "bwd_config": plan["backward_config"]}
+            res["fna_fwd_ms"] = timed(fna_fwd, args.reps, args.warmup)[0]
+            out = fna_fwd().float()
+            # Dense peers on (B, H, N, D) copies, made outside the timing.
+            qd, kd, vd, god = (t.reshape(B, n, H, d).transpose(1, 2).contiguous()
+                               for t in (q, k, v, go))
+            for name, be in peers:
+                try:
+                    ref = sdpa_call(be, qd, kd, vd)
+                    res[name + "_fwd_ms"] = timed(lambda: sdpa_call(be, qd, kd, vd), args.reps,
+                                                  args.warmup)[0]
+                    diff = (ref.transpose(1, 2).reshape(out.shape).float() - out).abs().max()
+                    res[name + "_maxdiff"] = diff.item()
+                except RuntimeError as e:  # a backend that does not take this head dim
+                    res[name + "_error"] = str(e).split("\n")[0][:100]
+            if not args.no_backward:
+                qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+
+                def fna_step():
+                    qg.grad = kg.grad = vg.grad = None
+                    na(qg, kg, vg, list(shape), backend="cuda-fused", tuning=tuning).backward(go)
+
+                res["fna_fb_ms"] = timed(fna_step, args.reps, args.warmup)[0]
+                qdg, kdg, vdg = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
+                for name, be in peers:
+                    if name + "_error" in res:
+                        continue
+
+                    def peer_step(be=be):
+                        qdg.grad = kdg.grad = vdg.grad = None
+                        sdpa_call(be, qdg, kdg, vdg).backward(god)
+
+                    try:
+                        res[name + "_fb_ms"] = timed(peer_step, args.reps, args.warmup)[0]
+                    except RuntimeError as e:
+                        res[name + "_fb_error"] = str(e).split("\n")[0][:100]
+            for key in [k_ for k_ in res if k_.endswith("_fwd_ms")]:
+                res[key.replace("_ms", "_tflops")] = flops / res[key] / 1e9
+            for key in [k_ for k_ in res if k_.endswith("_fb_ms")]:
+                res[key.replace("_ms", "_tflops")] = 3.5 * flops / res[key] / 1e9
+            rows.append(res)
+            line = (f"{res['shape']:>10s} D {d:3d}: fna fwd {res['fna_fwd_ms']:8.3f} ms "
+                    f"{res['fna_fwd_tflops']:6.1f} TFLOP/s")
+            for name, _ in peers:
+                if name + "_fwd_ms" in res:
+                    line += (f" | {name} {res[name + '_fwd_tflops']:6.1f} (x{name} "
+                             f"{res[name + '_fwd_ms'] / res['fna_fwd_ms']:.2f}, maxdiff "
+                             f"{res[name + '_maxdiff']:.1e})")
+                else:
+                    line += f" | {name}: {res.get(name + '_error')}"
+            print(line + f"  [{plan['config']}]", flush=True)
+            if "fna_fb_ms" in res:
+                line = (f"{'':>10s}        f+b {res['fna_fb_ms']:8.3f} ms "
+                        f"{res['fna_fb_tflops']:6.1f} TFLOP/s")
+                for name, _ in peers:
+                    if name + "_fb_ms" in res:
+                        line += (f" | {name} {res[name + '_fb_tflops']:6.1f} (x{name} "
+                                 f"{res[name + '_fb_ms'] / res['fna_fb_ms']:.2f})")
+                print(line + f"  [{plan['backward_config']}]", flush=True)
+            del q, k, v, go, qd, kd, vd, god
+            torch.cuda.empty_cache()
+    # The short table last: fna's TFLOP/s and its ratio to each peer (>= 1: fna as fast).
+    print("\n| grid | D | fwd TFLOP/s | x cuDNN | x flash | f+b TFLOP/s | x cuDNN | x flash | "
+          "forward config |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def ratio(r, name, what):
+        key = f"{name}_{what}_ms"
+        return f"{r[key] / r[f'fna_{what}_ms']:.2f}" if key in r and f"fna_{what}_ms" in r else "-"
+
+    for r in rows:
+        fb = f"{r['fna_fb_tflops']:.1f}" if "fna_fb_tflops" in r else "-"
+        print(f"| {r['shape']} | {r['dim']} | {r['fna_fwd_tflops']:.1f} | {ratio(r, 'cudnn', 'fwd')} "
+              f"| {ratio(r, 'flash', 'fwd')} | {fb} | {ratio(r, 'cudnn', 'fb')} | "
+              f"{ratio(r, 'flash', 'fb')} | {r['fwd_config']} |")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "dense.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
+                       "tuning": tuning, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
