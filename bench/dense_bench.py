@@ -81,7 +81,8 @@ def main():
                        for _ in range(3))
             go = torch.randn_like(q)
             na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
-            plan = fna.fused_plan(list(q.shape), list(shape), dtype=args.dtype, tuning=tuning)
+            plan = fna.fused_plan(list(q.shape), list(shape), dtype=str(dt).split(".")[-1],
+                                  tuning=tuning)
 
             def fna_fwd():
                 return na(q, k, v, list(shape), backend="cuda-fused", tuning=tuning)

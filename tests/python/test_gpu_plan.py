@@ -460,10 +460,11 @@ def test_head_dim_256_wgmma(rank, copy):
             continue  # additional keys are loaded by cp.async
         g = torch.Generator(device="cuda").manual_seed(seed_of("d256-wgmma", rank, copy, i))
         mk = lambda *s: torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
-        q = mk(2, *shape, heads, d)
-        k, v = mk(2, *shape, heads_kv, d), mk(2, *shape, heads_kv, dv)
-        ak = mk(2, n_add, heads_kv, d) if n_add else None
-        av = mk(2, n_add, heads_kv, dv) if n_add else None
+        b = 2 if rank < 3 else 1  # (TMA maps hold four dims of length > 1 besides the head dim)
+        q = mk(b, *shape, heads, d)
+        k, v = mk(b, *shape, heads_kv, d), mk(b, *shape, heads_kv, dv)
+        ak = mk(b, n_add, heads_kv, d) if n_add else None
+        av = mk(b, n_add, heads_kv, dv) if n_add else None
         tuning = {"fwd_copy": copy}
         plan = fna.fused_plan(q.shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16",
                               heads_kv=heads_kv, dim_v=dv, tuning=tuning)

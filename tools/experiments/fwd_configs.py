@@ -1,5 +1,5 @@
-"""Times the cuda-fused forward of every listed tile configuration on the standard problems (and
-the heuristic's pick), bf16 unless --dtype: the tuning table behind config.h.
+"""Times the cuda-fused forward of every listed tile configuration on the standard or small-window
+problems (and the heuristic's pick), bf16 unless --dtype: the tuning table behind config.h.
 
     python3 tools/experiments/fwd_configs.py [--problems 1d-long,2d-large] [--variants base,causal0]
         [--dtype bf16] [--reps 10]
@@ -39,7 +39,7 @@ def main():
     for name in args.problems.split(","):
         for variant in args.variants.split(","):
             case = make_case(name, variant)
-            B, H, shape, D, kernel = PROBLEMS[name]
+            B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
             rank = len(shape)
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=dt, generator=g)

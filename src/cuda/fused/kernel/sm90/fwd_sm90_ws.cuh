@@ -54,20 +54,25 @@ struct Sm90WsTraits {
   static constexpr int kLoaderRegs = kConsumers == 2 ? 56 : 32;
   static constexpr int kComputeRegs = kConsumers == 2 ? 224 : 160;
   // Head dim 256, where O alone takes 128 of a compute thread's registers: 24 / 240 with TMA
-  // loads (one loader thread issues them), 64 / 224 with cp.async (the
-  // fallback; ptxas still spills 180 / 416 bytes there, against 256 / 548 at 56 / 224).
+  // loads (one loader thread issues them; no spills), 56 / 224 with cp.async (the fallback;
+  // ptxas spills 256 / 548 bytes there).
   template <bool kTma>
-  static constexpr int loader_regs() { return Tr::kD == 256 ? (kTma ? 24 : 64) : kLoaderRegs; }
+  static constexpr int loader_regs() { return Tr::kD == 256 ? (kTma ? 24 : 56) : kLoaderRegs; }
   template <bool kTma>
   static constexpr int compute_regs() { return Tr::kD == 256 ? (kTma ? 240 : 224) : kComputeRegs; }
-  static_assert(128 * loader_regs<true>() + kConsumers * 128 * compute_regs<true>() <= 65536 &&
-                    128 * loader_regs<false>() + kConsumers * 128 * compute_regs<false>() <= 65536,
-                "registers");
+  // setmaxnreg moves registers within what the launch gave the CTA (the launch bound's
+  // per-thread count, 65536 / kThreads rounded down to 8, times kThreads): asking for more makes
+  // the compute warpgroups' increase wait forever.
+  static constexpr int kPool = kThreads * (65536 / kThreads / 8 * 8);
+  template <bool kTma>
+  static constexpr bool regs_fit() {
+    return 128 * loader_regs<kTma>() + kConsumers * 128 * compute_regs<kTma>() <= kPool;
+  }
+  static_assert(regs_fit<true>() && regs_fit<false>(), "registers beyond the CTA's pool");
   static_assert(kStages >= 3 || (kSplit && kStages == 2),
                 "a stage ahead of the two the compute warpgroups hold, or K and V apart");
   static_assert(kConsumers == 2 || kConsumers == 3,
                 "the warp-specialized forward takes 128- or 192-query tiles");
-  static_assert(128 * kLoaderRegs + kConsumers * 128 * kComputeRegs <= 65536, "registers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
