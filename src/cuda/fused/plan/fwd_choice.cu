@@ -92,8 +92,11 @@ fused::Geometry geometry_of(const Problem& p) {
 // 192-query tiles (three frames) pay off where the first axis's windows are deep enough that each
 // frame-warpgroup's run of key tiles is long (3d-video's 18 frames); on windows of 5-7 frames
 // the 2-frame tiles ran 1.08-1.39x faster (H200, bench/heuristic_quality.py random problems).
+// At ranks 1 and 2 (64 consecutive rows, or 8 rows of 8, per warpgroup) only windows of 32 rows
+// or more on the axis the warpgroups split are offered them (large windows, whole grids).
 static bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
-  return e.q_size() != 192 || geo.axis[0].kernel >= 9;
+  if (e.q_size() != 192) return true;
+  return geo.axis[kAxes - e.rank].kernel >= (e.rank == 3 ? 9 : 32);
 }
 
 // Whether the box forward takes this problem on this device (its plan in `bp`); `why` says why
