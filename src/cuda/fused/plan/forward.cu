@@ -225,7 +225,13 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
       l.wg_skip = wg_skip_on(t);
       l.persistent = t.persistent == Switch::on;
       if (t.fwd_copy != CopyEngine::cp_async) {
-        l.tma = fused::fwd_tma_maps(*fp, cfg->q, cfg->kv, &why);
+        // Q's map holds one compute warpgroup's box of 64 rows (the kernel loads one per part).
+        int part[kAxes] = {cfg->q[0], cfg->q[1], cfg->q[2]};
+        const int split = fused::part_axis(cfg->q, cfg->q_size() / 64);
+        if (split < 0)
+          return unsupported(plan->config + ": query tile not in 64-row boxes");
+        part[split] /= cfg->q_size() / 64;
+        l.tma = fused::fwd_tma_maps(*fp, part, cfg->kv, &why);
         if (!l.tma.on && t.fwd_copy == CopyEngine::tma)
           return unsupported("tuning fwd_copy='tma': TMA cannot load this call's tiles: " + why);
       }

@@ -92,10 +92,13 @@ fused::Geometry geometry_of(const Problem& p) {
 // 192-query tiles (three frames) pay off where the first axis's windows are deep enough that each
 // frame-warpgroup's run of key tiles is long (3d-video's 18 frames); on windows of 5-7 frames
 // the 2-frame tiles ran 1.08-1.39x faster (H200, bench/heuristic_quality.py random problems).
-// At ranks 1 and 2 (64 consecutive rows, or 8 rows of 8, per warpgroup) only windows of 32 rows
-// or more on the axis the warpgroups split are offered them (large windows, whole grids).
+// At rank 2 (24x8 queries, a warpgroup's 8 rows of 8) the cost model decides alone: 24x8 / 8x8
+// ran 2d-k3, 2d-k7 and 2d-large 1.14-1.18x, 1.18x and 1.09x faster than 8x16 / 8x8 (H200,
+// tools/experiments/fwd_configs.py). At rank 1 (64 consecutive rows per warpgroup) windows of 32
+// or more are offered them (1d-long: 1.19x).
 static bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
   if (e.q_size() != 192) return true;
+  if (e.rank == 2) return true;
   return geo.axis[kAxes - e.rank].kernel >= (e.rank == 3 ? 9 : 32);
 }
 

@@ -46,6 +46,15 @@ FNA_HD Ext3 ext_of() {
   return Ext3{{TT::ext(0), TT::ext(1), TT::ext(2)}};
 }
 
+// The first axis a tile of `q` splits into `parts` equal boxes of consecutive rows (its slowest
+// axis longer than 1: the warp-specialized forward's warpgroups own such boxes of 64 rows), or
+// -1 where that axis does not divide.
+FNA_HD constexpr int part_axis(const int (&q)[kAxes], int parts) {
+  for (int ax = 0; ax < kAxes; ++ax)
+    if (q[ax] > 1) return q[ax] % parts == 0 ? ax : -1;
+  return -1;
+}
+
 // The lifted problem geometry (only the neighborhood parameters; shapes of heads / dims live in
 // the kernels' own params).
 struct Geometry {

@@ -168,14 +168,24 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       if constexpr (use_tma) {
         if (tid == 0) {
           if (valid) {
+            // One box per compute warpgroup's 64 rows (Q's map holds a part: a box of the whole
+            // tile would pass TMA's 256 rows per dim at 192 rows with dilation 2).
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
-            int cq[4], og[kAxes];
+            constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
+            constexpr int kSplit0 = part_axis(kQExt, Ws::kConsumers);
+            static_assert(kSplit0 >= 0, "query tile in warpgroup boxes");
 #pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, ft.qo[a]) - p.qlo[a];
-            tma::box_coords(tm.q, ft.b, og, ft.h, cq);  // (Q's map spans the query region)
+            for (int w = 0; w < Ws::kConsumers; ++w) {
+              int cq[4], og[kAxes];
 #pragma unroll
-            for (int c = 0; c < kD / 64; ++c)
-              tma::load_box(sQ + c * Tr::kQ * 128, tm.q, 64 * c, cq, q_full);
+              for (int a = 0; a < kAxes; ++a)
+                og[a] = ft.gr.global(geo, a, ft.qo[a] + (a == kSplit0 ? w * (kQExt[a] / Ws::kConsumers) : 0)) -
+                        p.qlo[a];
+              tma::box_coords(tm.q, ft.b, og, ft.h, cq);  // (Q's map spans the query region)
+#pragma unroll
+              for (int c = 0; c < kD / 64; ++c)
+                tma::load_box(sQ + c * Tr::kQ * 128 + w * 64 * 128, tm.q, 64 * c, cq, q_full);
+            }
           } else {
             mbar::arrive(q_full);
           }
