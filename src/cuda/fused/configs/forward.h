@@ -113,9 +113,14 @@
 // warpgroups, warp-specialized only) at rank 3: 3x8x8 / 2x4x8 reads 2/3 of 2x8x8's K / V per query
 // for 18-frame windows (both unions take ten 2-frame key tiles) and ran 3d-video in 50.25 ms against
 // 55.91 (causal0 39.48 against 42.68; H100, tools/experiments/config_ab.py, commit 8833ffb). At rank 2
-// (2d-large, 63x63 windows) a 192-query 8x24 / 8x8 tile computes 10% more pairs per query than
-// 8x16 / 8x8 and ran 6.822 / 6.264 / 6.628 ms against 6.628 / 6.142 / 6.180 (base / causal0 /
-// dil2, same tool, commit 1c97a77), so it is not listed. 3x8x8 queries over 1x8x8 key tiles: each
+// the 192-query tile is 24x8 (each warpgroup 8 rows of 8; an 8x24 tile, whose warpgroups own
+// partial rows, computed 10% more pairs than 8x16 and ran 2d-large 1.03x slower, commit 1c97a77):
+// 24x8 / 8x8 needs 0.810 of its pairs on 2d-large against 0.746 for 8x16 / 8x8 and ran it in
+// 4.82 ms against 5.25, 2d-k3 and 2d-k7 in 0.61 ms against 0.70 / 0.72; at rank 1, q192 / kv64
+// ran 1d-long in 0.97 ms against 1.16 (H200, tools/experiments/fwd_configs.py, 2026-11-27).
+// Their Q is loaded by TMA one warpgroup's box at a time (a 192-row box with dilation 2 passes
+// TMA's 256 rows per dim). Head dim 256: 128-query tiles only (O takes 128 registers per
+// thread). 3x8x8 queries over 1x8x8 key tiles: each
 // warpgroup (one frame) then needs exactly its own window's frames, where 2-frame key tiles give
 // the middle one 20 frames for 18; on 3d-video causal0 it ran 32.698 ms against 34.362 for
 // 3x8x8 / 2x4x8, on base 46.124 against 43.032 (its 8-row key tiles waste more at the borders of
