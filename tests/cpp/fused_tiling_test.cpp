@@ -686,32 +686,3 @@ TEST(FusedTiling, WalkOrderHeuristic) {
     EXPECT_FALSE(fna::fused::lifted_walk(bad, std::string(bad) == "2" ? 2 : 3, order)) << bad;
   }
 }
-
-// part_axis: the warp-specialized forward's warpgroup boxes (Q's TMA box is one of them). Every
-// box of a split must be a run of consecutive rows of the tile (row-major, last axis fastest), so
-// the split axis is the slowest one longer than 1 and must divide.
-TEST(FusedTiling, PartAxisSplitsTheSlowestAxis) {
-  struct Case {
-    int q[fna::fused::kAxes];
-    int parts, want;
-  };
-  const Case cases[] = {{{1, 1, 192}, 3, 2}, {{1, 24, 8}, 3, 1}, {{3, 8, 8}, 3, 0},
-                        {{1, 8, 16}, 2, 1}, {{2, 8, 8}, 2, 0},  {{1, 1, 128}, 2, 2},
-                        {{2, 8, 8}, 3, -1}, {{1, 8, 24}, 3, -1}, {{1, 1, 64}, 1, 2}};
-  for (const Case& c : cases) {
-    const int ax = fna::fused::part_axis(c.q, c.parts);
-    EXPECT_EQ(ax, c.want) << c.q[0] << "x" << c.q[1] << "x" << c.q[2] << " / " << c.parts;
-    if (ax < 0) continue;
-    // Each part's rows are consecutive: part w holds rows [w * n, (w + 1) * n).
-    const int n = c.q[0] * c.q[1] * c.q[2] / c.parts;
-    int box[fna::fused::kAxes] = {c.q[0], c.q[1], c.q[2]};
-    box[ax] /= c.parts;
-    for (int w = 0; w < c.parts; ++w)
-      for (int i = 0; i < n; ++i) {
-        int local[fna::fused::kAxes] = {i / (box[1] * box[2]), (i / box[2]) % box[1], i % box[2]};
-        local[ax] += w * box[ax];
-        const int row = (local[0] * c.q[1] + local[1]) * c.q[2] + local[2];
-        EXPECT_EQ(row, w * n + i);
-      }
-  }
-}
