@@ -31,8 +31,8 @@ namespace fused {
 // rows need (rows_span / rows_walk: with 3x8x8 query tiles and 18-frame windows, one frame per
 // warpgroup, the first and last warpgroups skip one of the union's ten frame tiles, and on a
 // causal axis more at its start) and skips the mask on tiles inside all of its rows' windows.
-// The fna_fwd_sm90ws_* configurations run it (the plan takes them for 2-D and 3-D tiles, and for
-// head dim 256 at every rank), one CTA per query tile, or persistent (Tuning::persistent): one CTA
+// The fna_fwd_sm90ws_* configurations run it (the plan's cost model takes them where they win:
+// long runs of key tiles, one CTA per SM; head dim 256 has no other), one CTA per query tile, or persistent (Tuning::persistent): one CTA
 // per SM walks query tiles, so the next tile's Q and first key tiles load while the current one
 // finishes.
 // Head dim 256: Q (64 KiB) and two K / V stages fill shared memory, so a stage's K and V have
@@ -172,14 +172,15 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
             // tile would pass TMA's 256 rows per dim at 192 rows with dilation 2).
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
             constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
-            constexpr int kSplit0 = part_axis(kQExt, Ws::kConsumers);
-            static_assert(kSplit0 >= 0, "query tile in warpgroup boxes");
+            constexpr int kPartAxis = part_axis(kQExt, Ws::kConsumers);
+            constexpr int kPartExt = kQExt[kPartAxis] / Ws::kConsumers;
+            static_assert(kPartAxis >= 0, "query tile in warpgroup boxes");
 #pragma unroll
             for (int w = 0; w < Ws::kConsumers; ++w) {
               int cq[4], og[kAxes];
 #pragma unroll
               for (int a = 0; a < kAxes; ++a)
-                og[a] = ft.gr.global(geo, a, ft.qo[a] + (a == kSplit0 ? w * (kQExt[a] / Ws::kConsumers) : 0)) -
+                og[a] = ft.gr.global(geo, a, ft.qo[a] + (a == kPartAxis ? w * kPartExt : 0)) -
                         p.qlo[a];
               tma::box_coords(tm.q, ft.b, og, ft.h, cq);  // (Q's map spans the query region)
 #pragma unroll
