@@ -97,8 +97,10 @@ def problems(path):
         # The plan's rules around the model.
         if any(c["fam"] in ("sm90", "sm90ws") for c in cands):
             cands = [c for c in cands if c["fam"] != "sm80"]
-        cands = [c for c in cands
-                 if not (c["fam"] == "sm90ws" and c["q"] == 192 and (rank < 3 or k0 < 9))]
+        # 192-query tiles (plan/fwd_choice.cu deep_enough): rank 3 with 9+ frames, rank 2 always,
+        # rank 1 with windows of 32+.
+        deep = rank == 2 or k0 >= (9 if rank == 3 else 32)
+        cands = [c for c in cands if not (c["fam"] == "sm90ws" and c["q"] == 192 and not deep)]
         cands = [c for c in cands if not (c["fam"] == "box" and c["warps"] != 16)]
         if any(c["fam"] == "strip" and c["warps"] == 12 for c in cands):
             cands = [c for c in cands if not (c["fam"] == "strip" and c["warps"] != 12)]
