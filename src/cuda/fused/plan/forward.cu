@@ -228,7 +228,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
         // Q's map holds one compute warpgroup's box of 64 rows (the kernel loads one per part).
         int part[kAxes] = {cfg->q[0], cfg->q[1], cfg->q[2]};
         const int split = fused::part_axis(cfg->q, cfg->q_size() / 64);
-        if (split < 0)
+        if (split < 0)  // (unreachable: the kernel's TMA instance asserts the split)
           return unsupported(plan->config + ": query tile not in 64-row boxes");
         part[split] /= cfg->q_size() / 64;
         l.tma = fused::fwd_tma_maps(*fp, part, cfg->kv, &why);

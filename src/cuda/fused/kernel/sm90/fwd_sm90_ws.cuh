@@ -20,7 +20,7 @@ namespace fused {
 // cp.async, each loader thread's cp.async.mbarrier.arrive counting on "full" once its copies have
 // landed (the compute threads fence the async proxy after waiting); the loader waits for the
 // compute warpgroups' arrives on the buffer's "empty" mbarrier before refilling it. With the loads and the per-tile barrier off the compute warps and the
-// registers moved to them (setmaxnreg: 224 each, 56 for the loader), each compute warpgroup
+// registers moved to them (setmaxnreg, Sm90WsTraits: e.g. 224 each and 56 for the loader), each compute warpgroup
 // overlaps its MMAs with its softmax: for tile j it issues S_j = Q K_j^T and then
 // O += P_{j-1} V_{j-1}, computes the softmax of S_j while P V runs, and only then rescales O and
 // hands buffer j - 1 back. (Making the two compute warpgroups take turns issuing their MMAs,
