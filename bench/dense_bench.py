@@ -8,8 +8,10 @@ one process on one GPU (GPU time, gpu_bench.py's timer), and checks that the out
         [--batch 1] [--heads 16] [--dtype bf16] [--tuning fwd_schedule=mma_sync] [--no-backward]
         [--out DIR]
 
-FLOPs: 4 * B * H * N^2 * D forward, 3.5x that forward+backward (docs/semantics.md). "x cuDNN" is
-fna's TFLOP/s over cuDNN's (>= 1: fna as fast); "x flash" the same against the flash backend.
+FLOPs: 4 * B * H * N^2 * D forward, 3.5x that forward+backward (docs/semantics.md). "x cudnn" is
+fna's TFLOP/s over cuDNN's (>= 1: fna as fast); "x flash" the same against the flash backend, and
+"x fa4" against FlashAttention 4 (flash_attn.cute, timed where importable; tools/peers/fa4_wheels.sh
+prepares its wheels for the GPU machine; it says why when it is not).
 --tuning passes fna tuning keys (K=V,...): fwd_schedule=mma_sync measures the sm80-class kernels
 (the same mma.sync instructions as FlashAttention-2) on a Hopper GPU.
 """
@@ -43,6 +45,16 @@ def sdpa_call(backend, q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+def fa4_peer():
+    """FlashAttention 4's forward (flash_attn.cute, tools/peers/fa4_wheels.sh installs it on the
+    GPU machine) as a peer on [B, N, H, D] tensors, or None with the reason it is not importable."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 (any import failure means: no such peer here)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+    return (lambda q, k, v: flash_attn_func(q, k, v)[0]), None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dims", default="64,128,256")
@@ -56,6 +68,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--no-flash", action="store_true")
+    ap.add_argument("--no-fa4", action="store_true", help="skip FlashAttention 4 where importable")
     ap.add_argument("--out", default=None, help="directory for results.json")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend
@@ -65,9 +78,17 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split("/")]
     print(f"device: {torch.cuda.get_device_name()}; {args.dtype}, batch {args.batch}, heads "
           f"{args.heads}, fna tuning {tuning or '{}'}", flush=True)
-    peers = [("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    # (name, call, layout): SDPA takes (B, H, N, D) copies, FA4 fna's own [B, N, H, D] tensors.
+    peers = [("cudnn", lambda q, k, v: sdpa_call(SDPBackend.CUDNN_ATTENTION, q, k, v), "bhnd")]
     if not args.no_flash:
-        peers.append(("flash", SDPBackend.FLASH_ATTENTION))
+        peers.append(("flash", lambda q, k, v: sdpa_call(SDPBackend.FLASH_ATTENTION, q, k, v),
+                      "bhnd"))
+    if not args.no_fa4:
+        fa4, why = fa4_peer()
+        if fa4 is None:
+            print(f"FlashAttention 4: not timed ({why})", flush=True)
+        else:
+            peers.append(("fa4", fa4, "bnhd"))
     rows = []
     for shape in shapes:
         for d in dims:
@@ -91,17 +112,22 @@ def main():
                    "fwd_config": plan["config"], "bwd_config": plan["backward_config"]}
             res["fna_fwd_ms"] = timed(fna_fwd, args.reps, args.warmup)[0]
             out = fna_fwd().float()
-            # Dense peers on (B, H, N, D) copies, made outside the timing.
-            qd, kd, vd, god = (t.reshape(B, n, H, d).transpose(1, 2).contiguous()
-                               for t in (q, k, v, go))
-            for name, be in peers:
+            # The peers' tensors, made outside the timing: (B, H, N, D) copies for SDPA, views
+            # of fna's as [B, N, H, D] for FA4.
+            lay = {"bhnd": tuple(t.reshape(B, n, H, d).transpose(1, 2).contiguous()
+                                 for t in (q, k, v, go)),
+                   "bnhd": tuple(t.reshape(B, n, H, d) for t in (q, k, v, go))}
+            back = {"bhnd": lambda o: o.transpose(1, 2).reshape(out.shape),
+                    "bnhd": lambda o: o.reshape(out.shape)}
+            for name, call, layout in peers:
+                pq, pk, pv, _ = lay[layout]
                 try:
-                    ref = sdpa_call(be, qd, kd, vd)
-                    res[name + "_fwd_ms"] = timed(lambda: sdpa_call(be, qd, kd, vd), args.reps,
+                    ref = call(pq, pk, pv)
+                    res[name + "_fwd_ms"] = timed(lambda: call(pq, pk, pv), args.reps,
                                                   args.warmup)[0]
-                    diff = (ref.transpose(1, 2).reshape(out.shape).float() - out).abs().max()
+                    diff = (back[layout](ref).float() - out).abs().max()
                     res[name + "_maxdiff"] = diff.item()
-                except RuntimeError as e:  # a backend that does not take this head dim
+                except Exception as e:  # noqa: BLE001 (a peer that does not take this problem)
                     res[name + "_error"] = str(e).split("\n")[0][:100]
             if not args.no_backward:
                 qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -111,18 +137,19 @@ def main():
                     na(qg, kg, vg, list(shape), backend="cuda-fused", tuning=tuning).backward(go)
 
                 res["fna_fb_ms"] = timed(fna_step, args.reps, args.warmup)[0]
-                qdg, kdg, vdg = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
-                for name, be in peers:
+                for name, call, layout in peers:
                     if name + "_error" in res:
                         continue
+                    pq, pk, pv, pgo = lay[layout]
+                    pq, pk, pv = (t.detach().requires_grad_(True) for t in (pq, pk, pv))
 
-                    def peer_step(be=be):
-                        qdg.grad = kdg.grad = vdg.grad = None
-                        sdpa_call(be, qdg, kdg, vdg).backward(god)
+                    def peer_step(call=call, pq=pq, pk=pk, pv=pv, pgo=pgo):
+                        pq.grad = pk.grad = pv.grad = None
+                        call(pq, pk, pv).backward(pgo)
 
                     try:
                         res[name + "_fb_ms"] = timed(peer_step, args.reps, args.warmup)[0]
-                    except RuntimeError as e:
+                    except Exception as e:  # noqa: BLE001
                         res[name + "_fb_error"] = str(e).split("\n")[0][:100]
             for key in [k_ for k_ in res if k_.endswith("_fwd_ms")]:
                 res[key.replace("_ms", "_tflops")] = flops / res[key] / 1e9
@@ -131,7 +158,7 @@ def main():
             rows.append(res)
             line = (f"{res['shape']:>10s} D {d:3d}: fna fwd {res['fna_fwd_ms']:8.3f} ms "
                     f"{res['fna_fwd_tflops']:6.1f} TFLOP/s")
-            for name, _ in peers:
+            for name, _, _ in peers:
                 if name + "_fwd_ms" in res:
                     line += (f" | {name} {res[name + '_fwd_tflops']:6.1f} (x{name} "
                              f"{res[name + '_fwd_ms'] / res['fna_fwd_ms']:.2f}, maxdiff "
@@ -142,27 +169,29 @@ def main():
             if "fna_fb_ms" in res:
                 line = (f"{'':>10s}        f+b {res['fna_fb_ms']:8.3f} ms "
                         f"{res['fna_fb_tflops']:6.1f} TFLOP/s")
-                for name, _ in peers:
+                for name, _, _ in peers:
                     if name + "_fb_ms" in res:
                         line += (f" | {name} {res[name + '_fb_tflops']:6.1f} (x{name} "
                                  f"{res[name + '_fb_ms'] / res['fna_fb_ms']:.2f})")
                 print(line + f"  [{plan['backward_config']}]", flush=True)
-            del q, k, v, go, qd, kd, vd, god
+            del q, k, v, go, lay
             torch.cuda.empty_cache()
     # The short table last: fna's TFLOP/s and its ratio to each peer (>= 1: fna as fast).
-    print("\n| grid | D | fwd TFLOP/s | x cuDNN | x flash | f+b TFLOP/s | x cuDNN | x flash | "
-          "forward config |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    names = [name for name, _, _ in peers]
 
     def ratio(r, name, what):
         key = f"{name}_{what}_ms"
         return f"{r[key] / r[f'fna_{what}_ms']:.2f}" if key in r and f"fna_{what}_ms" in r else "-"
 
+    cols = " | ".join(f"x {n}" for n in names)
+    print(f"\n| grid | D | fwd TFLOP/s | {cols} | f+b TFLOP/s | {cols} | forward config |")
+    print("| --- " * (4 + 2 * len(names)) + "| --- |")
     for r in rows:
         fb = f"{r['fna_fb_tflops']:.1f}" if "fna_fb_tflops" in r else "-"
-        print(f"| {r['shape']} | {r['dim']} | {r['fna_fwd_tflops']:.1f} | {ratio(r, 'cudnn', 'fwd')} "
-              f"| {ratio(r, 'flash', 'fwd')} | {fb} | {ratio(r, 'cudnn', 'fb')} | "
-              f"{ratio(r, 'flash', 'fb')} | {r['fwd_config']} |")
+        fw = " | ".join(ratio(r, n, "fwd") for n in names)
+        bw = " | ".join(ratio(r, n, "fb") for n in names)
+        print(f"| {r['shape']} | {r['dim']} | {r['fna_fwd_tflops']:.1f} | {fw} | {fb} | {bw} | "
+              f"{r['fwd_config']} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "dense.json"), "w") as f:
