@@ -93,8 +93,8 @@ fused::Geometry geometry_of(const Problem& p) {
 // frame-warpgroup's run of key tiles is long (3d-video's 18 frames); on windows of 5-7 frames
 // the 2-frame tiles ran 1.08-1.39x faster (H200, bench/heuristic_quality.py random problems).
 // At rank 2 (24x8 queries, a warpgroup's 8 rows of 8) the cost model decides alone: 24x8 / 8x8
-// ran 2d-k3, 2d-k7 and 2d-large 1.14-1.18x, 1.18x and 1.09x faster than 8x16 / 8x8 (H200,
-// tools/experiments/fwd_configs.py). At rank 1 (64 consecutive rows per warpgroup) windows of 32
+// ran 2d-k3 1.14x, 2d-k7 1.18x and 2d-large 1.09x faster than the 8x16 tiles the plan took
+// before (H200, tools/experiments/fwd_configs.py). At rank 1 (64 consecutive rows per warpgroup) windows of 32
 // or more are offered them (1d-long: 1.19x).
 static bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
   if (e.q_size() != 192) return true;
