@@ -157,6 +157,9 @@ struct Tuning {
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
   RpbSums bwd_rpb_sums = RpbSums::automatic;  // with a bias: d rpb summed in a shared-memory
                                               // table per warp, one table, or global memory
+  Switch bwd_q_pairs = Switch::automatic;    // plain Hopper dK / dV kernel at padded head dim 64
+                                             // with 128-key tiles, no bias: two query tiles per
+                                             // step (automatic: where key tiles visit many)
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
@@ -342,6 +345,9 @@ struct FusedPlan {
   // 256), or 32 where max(D, D_v) <= 32 on the sm90 kernel with 64-key tiles.
   int backward_head_dim = 0;
   std::vector<int> backward_kv_tile, backward_q_tile;
+  // Query tiles the dK / dV kernel takes per step: 2 where the sm90 kernel pairs consecutive
+  // tiles of its walk (Tuning::bwd_q_pairs), else 1.
+  int backward_q_steps = 0;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
   // With Problem::rpb: where the dK / dV kernel sums d rpb, "warps" (a table per warp in shared

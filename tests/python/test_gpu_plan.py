@@ -571,3 +571,63 @@ def test_backward_32_columns(dims, dtype):
                 err = float(np.abs(np64(got) - ref[key]).max())
                 assert err <= 3e-2 * mag, f"{spatial} {name}: {key} max error {err} (max |ref| {mag})"
         assert narrow >= 1
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_q_pairs(dtype):
+    """The Hopper dK / dV kernel's paired query tiles (two 64-query tiles per step; tuning
+    bwd_q_pairs): the plan pairs them where a 128-key tile visits many query tiles at head dim 64
+    (the whole-grid window), not at 128 nor with a bias, and reports it (backward_q_steps);
+    'on' and 'off' give the float64 oracle's gradients over walks of odd and even length, with
+    dilation, a causal axis, GQA, D_v != D and additional keys; 'on' where the kernel cannot
+    pair is an error naming the field."""
+    dt = str(dtype).split(".")[1]
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError, match="bwd_q_pairs"):
+            fna.fused_plan((1, 300, 2, 64), (33,), dtype=dt, tuning={"bwd_q_pairs": "on"})
+        return
+    assert fna.fused_plan((1, 4096, 2, 64), (4095,), dtype=dt)["backward_q_steps"] == 2
+    assert fna.fused_plan((1, 4096, 2, 128), (4095,), dtype=dt)["backward_q_steps"] == 1
+    assert fna.fused_plan((1, 4096, 2, 64), (4095,), dtype=dt,
+                          tuning={"bwd_q_pairs": "off"})["backward_q_steps"] == 1
+    with pytest.raises(NotImplementedError, match="bwd_q_pairs"):
+        fna.fused_plan((1, 300, 2, 128), (33,), dtype=dt, tuning={"bwd_q_pairs": "on"})
+    with pytest.raises(NotImplementedError, match="bwd_q_pairs"):
+        fna.fused_plan((1, 300, 2, 64), (33,), dtype=dt, rpb=True, tuning={"bwd_q_pairs": "on"})
+    g = torch.Generator(device="cuda").manual_seed(seed_of("bwd-q-pairs", dt))
+    rnd = lambda *s: torch.randn(s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}
+    # (spatial, kernel, dilation, causal, D, D_v, additional keys)
+    cases = (((300,), (127,), (1,), (False,), 64, 64, 0),
+             ((333,), (65,), (2,), (True,), 48, 64, 3),
+             ((40, 36), (21, 13), (1, 2), (False, True), 64, 40, 0),
+             ((6, 20, 18), (5, 9, 7), (1, 1, 2), (True, False, False), 64, 64, 5))
+    for spatial, ks, dil, causal, D, Dv, n_add in cases:
+        rank = len(spatial)
+        q = rnd(2, *spatial, 4, D).requires_grad_()
+        k = rnd(2, *spatial, 2, D).requires_grad_()
+        v = rnd(2, *spatial, 2, Dv).requires_grad_()
+        d_out = rnd(2, *spatial, 4, Dv)
+        kw = dict(dilation=dil, is_causal=causal)
+        leaves = [q, k, v]
+        ak = av = None
+        if n_add:
+            ak, av = rnd(2, n_add, 2, D).requires_grad_(), rnd(2, n_add, 2, Dv).requires_grad_()
+            kw.update(additional_keys=ak, additional_values=av)
+            leaves += [ak, av]
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1] * rank, dil=list(dil),
+                          causal=list(causal), add_k=ak, add_v=av), d_out=d_out)
+        for pairs in ("on", "off"):
+            tuning = {"bwd_q_pairs": pairs}
+            plan = fna.fused_plan((2, *spatial, 4, D), ks, dilation=dil, is_causal=causal,
+                                  heads_kv=2, dim_v=Dv, dtype=dt, tuning=tuning)
+            assert plan["backward_q_steps"] == (2 if pairs == "on" else 1), plan
+            assert plan["backward_family"] == "sm90", plan
+            out = na[rank](q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
+            grads = torch.autograd.grad(out, leaves, d_out)
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            for got, key in zip(grads, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
+                mag = max(1.0, float(np.abs(ref[key]).max()))
+                err = float(np.abs(np64(got) - ref[key]).max())
+                assert err <= 3e-2 * mag, f"{spatial} {pairs}: {key} max error {err} ({mag})"

@@ -106,7 +106,7 @@ template <typename T, int kD>
 size_t backward_smem(const BwdLaunch& l) {
 #if defined(FNA_WITH_SM90)
   if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
-    if (l.family != fused::BwdFamily::sm80) return dkdv_sm90_smem<T, kD>(l.family, l.kv_rows);
+    if (l.family != fused::BwdFamily::sm80) return dkdv_sm90_smem<T, kD>(l.family, l.kv_rows, l.q_steps);
   }
 #endif
   using S = BwdShape<T, kD>;

@@ -16,12 +16,13 @@ namespace bwd {
 
 // dK / dV (neighborhood tiles l.grid_dkdv, additional keys l.grid_add) with dQ accumulated into
 // p.dq_accum by atomics, then dQ converted; p's tiles must be l.kv_rows keys (64 or 128; the
-// warp-specialized kernel: 128) x 64 queries.
+// warp-specialized kernel: 128) x 64 queries (l.q_steps of them per step).
 template <typename T, int kD>
 Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream);
-// The dynamic shared memory of family f's kernel with kv_rows-key tiles (bytes).
+// The dynamic shared memory of family f's kernel with kv_rows-key tiles and q_steps query tiles
+// per step (bytes).
 template <typename T, int kD>
-size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows);
+size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows, int q_steps);
 
 
 }  // namespace bwd

@@ -13,12 +13,16 @@ namespace fna {
 namespace bwd {
 
 // The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys,
-// its products over kDn head-dim columns.
-template <typename T, int kD, int kKV, int kDn = kD>
+// its products over kDn head-dim columns, kSteps query tiles per step (2: no bias).
+template <typename T, int kD, int kKV, int kDn = kD, int kSteps = 1>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
-  using Tr = DkdvSm90Traits<T, kD, kKV>;
-  auto kernel = p.rpb != nullptr ? dkdv_sm90_kernel<T, kD, kKV, true, kDn>
-                                 : dkdv_sm90_kernel<T, kD, kKV, false, kDn>;
+  using Tr = DkdvSm90Traits<T, kD, kKV, kSteps>;
+  auto kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, kSteps>;
+  if constexpr (kSteps == 1) {
+    if (p.rpb != nullptr) kernel = dkdv_sm90_kernel<T, kD, kKV, true, kDn>;
+  } else if (p.rpb != nullptr) {  // the plan never asks for it
+    return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias"};
+  }
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
   Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
   if (!st.ok()) return st;
@@ -59,6 +63,12 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
     else
       st = launch_plain<T, kD, 64>(p, l, stream);
     if (!st.ok()) return st;
+  } else if (l.q_steps == 2) {
+    if constexpr (kD == 64)
+      st = launch_plain<T, 64, 128, 64, 2>(p, l, stream);
+    else
+      st = {Code::runtime_error, "dkdv (sm90): paired query tiles need head dim 64"};
+    if (!st.ok()) return st;
   } else {
     st = launch_plain<T, kD, 128>(p, l, stream);
     if (!st.ok()) return st;
@@ -68,15 +78,17 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
 }
 
 template <typename T, int kD>
-size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows) {
+size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows, int q_steps) {
   if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
+  if constexpr (kD == 64)
+    if (q_steps == 2) return size_t(DkdvSm90Traits<T, 64, 128, 2>::kSmem);
   return kv_rows == 64 ? size_t(DkdvSm90Traits<T, kD, 64>::kSmem)
                        : size_t(DkdvSm90Traits<T, kD>::kSmem);
 }
 
 #define FNA_BWD_SM90_INSTANTIATE(T, D)                                                    \
   template Status launch_dkdv_sm90<T, D>(const Params&, const BwdLaunch&, cudaStream_t); \
-  template size_t dkdv_sm90_smem<T, D>(fused::BwdFamily, int);
+  template size_t dkdv_sm90_smem<T, D>(fused::BwdFamily, int, int);
 
 }  // namespace bwd
 }  // namespace fna

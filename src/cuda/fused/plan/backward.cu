@@ -43,6 +43,9 @@ namespace {
 constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
 // The most workspace the deterministic backward's per-CTA d rpb slots may take.
 constexpr size_t kRpbPartMaxBytes = size_t(1) << 31;
+// Query tiles a 128-key tile visits on average from which the plain Hopper dK / dV kernel at
+// padded head dim 64 pairs them (Tuning::bwd_q_pairs, automatic).
+constexpr double kPairVisits = 8.0;
 
 // Deterministic d rpb: d_rpb[h][e] = the sum of the CTAs' slots of head h (p.d_rpb_part) over
 // batch, dilation group and key tile. One warp per (h, e): lane l sums the slots l, l + 32, ...
@@ -264,11 +267,30 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     for (int a = 0; a < kAxes; ++a) rows *= named->kv[a];
     l.kv_rows = rows;
   } else if (family == fused::BwdFamily::sm90) {
-    l.kv_rows = sm90_key_rows(p.geo, dpad, dmax, pr.rpb);
+    // tuning bwd_q_pairs='on' pairs query tiles wherever it can, so the 128-key tiles it needs.
+    l.kv_rows = t.bwd_q_pairs == Switch::on && dpad == 64 && !pr.rpb
+                    ? 128
+                    : sm90_key_rows(p.geo, dpad, dmax, pr.rpb);
   }
   l.dim_cols = family == fused::BwdFamily::sm90 && l.kv_rows == 64 && dpad == 64 && dmax <= 32
                    ? 32
                    : dpad;
+  // Two query tiles per step of the plain Hopper kernel at padded head dim 64 with 128-key
+  // tiles (bwd_dkdv_sm90.cuh): where each key tile visits at least kPairVisits query tiles (a
+  // walk of odd length computes one empty tile).
+  const bool pairs_fit = family == fused::BwdFamily::sm90 && dpad == 64 && l.kv_rows == 128 &&
+                         !pr.rpb;
+  if (t.bwd_q_pairs == Switch::on && !pairs_fit)
+    return unsupported("tuning bwd_q_pairs='on' needs the plain Hopper backward (sm90) at padded "
+                       "head dim 64 with 128-key tiles and no bias; the plan runs " +
+                       std::string(fused::family_name(family)) + " at padded head dim " +
+                       std::to_string(dpad) + " with " + std::to_string(l.kv_rows) +
+                       "-key tiles" + (pr.rpb ? " and a bias" : ""));
+  l.q_steps = pairs_fit && (t.bwd_q_pairs == Switch::on ||
+                            (t.bwd_q_pairs == Switch::automatic &&
+                             bwd_visits_per_key_tile(pr, p, dpad) >= kPairVisits))
+                  ? 2
+                  : 1;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   int64_t rpb_entries = 1;  // the bias table's entries per head
   for (int a = 0; a < pr.rank; ++a) rpb_entries *= 2 * pr.kernel_size[a] - 1;
@@ -636,6 +658,7 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_head_dim = plan.launch.dim_cols;
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
+  out->backward_q_steps = plan.launch.q_steps;
   out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
   out->backward_rpb_sums = !pr.rpb                     ? ""

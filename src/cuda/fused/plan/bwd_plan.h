@@ -53,6 +53,8 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
   int kv_rows = 128;           // sm90: keys per dK / dV tile (64 or 128; sm90ws: 128)
+  int q_steps = 1;             // sm90: query tiles per dK / dV step (2: paired, head dim 64,
+                               // 128 keys, no bias; Tuning::bwd_q_pairs)
   // The head-dim columns the dK / dV kernel's products cover: the padded head dim, or 32 where
   // max(D, D_v) <= 32 on the plain sm90 kernel with 64-key tiles (in the head-dim-64 layout).
   int dim_cols = 64;

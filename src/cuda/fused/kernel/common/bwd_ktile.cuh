@@ -170,12 +170,13 @@ __device__ __forceinline__ void build_col_masks(const Params& p, const uint32_t*
 }
 
 // mask_key_rows for 64-query tiles by the bit sets of build_col_masks: per key row, one AND-NOT
-// of two table entries per axis, then one bit test and select per element.
-template <int kNB>
+// of two table entries per axis, then one bit test and select per element. The tile's columns are
+// n8 blocks kN0 .. kN0 + 7 of s (kN0 = 8: the second tile of a paired step).
+template <int kNB, int kN0 = 0>
 __device__ __forceinline__ void mask_key_rows_bits(float (&s)[kNB][4], const int2* s_kinv,
                                                    const uint64_t* cm, const Params& p,
                                                    const int* q0, int wrow, int lane) {
-  static_assert(kNB == 8, "64-query tiles");
+  static_assert(kNB == kN0 + 8 || (kN0 == 0 && kNB == 16), "64-query tiles");
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = wrow + (lane >> 2) + half * 8;
@@ -190,10 +191,10 @@ __device__ __forceinline__ void mask_key_rows_bits(float (&s)[kNB][4], const int
     m >>= 2 * (lane & 3);  // bit n * 8 + j: this thread's column n * 8 + 2 * (lane % 4) + j
     const uint32_t w[2] = {uint32_t(m), uint32_t(m >> 32)};
 #pragma unroll
-    for (int n = 0; n < kNB; ++n)
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        if (!(w[n >> 2] & (1u << ((n & 3) * 8 + j)))) s[n][2 * half + j] = -INFINITY;
+        if (!(w[n >> 2] & (1u << ((n & 3) * 8 + j)))) s[kN0 + n][2 * half + j] = -INFINITY;
   }
 }
 

@@ -17,31 +17,38 @@ namespace fna {
 namespace bwd {
 
 // kKVRows: the CTA's keys, 64 per warpgroup (128: two warpgroups; 64: one, for small windows,
-// where a 64-key tile's inverse neighborhood spans fewer query tiles per key).
-template <typename T, int kD, int kKVRows = 128>
+// where a 64-key tile's inverse neighborhood spans fewer query tiles per key). kSteps: query tiles
+// per step (2: two consecutive 64-query tiles of the walk as one 128-query step, at head dim 64
+// with 128 keys; bwd_dkdv_sm90.cuh).
+template <typename T, int kD, int kKVRows = 128, int kSteps = 1>
 struct DkdvSm90Traits {
   using E = T;
-  // Query tiles in flight: Q, dO, statistics and row indices of tiles it .. it + kBufs - 1 (three
+  // Steps in flight: Q, dO, statistics and row indices of steps it .. it + kBufs - 1 (three
   // buffers measured 0.5-2.5% faster forward+backward than two on the standard problems, within
   // the noise of the runs: docs/benchmarks.md).
   // The 64-key tile at head dim 64 keeps two, so that three CTAs fit an SM (with the register
   // cap of bwd_dkdv_sm90.cuh's __launch_bounds__).
   static constexpr int kBufs = kKVRows == 64 && kD == 64 ? 2 : 3;
   using Tag = typename MmaTag<T>::type;
-  static constexpr int kKV = kKVRows, kQ = 64, kWarps = kKV / 16, kThreads = 32 * kWarps;
+  static constexpr int kKV = kKVRows, kTileQ = 64, kQ = kTileQ * kSteps, kWarps = kKV / 16,
+                       kThreads = 32 * kWarps;
   static_assert(kKV == 64 || kKV == 128, "64 or 128 keys");
+  // A step's two tiles lie one after the other, as one 128-row tile: only in the one 64-column
+  // region of head dim 64.
+  static_assert(kSteps == 1 || (kSteps == 2 && kD == 64 && kKV == 128), "paired tiles: D 64, 128 keys");
   static constexpr int kKVBytes = kKV * kD * 2;
-  static constexpr int kQBytes = kQ * kD * 2;
-  static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: one 128-byte-row region
+  static constexpr int kTileBytes = kTileQ * kD * 2;  // one query tile's Q (or dO)
+  static constexpr int kQBytes = kQ * kD * 2;         // one step's
+  static constexpr int kDsBytes = kKV * kQ * 2;  // dS^T [key][query]: 128-byte-row regions
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kBufs * kQBytes;  // Q and dO: kBufs buffers each
   static constexpr int kOffDs = kOffO + kBufs * kQBytes;
   static constexpr int kOffStat = kOffDs + kDsBytes;              // float2 [kBufs][kQ]
-  static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kQ]
-  static constexpr int kOffKinv = kOffQoff + kQ * 4;              // int2 [kKV][kAxes]
+  static constexpr int kOffQoff = kOffStat + kBufs * kQ * 8;      // uint32 [kTileQ]
+  static constexpr int kOffKinv = kOffQoff + kTileQ * 4;          // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;     // int64 [kBufs][kQ]
-  static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs]: no mask needed
-  static constexpr int kOffCm = (kOffFull + kBufs * 4 + 7) / 8 * 8;  // uint64 [3][65]
+  static constexpr int kOffFull = kOffTok + kBufs * kQ * 8;       // int [kBufs][kSteps]: no mask
+  static constexpr int kOffCm = (kOffFull + kBufs * kSteps * 4 + 7) / 8 * 8;  // uint64 [3][65]
   static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kSmem <= 227 * 1024, "shared memory");
@@ -93,14 +100,15 @@ __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group
 // aQ / aO, all 128-byte swizzled. kDn: the head-dim columns the products cover, kD or, for head
 // dims up to 32 in the 64-column layout, 32 (the k-steps of S^T / dP^T past them and the zero
 // columns of dV, dK and dQ are skipped; wgmma reads the first half of each 128-byte row).
-template <typename T, int kD, int kKVRows = 128, int kDn = kD>
+// kQ: the step's queries (64, or 128 for two paired tiles: S^T and dP^T are m64n128 products).
+template <typename T, int kD, int kKVRows = 128, int kDn = kD, int kQ_ = 64>
 struct Sm90Step {
   using Tag = typename MmaTag<T>::type;
   static constexpr int kDq = kDn < 64 ? kDn : 64;  // dQ columns per block
-  using MmaS = wgmma::Mma<Tag, 64>;   // S^T, dP^T (64 queries)
+  using MmaS = wgmma::Mma<Tag, kQ_>;  // S^T, dP^T (kQ queries)
   using MmaQ = wgmma::Mma<Tag, kDq>;  // dQ (one block of head-dim columns)
   using MmaD = wgmma::Mma<Tag, kDn>;  // dV, dK
-  static constexpr int kKV = kKVRows, kQ = 64, kNB = kQ / 8, kDB = kDn / 8;
+  static constexpr int kKV = kKVRows, kQ = kQ_, kNB = kQ / 8, kDB = kDn / 8;
   static_assert(kDn == kD || (kD == 64 && kDn == 32), "32 columns of the 64-column layout");
 
   __device__ __forceinline__ static void zero_acc(float (&acc_dk)[kDB][4], float (&acc_dv)[kDB][4]) {
@@ -126,9 +134,10 @@ struct Sm90Step {
     wgmma::fence_operands(ad);
   }
 
-  // S^T = K Q^T and dP^T = V dO^T over the head dim, waited for.
-  __device__ __forceinline__ static void sdp(float (&s)[kNB][4], float (&dp)[kNB][4], uint32_t aK,
-                                             uint32_t aV, uint32_t aQ, uint32_t aO) {
+  // S^T = K Q^T, then dP^T = V dO^T, over the head dim: two groups, committed, not waited for.
+  __device__ __forceinline__ static void sdp_issue(float (&s)[kNB][4], float (&dp)[kNB][4],
+                                                   uint32_t aK, uint32_t aV, uint32_t aQ,
+                                                   uint32_t aO) {
 #pragma unroll
     for (int n = 0; n < kNB; ++n)
 #pragma unroll
@@ -142,16 +151,72 @@ struct Sm90Step {
     for (int kk = 0; kk < kDn / 16; ++kk)
       MmaS::ss(s, dk + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
                dq + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
+    wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < kDn / 16; ++kk)
       MmaS::ss(dp, dv + ((kk >> 2) * (kKV * 128) + (kk & 3) * 32) / 16,
                dob + ((kk >> 2) * (kQ * 128) + (kk & 3) * 32) / 16, 1);
     wgmma::commit();
+  }
+
+  // Waits until at most kPending of this thread's wgmma groups are pending, `acc` fenced around
+  // the wait (its product is among those complete).
+  template <int kPending, int kN>
+  __device__ __forceinline__ static void wait_for(float (&acc)[kN][4]) {
+    wgmma::fence_operands(acc);
+    wgmma::wait<kPending>();
+    wgmma::fence_operands(acc);
+  }
+
+  // S^T and dP^T (sdp_issue), waited for.
+  __device__ __forceinline__ static void sdp(float (&s)[kNB][4], float (&dp)[kNB][4], uint32_t aK,
+                                             uint32_t aV, uint32_t aQ, uint32_t aO) {
+    sdp_issue(s, dp, aK, aV, aQ, aO);
     wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
-    wgmma::wait<0>();
+    wait_for<0>(dp);
     wgmma::fence_operands(s);
-    wgmma::fence_operands(dp);
+  }
+
+  // The step without a bias, its vector work beside the tensor cores: S^T and dP^T issued;
+  // once S^T is done (`mask` applied to it), P^T = exp2(scale S^T - LSE) (in s) as register A
+  // operands `ap` while dP^T runs; dV += P^T dO issued; once dP^T is done, dS^T = P^T (dP^T -
+  // Dsum) (in dp) as `ad` and into shared memory at `ds` (softmax_pack's layout) while dV runs.
+  // `before_ds` runs before dS^T is written (the warp-specialized kernel's barrier). dV is
+  // committed, not waited for.
+  template <class Mask, class BeforeDs>
+  __device__ __forceinline__ static void step_products(
+      float (&s)[kNB][4], float (&dp)[kNB][4], float (&acc_dv)[kDB][4], uint32_t aK,
+      uint32_t aV, uint32_t aQ, uint32_t aO, const float2* stat, float scale_log2,
+      uint32_t (&ap)[kNB / 2][4], uint32_t (&ad)[kNB / 2][4], unsigned char* ds, int wrow,
+      int lane, Mask mask, BeforeDs before_ds) {
+    sdp_issue(s, dp, aK, aV, aQ, aO);
+    wait_for<1>(s);
+    mask(s);
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
+        s[n][e] = mma::fast_exp2(s[n][e] * scale_log2 - st.x);
+      }
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    issue_acc(acc_dv, ap, aO);
+    before_ds();
+    wait_for<1>(dp);  // dP^T done, dV runs on
+#pragma unroll
+    for (int n = 0; n < kNB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = stat[n * 8 + 2 * (lane & 3) + (e & 1)];
+        dp[n][e] = s[n][e] * (dp[n][e] - st.y);
+      }
+    pack_ds(dp, ad, ds, wrow, lane);
   }
 
   // P^T = exp(scale S^T - LSE), dS^T = P^T (dP^T - Dsum), in place (queries are columns), then
@@ -175,6 +240,30 @@ struct Sm90Step {
     pack(s, dp, ap, ad, ds, wrow, lane);
   }
 
+  // dS^T as register A operands and into shared memory at `ds` (pack's second half), k-step kk.
+  __device__ __forceinline__ static void pack_ds_k(const float (&dp)[kNB][4],
+                                                   uint32_t (&ad)[kNB / 2][4], unsigned char* ds,
+                                                   int wrow, int lane, int kk) {
+    {
+      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
+      const int cb = (c & 7) * 2;
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
+      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
+    }
+  }
+  __device__ __forceinline__ static void pack_ds(const float (&dp)[kNB][4],
+                                                 uint32_t (&ad)[kNB / 2][4], unsigned char* ds,
+                                                 int wrow, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) pack_ds_k(dp, ad, ds, wrow, lane, kk);
+  }
+
   // P^T and dS^T (computed in place) as register A operands, dS^T also into shared memory at
   // `ds` (softmax_pack's second half; with a bias, bwd_bias.cuh computes them).
   __device__ __forceinline__ static void pack(const float (&s)[kNB][4], const float (&dp)[kNB][4],
@@ -187,16 +276,7 @@ struct Sm90Step {
       ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      ad[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
-      ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
-      ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
-      const int cb = (c & 7) * 2;
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, c >> 3) + cb) = ad[kk][1];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, (c >> 3) + 1) + cb) = ad[kk][2];
-      *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r + 8, (c >> 3) + 1) + cb) = ad[kk][3];
+      pack_ds_k(dp, ad, ds, wrow, lane, kk);
     }
   }
 

@@ -52,16 +52,24 @@ namespace bwd {
 // kBias: the call has a relative positional bias (its own instantiation, as bwd_dkdv_sm80.cuh's).
 // kDn: the head-dim columns the products cover and the copies fill (Sm90Step; 32 for head dims
 // up to 32 with 64-key tiles, in the head-dim-64 layout).
-template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD>
+// kSteps = 2 (head dim 64, 128 keys, no bias): each step takes two consecutive query tiles of the
+// walk, stored one after the other as one 128-row tile: S^T and dP^T are m64n128 products, dV
+// and dK run 8 k-steps, and each warpgroup computes dQ for one of the two tiles (with one tile
+// per step at head dim 64, dQ's single column block falls to warpgroup 0 alone). The steps, the
+// barriers and the waits per query halve. A walk of odd length ends with an empty second tile
+// (zero rows, statistics that make P = 0, no dQ rows).
+template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD, int kSteps = 1>
 __global__ void __launch_bounds__(2 * kKVRows,
                                   kKVRows == 64 && kD == 64 && (!kBias || kDn == 32) ? 3 : 1)
     dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90Traits<T, kD, kKVRows>;
+  using Tr = DkdvSm90Traits<T, kD, kKVRows, kSteps>;
+  static_assert(kSteps == 1 || (!kBias && kDn == kD), "paired tiles: no bias, every column");
   constexpr int kBufs = Tr::kBufs;
   using E = T;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = kDn / 8;
-  constexpr int kNB = kQ / 8;   // n8 blocks of queries
+  constexpr int kTileQ = Tr::kTileQ;  // queries per tile (kQ per step)
+  constexpr int kNB = kQ / 8;   // n8 blocks of the step's queries
   constexpr int kDB = kDn / 8;  // n8 blocks of the head dim the products cover
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -88,21 +96,37 @@ __global__ void __launch_bounds__(2 * kKVRows,
   nbr::Range qr[kAxes];
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  const int64_t n_iter =
-      sm90_query_setup<kKV, kQ, kBias>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+  const int64_t n_tiles =
+      sm90_query_setup<kKV, kTileQ, kBias>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+  const int64_t n_iter = (n_tiles + kSteps - 1) / kSteps;  // steps
 
-  // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into buffer `buf`.
+  // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into tile slot `slot`
+  // (tile slot % kSteps of step buffer slot / kSteps), one cp.async group per tile.
   QWalk cur;
   cur.start(p, additional, hkv, qr);
-  auto load_q_tile = [&](const QWalk& w, int buf) {
-    auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
-    load_q_rows<E, kQ, kThreads, kChunks, decltype(sw), true>(
-        p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + buf * Tr::kQBytes,
-        smem + Tr::kOffO + buf * Tr::kQBytes, s_stat + buf * kQ, s_tok + buf * kQ, s_full + buf,
-        sw);
+  auto load_q_tile = [&](const QWalk& w, int slot) {
+    auto sw = [](int row, int c) { return sw128<kTileQ>(row, c); };
+    load_q_rows<E, kTileQ, kThreads, kChunks, decltype(sw), true>(
+        p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + slot * Tr::kTileBytes,
+        smem + Tr::kOffO + slot * Tr::kTileBytes, s_stat + slot * kTileQ,
+        s_tok + slot * kTileQ, s_full + slot, sw);
+  };
+  // The empty second tile of a walk of odd length: zero rows (finite products), statistics
+  // with P = exp2(-inf) = 0, no dQ rows; an (empty) cp.async group like a loaded tile's.
+  auto clear_q_tile = [&](int slot) {
+    uint4* q = reinterpret_cast<uint4*>(smem + Tr::kOffQ + slot * Tr::kTileBytes);
+    uint4* o = reinterpret_cast<uint4*>(smem + Tr::kOffO + slot * Tr::kTileBytes);
+    for (int i = tid; i < Tr::kTileBytes / 16; i += kThreads)
+      q[i] = o[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (tid < kTileQ) {
+      s_stat[slot * kTileQ + tid] = make_float2(INFINITY, 0.f);
+      s_tok[slot * kTileQ + tid] = -1;
+    }
+    if (tid == 0) s_full[slot] = 1;
+    cp_async_commit();
   };
 
-  using Step = Sm90Step<T, kD, kKVRows, kDn>;
+  using Step = Sm90Step<T, kD, kKVRows, kDn, kQ>;
   constexpr int kDq = Step::kDq, kDqBlocks = kDn / kDq;  // dQ columns per block, blocks
   constexpr int kWG = kKV / 64;  // warpgroups
   float acc_dk[kDB][4], acc_dv[kDB][4];
@@ -117,27 +141,34 @@ __global__ void __launch_bounds__(2 * kKVRows,
     bias = bias_setup<kThreads, kQ>(p, additional, true, kv0, wrow, lane, cur.h, s_qoff,
                                     smem_raw + bias_region_offset(Tr::kSmem));
 
-  // Tiles are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next.
+  // Steps are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next, `loaded`
+  // counts the tiles loaded (or cleared).
   QWalk ahead = cur;
-  for (int i = 0; i < kBufs - 1; ++i)
-    if (i < n_iter) {
-      load_q_tile(ahead, i);
-      ahead.next(p, additional, qr, nq);
-    }
-  int buf = 0;
-  // Loads tile it + kBufs - 1 into the buffer of tile it - 1 (free: step it - 1 is complete in
-  // every warpgroup once the step's first barrier is passed).
-  auto prefetch = [&](int64_t it) {
-    if (it + kBufs - 1 < n_iter) {
-      const int next_buf = buf == 0 ? kBufs - 1 : buf - 1;  // (it + kBufs - 1) % kBufs
-      load_q_tile(ahead, next_buf);
-      ahead.next(p, additional, qr, nq);
+  int64_t loaded = 0;
+  auto load_step = [&](int sbuf) {
+#pragma unroll
+    for (int h = 0; h < kSteps; ++h) {
+      if (kSteps == 1 || loaded < n_tiles) {
+        load_q_tile(ahead, sbuf * kSteps + h);
+        ahead.next(p, additional, qr, nq);
+      } else {
+        clear_q_tile(sbuf * kSteps + h);
+      }
+      ++loaded;
     }
   };
+  for (int i = 0; i < kBufs - 1; ++i)
+    if (i < n_iter) load_step(i);
+  int buf = 0;
+  // Loads step it + kBufs - 1 into the buffer of step it - 1 (free: step it - 1 is complete in
+  // every warpgroup once the step's first barrier is passed).
+  auto prefetch = [&](int64_t it) {
+    if (it + kBufs - 1 < n_iter) load_step(buf == 0 ? kBufs - 1 : buf - 1);
+  };
   for (int64_t it = 0; it < n_iter; ++it) {
-    // Tile it landed (the later tiles' groups may still be in flight).
+    // Step it landed (the later steps' groups may still be in flight).
     if (it + 1 < n_iter)
-      mma::cp_async_wait<kBufs - 2>();
+      mma::cp_async_wait<(kBufs - 2) * kSteps>();
     else
       cp_async_wait_all();
     wgmma::fence_proxy_async();
@@ -145,41 +176,57 @@ __global__ void __launch_bounds__(2 * kKVRows,
     prefetch(it);
     if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
     const uint32_t aDs = base + Tr::kOffDs;
-    const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
     const uint32_t aO = base + Tr::kOffO + buf * Tr::kQBytes;
     const float2* stat = s_stat + buf * kQ;
 
-    // S^T = K Q^T and dP^T = V dO^T over the head dim.
-    float s[kNB][4], dp[kNB][4];
-    Step::sdp(s, dp, aK, aV, aQ, aO);
-
     // Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window.
-    if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
+    QWalk second;  // a paired step's second tile
+    if constexpr (kSteps == 2) second = cur.after(p, additional, qr, nq);
+    auto mask = [&](float (&sm)[kNB][4]) {
+      if constexpr (kSteps == 2) {
+        if (!s_full[2 * buf]) mask_key_rows_bits<kNB, 0>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+        if (!s_full[2 * buf + 1])
+          mask_key_rows_bits<kNB, 8>(sm, s_kinv, s_cm, p, second.q0, wrow, lane);
+      } else {
+        if (!s_full[buf]) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+      }
+    };
 
-    // P^T, dS^T; dS^T also to shared memory for dQ.
+    // S^T = K Q^T and dP^T = V dO^T over the head dim; P^T, dS^T (dS^T also to shared memory
+    // for dQ); dV += P^T dO issued (it runs while the warpgroups meet at the barrier below).
+    // Without a bias, P^T is computed while dP^T runs and dS^T while dV does (step_products;
+    // the bias instances keep both in turn: with it ptxas spilled 2-3x more there).
+    float s[kNB][4], dp[kNB][4];
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-    if (kBias && bias.on) {
-      bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, bias.qrel, q0, lane);
-      Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
+    if constexpr (kBias) {
+      Step::sdp(s, dp, aK, aV, aQ, aO);
+      mask(s);
+      if (bias.on) {
+        bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, bias.qrel, q0, lane);
+        Step::pack(s, dp, ap, ad, smem + Tr::kOffDs, wrow, lane);
+      } else {
+        Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
+      }
+      Step::issue_acc(acc_dv, ap, aO);
     } else {
-      Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, smem + Tr::kOffDs, wrow, lane);
+      Step::step_products(s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad,
+                          smem + Tr::kOffDs, wrow, lane, mask, [] {});
     }
 
-    // dV += P^T dO, dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step).
-    // dV is issued before the barrier (it runs while the warpgroups meet there), dK after dQ, so
-    // that it runs while this warpgroup's dQ atomics are issued (measured 0-1.9% faster
-    // forward+backward than issuing both before the barrier, within noise: docs/benchmarks.md).
+    // dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step) is issued after
+    // dQ, so that it runs while this warpgroup's dQ atomics are issued (measured 0-1.9% faster
+    // forward+backward than issuing it before the barrier, within noise: docs/benchmarks.md).
     auto issue_dk = [&]() { Step::issue_acc(acc_dk, ad, aQ); };
-    Step::issue_acc(acc_dv, ap, aO);
 
     // dQ = dS K over the CTA's keys: every warpgroup's dS^T must be in shared memory. Column
     // block cblk of dQ goes to warpgroup cblk % kWG (one warpgroup takes both blocks at head dim
-    // 128 with 64-key tiles). The dQ block's atomics, after its MMAs are waited for.
-    auto add_dq = [&](float (&dqa)[kDq / 8][4], int cblk) {
+    // 128 with 64-key tiles); with paired tiles, warpgroup w takes tile w's rows. The dQ block's
+    // atomics, after its MMAs are waited for; rows from `rbase` of the step.
+    auto add_dq = [&](float (&dqa)[kDq / 8][4], int cblk, int rbase) {
       // This thread's two query rows (row0, row0 + 8) and their flat indices.
-      const int row0 = (warp & 3) * 16 + (lane >> 2);
+      const int row0 = rbase + (warp & 3) * 16 + (lane >> 2);
       const int64_t tok[2] = {s_tok[buf * kQ + row0], s_tok[buf * kQ + row0 + 8]};
       wgmma::fence_operands(dqa);
       // The block's columns all exist (no padding): one address per row, constant offsets.
@@ -206,7 +253,14 @@ __global__ void __launch_bounds__(2 * kKVRows,
     };
     wgmma::fence_proxy_async();
     __syncthreads();
-    if constexpr (kWG == 2) {
+    if constexpr (kSteps == 2) {
+      // dQ rows of tile wg (A: its 64 query columns of dS^T, the region at wg * kKV rows).
+      float dqa[kDq / 8][4];
+      Step::issue_dq(dqa, aDs + wg * (kKV * 128), base + Tr::kOffK);
+      issue_dk();
+      wgmma::wait<1>();  // dV and dQ done; dK runs on
+      add_dq(dqa, 0, wg * kTileQ);
+    } else if constexpr (kWG == 2) {
       // wgmma issues and waits stay outside branches ptxas cannot prove warp-uniform (it
       // serializes those).
       static_assert(kDqBlocks <= 2, "at most one dQ column block per warpgroup");
@@ -217,7 +271,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
         Step::issue_dq(dqa, aDs, base + Tr::kOffK + cblk * kKV * 128);
         issue_dk();
         wgmma::wait<1>();  // dV and dQ done; dK runs on
-        add_dq(dqa, cblk);
+        add_dq(dqa, cblk, 0);
       }
     } else {
       // One warpgroup: every dQ column block in turn, dK issued after the first.
@@ -231,13 +285,16 @@ __global__ void __launch_bounds__(2 * kKVRows,
         } else {
           wgmma::wait<0>();  // this block's dQ (issued after dK) done
         }
-        add_dq(dqa, cblk);
+        add_dq(dqa, cblk, 0);
       }
     }
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
     // and dS^T are overwritten after the next barrier.
     Step::wait_all(acc_dv, acc_dk, ap, ad);
-    cur.next(p, additional, qr, nq);
+    if constexpr (kSteps == 2)
+      cur = second.after(p, additional, qr, nq);
+    else
+      cur.next(p, additional, qr, nq);
     buf = buf + 1 == kBufs ? 0 : buf + 1;
   }
 

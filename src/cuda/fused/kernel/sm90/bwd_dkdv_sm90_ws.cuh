@@ -232,16 +232,18 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     const uint32_t aDs = base + Tr::kOffDs + dsb * Tr::kDsBytes;
     unsigned char* ds = smem + Tr::kOffDs + dsb * Tr::kDsBytes;
 
+    // S^T, dP^T, P^T, dV += P^T dO issued, dS^T (Sm90Step::step_products). One dS^T buffer:
+    // both warpgroups' dQ of the last step have read it before it is rewritten.
     float s[kNB][4], dp[kNB][4];
-    Step::sdp(s, dp, aK, aV, aQ, aO);
-
-    // One dS^T buffer: both warpgroups' dQ of the last step have read it before it is rewritten.
-    if (Tr::kDsBufs == 1) consumer_sync();
-    if (masked) mask_key_rows_bits<kNB>(s, s_kinv, s_cm, p, q0, wrow, lane);
-
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-    Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, ds, wrow, lane);
-    Step::issue_acc(acc_dv, ap, aO);  // dV += P^T dO
+    Step::step_products(
+        s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad, ds, wrow, lane,
+        [&](float (&sm)[kNB][4]) {
+          if (masked) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+        },
+        [&] {
+          if (Tr::kDsBufs == 1) consumer_sync();
+        });
 
     // Every dS^T row in shared memory (both compute warpgroups), then dQ = dS K.
     wgmma::fence_proxy_async();
