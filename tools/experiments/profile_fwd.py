@@ -24,7 +24,9 @@ from tuning_ab import parse_tunings  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("problem", nargs="?", default="2d-large",
-                choices=sorted(PROBLEMS) + sorted(SMALL))
+                help="a standard or small-window problem, or dense-SHAPE-D (a window as large "
+                     "as the grid SHAPE, e.g. dense-16384-64 or dense-128x128-128; batch 1, "
+                     "16 heads, as bench/dense_bench.py)")
 ap.add_argument("--bwd", action="store_true")
 ap.add_argument("--config", default=None)
 ap.add_argument("--backward-config", default=None)
@@ -33,7 +35,15 @@ ap.add_argument("--rpb", action="store_true",
 ap.add_argument("--tuning", default="-", help="K=V[,K=V..] (one setting; '-': defaults)")
 args = ap.parse_args()
 _, tuning = parse_tunings(args.tuning)[0]
-case = make_case(args.problem, "base")
+if args.problem.startswith("dense-"):
+    _, spatial, dim = args.problem.split("-")
+    spatial = tuple(int(x) for x in spatial.split("x"))
+    case = dict(B=1, H=16, shape=spatial, D=int(dim), kernel=spatial, dilation=(1,) * len(spatial))
+elif args.problem in PROBLEMS or args.problem in SMALL:
+    case = make_case(args.problem, "base")
+else:
+    ap.error(f"problem {args.problem!r}: not one of {sorted(PROBLEMS) + sorted(SMALL)} "
+             "nor dense-SHAPE-D")
 B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, generator=g)

@@ -103,19 +103,22 @@ for s in "${steps[@]}"; do
       summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) ($(( $(date +%s) - t0 ))s)")
       # Shared-memory races and barrier misuse in the fused forward and backward kernels: a short
       # subset (random cases only), with the plans' own picks and with tuning that reaches the
-      # families they do not pick on these cases (plain Hopper forward, strip and SIMT forwards,
-      # plain Hopper backward); one log per tool.
+      # families they do not pick on these cases (plain and warp-specialized Hopper forwards,
+      # strip and SIMT forwards, plain Hopper backward with and without paired query tiles,
+      # warp-specialized Hopper backward); one log per tool.
       for tool in racecheck synccheck; do
         t1=$(date +%s)
         rc=0
         : > "$OUT/$tool.log"
-        for tun in "" fwd_schedule=plain fwd_strip=on fwd_simt=on bwd_kernel=sm90; do
+        tunings=("" fwd_schedule=plain fwd_schedule=warp_specialized fwd_strip=on fwd_simt=on
+                 bwd_kernel=sm90 bwd_kernel=sm90,bwd_q_pairs=on bwd_kernel=sm90ws)
+        for tun in "${tunings[@]}"; do
           echo "---- --tuning '$tun'" >> "$OUT/$tool.log"
           compute-sanitizer --tool $tool --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \
             --no-sweeps --cases 1 --backend cuda-fused --filter fwd,bwd --tuning "$tun" \
             >> "$OUT/$tool.log" 2>&1 || rc=$?
         done
-        summary+=("$tool: rc=$rc $(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/$tool.log")/5 clean runs, $(grep -E '^[0-9]+ passed' "$OUT/$tool.log" | awk '{p+=$1; f+=$3} END {print p " passed, " f " failed"}') ($(( $(date +%s) - t1 ))s)")
+        summary+=("$tool: rc=$rc $(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/$tool.log")/${#tunings[@]} clean runs, $(grep -E '^[0-9]+ passed' "$OUT/$tool.log" | awk '{p+=$1; f+=$3} END {print p " passed, " f " failed"}') ($(( $(date +%s) - t1 ))s)")
       done ;;
     pytest)
       python3 -X faulthandler -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
