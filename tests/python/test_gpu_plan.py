@@ -576,8 +576,8 @@ def test_backward_32_columns(dims, dtype):
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_backward_q_pairs(dtype):
-    """The Hopper dK / dV kernel's paired query tiles (two 64-query tiles per step; tuning
-    bwd_q_pairs): the plan pairs them where a 128-key tile visits many query tiles at head dim 64
+    """The Hopper dK / dV kernels' paired query tiles (two 64-query tiles per step, plain and
+    warp-specialized; tuning bwd_q_pairs): the plan pairs them where a 128-key tile visits many query tiles at head dim 64
     (the whole-grid window), not at 128 nor with a bias, and reports it (backward_q_steps);
     'on' and 'off' give the float64 oracle's gradients over walks of odd and even length, with
     dilation, a causal axis, GQA, D_v != D and additional keys; 'on' where the kernel cannot
@@ -618,16 +618,16 @@ def test_backward_q_pairs(dtype):
             leaves += [ak, av]
         ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1] * rank, dil=list(dil),
                           causal=list(causal), add_k=ak, add_v=av), d_out=d_out)
-        for pairs in ("on", "off"):
-            tuning = {"bwd_q_pairs": pairs}
+        for fam, pairs in (("sm90", "on"), ("sm90", "off"), ("sm90ws", "on"), ("sm90ws", "off")):
+            tuning = {"bwd_q_pairs": pairs, "bwd_kernel": fam}
             plan = fna.fused_plan((2, *spatial, 4, D), ks, dilation=dil, is_causal=causal,
                                   heads_kv=2, dim_v=Dv, dtype=dt, tuning=tuning)
             assert plan["backward_q_steps"] == (2 if pairs == "on" else 1), plan
-            assert plan["backward_family"] == "sm90", plan
+            assert plan["backward_family"] == fam, plan
             out = na[rank](q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
             grads = torch.autograd.grad(out, leaves, d_out)
             assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
             for got, key in zip(grads, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
                 mag = max(1.0, float(np.abs(ref[key]).max()))
                 err = float(np.abs(np64(got) - ref[key]).max())
-                assert err <= 3e-2 * mag, f"{spatial} {pairs}: {key} max error {err} ({mag})"
+                assert err <= 3e-2 * mag, f"{spatial} {fam} {pairs}: {key} error {err} ({mag})"

@@ -33,6 +33,26 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   return launch_error("dkdv (sm90, additional, atomic dq)");
 }
 
+// The warp-specialized Hopper dK / dV kernel with kSteps query tiles per step: its neighborhood
+// launch by TMA when l.tma.on, the additional keys' launch (query tiles in flat token order) by
+// cp.async.
+template <typename T, int kD, int kSteps>
+Status launch_ws(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  using Tr = DkdvSm90WsTraits<T, kD, 2, kSteps>;
+  const BwdTma off{};  // on = 0
+  auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false, kSteps>;
+  auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, kSteps> : plain;
+  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+  if (!st.ok()) return st;
+  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
+  st = launch_error("dkdv (sm90ws, atomic dq)");
+  if (!st.ok() || l.grid_add.x == 0) return st;
+  st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
+  if (!st.ok()) return st;
+  plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
+  return launch_error("dkdv (sm90ws, additional, atomic dq)");
+}
+
 // The plan's Hopper dK / dV kernel: plain (sm90; 64- or 128-key tiles) or warp-specialized (sm90ws; its neighborhood
 // launch by TMA when l.tma.on, the additional keys' launch, query tiles in flat token order, by
 // cp.async).
@@ -40,22 +60,12 @@ template <typename T, int kD>
 Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   Status st;
   if (l.family == fused::BwdFamily::sm90ws) {
-    using Tr = DkdvSm90WsTraits<T, kD>;
-    const BwdTma off{};  // on = 0
-    auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false>;
-    auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true> : plain;
-    st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
-    if (!st.ok()) return st;
-    kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
-    st = launch_error("dkdv (sm90ws, atomic dq)");
-    if (!st.ok()) return st;
-    if (l.grid_add.x > 0) {
-      st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
-      if (!st.ok()) return st;
-      plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
-      st = launch_error("dkdv (sm90ws, additional, atomic dq)");
-      if (!st.ok()) return st;
+    if constexpr (kD == 64) {
+      st = l.q_steps == 2 ? launch_ws<T, kD, 2>(p, l, stream) : launch_ws<T, kD, 1>(p, l, stream);
+    } else {
+      st = launch_ws<T, kD, 1>(p, l, stream);
     }
+    if (!st.ok()) return st;
   } else if (l.kv_rows == 64) {
     if constexpr (kD == 64)
       st = l.dim_cols == 32 ? launch_plain<T, 64, 64, 32>(p, l, stream)
@@ -79,9 +89,11 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
 
 template <typename T, int kD>
 size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows, int q_steps) {
-  if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
   if constexpr (kD == 64)
-    if (q_steps == 2) return size_t(DkdvSm90Traits<T, 64, 128, 2>::kSmem);
+    if (q_steps == 2)
+      return f == fused::BwdFamily::sm90ws ? size_t(DkdvSm90WsTraits<T, 64, 2, 2>::kSmem)
+                                           : size_t(DkdvSm90Traits<T, 64, 128, 2>::kSmem);
+  if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
   return kv_rows == 64 ? size_t(DkdvSm90Traits<T, kD, 64>::kSmem)
                        : size_t(DkdvSm90Traits<T, kD>::kSmem);
 }

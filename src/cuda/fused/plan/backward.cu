@@ -278,10 +278,10 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   // Two query tiles per step of the plain Hopper kernel at padded head dim 64 with 128-key
   // tiles (bwd_dkdv_sm90.cuh): where each key tile visits at least kPairVisits query tiles (a
   // walk of odd length computes one empty tile).
-  const bool pairs_fit = family == fused::BwdFamily::sm90 && dpad == 64 && l.kv_rows == 128 &&
+  const bool pairs_fit = family != fused::BwdFamily::sm80 && dpad == 64 && l.kv_rows == 128 &&
                          !pr.rpb;
   if (t.bwd_q_pairs == Switch::on && !pairs_fit)
-    return unsupported("tuning bwd_q_pairs='on' needs the plain Hopper backward (sm90) at padded "
+    return unsupported("tuning bwd_q_pairs='on' needs a Hopper backward (sm90, sm90ws) at padded "
                        "head dim 64 with 128-key tiles and no bias; the plan runs " +
                        std::string(fused::family_name(family)) + " at padded head dim " +
                        std::to_string(dpad) + " with " + std::to_string(l.kv_rows) +

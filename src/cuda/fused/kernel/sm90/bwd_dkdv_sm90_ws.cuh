@@ -27,31 +27,34 @@ namespace bwd {
 // thus issue no copies and no global atomics; they meet twice per step at a named barrier: before
 // dS^T is rewritten (the other warpgroup's dQ of the last step has read it) and before
 // dQ = dS K reads every dS^T row.
-template <typename T, int kD, int kStg_ = 2>
+// kSteps = 2 (head dim 64): two query tiles per step as in dkdv_sm90_kernel (bwd_dkdv_sm90.cuh),
+// each compute warpgroup staging the dQ rows of one of them.
+template <typename T, int kD, int kStg_ = 2, int kSteps = 1>
 struct DkdvSm90WsTraits {
   // dQ staging buffers and dS^T buffers: shared memory holds two of one. Two staging buffers
   // (the reducers have a whole step to read one) with one dS^T buffer (and a second barrier per
   // step) measured 1.016-1.018x forward+backward against the reverse (H100, docs/benchmarks.md).
   static constexpr int kStg = kStg_;
   static constexpr int kDsBufs = kStg == 2 ? 1 : 2;
-  using Base = DkdvSm90Traits<T, kD>;
+  using Base = DkdvSm90Traits<T, kD, 128, kSteps>;
   static constexpr int kStages = 2;
-  static constexpr int kThreads = 384, kKV = 128, kQ = 64;
+  static constexpr int kThreads = 384, kKV = 128, kTileQ = 64, kQ = kTileQ * kSteps;
   static constexpr int kLoaderThreads = 64;
   static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static constexpr int kKVBytes = Base::kKVBytes, kQBytes = Base::kQBytes, kDsBytes = Base::kDsBytes;
+  static constexpr int kTileBytes = Base::kTileBytes;
   static constexpr int kDqStride = (kD + 8) * 4;  // bytes per staged dQ row
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffO + kStages * kQBytes;        // dS^T, two buffers
   static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;             // staged dQ [kQ][kD + 8] floats
   static constexpr int kOffStat = kOffDq + kStg * kQ * kDqStride;         // float2 [kStages][kQ]
-  static constexpr int kOffQoff = kOffStat + kStages * kQ * 8;     // uint32 [kQ]
-  static constexpr int kOffKinv = kOffQoff + kQ * 4;               // int2 [kKV][kAxes]
+  static constexpr int kOffQoff = kOffStat + kStages * kQ * 8;     // uint32 [kTileQ]
+  static constexpr int kOffKinv = kOffQoff + kTileQ * 4;           // int2 [kKV][kAxes]
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;       // int64 [kStages][kQ]
   static constexpr int kOffDqTok = kOffTok + kStages * kQ * 8;     // int64 [kQ]: staged rows
-  static constexpr int kOffFull = kOffDqTok + kStg * kQ * 8;              // int [kStages]: no mask needed
-  static constexpr int kOffBar = (kOffFull + kStages * 4 + 7) / 8 * 8;  // uint64 mbarriers
+  static constexpr int kOffFull = kOffDqTok + kStg * kQ * 8;  // int [kStages][kSteps]: no mask
+  static constexpr int kOffBar = (kOffFull + kStages * kSteps * 4 + 7) / 8 * 8;  // mbarriers
   static constexpr int kBars = 2 * kStages + 1 + 2 * kStg;  // full[s], empty[s], kv full, dq full, dq empty
   static constexpr int kOffCm = kOffBar + kBars * 8;               // uint64 [3][65]
   static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
@@ -83,15 +86,15 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
-template <typename T, int kD, int kStgT = 2, bool kTma = false>
+template <typename T, int kD, int kStgT = 2, bool kTma = false, int kSteps = 1>
 __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional,
                                                               const __grid_constant__ BwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = DkdvSm90WsTraits<T, kD, kStgT>;
+  using Tr = DkdvSm90WsTraits<T, kD, kStgT, kSteps>;
   constexpr int kStg = Tr::kStg;
   constexpr int kStages = Tr::kStages;
   using E = T;
-  constexpr int kKV = Tr::kKV, kQ = Tr::kQ;
+  constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kTileQ = Tr::kTileQ;
   constexpr int kChunks = kD / 8;
   constexpr int kNB = kQ / 8;
   constexpr int kDB = kD / 8;
@@ -134,8 +137,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   nbr::Range qr[kAxes];
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
-  const int64_t n_iter =
-      sm90_query_setup<kKV, kQ, true>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+  const int64_t n_tiles =
+      sm90_query_setup<kKV, kTileQ, true>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+  const int64_t n_iter = (n_tiles + kSteps - 1) / kSteps;  // steps
 
   if (wg == 0) {
     // ---- data movement ---------------------------------------------------------------------
@@ -151,34 +155,58 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       for (int64_t it = 0; it < n_iter; ++it) {
         const int st = int(it % kStages);
         if (it >= kStages) mbar::wait(empty(st), uint32_t((it / kStages) - 1) & 1u);
-        auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
+        auto sw = [](int row, int c) { return sw128<kTileQ>(row, c); };
+        // The step's tiles that exist (a walk of odd length ends with an empty second tile).
+        const int64_t left = n_tiles - it * kSteps;
+        const int real = kSteps == 1 || left >= kSteps ? kSteps : int(left);
         if constexpr (kTma) {
           // Q and dO by TMA: their bytes complete the stage's "full" phase along with the
           // loader threads' arrives (below).
           if (tid == 0) {
-            tma::expect_tx(full(st), 2 * Tr::kQBytes);
-            const uint32_t dq = base + Tr::kOffQ + st * Tr::kQBytes;
-            const uint32_t dO = base + Tr::kOffO + st * Tr::kQBytes;
-            int cq[4], co[4], og[kAxes];
+            tma::expect_tx(full(st), uint32_t(real) * 2u * Tr::kTileBytes);
+            QWalk wt = w;
+            for (int h = 0; h < real; ++h) {
+              const uint32_t slot = uint32_t(st * kSteps + h) * Tr::kTileBytes;
+              const uint32_t dq = base + Tr::kOffQ + slot, dO = base + Tr::kOffO + slot;
+              int cq[4], co[4], og[kAxes];
 #pragma unroll
-            // (the maps of Q and dO span the query region: coordinates from its first row)
-            for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, w.q0[a]) - p.qlo[a];
-            tma::box_coords(tm.q, b, og, w.h, cq);
-            tma::box_coords(tm.o, b, og, w.h, co);
+              // (the maps of Q and dO span the query region: coordinates from its first row)
+              for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, wt.q0[a]) - p.qlo[a];
+              tma::box_coords(tm.q, b, og, wt.h, cq);
+              tma::box_coords(tm.o, b, og, wt.h, co);
 #pragma unroll
-            for (int c = 0; c < kD / 64; ++c) {
-              tma::load_box(dq + c * kQ * 128, tm.q, 64 * c, cq, full(st));
-              tma::load_box(dO + c * kQ * 128, tm.o, 64 * c, co, full(st));
+              for (int c = 0; c < kD / 64; ++c) {
+                tma::load_box(dq + c * kTileQ * 128, tm.q, 64 * c, cq, full(st));
+                tma::load_box(dO + c * kTileQ * 128, tm.o, 64 * c, co, full(st));
+              }
+              if (kSteps > 1) wt.next(p, additional, qr, nq);
             }
           }
         }
-        load_q_rows<E, kQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
-            p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + st * Tr::kQBytes,
-            smem + Tr::kOffO + st * Tr::kQBytes, s_stat + st * kQ, s_tok + st * kQ, s_full + st,
-            sw);
+#pragma unroll
+        for (int h = 0; h < kSteps; ++h) {
+          const int slot = st * kSteps + h;
+          if (h < real) {
+            load_q_rows<E, kTileQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
+                p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + slot * Tr::kTileBytes,
+                smem + Tr::kOffO + slot * Tr::kTileBytes, s_stat + slot * kTileQ,
+                s_tok + slot * kTileQ, s_full + slot, sw);
+            w.next(p, additional, qr, nq);
+          } else {
+            // The empty tile: zero rows, P = exp2(-inf) = 0, no dQ rows.
+            uint4* zq = reinterpret_cast<uint4*>(smem + Tr::kOffQ + slot * Tr::kTileBytes);
+            uint4* zo = reinterpret_cast<uint4*>(smem + Tr::kOffO + slot * Tr::kTileBytes);
+            for (int i = tid; i < Tr::kTileBytes / 16; i += Tr::kLoaderThreads)
+              zq[i] = zo[i] = make_uint4(0u, 0u, 0u, 0u);
+            for (int r = tid; r < kTileQ; r += Tr::kLoaderThreads) {
+              s_stat[slot * kTileQ + r] = make_float2(INFINITY, 0.f);
+              s_tok[slot * kTileQ + r] = -1;
+            }
+            if (tid == 0) s_full[slot] = 1;
+          }
+        }
         mbar::arrive_cp_async(full(st));
         mbar::arrive(full(st));
-        w.next(p, additional, qr, nq);
       }
     } else {
       // dQ, warps 2 and 3 (32 rows each: one reducer warp measured 1.01-1.04x slower): each
@@ -188,11 +216,13 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       for (int64_t it = 0; it < n_iter; ++it) {
         const int sb = kStg == 2 ? int(it & 1) : 0;
         mbar::wait(dq_full(sb), uint32_t(it / kStg) & 1u);
-        const int row = lane + 32 * (warp - 2);
-        const int64_t t = s_dqtok[sb * kQ + row];
-        if (t >= 0)
-          bulk_add_f32(p.dq_accum + t * p.dq_row,
-                       base + Tr::kOffDq + (sb * kQ + row) * Tr::kDqStride, bytes);
+#pragma unroll
+        for (int row = lane + 32 * (warp - 2); row < kQ; row += 64) {
+          const int64_t t = s_dqtok[sb * kQ + row];
+          if (t >= 0)
+            bulk_add_f32(p.dq_accum + t * p.dq_row,
+                         base + Tr::kOffDq + (sb * kQ + row) * Tr::kDqStride, bytes);
+        }
         bulk_commit();
         bulk_wait_read();
         __syncwarp();
@@ -209,7 +239,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   const int cwarp = warp - 4;     // 0 .. 7
   const int wrow = cwarp * 16;
 
-  using Step = Sm90Step<T, kD>;
+  using Step = Sm90Step<T, kD, 128, kD, kQ>;
   float acc_dk[kDB][4], acc_dv[kDB][4];
   Step::zero_acc(acc_dk, acc_dv);
   const uint32_t aK = base + Tr::kOffK + c * 64 * 128;
@@ -222,8 +252,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     const int st = int(it % kStages);
     mbar::wait(full(st), uint32_t(it / kStages) & 1u);
     wgmma::fence_proxy_async();
-    const bool masked = !s_full[st];
     const int* q0 = cur.q0;
+    QWalk second;  // a paired step's second tile
+    if constexpr (kSteps == 2) second = cur.after(p, additional, qr, nq);
     const uint32_t aQ = base + Tr::kOffQ + st * Tr::kQBytes;
     const uint32_t aO = base + Tr::kOffO + st * Tr::kQBytes;
     const float2* stat = s_stat + st * kQ;
@@ -239,7 +270,13 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     Step::step_products(
         s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad, ds, wrow, lane,
         [&](float (&sm)[kNB][4]) {
-          if (masked) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+          if constexpr (kSteps == 2) {
+            if (!s_full[2 * st]) mask_key_rows_bits<kNB, 0>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+            if (!s_full[2 * st + 1])
+              mask_key_rows_bits<kNB, 8>(sm, s_kinv, s_cm, p, second.q0, wrow, lane);
+          } else {
+            if (!s_full[st]) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
+          }
         },
         [&] {
           if (Tr::kDsBufs == 1) consumer_sync();
@@ -248,19 +285,23 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     // Every dS^T row in shared memory (both compute warpgroups), then dQ = dS K.
     wgmma::fence_proxy_async();
     consumer_sync();
-    // The rows' flat indices travel with the staged dQ.
-    const int row0 = (cwarp & 3) * 16 + (lane >> 2);
-    if (c < kD / 64) {
+    // The rows' flat indices travel with the staged dQ. Warpgroup c takes column block c of the
+    // step's rows, or with paired tiles (head dim 64) every column of tile c's rows.
+    const int row0 = (cwarp & 3) * 16 + (lane >> 2) + (kSteps == 2 ? c * kTileQ : 0);
+    if (kSteps == 2 || c < kD / 64) {
       float dqa[8][4];
-      Step::issue_dq(dqa, aDs, base + Tr::kOffK + c * kKV * 128);
+      if constexpr (kSteps == 2)
+        Step::issue_dq(dqa, aDs + c * (kKV * 128), base + Tr::kOffK);
+      else
+        Step::issue_dq(dqa, aDs, base + Tr::kOffK + c * kKV * 128);
       Step::issue_acc(acc_dk, ad, aQ);  // dK += dS^T Q, runs on
       const int64_t tok0 = s_tok[st * kQ + row0], tok1 = s_tok[st * kQ + row0 + 8];
       wgmma::wait<1>();  // dV and dQ done; dK runs on
       wgmma::fence_operands(dqa);
       // The staging area is free once the bulk reductions of its last use have read it.
       mbar::wait(dq_empty(sb), (uint32_t(it / kStg) & 1u) ^ 1u);
-      float* stg = reinterpret_cast<float*>(smem + Tr::kOffDq + sb * kQ * Tr::kDqStride) + c * 64 +
-                   2 * (lane & 3);
+      float* stg = reinterpret_cast<float*>(smem + Tr::kOffDq + sb * kQ * Tr::kDqStride) +
+                   (kSteps == 2 ? 0 : c * 64) + 2 * (lane & 3);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float* row = stg + (row0 + 8 * half) * (Tr::kDqStride / 4);
@@ -269,7 +310,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
           *reinterpret_cast<float2*>(row + n * 8) =
               make_float2(dqa[n][2 * half], dqa[n][2 * half + 1]);
       }
-      if (c == 0 && (lane & 3) == 0) {
+      if ((kSteps == 2 || c == 0) && (lane & 3) == 0) {
         s_dqtok[sb * kQ + row0] = tok0;
         s_dqtok[sb * kQ + row0 + 8] = tok1;
       }
@@ -281,7 +322,10 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     // dV / dK complete before the stage is handed back (Q and dO are their B operands).
     Step::wait_all(acc_dv, acc_dk, ap, ad);
     mbar::arrive(empty(st));
-    cur.next(p, additional, qr, nq);
+    if constexpr (kSteps == 2)
+      cur = second.after(p, additional, qr, nq);
+    else
+      cur.next(p, additional, qr, nq);
   }
 
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
