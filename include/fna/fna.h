@@ -157,9 +157,9 @@ struct Tuning {
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
   RpbSums bwd_rpb_sums = RpbSums::automatic;  // with a bias: d rpb summed in a shared-memory
                                               // table per warp, one table, or global memory
-  Switch bwd_q_pairs = Switch::automatic;    // plain Hopper dK / dV kernel at padded head dim 64
-                                             // with 128-key tiles, no bias: two query tiles per
-                                             // step (automatic: where key tiles visit many)
+  Switch bwd_q_pairs = Switch::automatic;    // Hopper dK / dV kernels at padded head dim 64 with
+                                             // 128-key tiles, no bias: two query tiles per step
+                                             // (automatic: off)
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;

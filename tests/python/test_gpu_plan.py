@@ -577,20 +577,21 @@ def test_backward_32_columns(dims, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_backward_q_pairs(dtype):
     """The Hopper dK / dV kernels' paired query tiles (two 64-query tiles per step, plain and
-    warp-specialized; tuning bwd_q_pairs): the plan pairs them where a 128-key tile visits many query tiles at head dim 64
-    (the whole-grid window), not at 128 nor with a bias, and reports it (backward_q_steps);
+    warp-specialized; tuning bwd_q_pairs, head dim 64 with 128-key tiles): not by default (the
+    whole-grid window runs the warp-specialized kernel unpaired), reported as backward_q_steps;
     'on' and 'off' give the float64 oracle's gradients over walks of odd and even length, with
-    dilation, a causal axis, GQA, D_v != D and additional keys; 'on' where the kernel cannot
-    pair is an error naming the field."""
+    dilation, a causal axis, GQA, D_v != D and additional keys; 'on' where no kernel can pair
+    (head dim 128, a bias) is an error naming the field."""
     dt = str(dtype).split(".")[1]
     if torch.cuda.get_device_capability() != (9, 0):
         with pytest.raises(NotImplementedError, match="bwd_q_pairs"):
             fna.fused_plan((1, 300, 2, 64), (33,), dtype=dt, tuning={"bwd_q_pairs": "on"})
         return
-    assert fna.fused_plan((1, 4096, 2, 64), (4095,), dtype=dt)["backward_q_steps"] == 2
-    assert fna.fused_plan((1, 4096, 2, 128), (4095,), dtype=dt)["backward_q_steps"] == 1
+    # Whole-grid windows at head dim 64: the warp-specialized kernel, tiles unpaired unless asked.
+    whole = fna.fused_plan((1, 4096, 2, 64), (4095,), dtype=dt)
+    assert whole["backward_family"] == "sm90ws" and whole["backward_q_steps"] == 1, whole
     assert fna.fused_plan((1, 4096, 2, 64), (4095,), dtype=dt,
-                          tuning={"bwd_q_pairs": "off"})["backward_q_steps"] == 1
+                          tuning={"bwd_q_pairs": "on"})["backward_q_steps"] == 2
     with pytest.raises(NotImplementedError, match="bwd_q_pairs"):
         fna.fused_plan((1, 300, 2, 128), (33,), dtype=dt, tuning={"bwd_q_pairs": "on"})
     with pytest.raises(NotImplementedError, match="bwd_q_pairs"):

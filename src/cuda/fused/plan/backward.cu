@@ -43,9 +43,6 @@ namespace {
 constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
 // The most workspace the deterministic backward's per-CTA d rpb slots may take.
 constexpr size_t kRpbPartMaxBytes = size_t(1) << 31;
-// Query tiles a 128-key tile visits on average from which the plain Hopper dK / dV kernel at
-// padded head dim 64 pairs them (Tuning::bwd_q_pairs, automatic).
-constexpr double kPairVisits = 8.0;
 
 // Deterministic d rpb: d_rpb[h][e] = the sum of the CTAs' slots of head h (p.d_rpb_part) over
 // batch, dilation group and key tile. One warp per (h, e): lane l sums the slots l, l + 32, ...
@@ -227,12 +224,15 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   } else if (t.bwd_kernel != BwdKernel::automatic) {
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
   } else if (hopper_ok && !opt.deterministic) {
-    // The warp-specialized kernel at padded head dim 128 where each key tile visits many query
-    // tiles (its pipeline's fill and drain amortized: 1d-long, 2d-large, 3d-video), else the
-    // plain one (1.05-1.18x faster on small windows at 128, and at 64 everywhere; H200,
-    // bench/heuristic_quality.py).
-    family = dpad == 128 && bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
-                                                                          : fused::BwdFamily::sm90;
+    // The warp-specialized kernel where each key tile visits many query tiles (its pipeline's
+    // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
+    // plain one (1.05-1.18x faster on small windows at 128 and 64; H200,
+    // bench/heuristic_quality.py). At padded head dim 64 with whole-grid windows the
+    // warp-specialized kernel ran forward+backward 1.36-1.39x faster than the plain one
+    // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
+    // 36% of its instructions (Nsight Compute).
+    family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
+                                                          : fused::BwdFamily::sm90;
   }
   if (pr.rpb) {
     // The bias is in the sm80 and plain Hopper dK / dV kernels (and the sm80 dQ kernel of the
@@ -275,9 +275,10 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   l.dim_cols = family == fused::BwdFamily::sm90 && l.kv_rows == 64 && dpad == 64 && dmax <= 32
                    ? 32
                    : dpad;
-  // Two query tiles per step of the plain Hopper kernel at padded head dim 64 with 128-key
-  // tiles (bwd_dkdv_sm90.cuh): where each key tile visits at least kPairVisits query tiles (a
-  // walk of odd length computes one empty tile).
+  // Two query tiles per step of the Hopper kernels at padded head dim 64 with 128-key tiles
+  // (bwd_dkdv_sm90.cuh), only where tuning asks: on whole-grid windows (H200, 2026-11-27) the
+  // plain kernel ran forward+backward 1.02-1.05x faster with them, the warp-specialized one
+  // (which the plan runs there) 0.94-0.95x.
   const bool pairs_fit = family != fused::BwdFamily::sm80 && dpad == 64 && l.kv_rows == 128 &&
                          !pr.rpb;
   if (t.bwd_q_pairs == Switch::on && !pairs_fit)
@@ -286,11 +287,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                        std::string(fused::family_name(family)) + " at padded head dim " +
                        std::to_string(dpad) + " with " + std::to_string(l.kv_rows) +
                        "-key tiles" + (pr.rpb ? " and a bias" : ""));
-  l.q_steps = pairs_fit && (t.bwd_q_pairs == Switch::on ||
-                            (t.bwd_q_pairs == Switch::automatic &&
-                             bwd_visits_per_key_tile(pr, p, dpad) >= kPairVisits))
-                  ? 2
-                  : 1;
+  l.q_steps = pairs_fit && t.bwd_q_pairs == Switch::on ? 2 : 1;
   l.smem = smem_of(pr.dtype, opt.allow_tf32, dpad, l);
   int64_t rpb_entries = 1;  // the bias table's entries per head
   for (int a = 0; a < pr.rank; ++a) rpb_entries *= 2 * pr.kernel_size[a] - 1;

@@ -39,8 +39,8 @@
 // and accumulators started by scale-d = 0 (both within 1%).
 //
 // dkdv_sm90_ws_kernel (bwd_dkdv_sm90_ws.cuh) is the same step (Sm90Step) in a warp-specialized
-// CTA: a data-movement warpgroup does the copies and the dQ reductions. The default at padded head
-// dim 128 (launch: use_bwd_sm90_ws).
+// CTA: a data-movement warpgroup does the copies and the dQ reductions. The plan's default where
+// key tiles visit many query tiles (plan/backward.cu).
 #pragma once
 
 #include "cuda/fused/kernel/common/bwd_bias.cuh"
@@ -57,7 +57,9 @@ namespace bwd {
 // and dK run 8 k-steps, and each warpgroup computes dQ for one of the two tiles (with one tile
 // per step at head dim 64, dQ's single column block falls to warpgroup 0 alone). The steps, the
 // barriers and the waits per query halve. A walk of odd length ends with an empty second tile
-// (zero rows, statistics that make P = 0, no dQ rows).
+// (zero rows, statistics that make P = 0, no dQ rows). Only where tuning bwd_q_pairs asks: on
+// whole-grid windows it ran forward+backward 1.02-1.05x faster than one tile per step, but the
+// warp-specialized kernel (unpaired), which the plan runs there, 1.36-1.39x (H200).
 template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD, int kSteps = 1>
 __global__ void __launch_bounds__(2 * kKVRows,
                                   kKVRows == 64 && kD == 64 && (!kBias || kDn == 32) ? 3 : 1)
