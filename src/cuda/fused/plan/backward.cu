@@ -228,7 +228,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
     // plain one (1.05-1.18x faster on small windows at 128 and 64; H200,
     // bench/heuristic_quality.py). At padded head dim 64 with whole-grid windows the
-    // warp-specialized kernel ran forward+backward 1.36-1.39x faster than the plain one
+    // warp-specialized kernel ran forward+backward 1.40-1.44x faster than the plain one
     // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
     // 36% of its instructions (Nsight Compute).
     family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws

@@ -59,7 +59,7 @@ namespace bwd {
 // barriers and the waits per query halve. A walk of odd length ends with an empty second tile
 // (zero rows, statistics that make P = 0, no dQ rows). Only where tuning bwd_q_pairs asks: on
 // whole-grid windows it ran forward+backward 1.02-1.05x faster than one tile per step, but the
-// warp-specialized kernel (unpaired), which the plan runs there, 1.36-1.39x (H200).
+// warp-specialized kernel (unpaired), which the plan runs there, 1.40-1.44x (H200).
 template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD, int kSteps = 1>
 __global__ void __launch_bounds__(2 * kKVRows,
                                   kKVRows == 64 && kD == 64 && (!kBias || kDn == 32) ? 3 : 1)
