@@ -95,6 +95,17 @@ __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group
   return n_tiles * p.heads_per_kv;
 }
 
+// Border pairs only (bwd_ktile.cuh): a key row keeps the queries of its inverse window, for each
+// of the step's kSteps tiles not marked full (tile 0 at q0, tile 1 at q0b, 64 columns each).
+template <int kSteps, int kNB>
+__device__ __forceinline__ void mask_step(float (&s)[kNB][4], const int* full, const int2* s_kinv,
+                                          const uint64_t* cm, const Params& p, const int* q0,
+                                          const int* q0b, int wrow, int lane) {
+  if (!full[0]) mask_key_rows_bits<kNB, 0>(s, s_kinv, cm, p, q0, wrow, lane);
+  if constexpr (kSteps == 2)
+    if (!full[1]) mask_key_rows_bits<kNB, 8>(s, s_kinv, cm, p, q0b, wrow, lane);
+}
+
 // One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
 // (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
 // aQ / aO, all 128-byte swizzled. kDn: the head-dim columns the products cover, kD or, for head
@@ -200,12 +211,7 @@ struct Sm90Step {
         s[n][e] = mma::fast_exp2(s[n][e] * scale_log2 - st.x);
       }
 #pragma unroll
-    for (int kk = 0; kk < kNB / 2; ++kk) {
-      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < kNB / 2; ++kk) pack_p_k(s, ap, kk);
     issue_acc(acc_dv, ap, aO);
     before_ds();
     wait_for<1>(dp);  // dP^T done, dV runs on
@@ -240,6 +246,15 @@ struct Sm90Step {
     pack(s, dp, ap, ad, ds, wrow, lane);
   }
 
+  // P^T as register A operands, k-step kk (16 queries).
+  __device__ __forceinline__ static void pack_p_k(const float (&s)[kNB][4],
+                                                  uint32_t (&ap)[kNB / 2][4], int kk) {
+    ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+
   // dS^T as register A operands and into shared memory at `ds` (pack's second half), k-step kk.
   __device__ __forceinline__ static void pack_ds_k(const float (&dp)[kNB][4],
                                                    uint32_t (&ad)[kNB / 2][4], unsigned char* ds,
@@ -272,10 +287,7 @@ struct Sm90Step {
                                               int wrow, int lane) {
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
-      ap[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      ap[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      ap[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pack_p_k(s, ap, kk);
       pack_ds_k(dp, ad, ds, wrow, lane, kk);
     }
   }

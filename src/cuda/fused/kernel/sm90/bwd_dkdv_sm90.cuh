@@ -187,13 +187,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
     QWalk second;  // a paired step's second tile
     if constexpr (kSteps == 2) second = cur.after(p, additional, qr, nq);
     auto mask = [&](float (&sm)[kNB][4]) {
-      if constexpr (kSteps == 2) {
-        if (!s_full[2 * buf]) mask_key_rows_bits<kNB, 0>(sm, s_kinv, s_cm, p, q0, wrow, lane);
-        if (!s_full[2 * buf + 1])
-          mask_key_rows_bits<kNB, 8>(sm, s_kinv, s_cm, p, second.q0, wrow, lane);
-      } else {
-        if (!s_full[buf]) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
-      }
+      mask_step<kSteps>(sm, s_full + buf * kSteps, s_kinv, s_cm, p, q0, second.q0, wrow, lane);
     };
 
     // S^T = K Q^T and dP^T = V dO^T over the head dim; P^T, dS^T (dS^T also to shared memory

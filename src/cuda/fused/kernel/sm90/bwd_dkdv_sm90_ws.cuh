@@ -270,13 +270,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     Step::step_products(
         s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad, ds, wrow, lane,
         [&](float (&sm)[kNB][4]) {
-          if constexpr (kSteps == 2) {
-            if (!s_full[2 * st]) mask_key_rows_bits<kNB, 0>(sm, s_kinv, s_cm, p, q0, wrow, lane);
-            if (!s_full[2 * st + 1])
-              mask_key_rows_bits<kNB, 8>(sm, s_kinv, s_cm, p, second.q0, wrow, lane);
-          } else {
-            if (!s_full[st]) mask_key_rows_bits<kNB>(sm, s_kinv, s_cm, p, q0, wrow, lane);
-          }
+          mask_step<kSteps>(sm, s_full + st * kSteps, s_kinv, s_cm, p, q0, second.q0, wrow, lane);
         },
         [&] {
           if (Tr::kDsBufs == 1) consumer_sync();
