@@ -2,8 +2,11 @@
 
 For each standard problem of docs/semantics.md section 3 (and its dilation / causal / fp16 / fp32 variants) it
 times, forward and forward+backward: every fna CUDA backend, PyTorch SDPA (flash and cuDNN, dense
-self attention) and FlexAttention with a neighborhood mask_mod (compiled). FlexAttention's output
-is checked against fna's on every problem, so both compute the same function. Prints effective
+self attention), FlexAttention with a neighborhood mask_mod (compiled), NATTEN where installed, and
+on 1-D problems FlashAttention 4's sliding window where importable (flash_attn.cute;
+tools/peers/fa4_wheels.sh). FlexAttention's and NATTEN's outputs are checked against fna's on
+every problem, so they compute the same function; FA4's on the rows where a sliding window is
+NA's window (all rows of a causal axis, the rows away from the borders otherwise). Prints effective
 TFLOP/s, speed relative to each peer and peak memory; writes results.json and results.md. First
 it measures the device copy bandwidth and prints each problem's time for one pass over Q, K, V
 and O at it (the yardstick of the memory-bound 2d-nat target).
@@ -143,6 +146,32 @@ def run_impl(label, fwd, case, flops, args, inputs):
     return res
 
 
+def fa4_window_peer():
+    """FlashAttention 4's attention (flash_attn.cute.flash_attn_func, whose window_size gives a
+    sliding window), or None and why it does not import."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 (any import failure means: no such peer here)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+    return flash_attn_func, None
+
+
+def fa4_window(case):
+    """FA4's (left, right) window and causal flag for a 1-D problem, and the query rows on which
+    its sliding window is NA's (docs/semantics.md 1.1): a causal window of K keys is cut short at
+    the start of the axis in both; a centered one NA moves inward at the borders (keeping K keys)
+    where a sliding window shrinks, so only rows [left, N - right) agree. None where FA4 has no
+    counterpart (dilation, stride)."""
+    if len(case["shape"]) != 1 or case["dilation"][0] != 1 or case["stride"][0] != 1:
+        return None
+    K, N = case["kernel"][0], case["shape"][0]
+    if case["causal"][0]:
+        return (K - 1, 0), True, slice(0, N)
+    left = K // 2
+    right = K - 1 - left
+    return (left, right), False, slice(left, N - right)
+
+
 def run_case(case, args, backends):
     dt = DTYPES[case["dtype"]]
     B, H, shape, D = case["B"], case["H"], case["shape"], case["D"]
@@ -232,6 +261,25 @@ def run_case(case, args, backends):
                 r["check"] = f"{'match' if diff <= tol else 'MISMATCH'} (max diff {diff:.1e})"
         except Exception as exc:  # noqa: BLE001 - NATTEN's own limits (head dims, tiles)
             r = dict(impl=f"natten {natten.__version__}", error=str(exc).splitlines()[0][:160])
+        results.append(r)
+
+    # FlashAttention 4's sliding window (1-D), on fna's own [B, N, H, D] tensors, timed with NA's
+    # FLOPs (its border rows compute fewer pairs).
+    win = fa4_window(case)
+    if args.fa4 is not None and win is not None and dt != torch.float32:
+        (left, right), causal, rows = win
+
+        def f(q_, k_, v_):
+            return args.fa4(q_, k_, v_, softmax_scale=scale, causal=causal,
+                            window_size=(left, right))[0]
+        r = run_impl("fa4 sliding window", f, case, flops, args, (q, k, v))
+        if fna_out is not None and "error" not in r:
+            with torch.no_grad():
+                diff = (f(q, k, v).float()[:, rows] - fna_out[:, rows]).abs().max().item()
+            tol = {"bf16": 3e-2, "fp16": 5e-3}[case["dtype"]]
+            which = "all rows" if causal else f"rows {rows.start}..{rows.stop - 1}"
+            r["check"] = (f"{'match' if diff <= tol else 'MISMATCH'} on {which} "
+                          f"(max diff {diff:.1e})")
         results.append(r)
 
     if not args.no_flex:
@@ -389,6 +437,8 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--no-natten", action="store_true", help="skip NATTEN even where installed")
+    ap.add_argument("--no-fa4", action="store_true",
+                    help="skip FlashAttention 4's sliding window even where importable")
     ap.add_argument("--naive-max-gflop", type=float, default=100.0,
                     help="skip cuda-naive on problems with more forward GFLOP than this")
     ap.add_argument("--max-call-s", type=float, default=4.0,
@@ -416,6 +466,9 @@ def main():
     for v in variants:
         if v not in VARIANTS:
             sys.exit(f"gpu_bench: --variants entry {v!r} is not one of {', '.join(VARIANTS)}")
+    args.fa4, why = (None, "--no-fa4") if args.no_fa4 else fa4_window_peer()
+    if args.fa4 is None:
+        log(f"FlashAttention 4 sliding window: not timed ({why})")
     dev = torch.cuda.get_device_name()
     log(f"device: {dev}, torch {torch.__version__}, fna backends: {', '.join(backends)}; "
         f"timing: {'each call from an idle GPU (--sync-timing)' if SYNC_TIMING else 'GPU time (head-start spin before each call)'}")
