@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fna  # noqa: E402
-from gpu_bench import timed  # noqa: E402
+from gpu_bench import fa4_import, timed  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,11 +48,8 @@ def sdpa_call(backend, q, k, v):
 def fa4_peer():
     """FlashAttention 4's forward (flash_attn.cute, tools/peers/fa4_wheels.sh installs it on the
     GPU machine) as a peer on [B, N, H, D] tensors, or None with the reason it is not importable."""
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception as e:  # noqa: BLE001 (any import failure means: no such peer here)
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
-    return (lambda q, k, v: flash_attn_func(q, k, v)[0]), None
+    fn, why = fa4_import()
+    return ((lambda q, k, v: fn(q, k, v)[0]) if fn is not None else None), why
 
 
 def main():

@@ -146,9 +146,9 @@ def run_impl(label, fwd, case, flops, args, inputs):
     return res
 
 
-def fa4_window_peer():
-    """FlashAttention 4's attention (flash_attn.cute.flash_attn_func, whose window_size gives a
-    sliding window), or None and why it does not import."""
+def fa4_import():
+    """FlashAttention 4's attention function (flash_attn.cute.flash_attn_func; its window_size
+    gives a sliding window), or None and why it does not import (dense_bench.py's peer too)."""
     try:
         from flash_attn.cute import flash_attn_func
     except Exception as e:  # noqa: BLE001 (any import failure means: no such peer here)
@@ -466,7 +466,7 @@ def main():
     for v in variants:
         if v not in VARIANTS:
             sys.exit(f"gpu_bench: --variants entry {v!r} is not one of {', '.join(VARIANTS)}")
-    args.fa4, why = (None, "--no-fa4") if args.no_fa4 else fa4_window_peer()
+    args.fa4, why = (None, "--no-fa4") if args.no_fa4 else fa4_import()
     if args.fa4 is None:
         log(f"FlashAttention 4 sliding window: not timed ({why})")
     dev = torch.cuda.get_device_name()

@@ -65,5 +65,5 @@ def test_fa4_window_only_plain_1d():
 
 def test_fa4_peer_absent_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # the import fails
-    fn, why = gpu_bench.fa4_window_peer()
+    fn, why = gpu_bench.fa4_import()
     assert fn is None and "flash_attn" in why
