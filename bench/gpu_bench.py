@@ -266,12 +266,13 @@ def run_case(case, args, backends):
     # FlashAttention 4's sliding window (1-D), on fna's own [B, N, H, D] tensors, timed with NA's
     # FLOPs (its border rows compute fewer pairs).
     win = fa4_window(case)
-    if args.fa4 is not None and win is not None and dt != torch.float32:
+    fa4 = getattr(args, "fa4", None)  # (main() sets it: the imported function, or None)
+    if fa4 is not None and win is not None and dt != torch.float32:
         (left, right), causal, rows = win
 
         def f(q_, k_, v_):
-            return args.fa4(q_, k_, v_, softmax_scale=scale, causal=causal,
-                            window_size=(left, right))[0]
+            return fa4(q_, k_, v_, softmax_scale=scale, causal=causal,
+                       window_size=(left, right))[0]
         r = run_impl("fa4 sliding window", f, case, flops, args, (q, k, v))
         if fna_out is not None and "error" not in r:
             with torch.no_grad():
