@@ -173,5 +173,25 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
   }
 }
 
+// The empty second tile of a paired step whose walk has odd length (bwd_dkdv_sm90.cuh): zero Q
+// and dO rows (finite products), statistics that make P = exp2(-inf) = 0, no dQ rows, no mask;
+// thread t of kThreads.
+template <int kRows, int kThreads, int kBytes>
+__device__ __forceinline__ void clear_q_rows(unsigned char* sQ, unsigned char* sdO, float2* stat,
+                                             int64_t* tok, int* full, int t) {
+  uint4* q = reinterpret_cast<uint4*>(sQ);
+  uint4* o = reinterpret_cast<uint4*>(sdO);
+  for (int i = t; i < kBytes / 16; i += kThreads) q[i] = o[i] = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int r0 = 0; r0 < kRows; r0 += kThreads) {
+    const int r = r0 + t;
+    if (kThreads <= kRows || r < kRows) {
+      stat[r] = make_float2(INFINITY, 0.f);
+      tok[r] = -1;
+    }
+  }
+  if (t == 0) *full = 1;
+}
+
 }  // namespace bwd
 }  // namespace fna

@@ -116,15 +116,9 @@ __global__ void __launch_bounds__(2 * kKVRows,
   // The empty second tile of a walk of odd length: zero rows (finite products), statistics
   // with P = exp2(-inf) = 0, no dQ rows; an (empty) cp.async group like a loaded tile's.
   auto clear_q_tile = [&](int slot) {
-    uint4* q = reinterpret_cast<uint4*>(smem + Tr::kOffQ + slot * Tr::kTileBytes);
-    uint4* o = reinterpret_cast<uint4*>(smem + Tr::kOffO + slot * Tr::kTileBytes);
-    for (int i = tid; i < Tr::kTileBytes / 16; i += kThreads)
-      q[i] = o[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (tid < kTileQ) {
-      s_stat[slot * kTileQ + tid] = make_float2(INFINITY, 0.f);
-      s_tok[slot * kTileQ + tid] = -1;
-    }
-    if (tid == 0) s_full[slot] = 1;
+    clear_q_rows<kTileQ, kThreads, Tr::kTileBytes>(
+        smem + Tr::kOffQ + slot * Tr::kTileBytes, smem + Tr::kOffO + slot * Tr::kTileBytes,
+        s_stat + slot * kTileQ, s_tok + slot * kTileQ, s_full + slot, tid);
     cp_async_commit();
   };
 

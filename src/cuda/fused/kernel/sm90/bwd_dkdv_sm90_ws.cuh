@@ -193,16 +193,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
                 s_tok + slot * kTileQ, s_full + slot, sw);
             w.next(p, additional, qr, nq);
           } else {
-            // The empty tile: zero rows, P = exp2(-inf) = 0, no dQ rows.
-            uint4* zq = reinterpret_cast<uint4*>(smem + Tr::kOffQ + slot * Tr::kTileBytes);
-            uint4* zo = reinterpret_cast<uint4*>(smem + Tr::kOffO + slot * Tr::kTileBytes);
-            for (int i = tid; i < Tr::kTileBytes / 16; i += Tr::kLoaderThreads)
-              zq[i] = zo[i] = make_uint4(0u, 0u, 0u, 0u);
-            for (int r = tid; r < kTileQ; r += Tr::kLoaderThreads) {
-              s_stat[slot * kTileQ + r] = make_float2(INFINITY, 0.f);
-              s_tok[slot * kTileQ + r] = -1;
-            }
-            if (tid == 0) s_full[slot] = 1;
+            clear_q_rows<kTileQ, Tr::kLoaderThreads, Tr::kTileBytes>(
+                smem + Tr::kOffQ + slot * Tr::kTileBytes, smem + Tr::kOffO + slot * Tr::kTileBytes,
+                s_stat + slot * kTileQ, s_tok + slot * kTileQ, s_full + slot, tid);
           }
         }
         mbar::arrive_cp_async(full(st));
