@@ -632,3 +632,53 @@ def test_backward_q_pairs(dtype):
                 mag = max(1.0, float(np.abs(ref[key]).max()))
                 err = float(np.abs(np64(got) - ref[key]).max())
                 assert err <= 3e-2 * mag, f"{spatial} {fam} {pairs}: {key} error {err} ({mag})"
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_head_dim_256_backward_wgmma(rank):
+    """Head dims 129-256 on the warp-specialized wgmma dK / dV kernel (tuning bwd_kernel='sm90ws'
+    at padded head dim 256: two warpgroups splitting the head dim over 64-key tiles): the plan
+    reports it with 64-key and 64-query tiles, and the gradients match the float64 oracle with
+    D = D_v = 256, D = 192 with D_v = 160 (padded columns), dilation, a causal axis, GQA and
+    additional keys, by TMA and by cp.async copies."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError):
+            fna.fused_plan((1, 150, 2, 256), (33,), dtype="bfloat16",
+                           tuning={"bwd_kernel": "sm90ws"})
+        return
+    grids = {1: ((150,), (33,), (2,), (True,)), 2: ((27, 22), (9, 7), (2, 1), (False, True)),
+             3: ((6, 11, 10), (3, 5, 5), (1, 2, 1), (True, False, False))}
+    shape, ks, dil, causal = grids[rank]
+    for i, (d, dv, heads, heads_kv, n_add, copy) in enumerate(
+            [(256, 256, 2, 2, 0, "tma"), (192, 160, 4, 2, 0, "cp_async"),
+             (256, 200, 2, 1, 19, "tma")]):
+        g = torch.Generator(device="cuda").manual_seed(seed_of("d256-bwd-wgmma", rank, i))
+        mk = lambda *s: torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        b = 2 if rank < 3 else 1
+        q = mk(b, *shape, heads, d).requires_grad_()
+        k, v = mk(b, *shape, heads_kv, d).requires_grad_(), mk(b, *shape, heads_kv, dv).requires_grad_()
+        leaves = [q, k, v]
+        ak = av = None
+        if n_add:
+            ak = mk(b, n_add, heads_kv, d).requires_grad_()
+            av = mk(b, n_add, heads_kv, dv).requires_grad_()
+            leaves += [ak, av]
+        tuning = {"bwd_kernel": "sm90ws", "bwd_copy": copy}
+        plan = fna.fused_plan(q.shape, ks, dilation=dil, is_causal=causal, dtype="bfloat16",
+                              heads_kv=heads_kv, dim_v=dv, tuning=tuning)
+        assert plan["backward_family"] == "sm90ws" and "_d256_" in plan["backward_config"], plan
+        assert int(np.prod(plan["backward_kv_tile"])) == 64, plan
+        assert int(np.prod(plan["backward_q_tile"])) == 64, plan
+        na = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[rank]
+        out = na(q, k, v, ks, dilation=dil, is_causal=causal, additional_keys=ak,
+                 additional_values=av, backend="cuda-fused", tuning=tuning)
+        d_out = mk(*out.shape)
+        grads = torch.autograd.grad(out, leaves, d_out)
+        assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=[1] * rank, dil=list(dil),
+                          causal=list(causal), add_k=ak, add_v=av), d_out=d_out)
+        for got, key in zip(grads, ("dq", "dk", "dv", "d_add_k", "d_add_v")):
+            mag = max(1.0, float(np.abs(ref[key]).max()))
+            err = float(np.abs(np64(got) - ref[key]).max())
+            assert err <= 3e-2 * mag, f"D={d} D_v={dv} {copy}: {key} max error {err} ({mag})"

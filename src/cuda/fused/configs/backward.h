@@ -12,4 +12,6 @@
           X(mma::TF32, 128) X(mma::TF32, 256)
 
 // The Hopper backward's instantiations: X(dtype, padded head dim).
-#define FNA_BWD_SM90_INSTANCES(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
+#define FNA_BWD_SM90_INSTANCES(X)                                                   \
+  X(__half, 64) X(__half, 128) X(__half, 256) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128) \
+      X(__nv_bfloat16, 256)

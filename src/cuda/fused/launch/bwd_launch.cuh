@@ -105,7 +105,7 @@ struct DkdvLaunch {
 template <typename T, int kD>
 size_t backward_smem(const BwdLaunch& l) {
 #if defined(FNA_WITH_SM90)
-  if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
+  if constexpr (!Elem<T>::kF32) {
     if (l.family != fused::BwdFamily::sm80) return dkdv_sm90_smem<T, kD>(l.family, l.kv_rows, l.q_steps);
   }
 #endif
@@ -138,7 +138,7 @@ Status launch_backward(const Params& p_dkdv, const Params& p_dq, const BwdLaunch
   auto dq = biased ? dq_kernel<T, kD, S::kDqWarps, S::kDqKeys, true>
                    : dq_kernel<T, kD, S::kDqWarps, S::kDqKeys, false>;
 #if defined(FNA_WITH_SM90)
-  if constexpr (!Elem<T>::kF32 && (kD == 64 || kD == 128)) {
+  if constexpr (!Elem<T>::kF32) {
     if (l.family != fused::BwdFamily::sm80) return launch_dkdv_sm90<T, kD>(p_dkdv, l, stream);
   }
 #endif

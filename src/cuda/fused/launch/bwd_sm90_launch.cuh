@@ -6,6 +6,7 @@
 #include "cuda/fused/kernel/common/bwd_common.cuh"
 #include "cuda/fused/kernel/sm90/bwd_dkdv_sm90.cuh"
 #include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_ws.cuh"
+#include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_d256.cuh"
 #include "cuda/fused/plan/bwd_plan.h"
 #include "cuda/fused/launch/bwd_sm90.h"
 
@@ -53,13 +54,39 @@ Status launch_ws(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   return launch_error("dkdv (sm90ws, additional, atomic dq)");
 }
 
+// The padded-head-dim-256 warp-specialized kernel (bwd_dkdv_sm90_d256.cuh; 64-key tiles x 64
+// queries).
+template <typename T>
+Status launch_d256(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  using Tr = DkdvSm90D256Traits<T>;
+  const BwdTma off{};  // on = 0
+  auto plain = dkdv_sm90_d256_kernel<T, false>;
+  auto kernel = l.tma.on ? dkdv_sm90_d256_kernel<T, true> : plain;
+  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws d256, atomic dq)");
+  if (!st.ok()) return st;
+  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
+  st = launch_error("dkdv (sm90ws d256, atomic dq)");
+  if (!st.ok() || l.grid_add.x == 0) return st;
+  st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws d256, atomic dq)");
+  if (!st.ok()) return st;
+  plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
+  return launch_error("dkdv (sm90ws d256, additional, atomic dq)");
+}
+
 // The plan's Hopper dK / dV kernel: plain (sm90; 64- or 128-key tiles) or warp-specialized (sm90ws; its neighborhood
 // launch by TMA when l.tma.on, the additional keys' launch, query tiles in flat token order, by
 // cp.async).
 template <typename T, int kD>
 Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   Status st;
-  if (l.family == fused::BwdFamily::sm90ws) {
+  if constexpr (kD == 256) {
+    if (l.family != fused::BwdFamily::sm90ws)  // the plan never asks for it
+      return {Code::runtime_error, "dkdv (sm90): head dim 256 has the warp-specialized kernel only"};
+    st = launch_d256<T>(p, l, stream);
+    if (!st.ok()) return st;
+    launch_dq_convert<T>(p, stream);
+    return launch_error("dq convert");
+  } else if (l.family == fused::BwdFamily::sm90ws) {
     if constexpr (kD == 64) {
       st = l.q_steps == 2 ? launch_ws<T, kD, 2>(p, l, stream) : launch_ws<T, kD, 1>(p, l, stream);
     } else {
@@ -89,13 +116,18 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
 
 template <typename T, int kD>
 size_t dkdv_sm90_smem(fused::BwdFamily f, int kv_rows, int q_steps) {
-  if constexpr (kD == 64)
-    if (q_steps == 2)
-      return f == fused::BwdFamily::sm90ws ? size_t(DkdvSm90WsTraits<T, 64, 2, 2>::kSmem)
-                                           : size_t(DkdvSm90Traits<T, 64, 128, 2>::kSmem);
-  if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
-  return kv_rows == 64 ? size_t(DkdvSm90Traits<T, kD, 64>::kSmem)
-                       : size_t(DkdvSm90Traits<T, kD>::kSmem);
+  if constexpr (kD == 256) {
+    (void)f, (void)kv_rows, (void)q_steps;
+    return size_t(DkdvSm90D256Traits<T>::kSmem);
+  } else {
+    if constexpr (kD == 64)
+      if (q_steps == 2)
+        return f == fused::BwdFamily::sm90ws ? size_t(DkdvSm90WsTraits<T, 64, 2, 2>::kSmem)
+                                             : size_t(DkdvSm90Traits<T, 64, 128, 2>::kSmem);
+    if (f == fused::BwdFamily::sm90ws) return size_t(DkdvSm90WsTraits<T, kD>::kSmem);
+    return kv_rows == 64 ? size_t(DkdvSm90Traits<T, kD, 64>::kSmem)
+                         : size_t(DkdvSm90Traits<T, kD>::kSmem);
+  }
 }
 
 #define FNA_BWD_SM90_INSTANTIATE(T, D)                                                    \

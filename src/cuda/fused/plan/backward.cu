@@ -250,8 +250,13 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (opt.deterministic)
       return invalid(what + ": the Hopper dK / dV kernels accumulate dQ by atomics; "
                             "deterministic=true runs the sm80 kernels");
-    if (!sm90_built(pr.dtype, dpad))
-      return unsupported(what + " needs 16-bit tensors, head dims up to 128 and a build for sm_90a");
+    // Padded head dim 256: the warp-specialized kernel of bwd_dkdv_sm90_d256.cuh, by tuning only
+    // (not yet measured on a GPU).
+    const bool d256 = family == fused::BwdFamily::sm90ws && dpad == 256 &&
+                      sm90_built(pr.dtype, 128);
+    if (!sm90_built(pr.dtype, dpad) && !d256)
+      return unsupported(what + " needs 16-bit tensors, head dims up to 128 (256: sm90ws) and a "
+                         "build for sm_90a");
     if (!dev.hopper())
       return unsupported(what + " needs compute capability 9.0, device " +
                          std::to_string(opt.device_index) + " has " +
@@ -260,7 +265,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   l.family = family;
   // Keys per dK / dV tile: the kernels' rows, but for the plain Hopper kernel a named
   // configuration's or, by the heuristic, 64 where that costs less (sm90_key_rows).
-  const TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
+  if (family == fused::BwdFamily::sm90ws && dpad == 256)
+    tr.dkdv_keys = tr.dkdv_queries = 64;  // bwd_dkdv_sm90_d256.cuh's tiles
   l.kv_rows = tr.dkdv_keys;
   if (named != nullptr) {
     int rows = 1;

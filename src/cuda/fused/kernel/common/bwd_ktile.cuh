@@ -200,11 +200,13 @@ __device__ __forceinline__ void mask_key_rows_bits(float (&s)[kNB][4], const int
 
 // dK (times the softmax scale) and dV of this thread's two key rows (wrow + lane / 4 and 8 rows
 // below), from accumulators in the mma.sync C layout (n8 blocks of the head dim).
+// col0: the head-dim column of the accumulators' first (the d256 Hopper kernel's warpgroups each
+// hold one half).
 template <bool kDk, bool kDv, int kDB, typename E>
 __device__ __forceinline__ void store_dkdv(const Params& p, const Group& G, bool additional,
                                            int b, int hkv, const int* kv0, int64_t n0, int wrow,
                                            int lane, const float (&acc_dk)[kDB][4],
-                                           const float (&acc_dv)[kDB][4]) {
+                                           const float (&acc_dv)[kDB][4], int col0 = 0) {
   E* gdK = static_cast<E*>(additional ? p.d_add_k : p.dk);
   E* gdV = static_cast<E*>(additional ? p.d_add_v : p.dv);
 #pragma unroll
@@ -215,7 +217,7 @@ __device__ __forceinline__ void store_dkdv(const Params& p, const Group& G, bool
       continue;
 #pragma unroll
     for (int n = 0; n < kDB; ++n) {
-      const int col = n * 8 + 2 * (lane & 3);
+      const int col = col0 + n * 8 + 2 * (lane & 3);
       if (kDk)
         store_pair(gdK + ok, col, p.dim, acc_dk[n][2 * half] * p.scale,
                    acc_dk[n][2 * half + 1] * p.scale, p.aligned);
