@@ -4,7 +4,8 @@ the standard set (docs/semantics.md 3.3, base variant), the small-window set (3.
 problems; GPU time as gpu_bench.py (CUDA events, median).
 
     python3 bench/heuristic_quality.py [--random 50] [--reps 5] [--warmup 2] [--json out.json]
-                                       [--only nat-t,...] [--variant base|dil2|causal0]
+                                       [--only nat-t,...] [--variant base|dil2|causal0] [--dim D]
+                                       [--backward-only]
 
 Forward: every forward configuration fna.fused_plan accepts for the problem on this device.
 Forward+backward: the heuristic's forward with every backward configuration (the plan's own tiles
@@ -71,7 +72,7 @@ def run(p, args):
                causal="".join("1" if c else "0" for c in p["causal"]), dtype=dt,
                heuristic=plan["config"], backward_heuristic=plan["backward_config"])
     fwd, plans = {}, {}
-    for name in fna.fused_configs(rank, dt, p["D"]):
+    for name in [] if args.backward_only else fna.fused_configs(rank, dt, p["D"]):
         try:
             plans[name] = fna.fused_plan(qshape, dtype=dt, config=name, **kw)
         except (ValueError, NotImplementedError):
@@ -120,6 +121,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", default="", help="comma list of problem names")
+    ap.add_argument("--dim", type=int, default=0,
+                    help="run every problem at this head dim instead of its own (e.g. 256)")
+    ap.add_argument("--backward-only", action="store_true",
+                    help="time only the plan's forward (its ratio reads 1.000), every backward")
     ap.add_argument("--json", default="")
     ap.add_argument("--variant", default="base", choices=("base", "dil2", "causal0"),
                     help="the named problems' variant (gpu_bench.make_case: dilation 2 where the "
@@ -128,6 +133,9 @@ def main():
     probs = problems(args.random, args.seed)
     if args.only:
         probs = [p for p in probs if p["name"] in args.only.split(",")]
+    if args.dim:
+        for p in probs:
+            p["D"] = args.dim
     if args.variant != "base":
         for p in probs:
             if p["name"] in PROBLEMS or p["name"] in SMALL:

@@ -231,7 +231,8 @@ std::vector<Case> fixed_cases(fna::DType dtype) {
   add(3, {9, 5, 17}, {4, 5, 6}, {2, 1, 2}, {2, 1, 3}, {false, false, true}, 2, 1, 32, 64, 0,
       L::contiguous);
   add(3, {7, 9, 8}, {7, 3, 8}, {}, {}, {true, true, false}, 1, 1, 128, 128, 2, L::heads_first);
-  // Head dims above 128 (padded to 256; the fused backward runs dK and dV as two passes), also
+  // Head dims above 128 (padded to 256: on Hopper the warp-specialized dK / dV kernel, two
+  // warpgroups splitting the head dim; the sm80 kernel runs dK and dV as two passes), also
   // with D != D_v on either side and a dim that is no multiple of 16.
   add(1, {70}, {13}, {}, {3}, {}, 2, 1, 256, 256, 1, L::contiguous);
   add(2, {11, 13}, {5, 7}, {2, 1}, {}, {true, false}, 2, 2, 160, 192, 0, L::heads_first);

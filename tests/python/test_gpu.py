@@ -595,3 +595,41 @@ def test_cuda_merge_attentions(backend):
     for g, r, n in zip(got, ref, NAMES):
         err = float((g.cpu().double() - r).abs().max() / r.abs().max())
         assert err < 2e-5, f"d{n}: relative error {err}"
+
+
+FIRST_BACKWARD = """
+import torch, fna
+g = torch.Generator(device="cuda").manual_seed({seed})
+q, k, v = (torch.randn(1, 700, 2, {d}, device="cuda", dtype=torch.bfloat16, generator=g)
+           .requires_grad_() for _ in range(3))
+d_out = torch.randn(1, 700, 2, {d}, device="cuda", dtype=torch.bfloat16, generator=g)
+grads = []
+for copy in ("tma", "cp_async"):  # TMA first: the first backward of the process
+    tuning = {{"bwd_kernel": "sm90ws", "bwd_copy": copy}}
+    out = fna.na1d(q, k, v, 63, backend="cuda-fused", tuning=tuning)
+    grads.append(torch.autograd.grad(out, (q, k, v), d_out))
+    assert fna._C.last_fused_launch()["backward"].startswith("fna_bwd_sm90ws")
+err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(*grads))
+mag = max(float(a.float().abs().max()) for a in grads[1])
+print("max difference", err, "of", mag)
+assert err <= 2e-2 * max(1.0, mag), (err, mag)
+"""
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("d", [128, 256])
+def test_first_backward_of_a_process_by_tma(d):
+    """The first backward of a fresh process with TMA copies: PyTorch runs it on its autograd
+    thread, which no CUDA runtime call has bound a context to yet, and the tensor maps are encoded
+    there (before the fix, cuTensorMapEncodeTiled failed with CUDA_ERROR_INVALID_CONTEXT and the
+    call raised). Its gradients match those of the cp.async copies."""
+    import os
+    import subprocess
+    import sys
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA backward is Hopper's")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", FIRST_BACKWARD.format(seed=seed_of("first-bwd", d), d=d)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "max difference" in r.stdout

@@ -83,10 +83,19 @@ bool token_map(TokenMap* m, const void* base, int64_t dim, const int64_t (&len)[
     *why = "the driver has no cuTensorMapEncodeTiled";
     return false;
   }
-  const CUresult r = fn(&m->map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void*>(base), gdim,
-                        gstride, bdim, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  auto encode = [&] {
+    return fn(&m->map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void*>(base), gdim, gstride,
+              bdim, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult r = encode();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A thread the runtime has not bound a context to yet (PyTorch's autograd thread before its
+    // first CUDA runtime call: the first backward of a process): cudaFree(nullptr) binds the
+    // current device's primary context, as any runtime call would.
+    if (cudaFree(nullptr) == cudaSuccess) r = encode();
+    (void)cudaGetLastError();
+  }
   if (r != CUDA_SUCCESS) {
     *why = "cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")";
     return false;

@@ -50,11 +50,13 @@ std::string BwdConfig::name() const {
 }
 
 // Whether this build has the Hopper dK / dV kernels for (dtype, padded head dim).
-bool sm90_built(DType dtype, int dpad) {
+bool sm90_built(DType dtype, int dpad, fused::BwdFamily family) {
 #if defined(FNA_WITH_SM90)
-  return dtype != DType::f32 && dpad <= 128;
+  // Both Hopper kernels up to 128; at 256 the warp-specialized one (bwd_dkdv_sm90_d256.cuh).
+  if (dtype == DType::f32 || family == fused::BwdFamily::sm80) return false;
+  return dpad <= 128 || (dpad == 256 && family == fused::BwdFamily::sm90ws);
 #else
-  (void)dtype, (void)dpad;
+  (void)dtype, (void)dpad, (void)family;
   return false;
 #endif
 }
@@ -64,15 +66,15 @@ std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax) {
   std::vector<BwdConfig> out;
   if (dmax < 1 || dmax > 256) return out;
   const int dpad = padded_dim(dmax);
-  const TileRows tr = tile_rows(dpad, dtype == DType::f32);
   auto copy = [](const BwdStyle& s, int rows, int* dst) {
     const int i = rows == 16 ? 0 : rows == 32 ? 1 : rows == 64 ? 2 : 3;
     for (int a = 0; a < kAxes; ++a) dst[a] = s.shape[i][a];
   };
   std::vector<fused::BwdFamily> families = {fused::BwdFamily::sm80};
-  if (sm90_built(dtype, dpad))
-    families.insert(families.end(), {fused::BwdFamily::sm90, fused::BwdFamily::sm90ws});
+  for (fused::BwdFamily f : {fused::BwdFamily::sm90, fused::BwdFamily::sm90ws})
+    if (sm90_built(dtype, dpad, f)) families.push_back(f);
   for (fused::BwdFamily f : families) {
+    const TileRows tr = family_tile_rows(f, dpad, dtype == DType::f32);
     // The plain Hopper kernel also runs 64-key tiles (one warpgroup: small windows).
     std::vector<int> key_rows = {tr.dkdv_keys};
     if (f == fused::BwdFamily::sm90) key_rows.push_back(64);

@@ -30,8 +30,9 @@ struct BwdConfig {
 
 // The padded head dim the kernels are compiled for (64, 128 or 256).
 int padded_dim(int64_t dmax);
-// Whether this build has the Hopper dK / dV kernels for (dtype, padded head dim).
-bool sm90_built(DType dtype, int dpad);
+// Whether this build has the Hopper dK / dV kernel of `family` (sm90 or sm90ws) for (dtype,
+// padded head dim): both up to 128, the warp-specialized one also at 256.
+bool sm90_built(DType dtype, int dpad, fused::BwdFamily family);
 // The configurations for (rank, dtype, max(D, D_v)); empty above 256.
 std::vector<BwdConfig> bwd_configs(int rank, DType dtype, int64_t dmax);
 

@@ -72,6 +72,13 @@ inline TileRows tile_rows(int dpad, bool f32) {
   if (dpad > 128) return tile_rows_of<__half, 256>();
   return dpad > 64 ? tile_rows_of<__half, 128>() : tile_rows_of<__half, 64>();
 }
+// A family's tiles: the warp-specialized Hopper kernel at padded head dim 256
+// (bwd_dkdv_sm90_d256.cuh) runs 64 keys x 64 queries, every other the tiles above.
+inline TileRows family_tile_rows(fused::BwdFamily family, int dpad, bool f32) {
+  TileRows tr = tile_rows(dpad, f32);
+  if (family == fused::BwdFamily::sm90ws && dpad == 256) tr.dkdv_keys = tr.dkdv_queries = 64;
+  return tr;
+}
 
 // Sets the shared memory of one dK/dV kernel variant and launches it over the neighborhood tiles
 // and (when there are any) the additional keys.

@@ -212,7 +212,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                      "' is not a cuda-fused backward configuration for this problem (see "
                      "fna::fused_backward_configs)");
   }
-  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad);
+  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90ws);
   fused::BwdFamily family = fused::BwdFamily::sm80;
   if (named != nullptr) {
     family = named->family;
@@ -231,8 +231,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // warp-specialized kernel ran forward+backward 1.40-1.44x faster than the plain one
     // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
     // 36% of its instructions (Nsight Compute).
-    family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
-                                                          : fused::BwdFamily::sm90;
+    family = dpad == 256 || bwd_visits_per_key_tile(pr, p, dpad) >= 16.0
+                 ? fused::BwdFamily::sm90ws
+                 : fused::BwdFamily::sm90;
   }
   if (pr.rpb) {
     // The bias is in the sm80 and plain Hopper dK / dV kernels (and the sm80 dQ kernel of the
@@ -250,13 +251,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (opt.deterministic)
       return invalid(what + ": the Hopper dK / dV kernels accumulate dQ by atomics; "
                             "deterministic=true runs the sm80 kernels");
-    // Padded head dim 256: the warp-specialized kernel of bwd_dkdv_sm90_d256.cuh, by tuning only
-    // (not yet measured on a GPU).
-    const bool d256 = family == fused::BwdFamily::sm90ws && dpad == 256 &&
-                      sm90_built(pr.dtype, 128);
-    if (!sm90_built(pr.dtype, dpad) && !d256)
-      return unsupported(what + " needs 16-bit tensors, head dims up to 128 (256: sm90ws) and a "
-                         "build for sm_90a");
+    if (!sm90_built(pr.dtype, dpad, family))
+      return unsupported(what + " needs 16-bit tensors, head dims up to 128 (up to 256: sm90ws) "
+                         "and a build for sm_90a");
     if (!dev.hopper())
       return unsupported(what + " needs compute capability 9.0, device " +
                          std::to_string(opt.device_index) + " has " +
@@ -265,9 +262,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   l.family = family;
   // Keys per dK / dV tile: the kernels' rows, but for the plain Hopper kernel a named
   // configuration's or, by the heuristic, 64 where that costs less (sm90_key_rows).
-  TileRows tr = tile_rows(dpad, pr.dtype == DType::f32);
-  if (family == fused::BwdFamily::sm90ws && dpad == 256)
-    tr.dkdv_keys = tr.dkdv_queries = 64;  // bwd_dkdv_sm90_d256.cuh's tiles
+  const TileRows tr = family_tile_rows(family, dpad, pr.dtype == DType::f32);
   l.kv_rows = tr.dkdv_keys;
   if (named != nullptr) {
     int rows = 1;
