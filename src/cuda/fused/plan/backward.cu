@@ -240,7 +240,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // deterministic mode, whose d rpb sums go to per-CTA slots: below).
     if (named == nullptr && t.bwd_kernel == BwdKernel::automatic &&
         family == fused::BwdFamily::sm90ws)
-      family = fused::BwdFamily::sm90;
+      family = sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90) ? fused::BwdFamily::sm90
+                                                                  : fused::BwdFamily::sm80;
     if (family == fused::BwdFamily::sm90ws)
       return unsupported("rpb: the sm90ws backward adds no bias (the sm80 and sm90 kernels do)");
   }

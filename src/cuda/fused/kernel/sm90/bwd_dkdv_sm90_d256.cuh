@@ -17,9 +17,10 @@
 // Warpgroup 0 moves data as in dkdv_sm90_ws_kernel (bwd_dkdv_sm90_ws.cuh): two warps copy K / V
 // once and then each query tile's statistics and row indices into a two-stage ring, Q and dO by
 // TMA (or cp.async); there is no room for dQ staging (K, V and two stages of Q and dO take 192 KB).
-// Named barriers between the compute warpgroups, per step: "P ready" (warpgroup 0 arrives after
-// writing P^T, warpgroup 1 waits) and "dS ready" (warpgroup 1 arrives after writing dS^T, warpgroup
-// 0 waits). Warpgroup 0 writes the next step's P^T only after its own products of this step
+// Two mbarriers between the compute warpgroups, one phase per step: "P ready" (warpgroup 0 arrives
+// after writing P^T, warpgroup 1 waits) and "dS ready" (warpgroup 1 arrives after writing dS^T,
+// warpgroup 0 waits); an arrive releases the thread's shared-memory accesses before it, a wait
+// acquires them. Warpgroup 0 writes the next step's P^T only after its own products of this step
 // (which read dS^T) are complete, and warpgroup 1 rewrites dS^T only after "P ready", so the
 // buffers need no third barrier.
 #pragma once
@@ -54,20 +55,12 @@ struct DkdvSm90D256Traits {
   static constexpr int kOffTok = kOffKinv + kKV * kAxes * 8;       // int64 [kStages][kQ]
   static constexpr int kOffFull = kOffTok + kStages * kQ * 8;      // int [kStages]: no mask
   static constexpr int kOffBar = (kOffFull + kStages * 4 + 7) / 8 * 8;  // uint64 mbarriers
-  static constexpr int kBars = 2 * kStages + 1;                    // full[s], empty[s], kv full
+  static constexpr int kBars = 2 * kStages + 3;  // full[s], empty[s], kv full, P ready, dS ready
   static constexpr int kOffCm = kOffBar + kBars * 8;               // uint64 [3][65]
   static constexpr size_t kSmem = 1024 + size_t(kOffCm) + kAxes * kColMaskStride * 8;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "registers");
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
-
-// Named barriers of the two compute warpgroups (256 threads; 0 is __syncthreads).
-__device__ __forceinline__ void d256_bar_arrive(int id) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void d256_bar_sync(int id) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
 
 template <typename T, bool kTma = false>
 __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
@@ -80,7 +73,6 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   constexpr int kChunks = kD / 8;
   constexpr int kNB = kQ / 8;   // n8 blocks of the query tile
   constexpr int kHB = 128 / 8;  // n8 blocks of a warpgroup's half of the head dim
-  constexpr int kBarP = 2, kBarDs = 3;
   using Tag = typename MmaTag<T>::type;
   using MmaS = wgmma::Mma<Tag, kQ>;    // S^T, dP^T
   using MmaH = wgmma::Mma<Tag, 128>;   // dV, dK halves
@@ -98,6 +90,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   auto full = [&](int st) { return bar0 + 8u * uint32_t(st); };
   auto empty = [&](int st) { return bar0 + 8u * uint32_t(kStages + st); };
   const uint32_t kv_full = bar0 + 8u * uint32_t(2 * kStages);
+  // Between the compute warpgroups, one phase per step: warpgroup 0's P^T, warpgroup 1's dS^T.
+  const uint32_t p_ready = kv_full + 8u, ds_ready = kv_full + 16u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -112,6 +106,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
       mbar::init(empty(i), 256);                     // the compute threads
     }
     mbar::init(kv_full, 2 * Tr::kLoaderThreads);
+    mbar::init(p_ready, 128);
+    mbar::init(ds_ready, 128);
   }
   nbr::Range qr[kAxes];
   int nq[kAxes];
@@ -225,7 +221,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
           sc[n][e] = mma::fast_exp2(sc[n][e] * p.scale_log2 - sv.x);
           xf[(n * 4 + e) * 128 + wt] = sc[n][e];
         }
-      d256_bar_arrive(kBarP);
+      mbar::arrive(p_ready);
 #pragma unroll
       for (int kk = 0; kk < kNB / 2; ++kk) {
         ap[kk][0] = pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
@@ -234,13 +230,13 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
         ap[kk][3] = pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
       }
       // dS^T from warpgroup 1, as its register fragments.
-      d256_bar_sync(kBarDs);
+      mbar::wait(ds_ready, uint32_t(it) & 1u);
 #pragma unroll
       for (int kk = 0; kk < kNB / 2; ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) ad[kk][i] = xu[(kk * 4 + i) * 128 + wt];
     } else {
-      d256_bar_sync(kBarP);
+      mbar::wait(p_ready, uint32_t(it) & 1u);
       // Each slot [element][thread] is read and rewritten by the same thread: no barrier here.
 #pragma unroll
       for (int kk = 0; kk < kNB / 2; ++kk) {
@@ -266,7 +262,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
 #pragma unroll
         for (int i = 0; i < 4; ++i) xu[(kk * 4 + i) * 128 + wt] = ad[kk][i];
       wgmma::fence_proxy_async();  // dS^T, for the dQ products' async proxy
-      d256_bar_arrive(kBarDs);
+      mbar::arrive(ds_ready);
     }
 
     // dV_c += P^T dO[:, half c], dK_c += dS^T Q[:, half c] (B read transposed: regions 2c, 2c + 1
