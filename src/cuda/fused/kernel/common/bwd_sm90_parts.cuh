@@ -112,6 +112,15 @@ __device__ __forceinline__ void mask_step(float (&s)[kNB][4], const int* full, c
 // dims up to 32 in the 64-column layout, 32 (the k-steps of S^T / dP^T past them and the zero
 // columns of dV, dK and dQ are skipped; wgmma reads the first half of each 128-byte row).
 // kQ: the step's queries (64, or 128 for two paired tiles: S^T and dP^T are m64n128 products).
+// Every committed wgmma complete, with the register operands `regs` (accumulators, register A
+// operands of the products in flight) fenced on both sides of the wait.
+template <class... R>
+__device__ __forceinline__ void wgmma_wait_all(R&... regs) {
+  (wgmma::fence_operands(regs), ...);
+  wgmma::wait<0>();
+  (wgmma::fence_operands(regs), ...);
+}
+
 template <typename T, int kD, int kKVRows = 128, int kDn = kD, int kQ_ = 64>
 struct Sm90Step {
   using Tag = typename MmaTag<T>::type;
@@ -134,15 +143,7 @@ struct Sm90Step {
   __device__ __forceinline__ static void wait_all(float (&acc_dv)[kDB][4], float (&acc_dk)[kDB][4],
                                                   uint32_t (&ap)[kNB / 2][4],
                                                   uint32_t (&ad)[kNB / 2][4]) {
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
+    wgmma_wait_all(acc_dv, acc_dk, ap, ad);
   }
 
   // S^T = K Q^T, then dP^T = V dO^T, over the head dim: two groups, committed, not waited for.

@@ -31,17 +31,18 @@
 #include "cuda/common/tma.cuh"
 #include "cuda/fused/plan/bwd_plan.h"
 #include "cuda/fused/kernel/common/bwd_sm90_parts.cuh"
+#include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_ws.cuh"
 
 namespace fna {
 namespace bwd {
 
 template <typename T>
 struct DkdvSm90D256Traits {
-  static constexpr int kD = 256, kKV = 64, kQ = 64, kStages = 2;
+  static constexpr int kD = 256, kKV = 64, kQ = 64, kTileQ = kQ, kStages = 2;
   static constexpr int kThreads = 384, kLoaderThreads = 64;
   static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static constexpr int kKVBytes = kKV * kD * 2;  // four 64-column regions of 64 rows
-  static constexpr int kQBytes = kQ * kD * 2;
+  static constexpr int kQBytes = kQ * kD * 2, kTileBytes = kQBytes;
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffO = kOffQ + kStages * kQBytes;
   static constexpr int kOffX = kOffO + kStages * kQBytes;  // exchange: float [32][128] P^T, then
@@ -70,7 +71,6 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   using Tr = DkdvSm90D256Traits<T>;
   using E = T;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kD = Tr::kD, kStages = Tr::kStages;
-  constexpr int kChunks = kD / 8;
   constexpr int kNB = kQ / 8;   // n8 blocks of the query tile
   constexpr int kHB = 128 / 8;  // n8 blocks of a warpgroup's half of the head dim
   using Tag = typename MmaTag<T>::type;
@@ -86,12 +86,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   int2* s_kinv = reinterpret_cast<int2*>(smem + Tr::kOffKinv);
   int64_t* s_tok = reinterpret_cast<int64_t*>(smem + Tr::kOffTok);
   int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
-  const uint32_t bar0 = base + Tr::kOffBar;
-  auto full = [&](int st) { return bar0 + 8u * uint32_t(st); };
-  auto empty = [&](int st) { return bar0 + 8u * uint32_t(kStages + st); };
-  const uint32_t kv_full = bar0 + 8u * uint32_t(2 * kStages);
+  const WsRing<Tr> ring{base + Tr::kOffBar};
   // Between the compute warpgroups, one phase per step: warpgroup 0's P^T, warpgroup 1's dS^T.
-  const uint32_t p_ready = kv_full + 8u, ds_ready = kv_full + 16u;
+  const uint32_t p_ready = ring.next(), ds_ready = ring.next() + 8u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -101,11 +98,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   if (!dkdv_tile_of(p, additional, kKV, b, hkv, kv0, G, n0)) return;
 
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar::init(full(i), 2 * Tr::kLoaderThreads);  // cp.async arrive + plain arrive per thread
-      mbar::init(empty(i), 256);                     // the compute threads
-    }
-    mbar::init(kv_full, 2 * Tr::kLoaderThreads);
+    ring.init();
     mbar::init(p_ready, 128);
     mbar::init(ds_ready, 128);
   }
@@ -116,46 +109,11 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
       sm90_query_setup<kKV, kQ, true>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
 
   if (wg == 0) {
-    // ---- data movement (as dkdv_sm90_ws_kernel's loader warps) ---------------------------
+    // ---- data movement (dkdv_sm90_ws_kernel's loader warps) --------------------------------
     mbar::regs_dec<Tr::kProducerRegs>();
-    if (warp < 2) {
-      load_kv_rows<E, kKV, Tr::kLoaderThreads, kChunks>(
-          p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK, smem + Tr::kOffV, true,
-          [](int row, int c) { return sw128<kKV>(row, c); });
-      mbar::arrive_cp_async(kv_full);
-      mbar::arrive(kv_full);
-      QWalk w;
-      w.start(p, additional, hkv, qr);
-      for (int64_t it = 0; it < n_iter; ++it) {
-        const int st = int(it % kStages);
-        if (it >= kStages) mbar::wait(empty(st), uint32_t((it / kStages) - 1) & 1u);
-        auto sw = [](int row, int c) { return sw128<kQ>(row, c); };
-        if constexpr (kTma) {
-          if (tid == 0) {
-            tma::expect_tx(full(st), 2 * Tr::kQBytes);
-            const uint32_t dq = base + Tr::kOffQ + st * Tr::kQBytes;
-            const uint32_t dO = base + Tr::kOffO + st * Tr::kQBytes;
-            int cq[4], co[4], og[kAxes];
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, w.q0[a]) - p.qlo[a];
-            tma::box_coords(tm.q, b, og, w.h, cq);
-            tma::box_coords(tm.o, b, og, w.h, co);
-#pragma unroll
-            for (int c = 0; c < kD / 64; ++c) {
-              tma::load_box(dq + c * kQ * 128, tm.q, 64 * c, cq, full(st));
-              tma::load_box(dO + c * kQ * 128, tm.o, 64 * c, co, full(st));
-            }
-          }
-        }
-        load_q_rows<E, kQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
-            p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + st * Tr::kQBytes,
-            smem + Tr::kOffO + st * Tr::kQBytes, s_stat + st * kQ, s_tok + st * kQ, s_full + st,
-            sw);
-        mbar::arrive_cp_async(full(st));
-        mbar::arrive(full(st));
-        w.next(p, additional, qr, nq);
-      }
-    }
+    if (warp < 2)
+      ws_load<E, Tr, kD, 1, kTma>(p, G, additional, b, hkv, kv0, n0, tm, smem, base, qr, nq, n_iter,
+                                  s_qoff, s_stat, s_tok, s_full, tid);
     return;
   }
 
@@ -179,11 +137,11 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   const uint32_t off_b = c == 0 ? Tr::kOffQ : Tr::kOffO;
   QWalk cur;
   cur.start(p, additional, hkv, qr);
-  mbar::wait(kv_full, 0);
+  mbar::wait(ring.kv_full(), 0);
 
   for (int64_t it = 0; it < n_iter; ++it) {
     const int st = int(it % kStages);
-    mbar::wait(full(st), uint32_t(it / kStages) & 1u);
+    mbar::wait(ring.full(st), uint32_t(it / kStages) & 1u);
     wgmma::fence_proxy_async();
     const uint32_t aQ = base + Tr::kOffQ + st * Tr::kQBytes;
     const uint32_t aO = base + Tr::kOffO + st * Tr::kQBytes;
@@ -320,17 +278,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
     wgmma::wait<1>();  // dV and the first dQ block done; dK runs on
     add_dq(dqa, 2 * c);
     issue_dq(dqa, 2 * c + 1);
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc_dv);
-    wgmma::fence_operands(acc_dk);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ad);
+    wgmma_wait_all(acc_dv, acc_dk, ap, ad);
     add_dq(dqa, 2 * c + 1);
-    mbar::arrive(empty(st));
+    mbar::arrive(ring.empty(st));
     cur.next(p, additional, qr, nq);
   }
 

@@ -86,6 +86,104 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
+// The mbarriers of a warp-specialized dK / dV kernel's loader ring, from Tr::kOffBar: full[s]
+// (each loader thread's cp.async arrive and plain arrive), empty[s] (the 256 compute threads),
+// "kv full" (K / V copied); a kernel's own barriers follow (next()).
+template <typename Tr>
+struct WsRing {
+  uint32_t bar0;
+  __device__ __forceinline__ uint32_t full(int st) const { return bar0 + 8u * uint32_t(st); }
+  __device__ __forceinline__ uint32_t empty(int st) const {
+    return bar0 + 8u * uint32_t(Tr::kStages + st);
+  }
+  __device__ __forceinline__ uint32_t kv_full() const {
+    return bar0 + 8u * uint32_t(2 * Tr::kStages);
+  }
+  __device__ __forceinline__ uint32_t next() const { return kv_full() + 8u; }
+  __device__ __forceinline__ void init() const {  // one thread
+    for (int i = 0; i < Tr::kStages; ++i) {
+      mbar::init(full(i), 2 * Tr::kLoaderThreads);
+      mbar::init(empty(i), 256);
+    }
+    mbar::init(kv_full(), 2 * Tr::kLoaderThreads);
+  }
+};
+
+// Warps 0 and 1 of a warp-specialized dK / dV kernel (dkdv_sm90_ws_kernel below,
+// dkdv_sm90_d256_kernel): K / V once (published on "kv full"), then each step's kSteps query tiles
+// into the Tr::kStages-deep ring of Tr's layout (mbarriers: WsRing; full[s], empty[s],
+// kv full): Q and dO by TMA when kTma (one thread; their bytes complete "full" with the loader
+// threads' arrives) or by cp.async, the statistics, row indices and mask flags by the threads.
+// A walk of odd length ends with an empty second tile (zero rows) in a paired step.
+template <typename E, typename Tr, int kD, int kSteps, bool kTma>
+__device__ __forceinline__ void ws_load(const Params& p, const Group& G, bool additional, int b,
+                                        int hkv, const int* kv0, int64_t n0, const BwdTma& tm,
+                                        unsigned char* smem, uint32_t base,
+                                        const nbr::Range (&qr)[kAxes], const int (&nq)[kAxes],
+                                        int64_t n_tiles, const uint32_t* s_qoff, float2* s_stat,
+                                        int64_t* s_tok, int* s_full, int tid) {
+  constexpr int kKV = Tr::kKV, kTileQ = Tr::kTileQ, kStages = Tr::kStages, kChunks = kD / 8;
+  const WsRing<Tr> ring{base + Tr::kOffBar};
+  auto full = [&](int st) { return ring.full(st); };
+  const int64_t n_iter = (n_tiles + kSteps - 1) / kSteps;
+  load_kv_rows<E, kKV, Tr::kLoaderThreads, kChunks>(
+      p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK, smem + Tr::kOffV, true,
+      [](int row, int c) { return sw128<kKV>(row, c); });
+  mbar::arrive_cp_async(ring.kv_full());
+  mbar::arrive(ring.kv_full());
+  QWalk w;
+  w.start(p, additional, hkv, qr);
+  for (int64_t it = 0; it < n_iter; ++it) {
+    const int st = int(it % kStages);
+    if (it >= kStages) mbar::wait(ring.empty(st), uint32_t((it / kStages) - 1) & 1u);
+    auto sw = [](int row, int c) { return sw128<kTileQ>(row, c); };
+    // The step's tiles that exist (a walk of odd length ends with an empty second tile).
+    const int64_t left = n_tiles - it * kSteps;
+    const int real = kSteps == 1 || left >= kSteps ? kSteps : int(left);
+    if constexpr (kTma) {
+      // Q and dO by TMA: their bytes complete the stage's "full" phase along with the
+      // loader threads' arrives (below).
+      if (tid == 0) {
+        tma::expect_tx(full(st), uint32_t(real) * 2u * Tr::kTileBytes);
+        QWalk wt = w;
+        for (int h = 0; h < real; ++h) {
+          const uint32_t slot = uint32_t(st * kSteps + h) * Tr::kTileBytes;
+          const uint32_t dq = base + Tr::kOffQ + slot, dO = base + Tr::kOffO + slot;
+          int cq[4], co[4], og[kAxes];
+#pragma unroll
+          // (the maps of Q and dO span the query region: coordinates from its first row)
+          for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, wt.q0[a]) - p.qlo[a];
+          tma::box_coords(tm.q, b, og, wt.h, cq);
+          tma::box_coords(tm.o, b, og, wt.h, co);
+#pragma unroll
+          for (int c = 0; c < kD / 64; ++c) {
+            tma::load_box(dq + c * kTileQ * 128, tm.q, 64 * c, cq, full(st));
+            tma::load_box(dO + c * kTileQ * 128, tm.o, 64 * c, co, full(st));
+          }
+          if (kSteps > 1) wt.next(p, additional, qr, nq);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kSteps; ++h) {
+      const int slot = st * kSteps + h;
+      if (h < real) {
+        load_q_rows<E, kTileQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
+            p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + slot * Tr::kTileBytes,
+            smem + Tr::kOffO + slot * Tr::kTileBytes, s_stat + slot * kTileQ,
+            s_tok + slot * kTileQ, s_full + slot, sw);
+        w.next(p, additional, qr, nq);
+      } else {
+        clear_q_rows<kTileQ, Tr::kLoaderThreads, Tr::kTileBytes>(
+            smem + Tr::kOffQ + slot * Tr::kTileBytes, smem + Tr::kOffO + slot * Tr::kTileBytes,
+            s_stat + slot * kTileQ, s_tok + slot * kTileQ, s_full + slot, tid);
+      }
+    }
+    mbar::arrive_cp_async(full(st));
+    mbar::arrive(full(st));
+  }
+}
+
 template <typename T, int kD, int kStgT = 2, bool kTma = false, int kSteps = 1>
 __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional,
                                                               const __grid_constant__ BwdTma tm) {
@@ -95,7 +193,6 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   constexpr int kStages = Tr::kStages;
   using E = T;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kTileQ = Tr::kTileQ;
-  constexpr int kChunks = kD / 8;
   constexpr int kNB = kQ / 8;
   constexpr int kDB = kD / 8;
 
@@ -108,12 +205,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   int64_t* s_tok = reinterpret_cast<int64_t*>(smem + Tr::kOffTok);
   int64_t* s_dqtok = reinterpret_cast<int64_t*>(smem + Tr::kOffDqTok);
   int* s_full = reinterpret_cast<int*>(smem + Tr::kOffFull);
-  const uint32_t bar0 = base + Tr::kOffBar;
-  auto full = [&](int st) { return bar0 + 8u * uint32_t(st); };
-  auto empty = [&](int st) { return bar0 + 8u * uint32_t(kStages + st); };
-  const uint32_t kv_full = bar0 + 8u * uint32_t(2 * kStages);
-  auto dq_full = [&](int sb) { return kv_full + 8u + 8u * uint32_t(sb); };
-  auto dq_empty = [&](int sb) { return kv_full + 8u + 8u * uint32_t(kStg + sb); };
+  const WsRing<Tr> ring{base + Tr::kOffBar};
+  auto dq_full = [&](int sb) { return ring.next() + 8u * uint32_t(sb); };
+  auto dq_empty = [&](int sb) { return ring.next() + 8u * uint32_t(kStg + sb); };
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -124,11 +218,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
 
   // ---- prologue, every thread: the query tiles, the key rows' inverse windows, the mask sets --
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar::init(full(i), 2 * Tr::kLoaderThreads);  // cp.async arrive + plain arrive per thread
-      mbar::init(empty(i), 256);                     // the compute threads
-    }
-    mbar::init(kv_full, 2 * Tr::kLoaderThreads);
+    ring.init();
     for (int i = 0; i < kStg; ++i) {
       mbar::init(dq_full(i), 256);
       mbar::init(dq_empty(i), 2);  // lane 0 of warps 2 and 3
@@ -145,62 +235,8 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     // ---- data movement ---------------------------------------------------------------------
     mbar::regs_dec<Tr::kProducerRegs>();
     if (warp < 2) {
-      load_kv_rows<E, kKV, Tr::kLoaderThreads, kChunks>(
-          p, G, additional, b, hkv, kv0, n0, smem + Tr::kOffK, smem + Tr::kOffV, true,
-          [](int row, int c) { return sw128<kKV>(row, c); });
-      mbar::arrive_cp_async(kv_full);
-      mbar::arrive(kv_full);
-      QWalk w;
-      w.start(p, additional, hkv, qr);
-      for (int64_t it = 0; it < n_iter; ++it) {
-        const int st = int(it % kStages);
-        if (it >= kStages) mbar::wait(empty(st), uint32_t((it / kStages) - 1) & 1u);
-        auto sw = [](int row, int c) { return sw128<kTileQ>(row, c); };
-        // The step's tiles that exist (a walk of odd length ends with an empty second tile).
-        const int64_t left = n_tiles - it * kSteps;
-        const int real = kSteps == 1 || left >= kSteps ? kSteps : int(left);
-        if constexpr (kTma) {
-          // Q and dO by TMA: their bytes complete the stage's "full" phase along with the
-          // loader threads' arrives (below).
-          if (tid == 0) {
-            tma::expect_tx(full(st), uint32_t(real) * 2u * Tr::kTileBytes);
-            QWalk wt = w;
-            for (int h = 0; h < real; ++h) {
-              const uint32_t slot = uint32_t(st * kSteps + h) * Tr::kTileBytes;
-              const uint32_t dq = base + Tr::kOffQ + slot, dO = base + Tr::kOffO + slot;
-              int cq[4], co[4], og[kAxes];
-#pragma unroll
-              // (the maps of Q and dO span the query region: coordinates from its first row)
-              for (int a = 0; a < kAxes; ++a) og[a] = G.global(p.geo, a, wt.q0[a]) - p.qlo[a];
-              tma::box_coords(tm.q, b, og, wt.h, cq);
-              tma::box_coords(tm.o, b, og, wt.h, co);
-#pragma unroll
-              for (int c = 0; c < kD / 64; ++c) {
-                tma::load_box(dq + c * kTileQ * 128, tm.q, 64 * c, cq, full(st));
-                tma::load_box(dO + c * kTileQ * 128, tm.o, 64 * c, co, full(st));
-              }
-              if (kSteps > 1) wt.next(p, additional, qr, nq);
-            }
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < kSteps; ++h) {
-          const int slot = st * kSteps + h;
-          if (h < real) {
-            load_q_rows<E, kTileQ, Tr::kLoaderThreads, kChunks, decltype(sw), true, !kTma>(
-                p, G, additional, b, kv0, w, s_qoff, smem + Tr::kOffQ + slot * Tr::kTileBytes,
-                smem + Tr::kOffO + slot * Tr::kTileBytes, s_stat + slot * kTileQ,
-                s_tok + slot * kTileQ, s_full + slot, sw);
-            w.next(p, additional, qr, nq);
-          } else {
-            clear_q_rows<kTileQ, Tr::kLoaderThreads, Tr::kTileBytes>(
-                smem + Tr::kOffQ + slot * Tr::kTileBytes, smem + Tr::kOffO + slot * Tr::kTileBytes,
-                s_stat + slot * kTileQ, s_tok + slot * kTileQ, s_full + slot, tid);
-          }
-        }
-        mbar::arrive_cp_async(full(st));
-        mbar::arrive(full(st));
-      }
+      ws_load<E, Tr, kD, kSteps, kTma>(p, G, additional, b, hkv, kv0, n0, tm, smem, base, qr, nq,
+                                       n_tiles, s_qoff, s_stat, s_tok, s_full, tid);
     } else {
       // dQ, warps 2 and 3 (32 rows each: one reducer warp measured 1.01-1.04x slower): each
       // staged row added into dq_accum by one bulk reduction (dq_row <= kD columns; the padding
@@ -239,11 +275,11 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   const uint32_t aV = base + Tr::kOffV + c * 64 * 128;
   QWalk cur;
   cur.start(p, additional, hkv, qr);
-  mbar::wait(kv_full, 0);
+  mbar::wait(ring.kv_full(), 0);
 
   for (int64_t it = 0; it < n_iter; ++it) {
     const int st = int(it % kStages);
-    mbar::wait(full(st), uint32_t(it / kStages) & 1u);
+    mbar::wait(ring.full(st), uint32_t(it / kStages) & 1u);
     wgmma::fence_proxy_async();
     const int* q0 = cur.q0;
     QWalk second;  // a paired step's second tile
@@ -308,7 +344,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     mbar::arrive(dq_full(sb));
     // dV / dK complete before the stage is handed back (Q and dO are their B operands).
     Step::wait_all(acc_dv, acc_dk, ap, ad);
-    mbar::arrive(empty(st));
+    mbar::arrive(ring.empty(st));
     if constexpr (kSteps == 2)
       cur = second.after(p, additional, qr, nq);
     else
