@@ -106,12 +106,6 @@ __device__ __forceinline__ void mask_step(float (&s)[kNB][4], const int* full, c
     if (!full[1]) mask_key_rows_bits<kNB, 8>(s, s_kinv, cm, p, q0b, wrow, lane);
 }
 
-// One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
-// (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
-// aQ / aO, all 128-byte swizzled. kDn: the head-dim columns the products cover, kD or, for head
-// dims up to 32 in the 64-column layout, 32 (the k-steps of S^T / dP^T past them and the zero
-// columns of dV, dK and dQ are skipped; wgmma reads the first half of each 128-byte row).
-// kQ: the step's queries (64, or 128 for two paired tiles: S^T and dP^T are m64n128 products).
 // Every committed wgmma complete, with the register operands `regs` (accumulators, register A
 // operands of the products in flight) fenced on both sides of the wait.
 template <class... R>
@@ -121,6 +115,12 @@ __device__ __forceinline__ void wgmma_wait_all(R&... regs) {
   (wgmma::fence_operands(regs), ...);
 }
 
+// One step's products for one warpgroup, shared by dkdv_sm90_kernel and dkdv_sm90_ws_kernel
+// (bwd_dkdv_sm90_ws.cuh): the warpgroup's 64 keys at aK / aV, the 64-query tile's Q / dO at
+// aQ / aO, all 128-byte swizzled. kDn: the head-dim columns the products cover, kD or, for head
+// dims up to 32 in the 64-column layout, 32 (the k-steps of S^T / dP^T past them and the zero
+// columns of dV, dK and dQ are skipped; wgmma reads the first half of each 128-byte row).
+// kQ: the step's queries (64, or 128 for two paired tiles: S^T and dP^T are m64n128 products).
 template <typename T, int kD, int kKVRows = 128, int kDn = kD, int kQ_ = 64>
 struct Sm90Step {
   using Tag = typename MmaTag<T>::type;
