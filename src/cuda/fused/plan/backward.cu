@@ -223,7 +223,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                      " names another");
   } else if (t.bwd_kernel != BwdKernel::automatic) {
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
-  } else if (hopper_ok && !opt.deterministic) {
+  } else if (hopper_ok && !opt.deterministic && dpad <= 128) {
     // The warp-specialized kernel where each key tile visits many query tiles (its pipeline's
     // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
     // plain one (1.05-1.18x faster on small windows at 128 and 64; H200,
@@ -231,9 +231,12 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // warp-specialized kernel ran forward+backward 1.40-1.44x faster than the plain one
     // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
     // 36% of its instructions (Nsight Compute).
-    family = dpad == 256 || bwd_visits_per_key_tile(pr, p, dpad) >= 16.0
-                 ? fused::BwdFamily::sm90ws
-                 : fused::BwdFamily::sm90;
+    // Padded head dim 256 keeps the sm80 kernels unless tuning or a configuration names sm90ws
+    // (bwd_dkdv_sm90_d256.cuh: 1.59x forward+backward on whole-grid windows, H200): a variant of
+    // that kernel with the same masking and softmax gave a NaN in dQ on one float16 case of the
+    // GPU suite's configuration sweep (2026-11-27), not yet explained or run against this one.
+    family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
+                                                          : fused::BwdFamily::sm90;
   }
   if (pr.rpb) {
     // The bias is in the sm80 and plain Hopper dK / dV kernels (and the sm80 dQ kernel of the
