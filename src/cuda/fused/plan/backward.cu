@@ -212,7 +212,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                      "' is not a cuda-fused backward configuration for this problem (see "
                      "fna::fused_backward_configs)");
   }
-  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90ws);
+  // Both Hopper kernels (plain and warp-specialized) built for this call: the plan's choice.
+  const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90);
   fused::BwdFamily family = fused::BwdFamily::sm80;
   if (named != nullptr) {
     family = named->family;
@@ -223,7 +224,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                      " names another");
   } else if (t.bwd_kernel != BwdKernel::automatic) {
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
-  } else if (hopper_ok && !opt.deterministic && dpad <= 128) {
+  } else if (hopper_ok && !opt.deterministic) {
     // The warp-specialized kernel where each key tile visits many query tiles (its pipeline's
     // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
     // plain one (1.05-1.18x faster on small windows at 128 and 64; H200,
@@ -231,10 +232,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // warp-specialized kernel ran forward+backward 1.40-1.44x faster than the plain one
     // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
     // 36% of its instructions (Nsight Compute).
-    // Padded head dim 256 keeps the sm80 kernels unless tuning or a configuration names sm90ws
-    // (bwd_dkdv_sm90_d256.cuh: 1.59x forward+backward on whole-grid windows, H200): a variant of
-    // that kernel with the same masking and softmax gave a NaN in dQ on one float16 case of the
-    // GPU suite's configuration sweep (2026-11-27), not yet explained or run against this one.
+    // Padded head dim 256 (no plain kernel) keeps the sm80 kernels unless tuning or a
+    // configuration names sm90ws (bwd_dkdv_sm90_d256.cuh: 1.59x forward+backward on whole-grid
+    // windows, H200): a variant of that kernel with the same masking and softmax gave a NaN in
+    // dQ on one float16 case of the GPU suite's configuration sweep (2026-11-27), not yet
+    // explained or run against this one.
     family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
                                                           : fused::BwdFamily::sm90;
   }
