@@ -20,9 +20,10 @@
 // Two mbarriers between the compute warpgroups, one phase per step: "P ready" (warpgroup 0 arrives
 // after writing P^T, warpgroup 1 waits) and "dS ready" (warpgroup 1 arrives after writing dS^T,
 // warpgroup 0 waits); an arrive releases the thread's shared-memory accesses before it, a wait
-// acquires them. Warpgroup 0 writes the next step's P^T only after its own products of this step
-// (which read dS^T) are complete, and warpgroup 1 rewrites dS^T only after "P ready", so the
-// buffers need no third barrier.
+// acquires them; warpgroup 1 also waits for "dS ready" itself, since its dQ product reads the
+// rows of all its warps. Warpgroup 0 writes the next step's P^T only after its own products of
+// this step (which read dS^T) are complete, and warpgroup 1 rewrites dS^T only after "P ready",
+// so the buffers need no third barrier.
 #pragma once
 
 #include <string>
@@ -221,6 +222,9 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
         for (int i = 0; i < 4; ++i) xu[(kk * 4 + i) * 128 + wt] = ad[kk][i];
       wgmma::fence_proxy_async();  // dS^T, for the dQ products' async proxy
       mbar::arrive(ds_ready);
+      // This warpgroup's own dQ product reads the dS^T rows its other warps wrote: wait for the
+      // phase (every thread of warpgroup 1 has arrived) before issuing it.
+      mbar::wait(ds_ready, uint32_t(it) & 1u);
     }
 
     // dV_c += P^T dO[:, half c], dK_c += dS^T Q[:, half c] (B read transposed: regions 2c, 2c + 1
