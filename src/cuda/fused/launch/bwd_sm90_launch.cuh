@@ -34,24 +34,32 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   return launch_error("dkdv (sm90, additional, atomic dq)");
 }
 
-// The warp-specialized Hopper dK / dV kernel with kSteps query tiles per step: its neighborhood
-// launch by TMA when l.tma.on, the additional keys' launch (query tiles in flat token order) by
-// cp.async.
+// A warp-specialized Hopper dK / dV kernel's two launches: over the neighborhood (`kernel`: the TMA
+// instance when l.tma.on) and over the additional keys (`plain`: query tiles in flat token order,
+// by cp.async). `what` names the kernel in errors.
+template <class K>
+Status launch_ws_grids(K kernel, K plain, int threads, size_t smem, const std::string& what,
+                       const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  const BwdTma off{};  // on = 0
+  const std::string name = "dkdv kernel (" + what + ", atomic dq)";
+  Status st = set_smem(kernel, smem, name.c_str());
+  if (!st.ok()) return st;
+  kernel<<<l.grid_dkdv, threads, smem, stream>>>(p, false, l.tma);
+  st = launch_error(("dkdv (" + what + ", atomic dq)").c_str());
+  if (!st.ok() || l.grid_add.x == 0) return st;
+  st = set_smem(plain, smem, name.c_str());
+  if (!st.ok()) return st;
+  plain<<<l.grid_add, threads, smem, stream>>>(p, true, off);
+  return launch_error(("dkdv (" + what + ", additional, atomic dq)").c_str());
+}
+
+// The warp-specialized Hopper dK / dV kernel with kSteps query tiles per step.
 template <typename T, int kD, int kSteps>
 Status launch_ws(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90WsTraits<T, kD, 2, kSteps>;
-  const BwdTma off{};  // on = 0
   auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false, kSteps>;
-  auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, kSteps> : plain;
-  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
-  if (!st.ok()) return st;
-  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
-  st = launch_error("dkdv (sm90ws, atomic dq)");
-  if (!st.ok() || l.grid_add.x == 0) return st;
-  st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws, atomic dq)");
-  if (!st.ok()) return st;
-  plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
-  return launch_error("dkdv (sm90ws, additional, atomic dq)");
+  return launch_ws_grids(l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, kSteps> : plain, plain,
+                         Tr::kThreads, Tr::kSmem, "sm90ws", p, l, stream);
 }
 
 // The padded-head-dim-256 warp-specialized kernel (bwd_dkdv_sm90_d256.cuh; 64-key tiles x 64
@@ -59,18 +67,9 @@ Status launch_ws(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
 template <typename T>
 Status launch_d256(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90D256Traits<T>;
-  const BwdTma off{};  // on = 0
   auto plain = dkdv_sm90_d256_kernel<T, false>;
-  auto kernel = l.tma.on ? dkdv_sm90_d256_kernel<T, true> : plain;
-  Status st = set_smem(kernel, Tr::kSmem, "dkdv kernel (sm90ws d256, atomic dq)");
-  if (!st.ok()) return st;
-  kernel<<<l.grid_dkdv, Tr::kThreads, Tr::kSmem, stream>>>(p, false, l.tma);
-  st = launch_error("dkdv (sm90ws d256, atomic dq)");
-  if (!st.ok() || l.grid_add.x == 0) return st;
-  st = set_smem(plain, Tr::kSmem, "dkdv kernel (sm90ws d256, atomic dq)");
-  if (!st.ok()) return st;
-  plain<<<l.grid_add, Tr::kThreads, Tr::kSmem, stream>>>(p, true, off);
-  return launch_error("dkdv (sm90ws d256, additional, atomic dq)");
+  return launch_ws_grids(l.tma.on ? dkdv_sm90_d256_kernel<T, true> : plain, plain, Tr::kThreads,
+                         Tr::kSmem, "sm90ws d256", p, l, stream);
 }
 
 // The plan's Hopper dK / dV kernel: plain (sm90; 64- or 128-key tiles) or warp-specialized (sm90ws; its neighborhood
@@ -84,8 +83,6 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
       return {Code::runtime_error, "dkdv (sm90): head dim 256 has the warp-specialized kernel only"};
     st = launch_d256<T>(p, l, stream);
     if (!st.ok()) return st;
-    launch_dq_convert<T>(p, stream);
-    return launch_error("dq convert");
   } else if (l.family == fused::BwdFamily::sm90ws) {
     if constexpr (kD == 64) {
       st = l.q_steps == 2 ? launch_ws<T, kD, 2>(p, l, stream) : launch_ws<T, kD, 1>(p, l, stream);
