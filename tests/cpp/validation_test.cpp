@@ -224,14 +224,14 @@ TEST(Validation, BackwardConfigTable) {
         ASSERT_FALSE(names.empty()) << rank << " " << tokens[t] << " " << dim;
         EXPECT_GE(names.size(), rank == 1 ? 1u : 2u) << names[0];
         // The dK / dV kernel family leads the name: sm80 everywhere, the Hopper families only
-        // for 16-bit head dims up to 128.
+        // for 16-bit head dims: sm90 up to 128, the warp-specialized sm90ws up to 256.
         const std::string tail = std::string("_") + tokens[t] + "_d" + std::to_string(pad) + "_kv";
-        const bool hopper_ok = t != 0 && pad <= 128;
+        const bool sm90_ok = t != 0 && pad <= 128;
+        const bool sm90ws_ok = t != 0 && pad <= 256;
         for (size_t i = 0; i < names.size(); ++i) {
           bool known = names[i].rfind("fna_bwd_sm80" + tail, 0) == 0;
-          if (hopper_ok)
-            known = known || names[i].rfind("fna_bwd_sm90" + tail, 0) == 0 ||
-                    names[i].rfind("fna_bwd_sm90ws" + tail, 0) == 0;
+          if (sm90_ok) known = known || names[i].rfind("fna_bwd_sm90" + tail, 0) == 0;
+          if (sm90ws_ok) known = known || names[i].rfind("fna_bwd_sm90ws" + tail, 0) == 0;
           EXPECT_TRUE(known) << names[i];
           // rank - 1 'x' per shape, four shapes
           EXPECT_EQ(std::count(names[i].begin(), names[i].end(), 'x'), 4 * (rank - 1)) << names[i];
