@@ -1,0 +1,47 @@
+# ctest fna_cmake_package: install fna's C++ component from the test build into a scratch prefix,
+# configure tests/package against it (find_package(fna)), build it and run the program.
+foreach(v FNA_BUILD FNA_WORK FNA_CONSUMER FNA_GENERATOR FNA_CXX)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "run.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${FNA_WORK})
+set(prefix ${FNA_WORK}/prefix)
+
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc})")
+  endif()
+endfunction()
+
+step("install" ${CMAKE_COMMAND} --install ${FNA_BUILD} --component fna_dev --prefix ${prefix})
+foreach(f include/fna/fna.h)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "the install lacks ${f}")
+  endif()
+endforeach()
+file(GLOB_RECURSE configs ${prefix}/*/fnaConfig.cmake)
+file(GLOB_RECURSE archives ${prefix}/*/libfna.a)
+if(NOT configs OR NOT archives)
+  message(FATAL_ERROR "the install lacks fnaConfig.cmake or libfna.a")
+endif()
+# Only the C++ component: the Python extension is not in it.
+file(GLOB_RECURSE stray ${prefix}/*_C*.so)
+if(stray)
+  message(FATAL_ERROR "the fna_dev component installed the Python extension: ${stray}")
+endif()
+
+set(gen -G ${FNA_GENERATOR})
+if(FNA_MAKE_PROGRAM)
+  list(APPEND gen -DCMAKE_MAKE_PROGRAM=${FNA_MAKE_PROGRAM})
+endif()
+# A CUDA build's package needs the toolkit's runtime library: the one fna was built with.
+if(FNA_CUDA_ROOT)
+  list(APPEND gen -DCUDAToolkit_ROOT=${FNA_CUDA_ROOT})
+endif()
+step("configure" ${CMAKE_COMMAND} -S ${FNA_CONSUMER} -B ${FNA_WORK}/build ${gen}
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${FNA_CXX} -DCMAKE_PREFIX_PATH=${prefix})
+step("build" ${CMAKE_COMMAND} --build ${FNA_WORK}/build)
+step("run" ${FNA_WORK}/build/consumer)
