@@ -21,9 +21,10 @@
 // after writing P^T, warpgroup 1 waits) and "dS ready" (warpgroup 1 arrives after writing dS^T,
 // warpgroup 0 waits); an arrive releases the thread's shared-memory accesses before it, a wait
 // acquires them; warpgroup 1 also waits for "dS ready" itself, since its dQ product reads the
-// rows of all its warps. Warpgroup 0 writes the next step's P^T only after its own products of
-// this step (which read dS^T) are complete, and warpgroup 1 rewrites dS^T only after "P ready",
-// so the buffers need no third barrier.
+// rows of all its warps, and its warps meet at a named barrier (bar 2, 128 threads) before
+// rewriting them. Warpgroup 0 writes the next step's P^T only after its own products of this step
+// (which read dS^T) are complete, and warpgroup 1 rewrites dS^T only after "P ready", so the
+// buffers between the warpgroups need no third barrier.
 #pragma once
 
 #include <string>
@@ -195,6 +196,10 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
 #pragma unroll
         for (int i = 0; i < 4; ++i) ad[kk][i] = xu[(kk * 4 + i) * 128 + wt];
     } else {
+      // Warpgroup 1's dQ products of the last step read the dS^T rows of all its warps: each
+      // warp has waited for its own (wgmma_wait_all) before this barrier, and rewrites its rows
+      // only after it (warpgroup 0's products are ordered by "P ready").
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");
       mbar::wait(p_ready, uint32_t(it) & 1u);
       // Each slot [element][thread] is read and rewritten by the same thread: no barrier here.
 #pragma unroll
