@@ -467,9 +467,10 @@ def test_fused_backward_configs_listing():
             for dim, pad in ((32, 64), (96, 128), (160, 256), (256, 256)):
                 names = fna.fused_backward_configs(rank, dtype, dim)
                 assert names and len(set(names)) == len(names), (rank, dtype, dim, names)
-                # The dK / dV kernel family leads the name: sm80 everywhere, the Hopper ones
-                # (sm90, sm90ws) only for 16-bit head dims up to 128.
-                families = ("sm80", "sm90", "sm90ws") if tok != "f32" and pad <= 128 else ("sm80",)
+                # The dK / dV kernel family leads the name: sm80 everywhere, the Hopper ones only
+                # for 16-bit head dims: sm90 up to 128, the warp-specialized sm90ws up to 256.
+                families = ("sm80",) + (("sm90",) if tok != "f32" and pad <= 128 else ()) + \
+                    (("sm90ws",) if tok != "f32" else ())
                 for n in names:
                     assert any(n.startswith(f"fna_bwd_{f}_{tok}_d{pad}_kv") for f in families), n
                     shapes = [p.lstrip("dqkv") for p in n.split("_")[5:]]

@@ -234,9 +234,9 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // 36% of its instructions (Nsight Compute).
     // Padded head dim 256 (no plain kernel) keeps the sm80 kernels unless tuning or a
     // configuration names sm90ws (bwd_dkdv_sm90_d256.cuh: 1.59x forward+backward on whole-grid
-    // windows, H200): a variant of that kernel with the same masking and softmax gave a NaN in
-    // dQ on one float16 case of the GPU suite's configuration sweep (2026-11-27), not explained
-    // (a race found while looking, warpgroup 1's dQ read of dS^T, is fixed but not yet run).
+    // windows, H200) until a GPU run checks the fixes of the NaN a variant of it gave in dQ on a
+    // float16 case with additional keys (the additional-key tile's rows past the last key were
+    // unmasked in every dK / dV kernel: bwd_ktile.cuh key_tile_windows; 2026-11-27).
     family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
                                                           : fused::BwdFamily::sm90;
   }

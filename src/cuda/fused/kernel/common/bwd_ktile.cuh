@@ -53,13 +53,28 @@ __device__ __forceinline__ void load_kv_rows(const Params& p, const Group& G, bo
 }
 
 // The inverse windows of the key tile's keys per axis into s_kinv ([kKV][kAxes]; keys outside the
-// group get empty ones), neighborhood mode only: one (key, axis) pair per thread, the last axes
-// first (a rank below 3 pads the first axes with length 1, whose searches take no step). The
-// caller's barrier makes them visible to key_tile_ranges and the border masks.
+// group get empty ones): one (key, axis) pair per thread, the last axes first (a rank below 3 pads
+// the first axes with length 1, whose searches take no step). The caller's barrier makes them
+// visible to key_tile_ranges and the border masks.
+// Additional mode (the tile holds additional keys n0 ..): every query sees every additional key,
+// so an existing key gets a range that covers any query tile (kAllQueries, clamped by the masks)
+// and a row past the last key an empty one. The masks (qtile_full is false in additional mode)
+// then give those rows P = 0. Unmasked, a row past the last key (zero K and V) has P =
+// exp2(-LSE), which for a query whose LSE is far below 0 overflows a 16-bit dS^T, and that inf
+// times the row's zero K is a NaN in dQ.
+constexpr int kAllQueries = 1 << 29;
 template <int kKV>
 __device__ __forceinline__ void key_tile_windows(const Params& p, const Group& G, bool additional,
-                                                 const int* kv0, int2* s_kinv) {
-  if (additional) return;
+                                                 const int* kv0, int64_t n0, int2* s_kinv) {
+  if (additional) {
+    for (int idx = threadIdx.x; idx < kKV * kAxes; idx += blockDim.x) {
+      const int key = idx % kKV;
+      s_kinv[key * kAxes + idx / kKV] = n0 + key < p.num_add
+                                            ? make_int2(-kAllQueries, kAllQueries)
+                                            : make_int2(0, 0);
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kKV * kAxes; idx += blockDim.x) {
     const int key = idx % kKV, ax = kAxes - 1 - idx / kKV;
     const uint32_t off = pack_offsets(p.tkv, key);

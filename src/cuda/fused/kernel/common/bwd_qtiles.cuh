@@ -77,7 +77,9 @@ struct QWalk {
 };
 
 // A (key tile, query tile) pair needs no mask when both lie inside the group and the keys are in
-// every window of the query tile: on every axis (qtile_full_axis), or in additional mode.
+// every window of the query tile, on every axis (qtile_full_axis). In additional mode the mask
+// keeps the rows of existing keys whole and clears the rows past the last one
+// (key_tile_windows).
 __device__ __forceinline__ bool qtile_full_axis(const nbr::Axis& axis, int len, int q0, int tq,
                                                 int kv0, int tkv) {
   const int q1 = q0 + tq, k1 = kv0 + tkv;
@@ -92,7 +94,7 @@ __device__ __forceinline__ int pick_axis(const int* v, int a) {
 }
 __device__ __forceinline__ bool qtile_full(const Params& p, const Group& G, bool additional,
                                            const int* kv0, const int* q0) {
-  if (additional) return true;
+  if (additional) return false;
   for (int a = 0; a < kAxes; ++a)
     if (!qtile_full_axis(p.geo.axis[a], G.len[a], q0[a], p.tq[a], kv0[a], p.tkv[a])) return false;
   return true;
@@ -162,9 +164,10 @@ __device__ __forceinline__ void load_q_rows(const Params& p, const Group& G, boo
     if (threadIdx.x >= kThreads - 32) {
       const int a = int(threadIdx.x) - (kThreads - 32);
       static_assert(kAxes == 3, "pick_axis");
-      const bool ok = additional || a >= kAxes ||
-                      qtile_full_axis(p.geo.axis[a], pick_axis(G.len, a), pick_axis(w.q0, a),
-                                      p.tq[a], pick_axis(kv0, a), p.tkv[a]);
+      const bool ok = !additional &&
+                      (a >= kAxes ||
+                       qtile_full_axis(p.geo.axis[a], pick_axis(G.len, a), pick_axis(w.q0, a),
+                                       p.tq[a], pick_axis(kv0, a), p.tkv[a]));
       const unsigned all = __ballot_sync(0xffffffffu, ok);
       if (a == 0) *full = all == 0xffffffffu;
     }

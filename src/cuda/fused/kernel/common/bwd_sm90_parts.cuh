@@ -79,10 +79,11 @@ __device__ __forceinline__ unsigned char* smem_1024(unsigned char* raw_ptr, uint
 // more (the warp-specialized kernel's consumers 300 bytes of loads instead of 0-48).
 template <int kKV, int kQ, bool kSearch = false>
 __device__ __forceinline__ int64_t sm90_query_setup(const Params& p, const Group& G,
-                                                    bool additional, const int* kv0, int2* s_kinv,
+                                                    bool additional, const int* kv0,
+                                                    int64_t n0, int2* s_kinv,
                                                     uint32_t* s_qoff, uint64_t* s_cm,
                                                     nbr::Range (&qr)[kAxes], int (&nq)[kAxes]) {
-  key_tile_windows<kKV>(p, G, additional, kv0, s_kinv);
+  key_tile_windows<kKV>(p, G, additional, kv0, n0, s_kinv);
   int64_t n_tiles = 0;
   if constexpr (kSearch)
     n_tiles = key_tile_ranges<kQ, true>(p, G, additional, kv0, s_kinv, qr, nq);

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   // Inverse windows of this tile's keys: the mask of border tiles reads them.
   nbr::Range qr[kAxes];  // queries to visit per axis (neighborhood mode)
   int nq[kAxes];
-  key_tile_windows<kKV>(p, G, additional, kv0, s_kinv);
+  key_tile_windows<kKV>(p, G, additional, kv0, n0, s_kinv);
   if (tid < kQ) s_qoff[tid] = pack_offsets(p.tq, tid);
   __syncthreads();  // s_qoff is read by the first query-tile load, s_kinv by key_tile_ranges
   const int64_t n_tiles = key_tile_ranges<kQ>(p, G, additional, kv0, s_kinv, qr, nq);

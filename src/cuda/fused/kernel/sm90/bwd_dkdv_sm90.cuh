@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
   const int64_t n_tiles =
-      sm90_query_setup<kKV, kTileQ, kBias>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+      sm90_query_setup<kKV, kTileQ, kBias>(p, G, additional, kv0, n0, s_kinv, s_qoff, s_cm, qr, nq);
   const int64_t n_iter = (n_tiles + kSteps - 1) / kSteps;  // steps
 
   // The query tiles (bwd_qtiles.cuh): Q, dO, statistics and row indices into tile slot `slot`

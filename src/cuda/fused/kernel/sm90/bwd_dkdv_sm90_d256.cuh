@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_d256_kernel(const Params p,
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
   const int64_t n_iter =
-      sm90_query_setup<kKV, kQ, true>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+      sm90_query_setup<kKV, kQ, true>(p, G, additional, kv0, n0, s_kinv, s_qoff, s_cm, qr, nq);
 
   if (wg == 0) {
     // ---- data movement (dkdv_sm90_ws_kernel's loader warps) --------------------------------

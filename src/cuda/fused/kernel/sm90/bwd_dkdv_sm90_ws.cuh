@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   int nq[kAxes];
   uint64_t* s_cm = reinterpret_cast<uint64_t*>(smem + Tr::kOffCm);
   const int64_t n_tiles =
-      sm90_query_setup<kKV, kTileQ, true>(p, G, additional, kv0, s_kinv, s_qoff, s_cm, qr, nq);
+      sm90_query_setup<kKV, kTileQ, true>(p, G, additional, kv0, n0, s_kinv, s_qoff, s_cm, qr, nq);
   const int64_t n_iter = (n_tiles + kSteps - 1) / kSteps;  // steps
 
   if (wg == 0) {
