@@ -101,11 +101,28 @@ def make(case, seed, dtype=torch.float32, D=8, Dv=6, B=2, device="cpu", rpb_dtyp
     return low, ref
 
 
-def run_case(case, backend, seed, what):
+def mask_bias(fill, limit):
+    """An edit of a 1-D bias table [H, 2K - 1]: `fill` at relative offsets beyond `limit` (a bias
+    used as a distance mask; fill -inf, or float32's lowest, the usual mask value)."""
+    def edit(rpb):
+        with torch.no_grad():
+            off = torch.arange(rpb.shape[-1]) - (rpb.shape[-1] - 1) // 2
+            rpb[:, (off.abs() > limit).to(rpb.device)] = fill
+    return edit
+
+
+MASK_FILLS = [-math.inf, float(np.finfo(np.float32).min)]
+
+
+def run_case(case, backend, seed, what, rpb_edit=None):
     """Forward (output, LSE) and the gradients of q, k, v, rpb (and additional keys / values)
-    of a loss on both, fna in float32 against the float64 reference. Raises AssertionError."""
+    of a loss on both, fna in float32 against the float64 reference. Raises AssertionError.
+    rpb_edit: applied to both bias tables first."""
     rank, shape, ks, st, dil, causal = case[:6]
     low, ref = make(case, seed)
+    if rpb_edit is not None:
+        rpb_edit(low["rpb"])
+        rpb_edit(ref["rpb"])
     scale = 0.45
     kw = dict(stride=st, dilation=dil, is_causal=causal, scale=scale)
     if backend == "composition":  # what the CUDA backends run: qk, gathered bias, softmax, av
@@ -147,6 +164,17 @@ def test_matches_float64_reference(i, backend):
                      additional_values=low["add_v"],
                      backend="cpu" if backend == "composition" else backend)
     assert (out - plain).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("fill", MASK_FILLS, ids=["-inf", "float32-lowest"])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_bias_as_a_mask(fill, backend):
+    """A bias of -inf (or float32's lowest) beyond a distance of 9 on a 40-long axis with a
+    whole-axis window: every row keeps 10-19 keys; output, LSE and gradients finite and equal to
+    the float64 reference (d rpb is 0 at the masked entries)."""
+    case = (1, [40], [40], [1], [1], [False], 2, 1, 0)
+    run_case(case, backend, seed_of("rpb-mask", backend), f"mask {fill} {backend}",
+             rpb_edit=mask_bias(fill, 9))
 
 
 @pytest.mark.parametrize("rank", [1, 2, 3])

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import fna  # noqa: E402
 from helpers import random_params, seed_of  # noqa: E402
-from test_rpb import CASES, NA, make, reference  # noqa: E402
+from test_rpb import CASES, MASK_FILLS, NA, make, mask_bias, reference  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -59,9 +59,12 @@ def _close(a, b, tol, what):
     assert err <= tol * mag, f"{what}: max error {err:.3g} > {tol * mag:.3g}"
 
 
-def _run(case, dtype, seed, what, D=16, Dv=16, query_offset=None, **kw):
+def _run(case, dtype, seed, what, D=16, Dv=16, query_offset=None, rpb_edit=None, **kw):
     rank, shape, ks, st, dil, causal = case[:6]
     low, ref = _make(case, seed, dtype, D, Dv)
+    if rpb_edit is not None:  # applied to both bias tables
+        rpb_edit(low["rpb"])
+        rpb_edit(ref["rpb"])
     scale = 0.3
     args = dict(stride=st, dilation=dil, is_causal=causal, scale=scale)
     q = low["q"]
@@ -135,6 +138,19 @@ def test_random_problems(rank):
         shape, ks, st, dil, causal = random_params(rng, rank, max_len=[40, 14, 8][rank - 1])
         case = (rank, shape, ks, st, dil, causal, 2, 1 + c % 2, c % 2)
         _run(case, torch.bfloat16, seed_of("rpb-cuda-random-data", rank, c), f"random {case}")
+
+
+@pytest.mark.parametrize("fill", MASK_FILLS, ids=["-inf", "float32-lowest"])
+def test_bias_as_a_mask(fill):
+    """A bias of -inf (or float32's lowest, which overflows to -inf once divided by the scale)
+    beyond a distance of 40 on a 128-long axis with a whole-axis window: every key tile is on the
+    unmasked path, and for the last rows the first tiles hold only -inf scores. The online softmax
+    must give those rows p = 0, not NaN (inf - inf), in every forward variant; output, LSE and
+    gradients match the float64 reference."""
+    case = (1, [128], [128], [1], [1], [False], 2, 1, 0)
+    for name, kw in _variants():
+        _run(case, torch.bfloat16, seed_of("rpb-cuda-mask", name), f"mask {fill} {name}",
+             rpb_edit=mask_bias(fill, 40), **kw)
 
 
 def test_bias_matters():

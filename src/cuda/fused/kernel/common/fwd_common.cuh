@@ -250,6 +250,8 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMT][Tr::kStepN / 8][4
 // Online softmax of one step's scores s (in place: s becomes P) and the running max / sum update;
 // returns whether a row's reference max moved, i.e. O must be scaled by `alpha` (rescale_o)
 // before the step's P V is added. O itself is not touched, so it may be an MMA in flight.
+// kMasked: a row of the step may hold only -inf scores (a masked tile, or any tile of a call with
+// a bias, whose entries may be -inf or overflow to it once divided by the scale).
 template <class Tr, bool kMasked>
 __device__ __forceinline__ bool softmax_scores(FwdState<Tr>& st,
                                                float (&s)[Tr::kMT][Tr::kStepN / 8][4],
@@ -274,8 +276,8 @@ __device__ __forceinline__ bool softmax_scores(FwdState<Tr>& st,
       const float m_old = st.m[mt][r];
       const bool move = cand > m_old + kSlack;  // false for -inf vs -inf
       const float m_new = move ? cand : m_old;
-      // A row with no key so far (only in masked tiles) keeps m = -inf; exponentiate against 0
-      // then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
+      // A row with no finite score so far (only where kMasked) keeps m = -inf; exponentiate
+      // against 0 then, so every p is exp2(-inf) = 0 and no inf - inf NaN appears.
       const float m_use = (kMasked && m_new == -INFINITY) ? 0.f : m_new;
       alpha[mt][r] = move ? mma::fast_exp2(m_old - m_use) : 1.f;
       rescale = rescale || move;

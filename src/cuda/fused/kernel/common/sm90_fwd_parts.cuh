@@ -262,7 +262,7 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
   if constexpr (kBias) {
     const float sl2 = guarded ? p.scale_log2 : add_bias<Tr, KT, kMasked>(s, tile, br, p, 0);
-    softmax_update<Tr, kMasked>(st, s, sl2);
+    softmax_update<Tr, true>(st, s, sl2);  // a bias may make a row all -inf
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
   }

@@ -303,7 +303,7 @@ __device__ __forceinline__ void fwd_step(FwdState<Tr>& st, const typename Tr::El
 
   if constexpr (kBias) {
     const float sl2 = guarded ? p.scale_log2 : add_bias<Tr, KT, kMasked>(s, tile, br, p, col0);
-    softmax_update<Tr, kMasked>(st, s, sl2);
+    softmax_update<Tr, true>(st, s, sl2);  // a bias may make a row all -inf
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
   }

@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       if constexpr (kSplit) mbar::arrive(empty(stage));  // K read
       if (cur.inside) {
         if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
-        softmax_update<Tr, false>(st, s, sl2);
+        softmax_update<Tr, kBias>(st, s, sl2);  // a bias may make a row all -inf
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
         if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         bool rescale;
         if (cur.inside) {
           if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
-          rescale = softmax_scores<Tr, false>(st, s, sl2, alpha);
+          rescale = softmax_scores<Tr, kBias>(st, s, sl2, alpha);
         } else {
           apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
           if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
