@@ -17,6 +17,15 @@ __device__ __forceinline__ void init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
+// After a thread's inits of barriers that TMA copies complete (their transaction counts are the
+// async proxy's), before the CTA barrier that publishes them: the initialized barriers become
+// visible to the async proxy too (sm_90; nothing elsewhere, where no TMA runs).
+__device__ __forceinline__ void fence_init_for_tma() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Arrive (release semantics at CTA scope): the thread's earlier shared-memory writes are visible
 // to threads that observe the phase completing.
 __device__ __forceinline__ void arrive(uint32_t bar) {

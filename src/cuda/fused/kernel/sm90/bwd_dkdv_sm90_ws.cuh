@@ -106,6 +106,7 @@ struct WsRing {
       mbar::init(empty(i), 256);
     }
     mbar::init(kv_full(), 2 * Tr::kLoaderThreads);
+    mbar::fence_init_for_tma();
   }
 };
 

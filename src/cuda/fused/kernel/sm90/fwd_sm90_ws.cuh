@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     mbar::init(q_empty, Tr::kThreads);
     mbar::init(tile_full(0), 1);
     mbar::init(tile_full(1), 1);
+    if constexpr (use_tma) mbar::fence_init_for_tma();
   }
   __syncthreads();
   const Geometry& geo = p.geo;

@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   if (threadIdx.x < slots) {
     mbar::init(full0 + 8 * threadIdx.x, kTma ? 1 : 32);  // the TMA thread, or a warp's lanes
     mbar::init(empty0 + 8 * threadIdx.x, Tr::kWarps);
+    if constexpr (kTma) mbar::fence_init_for_tma();
     handed_back[threadIdx.x] = 0;
   }
   // The ring starts 1024-byte aligned (the 128-byte swizzle of TMA is a function of the address;
