@@ -273,14 +273,17 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   // the i-th: it arrives on the slot's "empty" barrier, and the lane whose count is last waits
   // for that barrier (every warp's reads of the slot done) and copies band + slots into the
   // slot. No fence: one would also wait for this thread's global loads in flight (the next
-  // box's Q).
+  // box's Q). Each round waits only for its own bands to be filled: a band `slots` or more past
+  // the first one not yet handed back is refilled only after this warp's hand-back of the band
+  // `slots` before it, so waiting for all of [released, b) first would wait on this warp itself
+  // (a stride on axis 1 can move a warp's next union more than the ring's length ahead;
+  // tests/cpp/strip_ring_test.cpp).
   auto release_below = [&](int b) {
     b = min(b, n_release);
-    if (released.band >= b) return;
-    wait_filled(b - 1);
-    __syncwarp();
     while (released.band < b) {
       const int n = min(b - released.band, slots);
+      wait_filled(released.band + n - 1);
+      __syncwarp();
       RingCursor mine = released;  // this lane's band (lanes past n: unused)
       mine.advance(lane < n ? lane : 0, slots);
       const int slot = mine.slot;
