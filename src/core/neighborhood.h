@@ -77,8 +77,9 @@ FNA_HD int inverse_search_lo(const Axis& a, int j) {
   return v > 0 ? v : 0;
 }
 FNA_HD int inverse_search_hi(const Axis& a, int lg, int j) {
-  const int v = j + a.kernel + a.stride + 1;
-  return v < lg ? v : lg;
+  // min(j + K + s + 1, lg) without forming the sum where it would pass lg: with K and s near an
+  // axis of 2^30 it would pass 2^31.
+  return lg - j - a.stride > a.kernel + 1 ? j + a.kernel + a.stride + 1 : lg;
 }
 // First i with window(i).end > j: the inverse neighborhood's first query.
 FNA_HD int inverse_begin(const Axis& a, int lg, int j) {

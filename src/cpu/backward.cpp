@@ -175,8 +175,8 @@ static void backward_tile_setup(const Plan& plan, const Panels& panels, const Pa
   b->add_v = av;
   b->d_add_k = sized(ts.d_add_k, static_cast<int64_t>(A) * Dp + 1);
   b->d_add_v = sized(ts.d_add_v, static_cast<int64_t>(A) * Dvp + 1);
-  std::fill(b->d_add_k, b->d_add_k + A * Dp, 0.f);
-  std::fill(b->d_add_v, b->d_add_v + A * Dvp, 0.f);
+  std::fill(b->d_add_k, b->d_add_k + static_cast<int64_t>(A) * Dp, 0.f);
+  std::fill(b->d_add_v, b->d_add_v + static_cast<int64_t>(A) * Dvp, 0.f);
   // Per query: R rows of the widest query-group span (cpu/kernels_impl.h, kGroup = 4).
   const int64_t plane = static_cast<int64_t>(s.R) * padded_window(max_count(s) + 4, plan.vw);
   b->delta = sized(ts.delta, s.T);
@@ -314,8 +314,8 @@ Status backward(const Problem& p, const BackwardArgs& a, const Options& opt) {
         const TileGeom& tg = sc.tile[j0 + i].tg;
         for (int a = 0; a < A; ++a) {
           float* dst = ac.data() + add_base + ((tg.b * A + a) * p.heads_kv + tg.hk) * (Dp + Dvp);
-          for (int e = 0; e < D; ++e) dst[e] += bt[i].d_add_k[a * Dp + e];
-          for (int e = 0; e < Dv; ++e) dst[Dp + e] += bt[i].d_add_v[a * Dvp + e];
+          for (int e = 0; e < D; ++e) dst[e] += bt[i].d_add_k[static_cast<int64_t>(a) * Dp + e];
+          for (int e = 0; e < Dv; ++e) dst[Dp + e] += bt[i].d_add_v[static_cast<int64_t>(a) * Dvp + e];
         }
       }
     }

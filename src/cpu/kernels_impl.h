@@ -452,7 +452,7 @@ static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64
     float* sg = sc + gr.t0 * plane;
     group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, m + gr.t0, nullptr, nullptr);
     for (int t = gr.t0; t < gr.t1; ++t) {
-      float* ag = sadd + t * s.A;
+      float* ag = sadd + static_cast<int64_t>(t) * s.A;
       const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
       for (int n = 0; n < s.A; ++n) {
         ag[n] = scaled_dot(x, a.scale_log2, a.add_k + static_cast<int64_t>(n) * s.Dp, s.Dp);
@@ -462,7 +462,7 @@ static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64
     group_softmax_step(nq, sg, qstride, s.R, gr.Wspan, lo, hi, nullptr, m + gr.t0, l + gr.t0);
     for (int t = gr.t0; t < gr.t1; ++t)
       for (int n = 0; n < s.A; ++n) {
-        float* ag = sadd + t * s.A;
+        float* ag = sadd + static_cast<int64_t>(t) * s.A;
         ag[n] = exp2s(ag[n] - m[t]);
         l[t] += ag[n];
       }
@@ -471,7 +471,7 @@ static void forward_finish(const ForwardTile& a, const Group* grs, int ng, int64
   for (int t = 0; t < s.T; ++t) {
     float* o = a.o + static_cast<int64_t>(t) * a.o_pitch;
     for (int n = 0; n < s.A; ++n)
-      axpy(sadd[t * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
+      axpy(sadd[static_cast<int64_t>(t) * s.A + n], a.add_v + static_cast<int64_t>(n) * s.Dvp, o, s.Dvp);
     const float inv = 1.f / l[t];
     for (int e = 0; e < s.Dvp; e += kVW) st(o + e, ld(o + e) * inv);
     // log2 -> natural log: lse = (m + log2 l) * ln 2.
@@ -519,7 +519,7 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
     float* pg0 = a.p + gr.t0 * plane;
     group_softmax_step(nq, pg0, qstride, s.R, gr.Wspan, lo, hi, m, nullptr, nullptr);
     for (int t = gr.t0; t < gr.t1; ++t) {  // the additional keys' scores (into p_add)
-      float* pa = a.p_add + t * s.A;
+      float* pa = a.p_add + static_cast<int64_t>(t) * s.A;
       const float* x = a.q + static_cast<int64_t>(t) * a.q_pitch;
       float& mt = m[t - gr.t0];
       for (int n = 0; n < s.A; ++n) {
@@ -529,7 +529,7 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
     }
     group_softmax_step(nq, pg0, qstride, s.R, gr.Wspan, lo, hi, nullptr, m, l);
     for (int t = gr.t0; t < gr.t1; ++t) {
-      float* pa = a.p_add + t * s.A;
+      float* pa = a.p_add + static_cast<int64_t>(t) * s.A;
       float& lt = l[t - gr.t0];
       for (int n = 0; n < s.A; ++n) {
         pa[n] = exp2s(pa[n] - m[t - gr.t0]);
@@ -555,10 +555,10 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
     const float* y = a.d_o + static_cast<int64_t>(t) * a.do_pitch;
     float* dq = a.dq + static_cast<int64_t>(t) * a.dq_pitch;
     for (int n = 0; n < s.A; ++n) {
-      const float pn = a.p_add[t * s.A + n];
+      const float pn = a.p_add[static_cast<int64_t>(t) * s.A + n];
       const float dpn = dot(y, a.add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
       const float dsn = pn * (dpn - a.delta[t]);
-      a.ds_add[t * s.A + n] = dsn;
+      a.ds_add[static_cast<int64_t>(t) * s.A + n] = dsn;
       axpy(dsn, a.add_k + static_cast<int64_t>(n) * s.Dp, dq, s.Dp);
     }
     const vf sc = splat(a.scale);
@@ -566,9 +566,9 @@ static void backward_finish(const BackwardTile& a, const Group* grs, int ng, int
   }
   for (int n = 0; n < s.A; ++n)
     for (int t = 0; t < s.T; ++t) {
-      axpy(a.ds_add[t * s.A + n] * a.scale, a.q + static_cast<int64_t>(t) * a.q_pitch,
+      axpy(a.ds_add[static_cast<int64_t>(t) * s.A + n] * a.scale, a.q + static_cast<int64_t>(t) * a.q_pitch,
            a.d_add_k + static_cast<int64_t>(n) * s.Dp, s.Dp);
-      axpy(a.p_add[t * s.A + n], a.d_o + static_cast<int64_t>(t) * a.do_pitch,
+      axpy(a.p_add[static_cast<int64_t>(t) * s.A + n], a.d_o + static_cast<int64_t>(t) * a.do_pitch,
            a.d_add_v + static_cast<int64_t>(n) * s.Dvp, s.Dvp);
     }
 }

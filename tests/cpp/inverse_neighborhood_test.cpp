@@ -127,3 +127,48 @@ TEST(InverseNeighborhood, TileUnionFromItsEndKeysWindows) {
 }
 
 }  // namespace
+
+namespace {
+
+// The inverse window by two binary searches over the whole axis in 64-bit arithmetic: queries
+// [first with window.end > j, first with window.begin > j).
+Range wide_inverse(const Axis& a, int lg, int j) {
+  auto first = [&](auto pred) {
+    int64_t lo = 0, hi = lg;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (pred(fna::nbr::window(a, lg, static_cast<int>(mid))))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return static_cast<int>(lo);
+  };
+  return Range{first([&](const Range& w) { return w.end > j; }),
+               first([&](const Range& w) { return w.begin > j; })};
+}
+
+}  // namespace
+
+// Axes the validation accepts (length up to 2^30) with kernels and strides near the length: the
+// searches' bounds j + K + s + 1 would pass 2^31 in 32-bit arithmetic (they are clamped to the
+// axis without forming the sum). Keys near both ends, causal and not.
+TEST(InverseNeighborhood, AxesNear2To30) {
+  const int L = 1 << 30;
+  for (int K : {3, (1 << 20) + 1, 1 << 29, (1 << 29) + 1, L - 1, L})
+    for (int s : {1, K / 2 + 1, K})
+      for (int causal = 0; causal < 2; ++causal) {
+        const Axis a{L, K, 1, s, causal != 0};
+        for (int j : {0, 1, K - 1, L / 2, L - K, L - 2, L - 1}) {
+          if (j < 0 || j >= L) continue;
+          const Range got = fna::nbr::inverse_window(a, L, j), want = wide_inverse(a, L, j);
+          EXPECT_EQ(got.begin, want.begin) << describe(a, 0) << " key " << j;
+          EXPECT_EQ(got.end, want.end) << describe(a, 0) << " key " << j;
+        }
+      }
+  const int L2 = 715827883;  // the smallest L = K = s with L + K + s + 1 > 2^31 - 1 at key L - 1
+  const Axis b{L2, L2, 1, L2, false};
+  const Range got = fna::nbr::inverse_window(b, L2, L2 - 1);
+  EXPECT_EQ(got.begin, 0);
+  EXPECT_EQ(got.end, L2);
+}

@@ -727,3 +727,16 @@ def test_additional_keys_with_lse_far_below_zero(kernel, dim, dtype):
         mag = max(1.0, float(np.abs(ref[key]).max()))
         err = float(np.abs(np64(got) - ref[key]).max())
         assert err <= 3e-2 * mag, f"{kernel} D={dim} {dtype}: {key} max error {err} ({mag})"
+
+
+def test_backward_grid_rows_of_grouped_heads():
+    """The dK / dV kernels' grid rows are (batch, kv head, dilation group); the dQ kernel's, per
+    query head, exist only in deterministic mode. Batch 4096 x 16 query heads (65536 rows) over
+    one kv head: the fused backward plans (atomic dQ), and the deterministic one does not (its dQ
+    kernel's grid), nor does either with 16 kv heads."""
+    shape = (4096, 8, 8, 16, 64)
+    plan = fna.fused_plan(shape, (3, 3), dtype="bfloat16", heads_kv=1)
+    assert plan["backward_family"] in ("sm80", "sm90", "sm90ws"), plan
+    assert fna.fused_plan(shape, (3, 3), dtype="bfloat16", heads_kv=1,
+                          deterministic=True)["backward_family"] == ""
+    assert fna.fused_plan(shape, (3, 3), dtype="bfloat16")["backward_family"] == ""

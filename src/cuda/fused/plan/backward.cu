@@ -385,11 +385,17 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     int order[kAxes];
     set_walk(&pq, false, dev.sms, t.bwd_walk, pr.rank, order);
   }
+  // Grid rows (gridDim.y <= 65535): the dK / dV kernels' per (batch, kv head, group), the dQ
+  // kernel's (deterministic mode only; otherwise dQ comes from the dK / dV kernels' atomics) per
+  // (batch, query head, group).
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.groups;
-  if (y_dkdv > 65535 || y_dq > 65535 || n_dkdv > INT32_MAX || n_dq > INT32_MAX)
-    return unsupported("batch * heads * dilation groups = " + std::to_string(y_dq) +
-                       " exceeds the grid");
+  if (y_dkdv > 65535 || n_dkdv > INT32_MAX)
+    return unsupported("batch * kv heads * dilation groups = " + std::to_string(y_dkdv) +
+                       " exceeds the backward's grid (65535)");
+  if (l.deterministic && (y_dq > 65535 || n_dq > INT32_MAX))
+    return unsupported("deterministic=true: batch * heads * dilation groups = " +
+                       std::to_string(y_dq) + " exceeds the dQ kernel's grid (65535)");
   l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
   if (pr.rpb && l.deterministic) {
     const double bytes = double(n_dkdv) * double(y_dkdv) * p.heads_per_kv * rpb_entries * 4.0;
