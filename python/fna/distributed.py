@@ -34,12 +34,13 @@ keys / values.
 """
 
 import struct
+import zlib
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from . import _args, _window
+from . import _args, _torch_ops, _window
 from . import functional as _functional
 
 __all__ = ["na1d", "na2d", "na3d", "slab_rows", "plan", "transfers", "Axis", "Segment",
@@ -218,7 +219,8 @@ _META_FIELDS = ["error", "query.shape[1]", "key.shape[1]", "value.shape[1]",
                 "key.shape[-2] (heads_kv)", "value.shape[-1] (dim_v)", "dtype", "device type",
                 "additional_keys given", "additional_keys.shape[1]", "kernel_size", "", "",
                 "stride", "", "", "dilation", "", "", "is_causal", "", "", "scale", "overlap",
-                "requires_grad of (query, key, value, additional_keys, additional_values)"]
+                "requires_grad of (query, key, value, additional_keys, additional_values)",
+                "backend and options"]
 _NAMED = {i: n for i, n in enumerate(_META_FIELDS)}
 for _i, _n in enumerate(_META_FIELDS):
     if _n == "":
@@ -255,6 +257,14 @@ def _meta(fn, rank, query, key, value, ak, av, sp, scale, overlap):
         if key.shape[-1] != query.shape[-1]:
             raise ValueError(f"{fn}: key.shape[-1]={key.shape[-1]} must equal query.shape[-1]="
                              f"{query.shape[-1]}")
+        for name, t in (("additional_keys", ak), ("additional_values", av)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != query.dtype or t.device != query.device:
+                raise TypeError(f"{fn}: {name} is {t.dtype} on {t.device} but query is "
+                                f"{query.dtype} on {query.device}")
         _args.check_pair("additional_keys", ak, "additional_values", av)
         if ak is not None:
             for name, t, dim in (("additional_keys", ak, key.shape[-1]),
@@ -280,12 +290,17 @@ def _meta(fn, rank, query, key, value, ak, av, sp, scale, overlap):
                     if t is not None and t.requires_grad)
         m[0] = 0
         return m, None
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # any local error is raised after the all_gather, on every rank
         m[0] = 1
         return m, e
 
 
-def _agree(fn, group, metas, local_error, sizes_names=("query", "key", "value")):
+def _options_digest(backend, kwargs):
+    """`backend` and the keyword options, as one int64 the ranks compare (a CRC of their repr)."""
+    return zlib.crc32(repr((backend, sorted(kwargs.items()))).encode())
+
+
+def _agree(fn, group, metas, local_error, sizes_names=("query", "key", "value"), options=""):
     bad = [r for r, m in enumerate(metas) if m[0]]
     if bad:
         if local_error is not None:
@@ -296,6 +311,12 @@ def _agree(fn, group, metas, local_error, sizes_names=("query", "key", "value"))
         vals = [m[f] for m in metas]
         if any(v != vals[0] for v in vals):
             name = _NAMED[f]
+            if name == "backend and options":
+                other = [r for r, v in enumerate(vals) if v != vals[0]]
+                raise ValueError(f"{fn}: backend and keyword options ({', '.join(_FORWARD_KWARGS)})"
+                                 f" differ across the ranks of the group: rank {other[0]}'s differ "
+                                 f"from rank 0's; this rank passed {options} (every rank must "
+                                 "pass the same ones)")
             if name.startswith("requires_grad"):
                 vals = [tuple(bool(v >> i & 1) for i in range(5)) for v in vals]
             if name == "scale":
@@ -456,6 +477,8 @@ class _ContextParallelNA(torch.autograd.Function):
     @staticmethod
     def backward(fctx, d_out, d_lse):
         ctx = fctx.ctx
+        # Before any collective (every rank asks for the same create_graph).
+        _torch_ops._no_double_backward(ctx.fn)
         query, k_ext, v_ext, ak, av, out, lse = fctx.saved_tensors
         pl = ctx.plans[ctx.me]
         # No early return when neither output reached this rank's loss: the other ranks post
@@ -555,13 +578,15 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         overlap = _overlap_mode(overlap)
         d = query.shape[-1] if isinstance(query, torch.Tensor) else 1
         scale = _args.resolve_scale(scale, d)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # raised after the all_gather below, on every rank
         err = e if fn in str(e) else type(e)(f"{fn}: {e}")
     if err is None:
         meta, err = _meta(fn, rank, query, key, value, additional_keys, additional_values, sp,
                           scale, overlap)
     else:
         meta = [1] + [0] * (len(_META_FIELDS) - 1)
+    options = f"backend={backend!r}, {dict(sorted(kwargs.items()))}"
+    meta[-1] = _options_digest(backend, kwargs)
     device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
     me = dist.get_rank(group)
     if me < 0:
@@ -572,7 +597,7 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
     metas = [g.tolist() for g in gathered]
-    _agree(fn, group, metas, err)
+    _agree(fn, group, metas, err, options=options)
     sizes = [m[1] for m in metas]
     L = sum(sizes)
     K, s, d, c = sp[0][0], sp[1][0], sp[2][0], sp[3][0]

@@ -301,6 +301,26 @@ def _errors(me, world):
         fd.na2d(q, q, q, 3, **({"bogus": 1} if me == 1 else {}))
     with pytest.raises((TypeError, ValueError), match="return_lse|rank 1 of the group passed"):
         fd.na2d(q, q, q, 3, return_lse="yes" if me == 1 else False)
+    # any local error on one rank, not only a TypeError / ValueError of the checks (a list as
+    # additional keys): every rank raises
+    ak = torch.randn(1, 2, 2, 4)
+    with pytest.raises((TypeError, ValueError),
+                       match="additional_keys must be a torch.Tensor|rank 1 of the group passed"):
+        fd.na2d(q, q, q, 3, additional_keys=[1.0] if me == 1 else ak, additional_values=ak)
+    with pytest.raises((TypeError, ValueError),
+                       match="additional_keys is torch.float16|rank 1 of the group passed"):
+        fd.na2d(q, q, q, 3, additional_keys=ak.half() if me == 1 else ak, additional_values=ak)
+    # the backend and the keyword options are agreed on too (a rank that ran another kernel
+    # or failed inside the call would leave the others waiting in the halo exchange)
+    with pytest.raises(ValueError, match=r"backend and keyword options \(.*\) differ across the "
+                                         r"ranks of the group: rank 1's differ from rank 0's"):
+        fd.na2d(q, q, q, 3, backend="reference" if me == 1 else "cpu")
+    with pytest.raises(ValueError, match="backend and keyword options .* differ"):
+        fd.na2d(q, q, q, 3, **({"num_threads": 1} if me == 0 else {}))
+    # double backward: the single-process error, on every rank, before any collective
+    qg = q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="double backward through fna.distributed.na2d"):
+        torch.autograd.grad(fd.na2d(qg, qg, qg, 3).sum(), qg, create_graph=True)
     # the group is still usable after the errors
     out = fd.na2d(q, q, q, 3)
     assert out.shape == q.shape
