@@ -83,8 +83,8 @@ def fused_configs(rank, dtype, head_dim):
 def fused_backward_configs(rank, dtype, head_dim):
     """Backward tile configurations of cuda-fused (``backward_config=``) for (rank, dtype,
     max(D, D_v)); empty without it or above head dim 256. ``fna_bwd_sm80_*`` run the mma.sync
-    dK / dV kernel, ``fna_bwd_sm90_*`` / ``fna_bwd_sm90ws_*`` the Hopper one (16-bit, head dims up
-    to 128, not deterministic). Without ``backward_config`` the plan searches every tile shape."""
+    dK / dV kernel, ``fna_bwd_sm90_*`` (head dims up to 128) / ``fna_bwd_sm90ws_*`` (up to 256) the
+    Hopper ones (16-bit, not deterministic). Without ``backward_config`` the plan searches every tile shape."""
     return list(_C.fused_backward_configs(rank, _dtype_name(dtype), head_dim))
 
 

@@ -23,7 +23,10 @@ def test_additional_keys_with_lse_far_below_zero(kernel, dim, dtype):
     kernels' additional-key tile has rows past the last additional key (zero K and V), whose P
     must be 0. Unmasked it was exp(-LSE), inf in a 16-bit dS (and past float32's range here), and
     inf times the zero K row made dQ NaN. Each backward family, named by tuning, against the float64
-    oracle on the same rounded inputs."""
+    oracle on the same rounded inputs. Every key here is near one vector (-1), so dQ = scale sum_j
+    dS_j k_j cancels that component exactly (sum_j dS_j = 0) but not after dS is rounded to 16
+    bits: dQ's error grows as eps * scale * sum_j |dS_j| |k_j|, and bfloat16 (8 bits of
+    mantissa) gets a wider bound (3.1-3.7% of the largest gradient on an H200, 2026-11-27)."""
     if kernel != "sm80" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma backward families need compute capability 9.0")
     tdt = TORCH_DTYPE[dtype]
@@ -54,7 +57,8 @@ def test_additional_keys_with_lse_far_below_zero(kernel, dim, dtype):
         assert bool(torch.isfinite(got).all()), f"{kernel} D={dim} {dtype}: {key} not finite"
         mag = max(1.0, float(np.abs(ref[key]).max()))
         err = float(np.abs(np64(got) - ref[key]).max())
-        assert err <= 3e-2 * mag, f"{kernel} D={dim} {dtype}: {key} max error {err} ({mag})"
+        tol = 8e-2 if dtype == "bfloat16" and key == "dq" else 3e-2
+        assert err <= tol * mag, f"{kernel} D={dim} {dtype}: {key} max error {err} ({mag})"
 
 
 def test_backward_grid_rows_of_grouped_heads():

@@ -214,6 +214,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   }
   // Both Hopper kernels (plain and warp-specialized) built for this call: the plan's choice.
   const bool hopper_ok = dev.hopper() && sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90);
+  // Padded head dim 256 has only the warp-specialized Hopper kernel (bwd_dkdv_sm90_d256.cuh):
+  // forward+backward 1.77x the sm80 kernels' on whole-grid windows (bench/dense_bench.py --dims
+  // 256, H200, 2026-11-27: 367-370 against 207-208 TFLOP/s).
+  const bool hopper_d256 = dev.hopper() && dpad == 256 &&
+                           sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90ws);
   fused::BwdFamily family = fused::BwdFamily::sm80;
   if (named != nullptr) {
     family = named->family;
@@ -224,6 +229,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                      " names another");
   } else if (t.bwd_kernel != BwdKernel::automatic) {
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
+  } else if (hopper_d256 && !opt.deterministic) {
+    family = fused::BwdFamily::sm90ws;
   } else if (hopper_ok && !opt.deterministic) {
     // The warp-specialized kernel where each key tile visits many query tiles (its pipeline's
     // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
@@ -232,11 +239,6 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     // warp-specialized kernel ran forward+backward 1.40-1.44x faster than the plain one
     // (bench/dense_bench.py, H200, 2026-11-27): the plain kernel's own query-tile copies were
     // 36% of its instructions (Nsight Compute).
-    // Padded head dim 256 (no plain kernel) keeps the sm80 kernels unless tuning or a
-    // configuration names sm90ws (bwd_dkdv_sm90_d256.cuh: 1.59x forward+backward on whole-grid
-    // windows, H200) until a GPU run checks the fixes of the NaN a variant of it gave in dQ on a
-    // float16 case with additional keys (the additional-key tile's rows past the last key were
-    // unmasked in every dK / dV kernel: bwd_ktile.cuh key_tile_windows; 2026-11-27).
     family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
                                                           : fused::BwdFamily::sm90;
   }
