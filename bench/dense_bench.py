@@ -6,14 +6,15 @@ one process on one GPU (GPU time, gpu_bench.py's timer), and checks that the out
 
     python3 bench/dense_bench.py [--dims 64,128,256] [--shapes 16384/128x128/16x32x32]
         [--batch 1] [--heads 16] [--dtype bf16] [--tuning fwd_schedule=mma_sync] [--no-backward]
-        [--out DIR]
+        [--configs] [--out DIR]
 
 FLOPs: 4 * B * H * N^2 * D forward, 3.5x that forward+backward (docs/semantics.md). "x cudnn" is
 fna's TFLOP/s over cuDNN's (>= 1: fna as fast); "x flash" the same against the flash backend, and
 "x fa4" against FlashAttention 4 (flash_attn.cute, timed where importable; tools/peers/fa4_wheels.sh
 prepares its wheels for the GPU machine; it says why when it is not).
 --tuning passes fna tuning keys (K=V,...): fwd_schedule=mma_sync measures the sm80-class kernels
-(the same mma.sync instructions as FlashAttention-2) on a Hopper GPU.
+(the same mma.sync instructions as FlashAttention-2) on a Hopper GPU. --configs also times the
+forward of every tile configuration fna.fused_plan accepts (is the plan's pick the fastest?).
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def main():
     ap.add_argument("--no-flash", action="store_true")
     ap.add_argument("--no-fa4", action="store_true", help="skip FlashAttention 4 where importable")
     ap.add_argument("--out", default=None, help="directory for results.json")
+    ap.add_argument("--configs", action="store_true",
+                    help="also time the forward of every configuration the plan accepts")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend
     dt = DTYPES[args.dtype]
@@ -109,6 +112,22 @@ def main():
                    "fwd_config": plan["config"], "bwd_config": plan["backward_config"]}
             res["fna_fwd_ms"] = timed(fna_fwd, args.reps, args.warmup)[0]
             out = fna_fwd().float()
+            if args.configs:
+                dtn = str(dt).split(".")[-1]
+                times = {}
+                for name in fna.fused_configs(len(shape), dtn, d):
+                    try:
+                        fna.fused_plan(list(q.shape), list(shape), dtype=dtn, config=name)
+                    except (ValueError, NotImplementedError):
+                        continue
+                    times[name] = timed(lambda name=name: na(q, k, v, list(shape),
+                                                             backend="cuda-fused", config=name),
+                                        args.reps, args.warmup)[0]
+                res["configs_fwd_ms"] = times
+                for name in sorted(times, key=times.get)[:6]:
+                    print(f"{res['shape']:>10s} D {d:3d}: {name:48s} {times[name]:8.3f} ms "
+                          f"{flops / times[name] / 1e9:6.1f} TFLOP/s"
+                          f"{'  (plan)' if name == plan['config'] else ''}", flush=True)
             # The peers' tensors, made outside the timing: (B, H, N, D) copies for SDPA, views
             # of fna's as [B, N, H, D] for FA4.
             lay = {"bhnd": tuple(t.reshape(B, n, H, d).transpose(1, 2).contiguous()

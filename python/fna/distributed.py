@@ -587,7 +587,14 @@ def _na(fn, rank, query, key, value, kernel_size, stride, dilation, is_causal, s
         meta = [1] + [0] * (len(_META_FIELDS) - 1)
     options = f"backend={backend!r}, {dict(sorted(kwargs.items()))}"
     meta[-1] = _options_digest(backend, kwargs)
-    device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
+    # A rank whose query is not a tensor still joins the all_gather, on the device the group's
+    # backend takes (NCCL: this process's current CUDA device).
+    if isinstance(query, torch.Tensor):
+        device = query.device
+    elif str(dist.get_backend(group)) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
     me = dist.get_rank(group)
     if me < 0:
         raise ValueError(f"{fn}: group={group!r} does not contain this process (global rank "
