@@ -123,7 +123,7 @@ def main():
                     times[name] = timed(lambda name=name: na(q, k, v, list(shape),
                                                              backend="cuda-fused", config=name),
                                         args.reps, args.warmup)[0]
-                res["configs_fwd_ms"] = times
+                res["configs_fwd"] = times
                 for name in sorted(times, key=times.get)[:6]:
                     print(f"{res['shape']:>10s} D {d:3d}: {name:48s} {times[name]:8.3f} ms "
                           f"{flops / times[name] / 1e9:6.1f} TFLOP/s"

@@ -310,6 +310,10 @@ def _errors(me, world):
     with pytest.raises((TypeError, ValueError),
                        match="additional_keys is torch.float16|rank 1 of the group passed"):
         fd.na2d(q, q, q, 3, additional_keys=ak.half() if me == 1 else ak, additional_values=ak)
+    # a query that is not a tensor on one rank: that rank still joins the all_gather
+    with pytest.raises((TypeError, ValueError),
+                       match="query must be a torch.Tensor|rank 1 of the group passed"):
+        fd.na2d([1.0] if me == 1 else q, q, q, 3)
     # the backend and the keyword options are agreed on too (a rank that ran another kernel
     # or failed inside the call would leave the others waiting in the halo exchange)
     with pytest.raises(ValueError, match=r"backend and keyword options \(.*\) differ across the "
@@ -399,6 +403,13 @@ def _worker_nccl(me, world, init):
     dist.init_process_group("nccl", init_method=init, rank=me, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     try:
+        # A query that is not a tensor on one rank: that rank joins the all_gather on the
+        # group's device (NCCL takes no CPU tensor) and every rank raises; none hangs.
+        q = torch.randn(1, 8, 5, 2, 32, device=f"cuda:{me}")
+        with pytest.raises((TypeError, ValueError),
+                           match="query must be a torch.Tensor|rank 1 of the group passed"):
+            fd.na2d([1.0] if me == 1 else q, q, q, 3)
+        assert fd.na2d(q, q, q, 3).shape == q.shape
         for shape, H, Hkv, D, Dv, kw, n_add in GPU_CASES:
             sizes = [len(t) for t in torch.tensor_split(torch.arange(shape[0]), world)]
             case = (shape, H, Hkv, D, Dv, None, kw, n_add)
