@@ -1,6 +1,6 @@
 """The fused backward at its edges, on the GPU: additional keys where every query's LSE is far
 below zero (the rows past the last additional key must get P = 0 in every dK / dV family), and
-the grid rows of grouped heads (the dQ kernel's limit applies only in deterministic mode).
+the grid rows of the backward kernels (past 65535 they continue over blockIdx.z).
 Skipped where torch sees no GPU."""
 
 import numpy as np
@@ -62,13 +62,40 @@ def test_additional_keys_with_lse_far_below_zero(kernel, dim, dtype):
 
 
 def test_backward_grid_rows_of_grouped_heads():
-    """The dK / dV kernels' grid rows are (batch, kv head, dilation group); the dQ kernel's, per
-    query head, exist only in deterministic mode. Batch 4096 x 16 query heads (65536 rows) over
-    one kv head: the fused backward plans (atomic dQ), and the deterministic one does not (its dQ
-    kernel's grid), nor does either with 16 kv heads."""
+    """The dK / dV kernels' grid rows are (batch, kv head, dilation group), the deterministic dQ
+    kernel's (batch, query head, group); past gridDim.y's 65535 they continue over gridDim.z.
+    Batch 4096 x 16 heads (65536 rows) plans the fused backward, atomic and deterministic, with
+    one kv head or sixteen."""
     shape = (4096, 8, 8, 16, 64)
-    plan = fna.fused_plan(shape, (3, 3), dtype="bfloat16", heads_kv=1)
-    assert plan["backward_family"] in ("sm80", "sm90", "sm90ws"), plan
-    assert fna.fused_plan(shape, (3, 3), dtype="bfloat16", heads_kv=1,
-                          deterministic=True)["backward_family"] == ""
-    assert fna.fused_plan(shape, (3, 3), dtype="bfloat16")["backward_family"] == ""
+    for kw in (dict(heads_kv=1), dict(heads_kv=1, deterministic=True), dict(),
+               dict(deterministic=True)):
+        plan = fna.fused_plan(shape, (3, 3), dtype="bfloat16", **kw)
+        assert plan["backward_family"] in ("sm80", "sm90", "sm90ws"), (kw, plan)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_grid_rows_past_65535(deterministic):
+    """Batch 8200 x 8 kv heads = 65600 dK / dV grid rows (the last 65 past gridDim.y's limit, on
+    blockIdx.z): the gradients of the first and last 40 batch items equal those of the same
+    call on those items alone (each item's attention is its own)."""
+    g = torch.Generator(device="cuda").manual_seed(seed_of("grid-rows", deterministic))
+    b, h, d = 8200, 8, 32
+    q, k, v = (torch.randn(b, 4, 4, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    d_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    plan = fna.fused_plan(q.shape, (3, 3), dtype="bfloat16", deterministic=deterministic)
+    assert plan["backward_family"] != "", plan
+    assert plan["backward_grid"] >= b * h, plan
+
+    def grads(sl):
+        leaves = [t[sl].detach().clone().requires_grad_() for t in (q, k, v)]
+        out = fna.na2d(*leaves, (3, 3), backend="cuda-fused", deterministic=deterministic)
+        return torch.autograd.grad(out, leaves, d_out[sl])
+
+    whole = grads(slice(None))
+    for sl in (slice(0, 40), slice(b - 40, b)):
+        part = grads(sl)
+        for name, w, p_ in zip(("dq", "dk", "dv"), whole, part):
+            assert bool(torch.isfinite(w[sl]).all()), name
+            assert torch.allclose(w[sl].float(), p_.float(), atol=1e-2, rtol=1e-2), \
+                f"{name}: max diff {(w[sl].float() - p_.float()).abs().max().item()}"

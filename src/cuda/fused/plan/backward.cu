@@ -44,6 +44,14 @@ constexpr size_t kRpbWarpCopyBytes = 32 * 1024;
 // The most workspace the deterministic backward's per-CTA d rpb slots may take.
 constexpr size_t kRpbPartMaxBytes = size_t(1) << 31;
 
+// A grid of `x` columns and `rows` rows: gridDim.y takes at most 65535 rows, so more continue over
+// gridDim.z (the kernels' grid_row(); rows past `rows` return at once).
+constexpr int64_t kMaxGridRows = int64_t(65535) * 65535;
+dim3 fold_rows(int64_t x, int64_t rows) {
+  const int64_t z = rows > 65535 ? (rows + 65534) / 65535 : 1;
+  return dim3{unsigned(x), unsigned((rows + z - 1) / z), unsigned(z)};
+}
+
 // Deterministic d rpb: d_rpb[h][e] = the sum of the CTAs' slots of head h (p.d_rpb_part) over
 // batch, dilation group and key tile. One warp per (h, e): lane l sums the slots l, l + 32, ...
 // in order, then the lanes' sums combine by a fixed butterfly, so every run adds in the same
@@ -387,18 +395,20 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     int order[kAxes];
     set_walk(&pq, false, dev.sms, t.bwd_walk, pr.rank, order);
   }
-  // Grid rows (gridDim.y <= 65535): the dK / dV kernels' per (batch, kv head, group), the dQ
-  // kernel's (deterministic mode only; otherwise dQ comes from the dK / dV kernels' atomics) per
-  // (batch, query head, group).
+  // Grid rows: the dK / dV kernels' per (batch, kv head, group), the dQ kernel's (deterministic
+  // mode only; otherwise dQ comes from the dK / dV kernels' atomics) per (batch, query head,
+  // group); past gridDim.y's 65535 they continue over gridDim.z (fold_rows, grid_row()).
   const int64_t y_dkdv = int64_t(p.batch) * p.heads_kv * p.groups;
   const int64_t y_dq = int64_t(p.batch) * p.heads * p.groups;
-  if (y_dkdv > 65535 || n_dkdv > INT32_MAX)
+  if (y_dkdv > kMaxGridRows || n_dkdv > INT32_MAX)
     return unsupported("batch * kv heads * dilation groups = " + std::to_string(y_dkdv) +
-                       " exceeds the backward's grid (65535)");
-  if (l.deterministic && (y_dq > 65535 || n_dq > INT32_MAX))
+                       " with " + std::to_string(n_dkdv) + " key tiles each exceeds the "
+                       "backward's grid");
+  if (l.deterministic && (y_dq > kMaxGridRows || n_dq > INT32_MAX))
     return unsupported("deterministic=true: batch * heads * dilation groups = " +
-                       std::to_string(y_dq) + " exceeds the dQ kernel's grid (65535)");
-  l.grid_dkdv = dim3{unsigned(n_dkdv), unsigned(y_dkdv)};
+                       std::to_string(y_dq) + " with " + std::to_string(n_dq) +
+                       " query tiles each exceeds the dQ kernel's grid");
+  l.grid_dkdv = fold_rows(n_dkdv, y_dkdv);
   if (pr.rpb && l.deterministic) {
     const double bytes = double(n_dkdv) * double(y_dkdv) * p.heads_per_kv * rpb_entries * 4.0;
     if (bytes > double(kRpbPartMaxBytes))
@@ -407,9 +417,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                          std::to_string(kRpbPartMaxBytes) + ")");
     l.rpb_part_bytes = static_cast<size_t>(bytes);
   }
-  l.grid_add = dim3{unsigned((p.num_add + l.kv_rows - 1) / l.kv_rows),
-                    unsigned(p.batch * p.heads_kv)};
-  l.grid_dq = dim3{unsigned(n_dq), unsigned(y_dq)};
+  l.grid_add = fold_rows((p.num_add + l.kv_rows - 1) / l.kv_rows, int64_t(p.batch) * p.heads_kv);
+  l.grid_dq = fold_rows(n_dq, y_dq);
   if (family == fused::BwdFamily::sm90ws && t.bwd_copy != CopyEngine::cp_async) {
     std::string why;
     l.tma = bwd_tma_maps(pk, &why);
@@ -672,7 +681,8 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_q_steps = plan.launch.q_steps;
-  out->backward_grid = int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y;
+  out->backward_grid =
+      int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);
   out->backward_rpb_sums = !pr.rpb                     ? ""
                            : plan.launch.d_rpb_global    ? "global"

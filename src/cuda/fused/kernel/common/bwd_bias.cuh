@@ -90,7 +90,7 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
   float* part = nullptr;
   if (p.d_rpb_part != nullptr)
     part = p.d_rpb_part +
-           ((int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * p.heads_per_kv +
+           ((int64_t(grid_row()) * gridDim.x + blockIdx.x) * p.heads_per_kv +
             bb.h % p.heads_per_kv) *
                int64_t(p.rpb_elems);
   const int copies = bb.priv ? p.d_rpb_warps : 1;

@@ -40,12 +40,14 @@ struct DkdvTraits {
 
 // The key tile a dK / dV CTA owns: batch, kv head, dilation group and origin (neighborhood
 // mode), or the first additional token (additional mode, tiles of kKV tokens). False when the
-// tile starts past a shorter group's end (group 0 sets the grid).
+// tile starts past a shorter group's end (group 0 sets the grid) or the row is the fold's padding.
 __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, int kKV, int& b,
                                              int& hkv, int (&kv0)[kAxes], Group& G,
                                              int64_t& n0) {
+  unsigned y = grid_row();  // unsigned divisions: no sign corrections
+  if (y >= unsigned(p.batch) * unsigned(p.heads_kv) * unsigned(additional ? 1 : p.groups))
+    return false;  // the row fold's padding
   if (!additional) {
-    unsigned y = blockIdx.y;  // unsigned divisions: no sign corrections
     const int group = int(y % unsigned(p.groups));
     y /= unsigned(p.groups);
     hkv = int(y % unsigned(p.heads_kv));
@@ -57,8 +59,8 @@ __device__ __forceinline__ bool dkdv_tile_of(const Params& p, bool additional, i
       if (kv0[a] >= G.len[a]) return false;  // this group is shorter than group 0 on this axis
     }
   } else {
-    hkv = blockIdx.y % p.heads_kv;
-    b = blockIdx.y / p.heads_kv;
+    hkv = int(y % unsigned(p.heads_kv));
+    b = int(y / unsigned(p.heads_kv));
     n0 = int64_t(blockIdx.x) * kKV;
     for (int a = 0; a < kAxes; ++a) G.g[a] = 0, G.len[a] = p.geo.axis[a].length;
   }

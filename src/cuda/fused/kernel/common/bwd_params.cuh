@@ -56,7 +56,7 @@ struct Params : fused::ProblemBlock {
   // d_rpb_warps > 0: every warp sums into a table of its own (rpb_pitch floats apart; plain
   // adds, no atomics), the copies summed when they go to d rpb; 0: one table, shared atomics.
   // d_rpb_part (deterministic calls, with d_rpb_warps): each neighborhood CTA stores its sums
-  // per query head of its group, [blockIdx.y][blockIdx.x][heads_per_kv][rpb_elems] (zeroed by the
+  // per query head of its group, [grid_row()][blockIdx.x][heads_per_kv][rpb_elems] (zeroed by the
   // host), instead of adding them to d rpb; rpb_partial_sum adds them up in a fixed order.
   float* d_rpb;
   int d_rpb_global;
@@ -68,6 +68,10 @@ struct Params : fused::ProblemBlock {
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word
 // (10 bits per axis) so tables of them fit in shared memory; tile extents are <= 256. Unsigned
 // division: no sign corrections (t >= 0).
+// The CTA's grid row: (batch, head, group) rows past gridDim.y's limit of 65535 continue over
+// blockIdx.z (fold_rows in plan/backward.cu); rows at or past `rows` are the fold's padding.
+__device__ __forceinline__ unsigned grid_row() { return blockIdx.y + gridDim.y * blockIdx.z; }
+
 __device__ __forceinline__ uint32_t pack_offsets(const int* shape, int t) {
   const uint32_t s2 = uint32_t(shape[2]), s1 = uint32_t(shape[1]);
   uint32_t u = uint32_t(t);
