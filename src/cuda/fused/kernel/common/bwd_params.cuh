@@ -65,13 +65,14 @@ struct Params : fused::ProblemBlock {
   float* d_rpb_part;
 };
 
+// The CTA's grid row: (batch, head, group) rows past gridDim.y's limit of 65535 continue over
+// blockIdx.z (fold_rows in plan/backward.cu); rows past the problem's count are the fold's
+// padding, which the kernels skip.
+__device__ __forceinline__ unsigned grid_row() { return blockIdx.y + gridDim.y * blockIdx.z; }
+
 // Row t of a tile of shape `shape` -> offsets per axis, last axis fastest. Packed in one word
 // (10 bits per axis) so tables of them fit in shared memory; tile extents are <= 256. Unsigned
 // division: no sign corrections (t >= 0).
-// The CTA's grid row: (batch, head, group) rows past gridDim.y's limit of 65535 continue over
-// blockIdx.z (fold_rows in plan/backward.cu); rows at or past `rows` are the fold's padding.
-__device__ __forceinline__ unsigned grid_row() { return blockIdx.y + gridDim.y * blockIdx.z; }
-
 __device__ __forceinline__ uint32_t pack_offsets(const int* shape, int t) {
   const uint32_t s2 = uint32_t(shape[2]), s1 = uint32_t(shape[1]);
   uint32_t u = uint32_t(t);

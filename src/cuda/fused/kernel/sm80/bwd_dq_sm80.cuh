@@ -45,9 +45,10 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  if (grid_row() >= unsigned(p.batch) * unsigned(p.heads) * unsigned(p.groups))
+  const unsigned row = grid_row();
+  if (row >= unsigned(p.batch) * unsigned(p.heads) * unsigned(p.groups))
     return;  // the row fold's padding
-  int y = int(grid_row());
+  int y = int(row);
   const int group = y % p.groups;
   y /= p.groups;
   const int h = y % p.heads;
