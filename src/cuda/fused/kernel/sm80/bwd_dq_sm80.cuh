@@ -45,14 +45,13 @@ __global__ void __launch_bounds__(32 * kWarps, 2) dq_kernel(const Params p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  const unsigned row = grid_row();
-  if (row >= unsigned(p.batch) * unsigned(p.heads) * unsigned(p.groups))
+  unsigned y = grid_row();  // unsigned divisions: rows may pass 2^31 (fold_rows)
+  if (y >= unsigned(p.batch) * unsigned(p.heads) * unsigned(p.groups))
     return;  // the row fold's padding
-  int y = int(row);
-  const int group = y % p.groups;
-  y /= p.groups;
-  const int h = y % p.heads;
-  const int b = y / p.heads;
+  const int group = int(y % unsigned(p.groups));
+  y /= unsigned(p.groups);
+  const int h = int(y % unsigned(p.heads));
+  const int b = int(y / unsigned(p.heads));
   const int hkv = h / p.heads_per_kv;
   const Group G = Group::of(p.geo, group, p.dil);
   int q0[kAxes];
