@@ -472,7 +472,14 @@ def resolve_scale(scale, head_dim):
     s = float(scale)
     if not (math.isfinite(s) and s > 0.0):
         raise ValueError(f"scale={scale!r} must be a finite number > 0")
+    if s > _MAX_SCALE:
+        raise ValueError(f"scale={scale!r} must be at most {_MAX_SCALE!r} (scale * log2(e) must "
+                         "fit in float32)")
     return s
+
+
+# The largest scale whose scale * log2(e) (the kernels' float32 factor) is finite.
+_MAX_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 
 
 def check_return_lse(fn, return_lse):

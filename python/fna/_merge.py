@@ -32,6 +32,13 @@ def _merge(outputs, lse_tensors):
     safe = torch.where(some, total, torch.ones_like(total))
     merged_lse = torch.where(some, shift + torch.log(safe),
                              torch.full_like(total, float("-inf")))
+    # A NaN or +inf LSE is not a part without keys: the merged LSE is NaN / +inf there, as
+    # torch.logsumexp gives it (the output is NaN there: w is).
+    lse_d = lse.detach()
+    merged_lse = torch.where((lse_d == float("inf")).any(dim=0),
+                             torch.full_like(total, float("inf")), merged_lse)
+    merged_lse = torch.where(lse_d.isnan().any(dim=0), torch.full_like(total, float("nan")),
+                             merged_lse)
     # A part with LSE = -inf attended to no key: its weight is 0 whatever its output holds (even
     # NaN, as some kernels leave there), and it gets no gradient.
     parts = torch.stack([torch.where(x.unsqueeze(-1) == float("-inf"), 0.0, o.to(acc))
@@ -106,7 +113,8 @@ def merge_attentions(outputs, lse_tensors, torch_compile=False, use_autograd_fix
     out_i``, computed stably (shifted by the largest LSE) in float32 (float64 when an input is
     float64); the output comes back in the outputs' dtype, the LSE in the LSEs'. A part whose LSE
     is ``-inf`` (it attended to no key) has weight 0 whatever its output holds; a row where every
-    LSE is ``-inf`` gives output 0 and LSE ``-inf``, never NaN.
+    LSE is ``-inf`` gives output 0 and LSE ``-inf``, never NaN. A NaN or ``+inf`` LSE gives a NaN
+    output row and a NaN / ``+inf`` merged LSE there (as ``torch.logsumexp``).
 
     Differentiable in every output and LSE (plain torch ops): with fna's attention outputs the
     gradients are exactly those of the joint attention, since fna's LSE carries its gradient

@@ -34,7 +34,10 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent wit
 
 
 def _export(t):
-    return to_dlpack(t.detach())  # the op's inputs are never differentiated here
+    t = t.detach()  # the op's inputs are never differentiated here
+    # A tensor with torch's negative bit (e.g. the imaginary part of a conjugate) holds -values in
+    # memory; DLPack hands over the memory, so the values are resolved first.
+    return to_dlpack(t.resolve_neg() if t.is_neg() else t)
 
 
 def _stream_of(device):

@@ -61,6 +61,8 @@ bool mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a,
 // Every size the kernels narrow to 32-bit int (heads, head dims, additional keys, per-axis
 // lengths and parameters) is at most this; products of them are checked separately.
 constexpr int64_t kMaxSize = int64_t(1) << 30;
+// The largest scale whose scale * log2(e) (the kernels' float32 factor) is finite.
+constexpr double kMaxScale = 3.4028234663852886e38 / 1.4426950408889634;
 // The most bytes one tensor may span (its element count times the element size, and its largest
 // offset from the data pointer): far above any memory, far below int64 overflow.
 constexpr int64_t kMaxBytes = int64_t(1) << 62;
@@ -239,6 +241,9 @@ Status check_num_threads(int64_t n, const char* name) {
 Status validate_options(const Problem& p, const Options& opt, Backend* resolved, bool unfused) {
   if (!(opt.scale <= 0.0 || std::isfinite(opt.scale)) || std::isnan(opt.scale))
     return invalid("scale=" + str(opt.scale) + " must be finite");
+  if (opt.scale > kMaxScale)
+    return invalid("scale=" + str(opt.scale) + " must be at most " + str(kMaxScale) +
+                   " (scale * log2(e) must fit in float32)");
   if (Status st = check_num_threads(opt.num_threads); !st.ok()) return st;
   if (opt.device != Device::cpu && opt.device != Device::cuda)
     return invalid("device=" + str(static_cast<int>(opt.device)) + " is not cpu or cuda");

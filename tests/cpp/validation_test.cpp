@@ -168,6 +168,10 @@ TEST(Validation, ScaleAndThreads) {
   o.scale = std::nan("");
   expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"scale=nan"}, o);
   o = cpu_opts();
+  o.scale = 1e39;  // finite as a double, infinite in the kernels' float32
+  expect_forward_error(valid_case().p, fna::Code::invalid_argument,
+                       {"scale=1e+39", "must be at most", "float32"}, o);
+  o = cpu_opts();
   o.num_threads = -2;
   expect_forward_error(valid_case().p, fna::Code::invalid_argument, {"num_threads=-2"}, o);
 }

@@ -224,6 +224,10 @@ def test_scale_errors():
             fna.na2d(q, k, v, 3, scale=bad)
     with pytest.raises(TypeError, match="scale='1'"):
         fna.na2d(q, k, v, 3, scale="1")
+    # finite as a Python float, infinite in the kernels' float32 (all-NaN output before)
+    with pytest.raises(ValueError, match=r"scale=1e\+39 must be at most .* float32"):
+        fna.na2d(q, k, v, 3, scale=1e39)
+    assert np.isfinite(fna.na2d(q, k, v, 3, scale=1e30)).all()
 
 
 def test_framework_mixing_and_types():

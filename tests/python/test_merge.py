@@ -174,6 +174,25 @@ def test_negative_infinite_lse():
     assert float(o2.grad[0, 1, 0].abs().min()) == 1.0  # all the weight on part 2
 
 
+def test_nan_and_positive_infinite_lse():
+    """A NaN or +inf LSE is not an empty part: the merged LSE is NaN / +inf in its row (as
+    torch.logsumexp; it said -inf, no keys, before) and the output row NaN; other rows are
+    untouched."""
+    o = [gen(f"p{i}", 1, 3, 2, 4) for i in range(2)]
+    lse = [gen(f"q{i}", 1, 3, 2) for i in range(2)]
+    lse[0][0, 0, 1] = float("nan")
+    lse[1][0, 2, 0] = float("inf")
+    out, merged = fna.merge_attentions(o, lse)
+    ref = torch.logsumexp(torch.stack(lse), dim=0)
+    assert bool(merged[0, 0, 1].isnan()) and bool(ref[0, 0, 1].isnan())
+    assert float(merged[0, 2, 0]) == float("inf") == float(ref[0, 2, 0])
+    assert bool(out[0, 0, 1].isnan().all()) and bool(out[0, 2, 0].isnan().all())
+    ok = torch.ones(1, 3, 2, dtype=torch.bool)
+    ok[0, 0, 1] = ok[0, 2, 0] = False
+    torch.testing.assert_close(merged[ok], ref[ok], rtol=1e-14, atol=1e-14)
+    assert torch.isfinite(out[ok]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_output_dtypes(dtype):
     """Outputs keep their dtype (merged in float32), the LSE stays float32."""

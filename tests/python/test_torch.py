@@ -315,6 +315,29 @@ def test_heads_first_views():
     check_close(np64(out), np64(ref), what="heads-first view vs contiguous")
 
 
+def test_negative_bit_tensors():
+    """Tensors with torch's negative bit (the imaginary part of a conjugate: -values in memory)
+    give the results of their values, in the fused op, its gradients and the unfused ops."""
+    rng = np.random.default_rng(seed_of("neg-bit"))
+    x = [torch.from_numpy(rng.standard_normal((1, 9, 2, 4)).astype(np.float32)) for _ in range(3)]
+
+    def neg_bit(t):  # the same values, stored negated
+        return torch.complex(torch.zeros_like(t), -t).conj().imag
+
+    nb = [neg_bit(t) for t in x]
+    assert all(t.is_neg() for t in nb) and torch.equal(nb[0], x[0])
+    check_close(np64(fna.na1d(*nb, 3)), np64(fna.na1d(*x, 3)), what="negative-bit forward")
+    check_close(np64(fna.na1d_qk(nb[0], nb[1], 3)), np64(fna.na1d_qk(x[0], x[1], 3)),
+                what="negative-bit qk")
+    a = [t.clone().requires_grad_() for t in x]
+    b = [neg_bit(t).requires_grad_() for t in x]
+    go = torch.from_numpy(rng.standard_normal((1, 9, 2, 4)).astype(np.float32))
+    fna.na1d(*a, 3, is_causal=True).backward(go)
+    fna.na1d(*b, 3, is_causal=True).backward(neg_bit(go))
+    for ga, gb in zip(a, b):
+        check_close(np64(gb.grad), np64(ga.grad), what="negative-bit gradients")
+
+
 def test_lse_detached_and_summed_backward():
     """A detached LSE adds nothing to the gradient (that of the output alone); lse.sum() hands the
     op an expanded (all strides 0) LSE gradient, which gives the gradient of a dense one."""
