@@ -82,6 +82,16 @@ def check_spatial(fn, sp):
             raise ValueError(f"{fn}: stride[{i}]={s} must be in [1, kernel_size[{i}]={k}]")
 
 
+def check_window_fits(fn, sp, lengths):
+    """check_spatial, then each axis' window (kernel_size * dilation) within its length: for
+    callers that size an output by the window before the C++ API checks it (the unfused qk op)."""
+    check_spatial(fn, sp)
+    for i, (k, d, n) in enumerate(zip(sp[0], sp[2], lengths)):
+        if k > n // d:
+            raise ValueError(f"{fn}: kernel_size[{i}]={k} * dilation[{i}]={d} exceeds input "
+                             f"length {n}")
+
+
 def spatial(rank, kernel_size, stride, dilation, is_causal):
     return (
         per_axis("kernel_size", kernel_size, rank),

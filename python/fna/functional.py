@@ -519,6 +519,8 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     if additional_keys is not None:
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
+    # Before attn [..., prod(kernel_size)] is allocated from the window
+    _args.check_window_fits(fn, sp, tuple(query.shape[1:1 + rank]))
     backend = _args.backend_name(backend, unfused=True)
     if rpb is not None:
         _check_rpb(fn, kind, rpb, query.shape[-2], sp[0], query)

@@ -369,6 +369,14 @@ def test_torch_errors():
         fna.na2d(q, k, v, 9)
     with pytest.raises(ValueError, match=r"stride\[1\]=5"):
         fna.na2d(q, k, v, 3, stride=(1, 5))
+    # The unfused qk op sizes attn by the window: checked before that allocation (a negative
+    # kernel was torch's "negative dimension" error, 2**28 a 16 GB allocation), as for NumPy.
+    for x, y in ((q, k), (q.numpy(), k.numpy())):
+        with pytest.raises(ValueError, match=r"na2d_qk: kernel_size\[0\]=-5 must be >= 1"):
+            fna.na2d_qk(x, y, (-5, 3))
+        with pytest.raises(ValueError, match=r"na2d_qk: kernel_size\[1\]=268435456 \* "
+                                             r"dilation\[1\]=1 exceeds input length 8"):
+            fna.na2d_qk(x, y, (3, 2 ** 28))
     with pytest.raises(ValueError, match="heads=2 is not a multiple of heads_kv=3"):
         kv = torch.randn(1, 8, 8, 3, 4)
         fna.na2d(q, kv, kv, 3)
