@@ -277,6 +277,10 @@ def tuning_text(tuning):
     for key, value in tuning.items():
         if not isinstance(key, str):
             raise TypeError(f"tuning key {key!r} must be a string")
+        if not key or "," in key or "=" in key:
+            # (joined as "key=value,...": such a key would pass as several settings)
+            raise ValueError(f"tuning key {key!r} must be one key name, without ',' or '=' "
+                             "(see fna.tuning_keys())")
         pairs.append(f"{key}={_tuning_value(key, value)}")
     if tuning.get("mode") == "auto" and "autotune_cache_dir" not in tuning:
         pairs.append(f"autotune_cache_dir={autotune_cache_dir()}")

@@ -147,6 +147,10 @@ def test_tuning_keyword():
         fna.na2d(q, k, v, 3, tuning="cpu_isa=generic")
     with pytest.raises(TypeError, match="tuning=3 must be"):
         fna.na2d(q, k, v, 3, tuning=3)
+    # a key holding ',' or '=' would pass as several settings (and duplicate keys unnoticed)
+    for key in ("cpu_isa=generic,cpu_band", "cpu_band=3,cpu_band", "cpu_band,", ""):
+        with pytest.raises(ValueError, match=f"tuning key {key!r} must be one key name"):
+            fna.na2d(q, k, v, 3, backend="cpu", tuning={key: "3"})
 
 
 def test_gqa_heads():
