@@ -28,6 +28,8 @@ _MODULES = ("NeighborhoodAttention1D", "NeighborhoodAttention2D", "NeighborhoodA
 def backend_compiled(backend):
     """Is ``backend`` ("reference", "cpu", "cuda-naive", "cuda-fused", "cuda-gemm") in this
     build?"""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend_compiled: backend={backend!r} must be a backend name (a str)")
     return _C.backend_compiled(backend)
 
 
@@ -58,14 +60,14 @@ def resolve_backend(backend=None, device="cpu"):
     return _C.resolve_backend(backend, kind)
 
 
-def _dtype_name(dtype):
-    if isinstance(dtype, str):
-        return dtype
-    name = str(dtype)
-    if name.startswith("torch."):
-        return name[len("torch."):]
-    import numpy as np
-    return np.dtype(dtype).name
+def _dtype_name(dtype, fn="fused_plan"):
+    from . import _args
+    return _args.dtype_arg(fn, dtype)
+
+
+def _rank_dim(fn, rank, head_dim):
+    from . import _args
+    return _args.int_arg(fn, "rank", rank, 1, 3), _args.int_arg(fn, "head_dim", head_dim, 1)
 
 
 def fused_configs(rank, dtype, head_dim):
@@ -77,7 +79,8 @@ def fused_configs(rank, dtype, head_dim):
     per thread: small windows and head dims, 16-bit, ranks 1-3). Where the head dim's own bucket
     has no Hopper kernel (head dim 32), the next bucket's configurations are listed too (padded;
     the plan chooses among both on compute capability 9.0)."""
-    return list(_C.fused_configs(rank, _dtype_name(dtype), head_dim))
+    rank, head_dim = _rank_dim("fused_configs", rank, head_dim)
+    return list(_C.fused_configs(rank, _dtype_name(dtype, "fused_configs"), head_dim))
 
 
 def fused_backward_configs(rank, dtype, head_dim):
@@ -85,7 +88,9 @@ def fused_backward_configs(rank, dtype, head_dim):
     max(D, D_v)); empty without it or above head dim 256. ``fna_bwd_sm80_*`` run the mma.sync
     dK / dV kernel, ``fna_bwd_sm90_*`` (head dims up to 128) / ``fna_bwd_sm90ws_*`` (up to 256) the
     Hopper ones (16-bit, not deterministic). Without ``backward_config`` the plan searches every tile shape."""
-    return list(_C.fused_backward_configs(rank, _dtype_name(dtype), head_dim))
+    rank, head_dim = _rank_dim("fused_backward_configs", rank, head_dim)
+    return list(_C.fused_backward_configs(rank, _dtype_name(dtype, "fused_backward_configs"),
+                                          head_dim))
 
 
 def tuning_keys():
@@ -172,6 +177,13 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     bias.
     """
     from . import _args
+    query_shape = _args.shape_arg("fused_plan", "query_shape", query_shape)
+    dtype = _dtype_name(dtype)
+    heads_kv = _args.int_arg("fused_plan", "heads_kv", heads_kv, 1, none_ok=True)
+    dim_v = _args.int_arg("fused_plan", "dim_v", dim_v, 1, none_ok=True)
+    device_index = _args.int_arg("fused_plan", "device_index", device_index, 0)
+    if not _args._is_bool(rpb):
+        raise TypeError(f"fused_plan: rpb={rpb!r} must be a bool")
     rank = len(query_shape) - 3
     if rank not in (1, 2, 3):
         raise ValueError(f"query_shape={tuple(query_shape)!r} must be [B, *spatial, H, D] with "
@@ -183,17 +195,18 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
         if grid_shape is None or len(grid_shape) != rank:
             raise ValueError(f"fused_plan: query_offset needs grid_shape, the key grid's {rank} "
                              f"spatial extents (got grid_shape={grid_shape!r})")
-        region = dict(query_offset=query_offset, grid_shape=[int(x) for x in grid_shape])
+        region = dict(query_offset=query_offset,
+                      grid_shape=_args.shape_arg("fused_plan", "grid_shape", grid_shape))
     elif grid_shape is not None:
         raise ValueError("fused_plan: grid_shape is given only with query_offset")
     deterministic = _args.resolve_deterministic(
         "fused_plan", deterministic, _compat.torch_if_imported() is not None, False)
     config, deterministic, allow_tf32, backward_config, tuning = _args.fused_options(
         config, deterministic, allow_tf32, False, backward_config, _args.tuning_text(tuning))
-    return _C.fused_plan([int(x) for x in query_shape], _dtype_name(dtype), kernel_size=ks,
+    return _C.fused_plan(query_shape, dtype, kernel_size=ks,
                          stride=st, dilation=dil, is_causal=causal,
-                         heads_kv=0 if heads_kv is None else int(heads_kv),
-                         dim_v=0 if dim_v is None else int(dim_v), config=config,
+                         heads_kv=0 if heads_kv is None else heads_kv,
+                         dim_v=0 if dim_v is None else dim_v, config=config,
                          allow_tf32=allow_tf32, device_index=device_index,
                          backward_config=backward_config, deterministic=deterministic,
                          tuning=tuning, rpb=bool(rpb), **region)

@@ -69,6 +69,45 @@ def per_axis(name, value, rank, boolean=False):
     return _in_int64(name, value, [int(v) for v in items])
 
 
+def int_arg(fn, name, value, lo, hi=(1 << 31) - 1, none_ok=False):
+    """An int argument of the introspection functions (fused_plan, fused_configs, ...) in
+    [lo, hi] (int32 for the extension), or None where none_ok: a bool, float or string is a
+    TypeError naming it, an int out of range a ValueError."""
+    if value is None and none_ok:
+        return None
+    if not _is_int(value):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int" + (" or None" if none_ok else ""))
+    if not lo <= value <= hi:
+        raise ValueError(f"{fn}: {name}={value!r} must be in [{lo}, {hi}]")
+    return int(value)
+
+
+def shape_arg(fn, name, value):
+    """A shape argument: a list or tuple of ints >= 1 (each an int64 for the extension)."""
+    if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
+        raise TypeError(f"{fn}: {name}={value!r} must be a list or tuple of ints")
+    for v in value:
+        if not 1 <= v <= _INT64_MAX:
+            raise ValueError(f"{fn}: {name}={tuple(value)!r}: {v} must be >= 1")
+    return [int(v) for v in value]
+
+
+def dtype_arg(fn, dtype):
+    """A dtype given as a name ("bfloat16"), a torch dtype or a NumPy dtype, as its name."""
+    if isinstance(dtype, str):
+        return dtype
+    name = str(dtype)
+    if name.startswith("torch."):
+        return name[len("torch."):]
+    if dtype is not None and not isinstance(dtype, (bool, numbers.Number)):
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            pass
+    raise TypeError(f"{fn}: dtype={dtype!r} must be a dtype name ('bfloat16', 'float16', "
+                    "'float32'), a torch dtype or a NumPy dtype")
+
+
 def check_spatial(fn, sp):
     """The per-axis checks of the C++ API that need no input shape (validate_problem's messages),
     for callers that hold parameters before any tensor exists (the modules, at construction)."""

@@ -204,6 +204,28 @@ def test_introspection():
     with pytest.raises(TypeError, match="dtype='float64' is not one of float32, float16, bfloat16"):
         fna.fused_configs(2, np.float64, 64)
     assert isinstance(fna.cuda_available(), bool)
+    # Arguments of the introspection functions: named, at the boundary (they were int()-coerced,
+    # or nanobind's "incompatible function arguments", or a config list for a string rank).
+    bad = [
+        (TypeError, r"fused_configs: rank='2' must be an int", lambda: fna.fused_configs("2", "float16", 64)),
+        (ValueError, r"fused_configs: head_dim=-64 must be in \[1, ", lambda: fna.fused_configs(2, "float16", -64)),
+        (TypeError, r"fused_backward_configs: head_dim=64.5 must be an int", lambda: fna.fused_backward_configs(2, "float16", 64.5)),
+        (TypeError, r"fused_configs: dtype=5 must be a dtype name", lambda: fna.fused_configs(2, 5, 64)),
+        (TypeError, r"backend_compiled: backend=None must be a backend name", lambda: fna.backend_compiled(None)),
+        (TypeError, r"fused_plan: query_shape=None must be a list or tuple of ints", lambda: fna.fused_plan(None, 3)),
+        (TypeError, r"fused_plan: query_shape=\(1, 16.7, 2, 32\) must be a list or tuple of ints", lambda: fna.fused_plan((1, 16.7, 2, 32), 3)),
+        (ValueError, r"fused_plan: query_shape=\(1, 0, 2, 32\): 0 must be >= 1", lambda: fna.fused_plan((1, 0, 2, 32), 3)),
+        (TypeError, r"fused_plan: dtype=None must be a dtype name", lambda: fna.fused_plan((1, 16, 2, 32), 3, dtype=None)),
+        (TypeError, r"fused_plan: heads_kv='abc' must be an int or None", lambda: fna.fused_plan((1, 16, 2, 32), 3, heads_kv="abc")),
+        (ValueError, r"fused_plan: heads_kv=-1 must be in \[1, ", lambda: fna.fused_plan((1, 16, 2, 32), 3, heads_kv=-1)),
+        (ValueError, r"fused_plan: dim_v=-1 must be in \[1, ", lambda: fna.fused_plan((1, 16, 2, 32), 3, dim_v=-1)),
+        (ValueError, r"fused_plan: device_index=1099511627776 must be in \[0, ", lambda: fna.fused_plan((1, 16, 2, 32), 3, device_index=2 ** 40)),
+        (TypeError, r"fused_plan: device_index='a' must be an int", lambda: fna.fused_plan((1, 16, 2, 32), 3, device_index="a")),
+        (TypeError, r"fused_plan: rpb='no' must be a bool", lambda: fna.fused_plan((1, 16, 2, 32), 3, rpb="no")),
+    ]
+    for exc, msg, call in bad:
+        with pytest.raises(exc, match=msg):
+            call()
 
 
 def test_additional_kv_errors():
