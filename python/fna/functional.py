@@ -279,7 +279,8 @@ def _plan_takes_deterministic_rpb(shape, sp, dtype, heads_kv, dim_v, device_inde
     try:
         plan = fused_plan(shape, sp[0], stride=sp[1], dilation=sp[2], is_causal=sp[3],
                           dtype=dtype, heads_kv=heads_kv, dim_v=dim_v, device_index=device_index,
-                          backward_config=backward_config or None, tuning=tuning or None,
+                          backward_config=backward_config or None,
+                          tuning=_args._tuning_pairs(tuning) if tuning else None,
                           allow_tf32=allow_tf32, deterministic=True, rpb=True,
                           query_offset=query_offset, grid_shape=grid)
     except NotImplementedError:

@@ -550,3 +550,17 @@ def _cuda_backend_case(backend, Dv):
         results.append([t.cpu() for t in (out, lse, *grads)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_deterministic_bias_plan_query_takes_the_tuning_text():
+    """A deterministic call with a bias on CUDA asks the plan whether its backward sums d rpb
+    deterministically, passing the call's tuning as the extension's text ("key=value,..."):
+    fused_plan took only a dict there, so any tuning made a valid call a ValueError. Here the
+    query reaches the plan (a bool on a GPU, the no-device error without one)."""
+    import fna.functional as F
+    args = ((1, 16, 2, 32), ((3,), (1,), (1,), (False,)), "bfloat16", 2, 32, 0, None, None, "",
+            "bwd_kernel=sm80,fwd_walk=0", False)
+    try:
+        assert isinstance(F._plan_takes_deterministic_rpb(*args), bool)
+    except RuntimeError as e:
+        assert "needs a CUDA device" in str(e), e
