@@ -553,7 +553,7 @@ def query_offset(fn, offset, rank):
     per spatial axis (the query region's first coordinates in the key grid), as a list."""
     if offset is None:
         return None
-    if isinstance(offset, int) and not isinstance(offset, bool):
+    if _is_int(offset):
         offset = (offset,) * rank
     if isinstance(offset, (str, bytes)):
         raise TypeError(f"{fn}: query_offset must be an int or a sequence of {rank} ints, got "
@@ -563,11 +563,11 @@ def query_offset(fn, offset, rank):
     except TypeError:
         raise TypeError(f"{fn}: query_offset must be an int or a sequence of {rank} ints, got "
                         f"{type(offset).__name__}") from None
-    if len(items) != rank or not all(isinstance(v, int) and not isinstance(v, bool)
-                                     for v in items):
+    if len(items) != rank or not all(_is_int(v) for v in items):
         raise ValueError(f"{fn}: query_offset={offset!r} must be {rank} ints (one per spatial "
                          f"axis) for a {rank}-D input")
-    return [int(v) for v in items]
+    # (NumPy ints too, as for kernel_size; the extension takes int64)
+    return _in_int64(f"{fn}: query_offset", offset, [int(v) for v in items])
 
 
 def check_output_dims(fn, query, value):
@@ -579,6 +579,17 @@ def check_output_dims(fn, query, value):
                     ("dim_v", value.shape[-1])):
         if v > 2 ** 30:
             raise ValueError(f"{fn}: {name}={v} must be in [1, 2^30]")
+    check_dims(fn, "query", query, range(1, query.ndim - 2))  # the grid
+
+
+def check_dims(fn, name, t, axes=None):
+    """The sizes of `t` on `axes` (default all; those the outputs take their shape from) within
+    the library's 2^30, before anything is allocated from them (a huge expanded, zero-stride,
+    input)."""
+    for i in range(t.ndim) if axes is None else axes:
+        v = t.shape[i]
+        if v > 2 ** 30:
+            raise ValueError(f"{fn}: {name}.shape[{i}]={v} must be in [1, 2^30]")
 
 
 def check_additional(name, t, batch, rank):

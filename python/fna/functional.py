@@ -477,6 +477,8 @@ def na_backward(d_output, query, key, value, output, lse, kernel_size, stride=1,
     if rank not in (1, 2, 3):
         raise ValueError(f"{fn}: query has {query.ndim} dims; expected 4, 5 or 6")
     _args.check_pair("additional_keys", additional_keys, "additional_values", additional_values)
+    for name, t in named[:5]:  # the gradients are allocated in their shapes
+        _args.check_dims(fn, name, t)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
     query_offset = _args.query_offset(fn, query_offset, rank)
     if rpb is not None:
@@ -517,6 +519,7 @@ def _qk(fn, rank, query, key, kernel_size, stride, dilation, is_causal, addition
     kind = _framework(fn, named)
     _args.check_rank(fn, rank, "query", query)
     _args.check_rank(fn, rank, "key", key)
+    _args.check_dims(fn, "query", query, range(query.ndim - 1))  # attn's shape but the window
     if additional_keys is not None:
         _args.check_additional("additional_keys", additional_keys, query.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)
@@ -542,6 +545,8 @@ def _av(fn, rank, attn, value, kernel_size, stride, dilation, is_causal, additio
     kind = _framework(fn, named)
     _args.check_rank(fn, rank, "attn", attn, last="window + n_additional")
     _args.check_rank(fn, rank, "value", value)
+    _args.check_dims(fn, "attn", attn, range(attn.ndim - 1))  # the output's shape: attn's
+    _args.check_dims(fn, "value", value)                      # but the window, value's dim
     if additional_values is not None:
         _args.check_additional("additional_values", additional_values, attn.shape[0], rank)
     sp = _args.spatial(rank, kernel_size, stride, dilation, is_causal)

@@ -195,3 +195,34 @@ def test_huge_value_head_dim_is_an_error_before_allocating():
     v = randn(1, 8, 1, 1, seed=("hdv-alloc", 1)).expand(1, 8, 1, big)
     with pytest.raises(ValueError, match=r"dim_v=4294967297 must be in \[1, 2\^30\]"):
         fna.na1d(q, q, v, kernel_size=3, backend="cpu")
+
+
+def test_huge_sizes_are_errors_before_allocating():
+    """Every op sizes its outputs from its inputs: an expanded (zero-stride) input with a spatial
+    axis or batch past 2^30 is a ValueError naming it, in the fused forward, the unfused ops and
+    na_backward (each was an allocation failure before the C++ checks)."""
+    big = 2**31
+    x = randn(1, 1, 2, 4, seed=("alloc", 0)).expand(1, big, 2, 4)
+    with pytest.raises(ValueError, match=r"na1d: query.shape\[1\]=2147483648 must be in \[1, 2\^30\]"):
+        fna.na1d(x, x, x, 3)
+    with pytest.raises(ValueError, match=r"na1d_qk: query.shape\[1\]=2147483648 must be"):
+        fna.na1d_qk(x, x, 3)
+    a = randn(1, 1, 2, 3, seed=("alloc", 1)).expand(1, big, 2, 3)
+    with pytest.raises(ValueError, match=r"na1d_av: attn.shape\[1\]=2147483648 must be"):
+        fna.na1d_av(a, x, 3)
+    b = randn(1, 8, 2, 4, seed=("alloc", 2)).expand(big, 8, 2, 4)
+    lse = randn(1, 8, 2, seed=("alloc", 3)).expand(big, 8, 2)
+    with pytest.raises(ValueError, match=r"na_backward: d_output.shape\[0\]=2147483648 must be"):
+        fna.na_backward(b, b, b, b, b, lse, 3)
+
+
+def test_query_offset_types():
+    """query_offset takes NumPy ints as kernel_size does, and one past int64 is a ValueError
+    naming it (it was nanobind's "incompatible function arguments")."""
+    q = randn(1, 8, 2, 4, seed=("offset", 0))
+    k = randn(1, 10, 2, 4, seed=("offset", 1))
+    ref = fna.na1d(q, k, k, 3, query_offset=2)
+    check_close(fna.na1d(q, k, k, 3, query_offset=np.int64(2)).numpy(), ref.numpy(),
+                what="query_offset as a NumPy int")
+    with pytest.raises(ValueError, match=r"query_offset=.*does not fit in a 64-bit integer"):
+        fna.na1d(q, k, k, 3, query_offset=2**64)
