@@ -40,6 +40,9 @@ def _framework(fn, named):
             _check_torch_tensor(fn, name, t)
         elif isinstance(t, np.ndarray):
             k = "numpy"
+            if t.dtype.hasobject or not t.dtype.isnative:  # (other dtypes: the C++ checks)
+                raise TypeError(f"{fn}: {name} has dtype {t.dtype.str} ({t.dtype}); fna supports "
+                                "native-byte-order float32 and float16 arrays")
         else:
             raise TypeError(
                 f"{fn}: {name} must be a torch.Tensor or a numpy.ndarray, got {type(t).__name__}"
@@ -57,6 +60,9 @@ def _check_torch_tensor(fn, name, t):
     if t.is_nested:
         raise TypeError(f"{fn}: {name} is a nested tensor; fna does not support nested tensors "
                         "(pass a dense, padded tensor)")
+    if str(t.layout) != "torch.strided":  # sparse, mkldnn: no strided storage to hand over
+        raise TypeError(f"{fn}: {name} has layout {t.layout}; fna takes dense (strided) tensors "
+                        "(e.g. .to_dense())")
     # float32, float16 and bfloat16 are the floating dtypes of 4 and 2 bytes. Asked of the dtype
     # itself, not of the torch module: a torch.compile trace that loads fna's torch side on its
     # first tensor sees that module as it was when the trace began (torch 2.4's dynamo).

@@ -226,3 +226,18 @@ def test_query_offset_types():
                 what="query_offset as a NumPy int")
     with pytest.raises(ValueError, match=r"query_offset=.*does not fit in a 64-bit integer"):
         fna.na1d(q, k, k, 3, query_offset=2**64)
+
+
+def test_layouts_and_numpy_dtypes_named():
+    """Sparse and mkldnn tensors, and big-endian or object NumPy arrays, are TypeErrors naming
+    the argument (torch's "Cannot access data pointer" and nanobind's "incompatible function
+    arguments" before)."""
+    q = randn(1, 8, 2, 4, seed=("layout", 0))
+    bad = [q.to_sparse()] + ([q.to_mkldnn()] if torch.backends.mkldnn.is_available() else [])
+    for t in bad:
+        with pytest.raises(TypeError, match=f"na1d: query has layout {t.layout}; fna takes dense"):
+            fna.na1d(t, q, q, 3)
+    a = q.numpy()
+    for x, shown in ((a.astype(">f4"), ">f4"), (a.astype(object), "|O")):
+        with pytest.raises(TypeError, match=f"na1d: key has dtype \\{shown} "):
+            fna.na1d(a, x, a, 3)
