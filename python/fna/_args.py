@@ -115,6 +115,8 @@ def check_spatial(fn, sp):
     for i, (k, s, d) in enumerate(zip(kernel_size, stride, dilation)):
         if k < 1:
             raise ValueError(f"{fn}: kernel_size[{i}]={k} must be >= 1")
+        if k > 2 ** 30:  # (no input axis is longer; a bias table would be sized by it)
+            raise ValueError(f"{fn}: kernel_size[{i}]={k} must be at most 2^30, the longest axis")
         if d < 1:
             raise ValueError(f"{fn}: dilation[{i}]={d} must be >= 1")
         if s < 1 or s > k:

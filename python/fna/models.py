@@ -45,7 +45,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.init import trunc_normal_  # noqa: E402
 
-from .modules import NeighborhoodAttention2D  # noqa: E402
+from . import _args  # noqa: E402
+from .modules import NeighborhoodAttention2D, _probability  # noqa: E402
 
 __all__ = [
     "NAT", "DiNAT", "NATLayer", "NATBlock", "ConvTokenizer", "ConvDownsampler", "Mlp", "DropPath",
@@ -214,6 +215,13 @@ class NAT(nn.Module):
                  drop_rate=0.0, attn_drop_rate=0.0, norm_layer=nn.LayerNorm, layer_scale=None,
                  backend=None):
         super().__init__()
+        cls = type(self).__name__
+        for name, v, lo in (("num_classes", num_classes, 0), ("in_chans", in_chans, 1)):
+            if not _args._is_int(v) or v < lo:
+                raise ValueError(f"{cls}: {name}={v!r} must be an int >= {lo}")
+        drop_path_rate = _probability("drop_path_rate", cls, drop_path_rate)
+        drop_rate = _probability("drop_rate", cls, drop_rate)
+        attn_drop_rate = _probability("attn_drop_rate", cls, attn_drop_rate)
         depths, num_heads = list(depths), list(num_heads)
         if len(num_heads) != len(depths):
             raise ValueError(f"{type(self).__name__}: depths={depths} and num_heads={num_heads} "

@@ -137,6 +137,9 @@ def test_modules_validate_at_construction(rank):
         cls(dim=8, num_heads=2, kernel_size=3, stride=(1,) * (rank - 1) + (4,))
     with pytest.raises(ValueError, match=r"dilation\[0\]=0 must be >= 1"):
         cls(dim=8, num_heads=2, kernel_size=3, dilation=0)
+    # a bias table is sized by the kernel (torch's "Storage size calculation overflowed" before)
+    with pytest.raises(ValueError, match=r"kernel_size\[0\]=4611686018427387904 must be at most 2\^30"):
+        cls(dim=8, num_heads=2, kernel_size=2**62, rel_pos_bias=True)
     # The same message the functional form gives at its call.
     q = randn(1, *([8] * rank), 2, 4, seed=("mod", rank))
     with pytest.raises(ValueError, match=r"kernel_size\[0\]=0 must be >= 1"):
@@ -241,3 +244,15 @@ def test_layouts_and_numpy_dtypes_named():
     for x, shown in ((a.astype(">f4"), ">f4"), (a.astype(object), "|O")):
         with pytest.raises(TypeError, match=f"na1d: key has dtype \\{shown} "):
             fna.na1d(a, x, a, 3)
+
+
+def test_model_arguments_named():
+    """The NAT / DiNAT constructors name a bad num_classes, in_chans or rate (a TypeError deep in
+    torch, or silently accepted, before)."""
+    from fna import models
+    for kw, msg in ((dict(num_classes=-1), r"num_classes=-1 must be an int >= 0"),
+                    (dict(in_chans=0), r"in_chans=0 must be an int >= 1"),
+                    (dict(drop_path_rate="x"), r"drop_path_rate='x' must be a probability"),
+                    (dict(attn_drop_rate=1.5), r"attn_drop_rate=1.5 must be a probability")):
+        with pytest.raises(ValueError, match=msg):
+            models.nat_mini(**kw)
