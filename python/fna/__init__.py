@@ -60,14 +60,11 @@ def resolve_backend(backend=None, device="cpu"):
     return _C.resolve_backend(backend, kind)
 
 
-def _dtype_name(dtype, fn="fused_plan"):
+def _configs_args(fn, rank, dtype, head_dim):
+    """fused_configs' / fused_backward_configs' arguments as the extension takes them."""
     from . import _args
-    return _args.dtype_arg(fn, dtype)
-
-
-def _rank_dim(fn, rank, head_dim):
-    from . import _args
-    return _args.int_arg(fn, "rank", rank, 1, 3), _args.int_arg(fn, "head_dim", head_dim, 1)
+    return (_args.int_arg(fn, "rank", rank, 1, 3), _args.dtype_arg(fn, dtype),
+            _args.int_arg(fn, "head_dim", head_dim, 1))
 
 
 def fused_configs(rank, dtype, head_dim):
@@ -79,8 +76,7 @@ def fused_configs(rank, dtype, head_dim):
     per thread: small windows and head dims, 16-bit, ranks 1-3). Where the head dim's own bucket
     has no Hopper kernel (head dim 32), the next bucket's configurations are listed too (padded;
     the plan chooses among both on compute capability 9.0)."""
-    rank, head_dim = _rank_dim("fused_configs", rank, head_dim)
-    return list(_C.fused_configs(rank, _dtype_name(dtype, "fused_configs"), head_dim))
+    return list(_C.fused_configs(*_configs_args("fused_configs", rank, dtype, head_dim)))
 
 
 def fused_backward_configs(rank, dtype, head_dim):
@@ -88,9 +84,8 @@ def fused_backward_configs(rank, dtype, head_dim):
     max(D, D_v)); empty without it or above head dim 256. ``fna_bwd_sm80_*`` run the mma.sync
     dK / dV kernel, ``fna_bwd_sm90_*`` (head dims up to 128) / ``fna_bwd_sm90ws_*`` (up to 256) the
     Hopper ones (16-bit, not deterministic). Without ``backward_config`` the plan searches every tile shape."""
-    rank, head_dim = _rank_dim("fused_backward_configs", rank, head_dim)
-    return list(_C.fused_backward_configs(rank, _dtype_name(dtype, "fused_backward_configs"),
-                                          head_dim))
+    return list(_C.fused_backward_configs(
+        *_configs_args("fused_backward_configs", rank, dtype, head_dim)))
 
 
 def tuning_keys():
@@ -178,7 +173,7 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     """
     from . import _args
     query_shape = _args.shape_arg("fused_plan", "query_shape", query_shape)
-    dtype = _dtype_name(dtype)
+    dtype = _args.dtype_arg("fused_plan", dtype)
     heads_kv = _args.int_arg("fused_plan", "heads_kv", heads_kv, 1, none_ok=True)
     dim_v = _args.int_arg("fused_plan", "dim_v", dim_v, 1, none_ok=True)
     device_index = _args.int_arg("fused_plan", "device_index", device_index, 0)

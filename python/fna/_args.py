@@ -87,9 +87,9 @@ def shape_arg(fn, name, value):
     if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
         raise TypeError(f"{fn}: {name}={value!r} must be a list or tuple of ints")
     for v in value:
-        if not 1 <= v <= _INT64_MAX:
+        if v < 1:
             raise ValueError(f"{fn}: {name}={tuple(value)!r}: {v} must be >= 1")
-    return [int(v) for v in value]
+    return _in_int64(f"{fn}: {name}", tuple(value), [int(v) for v in value])
 
 
 def dtype_arg(fn, dtype):
