@@ -100,7 +100,7 @@ def run(p, args):
         na(qg, kg, vg, backend="cuda-fused", backward_config=bc, **kw).backward(go)
 
     bwd = {"(plan)": timed(lambda: step(None), args.reps, args.warmup)[0]}
-    for name in fna.fused_backward_configs(rank, dt, p["D"]):
+    for name in [] if args.forward_only else fna.fused_backward_configs(rank, dt, p["D"]):
         try:
             fna.fused_plan(qshape, dtype=dt, backward_config=name, **kw)
         except (ValueError, NotImplementedError):
@@ -125,6 +125,8 @@ def main():
                     help="run every problem at this head dim instead of its own (e.g. 256)")
     ap.add_argument("--backward-only", action="store_true",
                     help="time only the plan's forward (its ratio reads 1.000), every backward")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="time every forward, only the plan's backward (its ratio reads 1.000)")
     ap.add_argument("--json", default="")
     ap.add_argument("--variant", default="base", choices=("base", "dil2", "causal0"),
                     help="the named problems' variant (gpu_bench.make_case: dilation 2 where the "

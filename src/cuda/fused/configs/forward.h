@@ -127,6 +127,13 @@
 // the 48-row axis; H100, tools/experiments/config_ab.py in ABBA order, 2026-11-24). The heuristic's
 // cost model (plan/fwd_cost.h model_cost) counts a warpgroup's average run of key tiles, not the
 // slowest one's, so whether it still picks it for the causal problem is to be measured.
+// Small 3-D windows at head dim 64 (3d-small: 16x32x32, 3x7x7): one-warpgroup tiles whose key
+// tiles follow the window's narrow axes, 2x4x8 queries over 4x1x16 keys (needed pairs 0.248, the
+// best any searched shape reaches: bench/tiling_bound.py) and 1x8x8 over 1x4x16 (0.219), against
+// 0.144 for 2x8x8 / 2x8x8. They ran 3d-small in 0.216 / 0.243 ms against 0.273 (dilation 2:
+// 0.204 against 0.272; causal frames 0.217 against 0.257), H200, bench/heuristic_quality.py
+// --forward-only, 2026-11-27; the cost model picks them there. The warp-specialized 2x8x8 /
+// 1x4x16 (0.281) and 4x4x8 / 4x1x16 were slower and are not listed.
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)  \
@@ -151,6 +158,8 @@
   X(3, 64, 2, 8, 8, 2, 8, 8, Sm90, DT)       \
   X(3, 64, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)     \
   X(3, 64, 2, 8, 8, 2, 4, 8, Sm90, DT)       \
+  X(3, 64, 2, 4, 8, 4, 1, 16, Sm90, DT)      \
+  X(3, 64, 1, 8, 8, 1, 4, 16, Sm90, DT)      \
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90, DT)      \
   X(3, 128, 3, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
