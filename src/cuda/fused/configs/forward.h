@@ -133,9 +133,14 @@
 // 0.144 for 2x8x8 / 2x8x8. They ran 3d-small in 0.216 / 0.243 ms against 0.273 (dilation 2:
 // 0.204 against 0.272; causal frames 0.217 against 0.257), H200, bench/heuristic_quality.py
 // --forward-only, 2026-11-27; the cost model picks them there. The warp-specialized 2x8x8 /
-// 1x4x16 (0.281) and 4x4x8 / 4x1x16 were slower and are not listed.
+// 1x4x16 (0.281) and 4x4x8 / 4x1x16 were slower and are not listed. Likewise at rank 1, head dim
+// 64: 64 queries over 64-key tiles visit two key tiles for a 65-key window where the 128-query
+// tile's warpgroups visit three (needed pairs 0.508 against 0.339): 1d-small 0.250 ms against
+// 0.304, and the cost model picks it on 18 of 20 random 1-D problems at head dims 32 / 64 where
+// it or a SIMT tile is the fastest (H200, same tool and day).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
+  X(1, 64, 1, 1, 64, 1, 1, 64, Sm90, DT)     \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)  \
   X(1, 64, 1, 1, 128, 1, 1, 128, Sm90Ws, DT) \
   X(1, 128, 1, 1, 128, 1, 1, 64, Sm90, DT)   \
