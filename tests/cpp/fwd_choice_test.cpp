@@ -1,0 +1,90 @@
+// The forward plan's heuristic (src/cuda/fused/plan/fwd_choice.cu heuristic_config) on a Hopper
+// device's properties, without a GPU: on the problems where every forward configuration was
+// timed on an H200 (bench/heuristic_quality.py --forward-only, 2026-11-27; docs/benchmarks.md and
+// the comments of src/cuda/fused/configs/forward.h), the plan takes the configuration that ran
+// fastest. The small-window tiles (3d-small: 2x4x8 queries over 4x1x16 keys, 1d-small: 64 over
+// 64) must win where they were measured to, and the large windows keep their own tiles.
+// Builds without the CUDA kernels have no forward table: the test is skipped there (and says so).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fna/fna.h"
+
+#if defined(FNA_WITH_CUDA_FUSED)
+#include "cuda/fused/plan/fwd_choice.h"
+#endif
+
+namespace {
+
+struct Case {
+  const char* what;
+  int64_t batch, heads;
+  std::vector<int64_t> shape, kernel, dilation;
+  std::vector<bool> causal;
+  int64_t dim;
+  const char* expect;
+  fna::DType dtype = fna::DType::bf16;  // the configuration that ran fastest
+};
+
+#if defined(FNA_WITH_CUDA_FUSED)
+bool has_hopper_kernels() {
+  for (const auto& e : fna::fused::forward_table())
+    if (e.wgmma()) return true;
+  return false;
+}
+
+std::string choice(const Case& c, const fna::detail::DeviceProps& dev) {
+  fna::Problem p;
+  p.rank = int(c.shape.size());
+  p.batch = c.batch;
+  p.heads = p.heads_kv = c.heads;
+  p.dim = p.dim_v = c.dim;
+  p.dtype = c.dtype;
+  for (int a = 0; a < p.rank; ++a) {
+    p.shape[a] = c.shape[a];
+    p.kernel_size[a] = c.kernel[a];
+    p.dilation[a] = c.dilation[a];
+    p.is_causal[a] = c.causal[a];
+  }
+  const fna::Options opt;
+  const fna::fused::FwdEntry* e = nullptr;
+  const fna::Status st =
+      fna::detail::heuristic_config(p, opt, fna::detail::geometry_of(p), dev, &e);
+  if (!st.ok()) return "error: " + st.message;
+  return e == nullptr ? std::string("(none)") : e->name();
+}
+#endif
+
+TEST(ForwardChoice, TakesTheFastestMeasuredTilesOnHopper) {
+#if !defined(FNA_WITH_CUDA_FUSED)
+  GTEST_SKIP() << "built without the CUDA kernels: no forward configuration table";
+#else
+  if (!has_hopper_kernels()) GTEST_SKIP() << "built without the Hopper (sm_90a) kernels";
+  // H200 and H100 SXM: compute capability 9.0, 132 SMs, 227 KiB of opt-in shared memory.
+  const fna::detail::DeviceProps hopper{9, 0, 132, 227 * 1024};
+  const std::vector<Case> cases = {
+      {"3d-small", 2, 8, {16, 32, 32}, {3, 7, 7}, {1, 1, 1}, {false, false, false}, 64,
+       "fna_fwd_sm90_bf16_d64_q2x4x8_kv4x1x16_w4"},
+      {"3d-small dilation 2", 2, 8, {16, 32, 32}, {3, 7, 7}, {2, 2, 2}, {false, false, false}, 64,
+       "fna_fwd_sm90_bf16_d64_q2x4x8_kv4x1x16_w4"},
+      {"3d-small causal frames", 2, 8, {16, 32, 32}, {3, 7, 7}, {1, 1, 1}, {true, false, false},
+       64, "fna_fwd_sm90_bf16_d64_q2x4x8_kv4x1x16_w4"},
+      {"random-47 (seed 11)", 4, 2, {32, 32, 24}, {5, 9, 3}, {3, 1, 1}, {true, false, false}, 64,
+       "fna_fwd_sm90_f16_d64_q1x8x8_kv1x4x16_w4", fna::DType::f16},
+      {"1d-small", 8, 16, {8192}, {65}, {1}, {false}, 64, "fna_fwd_sm90_bf16_d64_q64_kv64_w4"},
+      {"1d-small causal", 8, 16, {8192}, {65}, {1}, {true}, 64,
+       "fna_fwd_sm90_bf16_d64_q64_kv64_w4"},
+      {"1d-long", 1, 16, {32768}, {2048}, {1}, {false}, 128,
+       "fna_fwd_sm90ws_bf16_d128_q192_kv64_w16"},
+      {"2d-large", 1, 16, {256, 256}, {63, 63}, {1, 1}, {false, false}, 128,
+       "fna_fwd_sm90ws_bf16_d128_q24x8_kv8x8_w16"},
+      {"2d-k7", 1, 16, {256, 256}, {7, 7}, {1, 1}, {false, false}, 128,
+       "fna_fwd_sm90ws_bf16_d128_q24x8_kv8x8_w16"},
+  };
+  for (const Case& c : cases) EXPECT_EQ(choice(c, hopper), c.expect) << c.what;
+#endif
+}
+
+}  // namespace
