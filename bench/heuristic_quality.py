@@ -5,11 +5,12 @@ problems; GPU time as gpu_bench.py (CUDA events, median).
 
     python3 bench/heuristic_quality.py [--random 50] [--reps 5] [--warmup 2] [--json out.json]
                                        [--only nat-t,...] [--variant base|dil2|causal0] [--dim D]
-                                       [--backward-only]
+                                       [--backward-only | --forward-only]
 
 Forward: every forward configuration fna.fused_plan accepts for the problem on this device.
 Forward+backward: the heuristic's forward with every backward configuration (the plan's own tiles
-and the listed ones). A ratio of 1.00 means the heuristic picked the fastest.
+and the listed ones). A ratio of 1.00 means the heuristic picked the fastest. --backward-only /
+--forward-only time only the plan's configuration on the other side (its ratio reads 1.00).
 """
 import argparse
 import json
