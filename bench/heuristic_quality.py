@@ -124,10 +124,11 @@ def main():
     ap.add_argument("--only", default="", help="comma list of problem names")
     ap.add_argument("--dim", type=int, default=0,
                     help="run every problem at this head dim instead of its own (e.g. 256)")
-    ap.add_argument("--backward-only", action="store_true",
-                    help="time only the plan's forward (its ratio reads 1.000), every backward")
-    ap.add_argument("--forward-only", action="store_true",
-                    help="time every forward, only the plan's backward (its ratio reads 1.000)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--backward-only", action="store_true",
+                      help="time only the plan's forward (its ratio reads 1.000), every backward")
+    only.add_argument("--forward-only", action="store_true",
+                      help="time every forward, only the plan's backward (its ratio reads 1.000)")
     ap.add_argument("--json", default="")
     ap.add_argument("--variant", default="base", choices=("base", "dil2", "causal0"),
                     help="the named problems' variant (gpu_bench.make_case: dilation 2 where the "
