@@ -24,8 +24,8 @@ struct Case {
   std::vector<int64_t> shape, kernel, dilation;
   std::vector<bool> causal;
   int64_t dim;
-  const char* expect;
-  fna::DType dtype = fna::DType::bf16;  // the configuration that ran fastest
+  const char* expect;                   // the configuration that ran fastest
+  fna::DType dtype = fna::DType::bf16;
 };
 
 #if defined(FNA_WITH_CUDA_FUSED)
