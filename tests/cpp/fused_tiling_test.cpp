@@ -535,8 +535,9 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     const double heads = c % 3 == 0 ? 1 : 64;
     SCOPED_TRACE("case " + std::to_string(c) + " " + describe(geo) + " smem " +
                  std::to_string(optin) + " heads " + std::to_string(heads));
-    // Warp boxes of 4x4 or 2x8 queries.
+    // Warp boxes of 4x4 or 2x8 queries; head dims 64 and 128 (two planes per ring).
     const int bh = c % 2 == 0 ? 4 : 2;
+    const int dim = c % 7 < 2 ? 128 : 64, planes = dim / 64;
     const int q[kAxes] = {1, bh, 16};
     const int wb[kAxes] = {1, bh, 16 / bh};
     const fna::fused::BoxPlan bp = fna::fused::box_plan(geo, q, 64, wb);
@@ -547,7 +548,7 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
                            : ker[0] > 1 ? (2 * static_cast<int>(ker[0]) - 1) * 32 * 4
                                         : (2 * static_cast<int>(ker[1]) - 1) * 4;
     const fna::fused::StripPlan sp =
-        fna::fused::strip_plan(geo, bh, 16 / bh, 2, sms, optin, heads, bias);
+        fna::fused::strip_plan(geo, bh, 16 / bh, 2, sms, optin, heads, dim, bias);
     // Union of the windows of local queries [i0, i1) of group g on axis ax, from the SPEC relation.
     auto uni = [&](int ax, int g, int lg, int i0, int i1) {
       const auto& x = geo.axis[ax];
@@ -584,7 +585,8 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     // ring's alignment and up to 1024 of static shared memory come off the budget.
     const int halo = pitch;
     pitch = (halo + 3) / 4 * 4;
-    const int ring = std::min((optin - 2048 - bias_bytes) / (2 * pitch * 128), 64) / 2 * 2;
+    const int ring =
+        std::min((optin - 2048 - bias_bytes) / (2 * planes * pitch * 128), 64) / 2 * 2;
     if (ring < std::max(16, box_rows + 4)) {
       ASSERT_FALSE(sp.ok) << "ring " << ring;
       EXPECT_NE(sp.why.find("shared memory"), std::string::npos) << sp.why;
@@ -598,7 +600,7 @@ TEST(FusedTiling, StripPlanMatchesBruteForce) {
     EXPECT_EQ(2 * sp.sp.pitch * 128 % 1024, 0);
     EXPECT_EQ(sp.sp.ring_rows, ring);
     EXPECT_EQ(sp.box_rows, box_rows);
-    EXPECT_EQ(sp.smem, size_t(ring) * 2 * pitch * 128 + 1024 + bias_bytes);
+    EXPECT_EQ(sp.smem, size_t(ring) * 2 * planes * pitch * 128 + 1024 + bias_bytes);
     EXPECT_LE(sp.smem + 1024, size_t(optin));
     const int seg = sp.sp.seg_rows;
     ASSERT_GT(seg, 0);

@@ -80,8 +80,22 @@ TEST(ForwardChoice, TakesTheFastestMeasuredTilesOnHopper) {
        "fna_fwd_sm90ws_bf16_d128_q192_kv64_w16"},
       {"2d-large", 1, 16, {256, 256}, {63, 63}, {1, 1}, {false, false}, 128,
        "fna_fwd_sm90ws_bf16_d128_q24x8_kv8x8_w16"},
+      // Head dim 128, small windows: the strip forward's two-plane rings (H100, 2026-11-27,
+      // bench/heuristic_quality.py --forward-only --dim 128): 2d-k3 0.415 ms against 0.634 for
+      // the warp-specialized 24x8 tile, 2d-k7 0.454 against 0.635, nat-t at head dim 128 0.167
+      // against 0.222; where it ran slower (dinat-t's 7-column dilation groups 0.412 against
+      // 0.162; random-13, 96x128 with 13x7 windows, 0.030 against 0.022) the plan keeps the
+      // tiled kernels.
+      {"2d-k3", 1, 16, {256, 256}, {3, 3}, {1, 1}, {false, false}, 128,
+       "fna_fwd_strip_bf16_d128_q8x16_b2x8_w8"},
       {"2d-k7", 1, 16, {256, 256}, {7, 7}, {1, 1}, {false, false}, 128,
-       "fna_fwd_sm90ws_bf16_d128_q24x8_kv8x8_w16"},
+       "fna_fwd_strip_bf16_d128_q8x16_b2x8_w8"},
+      {"nat-t at head dim 128", 32, 3, {56, 56}, {7, 7}, {1, 1}, {false, false}, 128,
+       "fna_fwd_strip_bf16_d128_q8x16_b2x8_w8"},
+      {"dinat-t at head dim 128", 32, 3, {56, 56}, {7, 7}, {8, 8}, {false, false}, 128,
+       "fna_fwd_sm90_bf16_d128_q8x16_kv8x8_w8"},
+      {"random-13 (seed 2026, head dim 128)", 1, 2, {96, 128}, {13, 7}, {1, 1}, {false, false},
+       128, "fna_fwd_sm90ws_f16_d128_q24x8_kv8x8_w16", fna::DType::f16},
   };
   for (const Case& c : cases) EXPECT_EQ(choice(c, hopper), c.expect) << c.what;
 #endif

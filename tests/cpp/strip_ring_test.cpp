@@ -31,8 +31,10 @@ enum class Release { per_round, wait_all_first };
 
 struct Config {  // a strip configuration (configs/forward.h FNA_FWD_CONFIGS_STRIP)
   int box_h, box_w, phases;
+  int dim;  // the padded head dim (128: two planes per ring, so fewer ring rows)
 };
-const Config kConfigs[] = {{4, 4, 2}, {4, 4, 3}, {4, 4, 4}, {2, 8, 6}, {2, 8, 7}, {2, 8, 8}};
+const Config kConfigs[] = {{4, 4, 2, 64}, {4, 4, 3, 64}, {4, 4, 4, 64}, {2, 8, 6, 64},
+                           {2, 8, 7, 64}, {2, 8, 8, 64}, {4, 4, 2, 128}, {2, 8, 4, 128}};
 
 // The shared memory a block may opt into: 99 KB (sm_86 / sm_89), 163 KB (sm_80), 227 KB (sm_90).
 const int kOptins[] = {101376, 166912, 232448};
@@ -117,7 +119,7 @@ bool replay_cta(const Geometry& geo, const StripParams& sp, const Config& cfg, i
 bool replay_launch(const Geometry& geo, const Config& cfg, int optin, Release rule, int* ran,
                    std::string* where) {
   const StripPlan plan =
-      fna::fused::strip_plan(geo, cfg.box_h, cfg.box_w, cfg.phases, 84, optin, 1.0);
+      fna::fused::strip_plan(geo, cfg.box_h, cfg.box_w, cfg.phases, 84, optin, 1.0, cfg.dim);
   if (!plan.ok) return true;
   ++*ran;
   const StripParams& sp = plan.sp;
@@ -145,7 +147,7 @@ Geometry geometry(int l1, int l2, int k1, int k2, int s1, int s2, int d1, bool c
 // waiting first for band 9 needs their own hand-back of band 0.
 TEST(StripRing, StrideJumpDeadlockedTheEarlierRelease) {
   const Geometry geo = geometry(40, 40, 11, 3, 10, 1, 1, false);
-  const Config cfg{2, 8, 6};
+  const Config cfg{2, 8, 6, 64};
   int ran = 0;
   std::string where;
   EXPECT_FALSE(replay_launch(geo, cfg, 101376, Release::wait_all_first, &ran, &where));

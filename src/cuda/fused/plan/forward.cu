@@ -258,7 +258,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     case FwdFamily::strip: {
       const fused::StripPlan sp =
           fused::strip_plan(geo, cfg->kv[1], cfg->kv[2], cfg->q[1] / cfg->kv[1], dev.sms,
-                            dev.smem_optin, double(p.batch) * double(p.heads), p.rpb);
+                            dev.smem_optin, double(p.batch) * double(p.heads), cfg->dim, p.rpb);
       l.smem = sp.smem;
       l.strip = sp.sp;
       l.ctas = int64_t(p.batch) * p.heads * fp->groups * sp.sp.strips * sp.sp.segs;

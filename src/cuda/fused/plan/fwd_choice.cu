@@ -146,7 +146,7 @@ bool strip_applies(const FwdEntry& e, const Problem& p, const fused::Geometry& g
     return false;
   }
   *sp = fused::strip_plan(geo, e.kv[1], e.kv[2], e.q[1] / e.kv[1], dev.sms, dev.smem_optin,
-                          double(p.batch) * double(p.heads), p.rpb);
+                          double(p.batch) * double(p.heads), e.dim, p.rpb);
   if (!sp->ok) *why = sp->why;
   return sp->ok;
 }
@@ -344,9 +344,11 @@ Status heuristic_config(const Problem& p, const Options& opt, const fused::Geome
       if (!strip_applies(*e, p, geo, dev, &sp, &why)) continue;
       const int score = strip_rows_score(*e, sp);
       const double ctas = heads * geo.num_groups() * double(sp.sp.strips) * double(sp.sp.segs);
-      const double c = ctas <= 0 ? 0
-                                 : model_cost(kStripModel, ctas, sp.box.chunks * heads / ctas, 0,
-                                              resident_ctas(e->family, sp.smem, e->warps, dev), dev);
+      const double c =
+          ctas <= 0 ? 0
+                    : model_cost(kStripModel, ctas,
+                                 sp.box.chunks * heads / ctas * fwd_cost::strip_chunk_weight(e->dim),
+                                 0, resident_ctas(e->family, sp.smem, e->warps, dev), dev);
       if (strip != nullptr &&
           (score < strip_score ||
            (score == strip_score && (c > strip_cost || (c == strip_cost && e->dim >= strip->dim)))))

@@ -55,6 +55,9 @@ constexpr CostModel kPlainModel{0.0, 0.584, 0.527, 0.525};
 constexpr CostModel kWsModel{2.63, 0.284, 0.362, 0.0};
 constexpr CostModel kBoxModel{0.0, 0.257, 0.0, 0.0};
 constexpr CostModel kStripModel{1.40, 0.174, 0.0, 0.0};
+// The strip forward's chunk at head dim 128 against 64 (kStripModel was fitted at 32 and 64,
+// where the chunks' fixed work outweighs their products): twice the products and copies.
+inline double strip_chunk_weight(int dim) { return dim > 64 ? 2.0 : 1.0; }
 // The SIMT forward (fwd_simt.h): n = 8-key steps of a thread, q * kv * D = its CTA's FMAs of one
 // step for S (as many again for O); o = CTAs its registers, threads and shared memory let an SM
 // hold. `cta` and `tile` fitted on their own (the other families fixed; `pairs` held at 2 and

@@ -61,13 +61,20 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
 // and O += P V. The ldmatrix addresses step by one XOR: box_sw(r, 2 kk + s) ==
 // box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
 // box_scores is its first half (S and the mask), box_update the second (softmax and P V), so a
-// caller can add a bias (box_bias) or reuse Q's registers in between.
+// caller can add a bias (box_bias) or reuse Q's registers in between. Head dim 128 (the strip
+// forward) reads columns 64-127 from a second plane `plane` bytes after the first, laid out alike.
+
+// The shared-memory address of 16-column step kk of a key row chunk at `off` (box_sw) in the
+// planes starting at `base`, `plane` bytes apart (64 columns a plane).
+__device__ __forceinline__ uint32_t box_step(uint32_t base, uint32_t off, int kk, uint32_t plane) {
+  return base + (kk >= 4 ? plane : 0u) + (off ^ uint32_t((kk & 3) << 5));
+}
 template <class Tr>
 __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
                                            const uint32_t (&qf)[Tr::kD / 16][4],
                                            const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
                                            int ksel, int ch, const unsigned (&rowbits)[2],
-                                           const unsigned (&pat)[2]) {
+                                           const unsigned (&pat)[2], uint32_t plane = 0) {
   using T = typename Tr::Tag;
   constexpr int kD = Tr::kD;
 #pragma unroll
@@ -79,7 +86,7 @@ __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t b[4];
-      mma::ldsm_x4(b, sK + (off ^ uint32_t(kk << 5)));
+      mma::ldsm_x4(b, box_step(sK, off, kk, plane));
       mma::mma_16816<T>(s[0][2 * a], qf[kk], b[0], b[1]);
       mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
     }
@@ -127,7 +134,7 @@ __device__ __forceinline__ void box_bias(float (&s)[1][8][4], const uint32_t (&a
 template <class Tr>
 __device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4],
                                            const int (&row)[kBoxChunkRows], uint32_t sV, int vcol,
-                                           int vsel, float scale_log2) {
+                                           int vsel, float scale_log2, uint32_t plane = 0) {
   using T = typename Tr::Tag;
   constexpr int kD = Tr::kD;
   softmax_update<Tr, true>(st, s, scale_log2);
@@ -143,7 +150,7 @@ __device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4]
 #pragma unroll
     for (int jd = 0; jd < kD / 16; ++jd) {
       uint32_t b[4];
-      mma::ldsm_x4_trans(b, sV + (off ^ uint32_t(jd << 5)));
+      mma::ldsm_x4_trans(b, box_step(sV, off, jd, plane));
       mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
       mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
     }

@@ -23,8 +23,13 @@ namespace fused {
 constexpr int kStripCols = 16;      // query columns of a strip (4 warp boxes of 4x4, or 2 of 2x8)
 // A ring row's key row: 64 16-bit elements with the 128-byte swizzle, whatever the head dim the
 // kernel multiplies (at head dims up to 32 the TMA box's columns past D land as zeros and the
-// products skip them).
+// products skip them). Head dim 128 keeps two such planes per ring (columns 0-63, then 64-127),
+// each laid out as one ring of head dim 64.
 constexpr int kStripRowBytes = 128;
+constexpr int kStripPlaneCols = kStripRowBytes / 2;
+
+// The rings' planes for a padded head dim (32, 64 or 128).
+constexpr int strip_planes(int dim) { return dim > kStripPlaneCols ? 2 : 1; }
 
 constexpr int kStripBandRows = 2;   // halo rows per ring band (one mbarrier and hand-back count)
 constexpr int kStripMaxBands = 32;  // ring bands at most (64 halo rows)
@@ -39,12 +44,15 @@ struct StripParams {
 };
 
 // The strip forward's shared memory, one layout for the host (its size) and the kernel (its
-// offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring of
-// ring_rows x pitch key rows, then the V ring; a band is kStripBandRows ring rows.
+// offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring's
+// planes of ring_rows x pitch key rows each (one plane per 64 columns), then the V ring's; a band
+// is kStripBandRows ring rows of one plane.
 struct StripSmem {
-  uint32_t row_bytes;  // one key row: kStripRowBytes (64 16-bit elements, zeros past D)
+  uint32_t row_bytes;  // one key row of a plane: kStripRowBytes (64 16-bit elements, zeros past D)
   int ring_rows, pitch;
-  FNA_HD uint32_t v_offset() const { return uint32_t(ring_rows * pitch) * row_bytes; }
+  int planes;  // strip_planes(head dim)
+  FNA_HD uint32_t plane_bytes() const { return uint32_t(ring_rows * pitch) * row_bytes; }
+  FNA_HD uint32_t v_offset() const { return uint32_t(planes) * plane_bytes(); }
   FNA_HD uint32_t band_bytes() const { return uint32_t(kStripBandRows * pitch) * row_bytes; }
   FNA_HD size_t bytes() const { return 2 * size_t(v_offset()) + 1024; }
 };
@@ -63,10 +71,17 @@ struct StripPlan {
 // `box_h` x `box_w`: the warp box (4x4 or 2x8); `rows_in_flight`: box rows the consumer warps
 // work on side by side (the configuration's phases); `sms`: the device's SM count (for the row
 // segments); `smem_optin`: the most dynamic shared memory a CTA may take; `heads_items`: batch x
-// heads (work items scale with it); `bias`: whether the call has a relative positional bias.
+// heads (work items scale with it); `dim`: the kernel's padded head dim (32, 64 or 128: its
+// rings' planes); `bias`: whether the call has a relative positional bias.
 inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_in_flight,
-                            int sms, int smem_optin, double heads_items, bool bias = false) {
+                            int sms, int smem_optin, double heads_items, int dim,
+                            bool bias = false) {
   StripPlan sp;
+  if (dim != 32 && dim != 64 && dim != 128) {
+    sp.why = "head dim " + std::to_string(dim) + " (the strip forward's are 32, 64 and 128)";
+    return sp;
+  }
+  const int planes = strip_planes(dim);
   if (box_h * box_w != 16 || kStripCols % box_w != 0) {
     sp.why = "warp box " + std::to_string(box_h) + "x" + std::to_string(box_w) +
              " (the strip forward's boxes are 16 queries across a divisor of its 16 columns)";
@@ -102,7 +117,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   // and each band's TMA box starts on the 128-byte swizzle's period.
   pitch = (pitch + 3) / 4 * 4;
   const size_t row_bytes = kStripRowBytes;
-  const size_t ring_row_bytes = 2 * size_t(pitch) * row_bytes;  // K and V
+  const size_t ring_row_bytes = 2 * size_t(planes) * size_t(pitch) * row_bytes;  // K and V
   // Up to 1024 bytes to align the ring's start, and up to 1024 of static shared memory (the
   // barriers).
   const size_t avail =
@@ -134,7 +149,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   sp.sp.ring_rows = ring;
   sp.sp.pitch = pitch;
   sp.box_rows = box_rows;
-  sp.smem = StripSmem{uint32_t(row_bytes), ring, pitch}.bytes() + bias_bytes;
+  sp.smem = StripSmem{uint32_t(row_bytes), ring, pitch, planes}.bytes() + bias_bytes;
   sp.items = double(a1.dilation) * a2.dilation * sp.sp.strips * segs;
   // Halo rows copied: per (group, strip, segment) the rows of the segment's union times the
   // strip's columns.

@@ -5,7 +5,8 @@
 // rows, two chunks of 4 rows x 16 columns, against 10 rows and three chunks), where the union of
 // 8 columns' windows still fits a chunk's 16 columns. At head dims up to 32 (kD = 32) the ring
 // rows keep their 64 columns (zeros past D) and the products skip the k-steps and n8 blocks
-// past column 32.
+// past column 32. At head dim 128 each ring has two planes, columns 0-63 and 64-127, each laid
+// out as a head-dim-64 ring (a band is one TMA box, or one round of cp.async copies, per plane).
 //
 // The box forward copies each CTA tile's halo whole (200 KB for 16x16 queries with 13x13
 // windows, one CTA per SM), so the SM idles while a tile's halo arrives and its tail drains, and
@@ -53,8 +54,9 @@
 namespace fna {
 namespace fused {
 
-// kD: the head dim the products cover (64, or 32 where max(D, D_v) <= 32: the ring rows keep 64
-// columns, the k-steps of S and the n8 blocks of O past 32 are skipped); kBH x kBW: the warp box.
+// kD: the head dim the products cover (64; 32 where max(D, D_v) <= 32: the ring rows keep 64
+// columns, the k-steps of S and the n8 blocks of O past 32 are skipped; 128: two planes per ring);
+// kBH x kBW: the warp box.
 template <class T, int kD_, int kPhases_, int kBH_, int kBW_>
 struct StripTraits {
   using Elem = typename T::type;
@@ -72,7 +74,8 @@ struct StripTraits {
   static constexpr int kWarps = kBoxCols * kPhases;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowBytes = kStripRowBytes;
-  static_assert(kD == 64 || kD == 32, "strip forward: head dim 32 or 64 (128-byte rows)");
+  static constexpr int kPlanes = strip_planes(kD);
+  static_assert(kD == 32 || kD == 64 || kD == 128, "strip forward: head dim 32, 64 or 128");
   static_assert(kBH * kBW == 16 && kStripCols % kBW == 0, "strip forward: 16-query warp boxes");
 };
 
@@ -173,9 +176,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   // box_sw's is of the row, and a band is a multiple of 1024 bytes: pitch % 4 == 0).
   const uint32_t raw = mma::smem_u32(smem_raw);
   const uint32_t sK = raw + ((1024u - (raw & 1023u)) & 1023u);
-  const StripSmem layout{uint32_t(Tr::kRowBytes), sp.ring_rows, sp.pitch};
+  const StripSmem layout{uint32_t(Tr::kRowBytes), sp.ring_rows, sp.pitch, Tr::kPlanes};
   const uint32_t sV = sK + layout.v_offset();
   const uint32_t band_bytes = layout.band_bytes();
+  const uint32_t plane_bytes = Tr::kPlanes > 1 ? layout.plane_bytes() : 0u;
   // The bias (kBias): the head's table, divided by the scale, staged after the rings
   // (fwd_bias.cuh stage_bias; FwdParams::rpb_staged).
   BiasRows<Tr> br{};
@@ -186,11 +190,11 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   __syncthreads();
 
   // TMA: one thread copies band `band` into ring slot `slot`, one box of kStripBandRows halo rows
-  // x pitch columns per tensor (zeros past the axes' ends), completing on the slot's "full"
-  // barrier.
+  // x pitch columns per tensor and plane (zeros past the axes' ends and the head dim), completing
+  // on the slot's "full" barrier.
   auto issue_tma = [&](int band, int slot) {
     const uint32_t bar = full0 + 8 * slot;
-    tma::arrive_expect_tx(bar, 2 * band_bytes);
+    tma::arrive_expect_tx(bar, 2 * Tr::kPlanes * band_bytes);
     // This slot's previous band was read by ldmatrix; the "empty" barrier's wait ordered those
     // reads before this thread's TMA writes (a read-then-write hazard needs no proxy fence, as
     // in CUTLASS's TMA pipelines; a fence here would also wait for this thread's global loads
@@ -200,12 +204,15 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
     int ck[4], cv[4];
     tma::box_coords(tm.k, ft.b, o, hkv, ck);
     tma::box_coords(tm.v, ft.b, o, hkv, cv);
-    tma::load_box(sK + slot * band_bytes, tm.k, 0, ck, bar);
-    tma::load_box(sV + slot * band_bytes, tm.v, 0, cv, bar);
+#pragma unroll
+    for (int pl = 0; pl < Tr::kPlanes; ++pl) {
+      tma::load_box(sK + pl * plane_bytes + slot * band_bytes, tm.k, pl * kStripPlaneCols, ck, bar);
+      tma::load_box(sV + pl * plane_bytes + slot * band_bytes, tm.v, pl * kStripPlaneCols, cv, bar);
+    }
   };
   // Copies band `band` into ring slot `slot` (the whole warp calls it) and arrives on the slot's
   // "full" barrier: by TMA (lane 0), or lane l copies 16-byte chunk l % 8 of the band's halo row
-  // (l / 8) % 2, columns l / 16, l / 16 + 2, ... and arrives when its copies land.
+  // (l / 8) % 2, columns l / 16, l / 16 + 2, ... of each plane and arrives when its copies land.
   auto issue_band = [&](int band, int slot) {
     if constexpr (kTma) {
       if (lane == 0) issue_tma(band, slot);
@@ -217,17 +224,24 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
       const int dil2 = geo.axis[2].dilation;
       const int gy = y * geo.axis[1].dilation + gr.g[1];
       const int gx = (h2.begin + x0) * dil2 + gr.g[2];
-      const bool kin = sub * 8 < p.dim, vin = sub * 8 < p.dim_v;
-      const Elem* k = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4] +
-                      int64_t(gy) * p.k_stride[2] + int64_t(gx) * p.k_stride[3] + sub * 8;
-      const Elem* v = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4] +
-                      int64_t(gy) * p.v_stride[2] + int64_t(gx) * p.v_stride[3] + sub * 8;
       const int64_t kx = 2 * int64_t(dil2) * p.k_stride[3], vx = 2 * int64_t(dil2) * p.v_stride[3];
-      int row = (slot * kStripBandRows + rr) * sp.pitch + x0;
-      for (int x = x0; x < hn2; x += 2, row += 2, k += kx, v += vx) {
-        const uint32_t off = box_sw(row, sub);
-        mma::cp_async_16(sK + off, kin ? k : p.k, kin);
-        mma::cp_async_16(sV + off, vin ? v : p.v, vin);
+#pragma unroll
+      for (int pl = 0; pl < Tr::kPlanes; ++pl) {
+        const int col = pl * kStripPlaneCols + sub * 8;
+        const bool kin = col < p.dim, vin = col < p.dim_v;
+        const Elem* k = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] +
+                        hkv * p.k_stride[4] + int64_t(gy) * p.k_stride[2] +
+                        int64_t(gx) * p.k_stride[3] + col;
+        const Elem* v = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] +
+                        hkv * p.v_stride[4] + int64_t(gy) * p.v_stride[2] +
+                        int64_t(gx) * p.v_stride[3] + col;
+        int row = (slot * kStripBandRows + rr) * sp.pitch + x0;
+        const uint32_t k0 = sK + pl * plane_bytes, v0 = sV + pl * plane_bytes;
+        for (int x = x0; x < hn2; x += 2, row += 2, k += kx, v += vx) {
+          const uint32_t off = box_sw(row, sub);
+          mma::cp_async_16(k0 + off, kin ? k : p.k, kin);
+          mma::cp_async_16(v0 + off, vin ? v : p.v, vin);
+        }
       }
     }
     mbar::arrive_cp_async(full0 + 8 * slot);
@@ -335,9 +349,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   };
   constexpr int kStep = kPhases * kBH;
   // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
-  // 16 warps (at most 168 / 128 registers per thread, where qn would spill) it is loaded into
-  // qf once the last chunk's S is computed, and flies during that chunk's softmax and P V.
-  constexpr bool kPrefetchQ = Tr::kWarps <= 8;
+  // 16 warps (at most 168 / 128 registers per thread, where qn would spill), and at head dim 128
+  // (whose O and Q take 255 registers at 8 warps), it is loaded into qf once the last chunk's S
+  // is computed, and flies during that chunk's softmax and P V.
+  constexpr bool kPrefetchQ = Tr::kWarps <= 8 && kD <= 64;
   uint32_t qn[kD / 16][4], qf[kD / 16][4];
   load_q(r0 + phase * kBH, kPrefetchQ ? qn : qf);
   for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
@@ -393,10 +408,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         row[a] = y * sp.pitch;
       }
       float sc[1][8][4];
-      box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat);
+      box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
       if constexpr (kBias) box_bias(sc, bias_at, ch);
       if (!kPrefetchQ && more && ch == n_chunks - 1) load_q(qb1 + kStep, qf);
-      box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2);
+      box_update<Tr>(st, sc, row, sV, vcol, vsel, p.scale_log2, plane_bytes);
     }
     FwdTile fo = ft;
     fo.b = opaque(ft.b);
@@ -433,7 +448,7 @@ cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_
 template <class T, int kD, int kPhases, int kBH, int kBW>
 size_t fwd_strip_smem_bytes() {
   // A lower bound: a ring of 16 rows of a 16-column halo.
-  return size_t(16) * kStripCols * 2 * kStripRowBytes;
+  return size_t(16) * kStripCols * 2 * strip_planes(kD) * kStripRowBytes;
 }
 
 // Instantiates one row of configs/forward.h's strip table (the build's generated files expand it).
