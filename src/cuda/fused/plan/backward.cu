@@ -478,8 +478,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
     if (!st.ok()) return st;
-    FNA_CUDA_TRY(cudaMemsetAsync(ws_dq.get(), 0, bytes, stream));
-    p.dq_accum = ws_dq.as<float>();
+    p.dq_accum = ws_dq.as<float>();  // zeroed by the statistics kernel, row by row
   }
   Params p_dq = plan.p_dq;
   p_dq.stats = p.stats;

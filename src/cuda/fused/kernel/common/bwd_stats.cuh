@@ -15,8 +15,8 @@ namespace bwd {
 constexpr float kLog2e = 1.4426950408889634f;
 
 
-// stats = {LSE * log2(e), sum_d dO * O - d_lse} per (batch, token, head) row, 2^log_tpr threads
-// per row, each reading 16 bytes of dO and of O per step. d_lse (null = zero) is the gradient into
+// stats = {LSE * log2(e), sum_d dO * O - d_lse} per (batch, token, head) row, and the row of
+// p.dq_accum zeroed where it is set (the atomic-dQ mode), 2^log_tpr threads per row, each reading 16 bytes of dO and of O per step. d_lse (null = zero) is the gradient into
 // the row's LSE: d LSE / d s_j = P_j, so it adds P_j * d_lse to dS_j, and the kernels' dS =
 // P (dP - stats.y) take it in through stats.y. `dense`: O, dO, LSE and d_lse laid out densely, so
 // a row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
@@ -31,6 +31,12 @@ __global__ void stats_kernel(const Params p, const T* o, TokStrides so, const fl
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log_tpr;
   const int lane = threadIdx.x & 31, sub = lane & (tpr - 1);
   if (row >= int64_t(p.batch) * p.tokens * p.heads) return;  // whole rows: the shuffles' groups
+  // The atomic-dQ mode's accumulator row, zeroed here instead of by a separate pass over it
+  // (dq_row % 8 == 0: 16-byte stores).
+  if (p.dq_accum != nullptr) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + row * p.dq_row);
+    for (int c = sub; c < p.dq_row / 4; c += tpr) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (p.region) {
     // Rows of the grid outside the query region hold no query: +inf LSE (P = 0) and no loads
     // (the Q-role tensors hold the region only; `dense` is off with a region).
