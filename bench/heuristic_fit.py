@@ -112,6 +112,8 @@ def cost(c, prm):
     m = math.ceil(c["grid"] / SMS)
     o = occupancy(c["fam"], c["smem"], c["warps"], c["D"])
     n = c["vis"] / c["grid"]
+    if c["fam"] == "strip" and c["D"] > 64:
+        n *= 2.0  # fwd_cost.h strip_chunk_weight: a head-dim-128 chunk weighs two
     fp = prm.get(c["fam"])
     if fp is None:  # mma.sync (only where nothing else runs): the work alone
         return c["grid"] * n * c["q"] * c["kv"]

@@ -55,8 +55,12 @@ constexpr CostModel kPlainModel{0.0, 0.584, 0.527, 0.525};
 constexpr CostModel kWsModel{2.63, 0.284, 0.362, 0.0};
 constexpr CostModel kBoxModel{0.0, 0.257, 0.0, 0.0};
 constexpr CostModel kStripModel{1.40, 0.174, 0.0, 0.0};
-// The strip forward's chunk at head dim 128 against 64 (kStripModel was fitted at 32 and 64,
-// where the chunks' fixed work outweighs their products): twice the products and copies.
+// The strip forward's chunk at head dim 128 (two ring planes: twice the products and copies)
+// against 32 / 64, where kStripModel was fitted. On the 21 rank-1-3 problems timed at head dim 128
+// (H100, 2026-11-27, bench/heuristic_quality.py --dim 128 --random 16, every configuration; the
+// file replayed by bench/heuristic_fit.py) a weight of 1.5 or 2 takes the fastest configuration
+// wherever the strip competes (2d-k3, 2d-k7, nat-t there; tiled on dinat-t and random-2 / 13 /
+// 15); 1 takes the strip on random-2 / 13 / 15 (1.3-1.5x slower), 3 misses 2d-k7 (1.4x).
 inline double strip_chunk_weight(int dim) { return dim > 64 ? 2.0 : 1.0; }
 // The SIMT forward (fwd_simt.h): n = 8-key steps of a thread, q * kv * D = its CTA's FMAs of one
 // step for S (as many again for O); o = CTAs its registers, threads and shared memory let an SM

@@ -47,6 +47,12 @@ __device__ __forceinline__ uint32_t box_sw(int r, int c) {
   return uint32_t(r) * 128u + uint32_t(((c ^ r) & 7) << 4);
 }
 
+// The shared-memory address of 16-column step kk of a key row chunk at `off` (box_sw) in the
+// planes starting at `base`, `plane` bytes apart (64 columns a plane).
+__device__ __forceinline__ uint32_t box_step(uint32_t base, uint32_t off, int kk, uint32_t plane) {
+  return base + (kk >= 4 ? plane : 0u) + (off ^ uint32_t((kk & 3) << 5));
+}
+
 // Bits [lo, hi) of a 32-bit word (0 <= lo, hi <= 32).
 __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
   const unsigned below_hi = hi >= 32 ? ~0u : ((1u << (hi > 0 ? hi : 0)) - 1u);
@@ -62,13 +68,8 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
 // box_sw(r, s) ^ (kk << 5) (the XOR touches the 16-byte chunk bits only).
 // box_scores is its first half (S and the mask), box_update the second (softmax and P V), so a
 // caller can add a bias (box_bias) or reuse Q's registers in between. Head dim 128 (the strip
-// forward) reads columns 64-127 from a second plane `plane` bytes after the first, laid out alike.
-
-// The shared-memory address of 16-column step kk of a key row chunk at `off` (box_sw) in the
-// planes starting at `base`, `plane` bytes apart (64 columns a plane).
-__device__ __forceinline__ uint32_t box_step(uint32_t base, uint32_t off, int kk, uint32_t plane) {
-  return base + (kk >= 4 ? plane : 0u) + (off ^ uint32_t((kk & 3) << 5));
-}
+// forward) reads columns 64-127 from a second plane `plane` bytes after the first, laid out alike
+// (box_step).
 template <class Tr>
 __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
                                            const uint32_t (&qf)[Tr::kD / 16][4],

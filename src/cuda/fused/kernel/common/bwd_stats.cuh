@@ -16,9 +16,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 
 // stats = {LSE * log2(e), sum_d dO * O - d_lse} per (batch, token, head) row, and the row of
-// p.dq_accum zeroed where it is set (the atomic-dQ mode), 2^log_tpr threads per row, each reading 16 bytes of dO and of O per step. d_lse (null = zero) is the gradient into
-// the row's LSE: d LSE / d s_j = P_j, so it adds P_j * d_lse to dS_j, and the kernels' dS =
-// P (dP - stats.y) take it in through stats.y. `dense`: O, dO, LSE and d_lse laid out densely, so
+// p.dq_accum zeroed where it is set (the atomic-dQ mode), 2^log_tpr threads per row, each reading
+// 16 bytes of dO and of O per step. d_lse (null = zero) is the gradient into the row's LSE:
+// d LSE / d s_j = P_j, so it adds P_j * d_lse to dS_j, and the kernels' dS = P (dP - stats.y)
+// take it in through stats.y. `dense`: O, dO, LSE and d_lse laid out densely, so
 // a row's place takes no division; `vec`: 16-byte loads (dense, aligned, D_v a multiple of 16
 // bytes). kTf32 (plain TF32): dO rounded to TF32 as in dP = dO V^T, so that dS = P (dP - sum)
 // stays consistent (a query alone in its window gets dS = d_lse, not the rounding error of dP).
