@@ -196,12 +196,12 @@ _SIMT_CASES = _BOX_CASES + [CASES[0], CASES[2], CASES[7],
                              2, 1, 0)]
 
 
-@pytest.mark.parametrize("family", ["strip", "box", "simt"])
+@pytest.mark.parametrize("family,D", [("strip", 16), ("strip", 64), ("strip", 128), ("box", 16),
+                                      ("box", 64), ("simt", 16), ("simt", 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16],
                          ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("D", [16, 64])
 def test_box_strip_simt_bias(family, D, dtype):
-    """Every strip (4x4 and 2x8 warp boxes, head dims 32 and 64, 8-16 warps), box (the table
+    """Every strip (4x4 and 2x8 warp boxes, head dims 32, 64 and 128, 8-16 warps), box (the table
     staged after the halo) and SIMT (the table read per key along the window walk) configuration
     adds the bias: output, LSE and gradients against the reference, with stride, dilation, causal
     and grouped heads, ranks 1-3 for SIMT; the launch is the named configuration."""
