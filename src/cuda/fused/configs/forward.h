@@ -192,8 +192,8 @@
 // box_h x box_w queries: 4x4, or 2x8 whose union spans fewer rows where the window's union of
 // 8 columns still fits a chunk's 16 (7x7: 8 rows, two 64-key chunks, against 10 rows and three for
 // 4x4). Head dim 32: the products skip the ring rows' columns past 32. Head dim 128: two ring
-// planes and 8 warps (O and Q of a 16-query box take 255 registers a thread; at 12 warps, 168
-// registers, they spill). Name:
+// planes and 8 warps (a 16-query box's O takes 64 registers a thread; capped at 168 registers by
+// 12 warps the kernel spilled 88-208 bytes, at 8 warps it does not spill with TMA copies). Name:
 // fna_fwd_strip_<dtype>_d<head_dim>_q<box_h * phases>x16_b<box_h>x<box_w>_w<warps>.
 #define FNA_FWD_CONFIGS_STRIP(X, DT)                                                       \
   X(64, 2, 4, 4, DT) X(64, 3, 4, 4, DT) X(64, 4, 4, 4, DT) X(64, 6, 2, 8, DT)             \

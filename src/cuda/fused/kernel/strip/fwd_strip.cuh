@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   constexpr int kStep = kPhases * kBH;
   // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
   // 16 warps (at most 168 / 128 registers per thread, where qn would spill), and at head dim 128
-  // (whose O and Q take 255 registers at 8 warps), it is loaded into qf once the last chunk's S
+  // (holding it there took 255 registers at 8 warps), it is loaded into qf once the last chunk's S
   // is computed, and flies during that chunk's softmax and P V.
   constexpr bool kPrefetchQ = Tr::kWarps <= 8 && kD <= 64;
   uint32_t qn[kD / 16][4], qf[kD / 16][4];
