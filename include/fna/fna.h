@@ -160,6 +160,9 @@ struct Tuning {
   Switch bwd_q_pairs = Switch::automatic;    // Hopper dK / dV kernels at padded head dim 64 with
                                              // 128-key tiles, no bias: two query tiles per step
                                              // (automatic: off)
+  Switch bwd_dq_strip = Switch::automatic;   // plain Hopper backward (sm90), rank 2, no bias: dQ
+                                             // by the strip dQ kernel instead of atomics in the
+                                             // dK / dV kernel (automatic: wherever it applies)
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
@@ -348,6 +351,10 @@ struct FusedPlan {
   // Query tiles the dK / dV kernel takes per step: 2 where the sm90 kernel pairs consecutive
   // tiles of its walk (Tuning::bwd_q_pairs), else 1.
   int backward_q_steps = 0;
+  // How dQ is made: "atomic" (float32 atomics in the dK / dV kernel, then converted), "kernel"
+  // (deterministic: the sm80 dQ kernel), or the strip dQ kernel's name and copy engine
+  // ("fna_dq_strip_d64_b2x8_w8 (tma)"; Tuning::bwd_dq_strip).
+  std::string backward_dq;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes
   // With Problem::rpb: where the dK / dV kernel sums d rpb, "warps" (a table per warp in shared

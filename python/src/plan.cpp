@@ -108,6 +108,7 @@ void bind_fused_plan(nb::module_& m) {
     d["backward_kv_tile"] = list(plan.backward_kv_tile);
     d["backward_q_tile"] = list(plan.backward_q_tile);
     d["backward_q_steps"] = plan.backward_q_steps;
+    d["backward_dq"] = plan.backward_dq;
     d["backward_grid"] = plan.backward_grid;
     d["backward_smem"] = plan.backward_smem;
     d["backward_rpb_sums"] = plan.backward_rpb_sums;

@@ -690,3 +690,63 @@ def test_head_dim_256_backward_wgmma(rank):
             mag = max(1.0, float(np.abs(ref[key]).max()))
             err = float(np.abs(np64(got) - ref[key]).max())
             assert err <= 3e-2 * mag, f"D={d} D_v={dv} {copy}: {key} max error {err} ({mag})"
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_dq_strip(dtype):
+    """dQ by the strip dQ kernel after the plain Hopper dK / dV kernel without its dQ (tuning
+    bwd_dq_strip; rank 2, head dims up to 128, no bias, additional keys or query region): the
+    plan's default where it applies, reported as backward_dq with its head-dim columns and warp
+    box; 'off' keeps the atomics; deterministic mode keeps the dQ kernel; 'on' where it cannot run
+    (rank 1, a bias, additional keys, head dim 256, the warp-specialized family) is an error
+    naming the field. Both modes give the float64 oracle's gradients with 2x8 and 4x4 warp boxes
+    at head dims 32, 64 and 128, dilation, stride, causal axes, GQA and D_v != D."""
+    dt = str(dtype).split(".")[1]
+    on = {"bwd_dq_strip": "on"}
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError, match="bwd_dq_strip"):
+            fna.fused_plan((2, 56, 56, 3, 32), (7, 7), dtype=dt, tuning=on)
+        return
+    nat = ((2, 56, 56, 3, 32), (7, 7))
+    assert fna.fused_plan(*nat, dtype=dt)["backward_dq"].startswith("fna_dq_strip_d32_b2x8"), \
+        fna.fused_plan(*nat, dtype=dt)
+    assert fna.fused_plan(*nat, dtype=dt, tuning={"bwd_dq_strip": "off"})["backward_dq"] == "atomic"
+    assert fna.fused_plan(*nat, dtype=dt, deterministic=True)["backward_dq"] == "kernel"
+    assert fna.fused_plan(*nat, dtype=dt, rpb=True)["backward_dq"] == "atomic"
+    for shape, ks, kw in (((1, 300, 2, 64), (33,), {}), (nat[0], nat[1], dict(rpb=True)),
+                          ((1, 40, 40, 2, 256), (7, 7), {}),
+                          (nat[0], nat[1], dict(tuning={**on, "bwd_kernel": "sm90ws"}))):
+        with pytest.raises(NotImplementedError, match="bwd_dq_strip"):
+            fna.fused_plan(shape, ks, dtype=dt, **{"tuning": on, **kw})
+    g = torch.Generator(device="cuda").manual_seed(seed_of("bwd-dq-strip", dt))
+    rnd = lambda *s: torch.randn(s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    # (spatial, kernel, stride, dilation, causal, D, D_v, the strip kernel's name part)
+    cases = (((20, 24), (7, 7), (1, 1), (1, 1), (False, False), 32, 32, "d32_b2x8"),
+             ((33, 29), (13, 13), (2, 3), (1, 1), (False, False), 64, 64, "d64_b4x4"),
+             ((30, 40), (5, 9), (1, 1), (2, 1), (True, False), 48, 64, "d64_b"),
+             ((18, 21), (3, 3), (1, 1), (1, 1), (False, False), 128, 128, "d128_b2x8"),
+             ((17, 26), (7, 5), (1, 2), (1, 3), (False, True), 96, 80, "d128_b"))
+    for spatial, ks, st, dil, causal, D, Dv, name in cases:
+        q = rnd(2, *spatial, 4, D).requires_grad_()
+        k = rnd(2, *spatial, 2, D).requires_grad_()
+        v = rnd(2, *spatial, 2, Dv).requires_grad_()
+        d_out = rnd(2, *spatial, 4, Dv)
+        kw = dict(stride=st, dilation=dil, is_causal=causal)
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=list(dil),
+                          causal=list(causal), add_k=None, add_v=None), d_out=d_out)
+        for mode in ("on", "off"):
+            tuning = {"bwd_dq_strip": mode}
+            plan = fna.fused_plan((2, *spatial, 4, D), ks, heads_kv=2, dim_v=Dv, dtype=dt,
+                                  tuning=tuning, **kw)
+            assert plan["backward_family"] == "sm90", plan
+            if mode == "on":
+                assert plan["backward_dq"].startswith("fna_dq_strip_" + name), plan
+            else:
+                assert plan["backward_dq"] == "atomic", plan
+            out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
+            grads = torch.autograd.grad(out, [q, k, v], d_out)
+            for got, key in zip(grads, ("dq", "dk", "dv")):
+                mag = max(1.0, float(np.abs(ref[key]).max()))
+                err = float(np.abs(np64(got) - ref[key]).max())
+                assert err <= 3e-2 * mag, f"{spatial} {mode}: {key} error {err} ({mag})"

@@ -7,6 +7,7 @@
 #include "cuda/fused/kernel/sm90/bwd_dkdv_sm90.cuh"
 #include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_ws.cuh"
 #include "cuda/fused/kernel/sm90/bwd_dkdv_sm90_d256.cuh"
+#include "cuda/fused/configs/backward.h"
 #include "cuda/fused/plan/bwd_plan.h"
 #include "cuda/fused/launch/bwd_sm90.h"
 
@@ -15,14 +16,18 @@ namespace bwd {
 
 // The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys,
 // its products over kDn head-dim columns, kSteps query tiles per step (2: no bias).
+// With l.dq_strip_dim set, the instance without dQ (the strip dQ kernel follows).
 template <typename T, int kD, int kKV, int kDn = kD, int kSteps = 1>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV, kSteps>;
   auto kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, kSteps>;
   if constexpr (kSteps == 1) {
+    if (p.rpb != nullptr && l.dq_strip_dim != 0)  // the plan never asks for it
+      return {Code::runtime_error, "dkdv (sm90): the strip dQ kernel with a bias"};
     if (p.rpb != nullptr) kernel = dkdv_sm90_kernel<T, kD, kKV, true, kDn>;
-  } else if (p.rpb != nullptr) {  // the plan never asks for it
-    return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias"};
+    if (l.dq_strip_dim != 0) kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, 1, false>;
+  } else if (p.rpb != nullptr || l.dq_strip_dim != 0) {  // the plan never asks for it
+    return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias or the strip dQ"};
   }
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
   Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
@@ -32,6 +37,37 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   if (!st.ok() || l.grid_add.x == 0) return st;
   kernel<<<l.grid_add, Tr::kThreads, smem, stream>>>(p, true);
   return launch_error("dkdv (sm90, additional, atomic dq)");
+}
+
+// The strip dQ kernel the plan chose (l.dq_strip_*; FNA_BWD_DQ_STRIP_CONFIGS), dQ straight into
+// p.dq.
+template <typename T>
+Status launch_dq_strip(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+  using Tag = typename MmaTag<T>::type;
+  const fused::FwdParams fp = dq_strip_params(p);
+  fused::StripDq dq{};
+  dq.d_o = p.d_o;
+  dq.do_stride[0] = p.sdo.b;
+  for (int a = 0; a < kAxes; ++a) dq.do_stride[1 + a] = p.sdo.x[a];
+  dq.do_stride[4] = p.sdo.h;
+  dq.stats = p.stats;
+  cudaError_t err = cudaErrorInvalidConfiguration;
+  bool found = false;
+#define FNA_DQ_STRIP_CASE(D, PH, BH, BW, DT)                                               \
+  if (!found && std::is_same<Tag, mma::DT>::value && l.dq_strip_dim == D &&               \
+      l.dq_strip_phases == PH && l.dq_strip_bh == BH && l.dq_strip_bw == BW) {             \
+    found = true;                                                                          \
+    err = fused::launch_dq_strip<mma::DT, D, PH, BH, BW>(fp, l.dq_strip, dq, stream);      \
+  }
+  FNA_BWD_DQ_STRIP_CONFIGS(FNA_DQ_STRIP_CASE, BF16)
+  FNA_BWD_DQ_STRIP_CONFIGS(FNA_DQ_STRIP_CASE, F16)
+#undef FNA_DQ_STRIP_CASE
+  if (!found)  // the plan never asks for it
+    return {Code::runtime_error, "dq (strip): no instance for head dim " +
+                                     std::to_string(l.dq_strip_dim)};
+  if (err != cudaSuccess)
+    return {Code::runtime_error, std::string("dq (strip): ") + cudaGetErrorString(err)};
+  return Status::Ok();
 }
 
 // A warp-specialized Hopper dK / dV kernel's two launches: over the neighborhood (`kernel`: the TMA
@@ -107,6 +143,7 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
     st = launch_plain<T, kD, 128>(p, l, stream);
     if (!st.ok()) return st;
   }
+  if (l.dq_strip_dim != 0) return launch_dq_strip<T>(p, l, stream);
   launch_dq_convert<T>(p, stream);
   return launch_error("dq convert");
 }

@@ -30,6 +30,7 @@
 #include "cuda/fused/plan/autotune_device.h"
 #include "cuda/fused/plan/bwd_plan.h"
 #include "cuda/fused/plan/bwd_tiles.h"
+#include "cuda/fused/plan/fwd_tma.h"
 #include "cuda/fused/plan/plan.h"
 
 namespace fna {
@@ -194,6 +195,69 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
     key_tiles *= n;
   }
   return key_tiles > 0 ? visited / key_tiles : 0.0;
+}
+
+// dQ by the strip dQ kernel (Tuning::bwd_dq_strip; BwdLaunch::dq_strip_*): after the plain Hopper
+// dK / dV kernel without its dQ, the strip forward's CTAs recompute S and dP per 16-query warp
+// box over its K / V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into
+// an accumulator the statistics kernel zeroes and a last pass converts. Rank 2, 16-bit, head dims
+// up to 128, one query tile per step, no bias, additional keys or query region, rows aligned;
+// the warp box of fewer 64-key chunks (2x8 or 4x4) where the strip plan takes it. `on` asks for
+// it (unsupported where it does not apply), `off` never, automatic wherever it applies.
+Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DeviceProps& dev,
+                     const Params& p, BwdLaunch* l) {
+  l->dq_strip_dim = 0;
+  if (t.bwd_dq_strip == Switch::off) return Status::Ok();
+  auto no = [&](const std::string& why) {
+    return t.bwd_dq_strip == Switch::on
+               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + why)
+               : Status::Ok();
+  };
+  if (l->family != fused::BwdFamily::sm90)
+    return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
+              std::string(fused::family_name(l->family)));
+  if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
+  if (pr.rpb) return no("a relative positional bias");
+  if (p.num_add > 0) return no("additional keys");
+  if (p.region) return no("a query region");
+  if (!p.aligned) return no("rows that are not 16-byte aligned");
+  if (pr.rank != 2) return no("rank " + std::to_string(pr.rank) + " (it takes rank 2)");
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 128) return no("head dim " + std::to_string(dmax) + " (at most 128)");
+  const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
+  fused::StripPlan best;
+  int bh = 0, bw = 0;
+  std::string why;
+  for (const int box_h : {2, 4}) {
+    const int box_w = 16 / box_h, phases = box_w / 2;  // 8 warps: 16 / box_w boxes x phases
+    const fused::StripPlan sp =
+        fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
+                          double(p.batch) * double(p.heads), kd, false);
+    if (!sp.ok) {
+      if (why.empty()) why = sp.why;
+      continue;
+    }
+    if (!best.ok || sp.box.chunks < best.box.chunks) best = sp, bh = box_h, bw = box_w;
+  }
+  if (!best.ok) return no(why);
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * best.sp.strips * best.sp.segs;
+  if (ctas > INT32_MAX) return no(std::to_string(ctas) + " CTAs");
+  l->dq_strip_dim = kd, l->dq_strip_bh = bh, l->dq_strip_bw = bw, l->dq_strip_phases = bw / 2;
+  fused::FwdLaunch& fl = l->dq_strip;
+  fl = fused::FwdLaunch{};
+  fl.strip = best.sp;
+  fl.smem = best.smem;
+  fl.ctas = ctas;
+  fl.grid = static_cast<unsigned>(ctas);
+  // TMA bands (sm_90: the plan runs the Hopper kernels) where the tensors allow.
+  fl.strip_tma = fused::strip_tma_maps(dq_strip_params(p), best.sp, &why);
+  return Status::Ok();
+}
+
+// The strip dQ kernel's name (FusedPlan::backward_dq): fna_dq_strip_d<cols>_b<box>_w8.
+std::string dq_strip_name(const BwdLaunch& l) {
+  return "fna_dq_strip_d" + std::to_string(l.dq_strip_dim) + "_b" + std::to_string(l.dq_strip_bh) +
+         "x" + std::to_string(l.dq_strip_bw) + "_w8";
 }
 
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
@@ -425,6 +489,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (!l.tma.on && t.bwd_copy == CopyEngine::tma)
       return unsupported("tuning bwd_copy='tma': TMA cannot load this call's query tiles: " + why);
   }
+  st = plan_dq_strip(pr, t, dev, pk, &l);
+  if (!st.ok()) return st;
   // The configuration that runs, by name.
   plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
   for (int a = 0; a < kAxes; ++a) {
@@ -473,7 +539,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
   detail::Workspace ws_dq(stream);
-  if (!plan.launch.deterministic) {
+  if (!plan.launch.deterministic && plan.launch.dq_strip_dim == 0) {
     p.dq_row = (p.dim + 7) / 8 * 8;
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
@@ -680,6 +746,11 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_q_steps = plan.launch.q_steps;
+  out->backward_dq = plan.launch.deterministic ? "kernel"
+                     : plan.launch.dq_strip_dim != 0
+                         ? dq_strip_name(plan.launch) +
+                               (plan.launch.dq_strip.strip_tma.on ? " (tma)" : " (cp_async)")
+                         : "atomic";
   out->backward_grid =
       int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);

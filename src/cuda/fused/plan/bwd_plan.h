@@ -8,6 +8,7 @@
 
 #include "cuda/common/tma.h"
 #include "cuda/fused/kernel/common/bwd_params.cuh"
+#include "cuda/fused/kernel/common/fwd_params.h"
 #include "cuda/fused/plan/plan.h"
 
 namespace fna {
@@ -69,7 +70,32 @@ struct BwdLaunch {
   size_t rpb_part_bytes = 0;   // deterministic with a bias: the CTAs' d rpb slots
                                // (Params::d_rpb_part)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
+  // dQ by the strip dQ kernel after the plain Hopper dK / dV kernel without dQ
+  // (Tuning::bwd_dq_strip; no accumulator, no atomics, no conversion): the head-dim columns its
+  // products cover (32, 64, 128; 0: dQ by atomics or the deterministic dQ kernel), its warp box
+  // and box rows side by side (configs/backward.h FNA_BWD_DQ_STRIP_CONFIGS), and its launch.
+  int dq_strip_dim = 0, dq_strip_bh = 0, dq_strip_bw = 0, dq_strip_phases = 0;
+  fused::FwdLaunch dq_strip{};
 };
+
+// The strip dQ kernel's FwdParams from the backward's: the problem block, Q, K, V and their
+// strides, dQ in place of O (its strides in o_stride), no LSE output, no bias.
+inline fused::FwdParams dq_strip_params(const Params& p) {
+  fused::FwdParams f{};
+  static_cast<fused::ProblemBlock&>(f) = p;
+  f.rpb = nullptr;
+  f.q = p.q, f.k = p.k, f.v = p.v, f.o = p.dq, f.lse = nullptr;
+  auto lift = [](const TokStrides& s, int64_t (&out)[5]) {
+    out[0] = s.b;
+    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
+    out[4] = s.h;
+  };
+  lift(p.sq, f.q_stride);
+  lift(p.sk, f.k_stride);
+  lift(p.sv, f.v_stride);
+  lift(p.sdq, f.o_stride);
+  return f;
+}
 
 }  // namespace bwd
 }  // namespace fna

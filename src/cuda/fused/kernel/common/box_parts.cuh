@@ -70,12 +70,13 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
 // caller can add a bias (box_bias) or reuse Q's registers in between. Head dim 128 (the strip
 // forward) reads columns 64-127 from a second plane `plane` bytes after the first, laid out alike
 // (box_step).
+// The products alone: s = A B^T over the chunk's 64 keys, A the box's fragments (Q, or dO for the
+// strip dQ kernel's dP = dO V^T), B the ring rows at sK.
 template <class Tr>
-__device__ __forceinline__ void box_scores(float (&s)[1][8][4],
-                                           const uint32_t (&qf)[Tr::kD / 16][4],
-                                           const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
-                                           int ksel, int ch, const unsigned (&rowbits)[2],
-                                           const unsigned (&pat)[2], uint32_t plane = 0) {
+__device__ __forceinline__ void box_products(float (&s)[1][8][4],
+                                             const uint32_t (&qf)[Tr::kD / 16][4],
+                                             const int (&row)[kBoxChunkRows], uint32_t sK,
+                                             int kcol, int ksel, uint32_t plane = 0) {
   using T = typename Tr::Tag;
   constexpr int kD = Tr::kD;
 #pragma unroll
@@ -92,6 +93,15 @@ __device__ __forceinline__ void box_scores(float (&s)[1][8][4],
       mma::mma_16816<T>(s[0][2 * a + 1], qf[kk], b[2], b[3]);
     }
   }
+}
+
+template <class Tr>
+__device__ __forceinline__ void box_scores(float (&s)[1][8][4],
+                                           const uint32_t (&qf)[Tr::kD / 16][4],
+                                           const int (&row)[kBoxChunkRows], uint32_t sK, int kcol,
+                                           int ksel, int ch, const unsigned (&rowbits)[2],
+                                           const unsigned (&pat)[2], uint32_t plane = 0) {
+  box_products<Tr>(s, qf, row, sK, kcol, ksel, plane);
   // Mask: element (block 2a + h, e) of row r is key (union row 4 ch + a, column 8h + t2 + e).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -154,6 +164,45 @@ __device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4]
       mma::ldsm_x4_trans(b, box_step(sV, off, jd, plane));
       mma::mma_16816<T>(st.o[0][2 * jd], pa, b[0], b[1]);
       mma::mma_16816<T>(st.o[0][2 * jd + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+// One 64-key chunk of the strip dQ kernel's box (the backward's dQ = scale dS K, query-centric
+// as the forward): S = Q K^T masked (box_scores, in s), dP = dO V^T (box_products over the V
+// ring), then per thread row r: P = exp2(S scale log2(e) - LSE log2(e)) (0 where masked: S =
+// -inf), dS = P (dP - rowsum(dO O)), and acc += dS K with K read transposed from the ring (as
+// box_update reads V). stat[r] = {LSE log2(e), rowsum(dO O) - d_lse} of the thread's row r.
+template <class Tr>
+__device__ __forceinline__ void box_dq_update(float (&acc)[1][Tr::kD / 8][4], float (&s)[1][8][4],
+                                              float (&dp)[1][8][4], const float2 (&stat)[2],
+                                              const int (&row)[kBoxChunkRows], uint32_t sK,
+                                              int vcol, int vsel, float scale_log2,
+                                              uint32_t plane = 0) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float pr = mma::fast_exp2(s[0][j][e] * scale_log2 - stat[r].x);
+      s[0][j][e] = pr * (dp[0][j][e] - stat[r].y);
+    }
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    uint32_t pa[4];
+    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    const uint32_t off = box_sw(row[a] + vcol, vsel);
+#pragma unroll
+    for (int jd = 0; jd < kD / 16; ++jd) {
+      uint32_t b[4];
+      mma::ldsm_x4_trans(b, box_step(sK, off, jd, plane));
+      mma::mma_16816<T>(acc[0][2 * jd], pa, b[0], b[1]);
+      mma::mma_16816<T>(acc[0][2 * jd + 1], pa, b[2], b[3]);
     }
   }
 }

@@ -257,7 +257,8 @@ struct Sm90Step {
     ap[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
 
-  // dS^T as register A operands and into shared memory at `ds` (pack's second half), k-step kk.
+  // dS^T as register A operands and into shared memory at `ds` (pack's second half; null: not
+  // staged), k-step kk.
   __device__ __forceinline__ static void pack_ds_k(const float (&dp)[kNB][4],
                                                    uint32_t (&ad)[kNB / 2][4], unsigned char* ds,
                                                    int wrow, int lane, int kk) {
@@ -266,6 +267,7 @@ struct Sm90Step {
       ad[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
       ad[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
       ad[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      if (ds == nullptr) return;  // no dQ to stage for (a constant where it is: inlined)
       const int r = wrow + (lane >> 2), c = kk * 16 + 2 * (lane & 3);
       const int cb = (c & 7) * 2;
       *reinterpret_cast<uint32_t*>(ds + sw128<kKV>(r, c >> 3) + cb) = ad[kk][0];

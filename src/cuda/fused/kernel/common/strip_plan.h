@@ -47,6 +47,16 @@ struct StripParams {
 // offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring's
 // planes of ring_rows x pitch key rows each (one plane per 64 columns), then the V ring's; a band
 // is kStripBandRows ring rows of one plane.
+// The strip dQ kernel's tensors beyond FwdParams (fwd_strip.cuh with kDq; FwdParams::o and
+// o_stride are dQ's, q / k / v and their strides the backward's): dO and its strides ([batch,
+// axis 0, axis 1, axis 2, head]), and the backward's per-query statistics, one float2 per
+// (batch, token, head) row: {LSE log2(e), rowsum(dO O) - d_lse} (bwd_stats.cuh).
+struct StripDq {
+  const void* d_o;
+  int64_t do_stride[5];
+  const float2* stats;
+};
+
 struct StripSmem {
   uint32_t row_bytes;  // one key row of a plane: kStripRowBytes (64 16-bit elements, zeros past D)
   int ring_rows, pitch;

@@ -60,13 +60,17 @@ namespace bwd {
 // (zero rows, statistics that make P = 0, no dQ rows). Only where tuning bwd_q_pairs asks: on
 // whole-grid windows it ran forward+backward 1.02-1.05x faster than one tile per step, but the
 // warp-specialized kernel (unpaired), which the plan runs there, 1.40-1.44x (H200).
-template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD, int kSteps = 1>
+// kDqOut = false: no dQ (no dQ products, atomics or barrier before them); the strip dQ kernel
+// (fwd_strip.cuh kDq) computes dQ after it (BwdLaunch::dq_strip).
+template <typename T, int kD, int kKVRows = 128, bool kBias = false, int kDn = kD, int kSteps = 1,
+          bool kDqOut = true>
 __global__ void __launch_bounds__(2 * kKVRows,
                                   kKVRows == 64 && kD == 64 && (!kBias || kDn == 32) ? 3 : 1)
     dkdv_sm90_kernel(const Params p, const bool additional) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = DkdvSm90Traits<T, kD, kKVRows, kSteps>;
   static_assert(kSteps == 1 || (!kBias && kDn == kD), "paired tiles: no bias, every column");
+  static_assert(kDqOut || (kSteps == 1 && !kBias), "without dQ: one tile per step, no bias");
   constexpr int kBufs = Tr::kBufs;
   using E = T;
   constexpr int kKV = Tr::kKV, kQ = Tr::kQ, kThreads = Tr::kThreads, kChunks = kDn / 8;
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
       Step::issue_acc(acc_dv, ap, aO);
     } else {
       Step::step_products(s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad,
-                          smem + Tr::kOffDs, wrow, lane, mask, [] {});
+                          kDqOut ? smem + Tr::kOffDs : nullptr, wrow, lane, mask, [] {});
     }
 
     // dK += dS^T Q (B read transposed: [query][d] rows, 16 queries per k-step) is issued after
@@ -241,6 +245,9 @@ __global__ void __launch_bounds__(2 * kKVRows,
         }
       }
     };
+    if constexpr (!kDqOut) {
+      issue_dk();
+    } else {
     wgmma::fence_proxy_async();
     __syncthreads();
     if constexpr (kSteps == 2) {
@@ -278,6 +285,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
         add_dq(dqa, cblk, 0);
       }
     }
+    }  // kDqOut
     // dV / dK (and, for a warpgroup without a dQ block, everything) complete before the buffers
     // and dS^T are overwritten after the next barrier.
     Step::wait_all(acc_dv, acc_dk, ap, ad);

@@ -110,10 +110,14 @@ struct RingCursor {
 };
 
 
-template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias>
+// kDq: the backward's strip dQ kernel instead of the forward (the same CTAs, ring and chunks;
+// per box Q and dO fragments, P from the saved LSE, dS = P (dP - rowsum(dO O)), dQ = scale dS K
+// into p.o: box_dq_update). The plan runs it after a Hopper dK / dV kernel that leaves dQ out.
+template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias, bool kDq = false>
 __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThreads, 1)
     fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
-                         const __grid_constant__ StripTma tm) {
+                         const __grid_constant__ StripTma tm, const StripDq dq) {
+  static_assert(!(kDq && kBias), "strip dQ: no bias");
   using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
   using Elem = typename Tr::Elem;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -328,26 +332,105 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   // The box's addresses are recomputed from the parameters (opaque: not hoisted out of the box
   // loop), which costs a few integer instructions per box; held across the chunks at 16 warps
   // (128 registers) they spill, and the spills miss L1 beside a 227 KB ring.
-  auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4]) {
+  // (`src`, `stride`, `cols`: the tensor read, Q by default; the dQ kernel's dO.)
+  auto load_q = [&](int qb1, uint32_t (&qf)[kD / 16][4], const void* src = nullptr,
+                    const int64_t* stride = nullptr, int cols = 0) {
+    if (src == nullptr) src = p.q, stride = p.q_stride, cols = p.dim;
     const int b = opaque(ft.b), h = opaque(ft.h), qc = opaque(qb2);
-    const Elem* gQ = static_cast<const Elem*>(p.q) + b * p.q_stride[0] + h * p.q_stride[4];
+    const Elem* gQ = static_cast<const Elem*>(src) + b * stride[0] + h * stride[4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = (lane >> 2) + 8 * r;
       int c[kAxes] = {0, qb1 + i / kBW, qc + i % kBW};
       const bool ok = qc < len2 && c[1] < r1 && c[2] < len2;
-      const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, p.q_stride) : 0);
+      const Elem* row = gQ + (ok ? token_offset<1>(geo, gr, c, stride) : 0);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int col = kk * 16 + hh * 8 + t2;
           qf[kk][r + 2 * hh] =
-              ok && col < p.dim ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
+              ok && col < cols ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
         }
     }
   };
   constexpr int kStep = kPhases * kBH;
+  if constexpr (kDq) {
+    // The statistics of the thread's two query rows ({+inf, 0} past the group's ends: P = 0).
+    auto load_stat = [&](int qb1, float2 (&stat)[2]) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = (lane >> 2) + 8 * r;
+        const int q1 = qb1 + i / kBW, q2 = qb2 + i % kBW;
+        stat[r] = make_float2(INFINITY, 0.f);
+        if (q1 < r1 && q2 < len2) {
+          const int64_t tok = int64_t(gr.global(geo, 1, q1)) * geo.axis[2].length +
+                              gr.global(geo, 2, q2);
+          stat[r] = __ldg(dq.stats + (int64_t(ft.b) * p.tokens + tok) * p.heads + ft.h);
+        }
+      }
+    };
+    uint32_t qf[kD / 16][4], of[kD / 16][4];
+    float2 stat[2];
+    for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
+      const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
+      const int u_off = u1.begin - y0;
+      release_below(u_off / kStripBandRows);
+      if (!col_active) continue;
+      load_q(qb1, qf);
+      load_q(qb1, of, dq.d_o, dq.do_stride, p.dim_v);
+      load_stat(qb1, stat);
+      unsigned rowbits[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBW;
+        rowbits[r] = 0u;
+        if (q1 < r1) {
+          const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+          rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
+        }
+      }
+      const int ring_base = u_off % sp.ring_rows;
+      const int un = u1.size();
+      const int n_chunks = (un + kBoxChunkRows - 1) / kBoxChunkRows;
+      float acc[1][kD / 8][4];
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+      for (int ch = 0; ch < n_chunks; ++ch) {
+        wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
+        int row[kBoxChunkRows];
+#pragma unroll
+        for (int a = 0; a < kBoxChunkRows; ++a) {
+          int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
+          y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+          y -= y >= sp.ring_rows ? sp.ring_rows : 0;
+          row[a] = y * sp.pitch;
+        }
+        float sc[1][8][4], dp[1][8][4];
+        box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
+        box_products<Tr>(dp, of, row, sV, kcol, ksel, plane_bytes);
+        box_dq_update<Tr>(acc, sc, dp, stat, row, sK, vcol, vsel, p.scale_log2, plane_bytes);
+      }
+      // dQ = scale dS K at the thread's two rows (columns below D).
+      Elem* gdq = static_cast<Elem*>(p.o) + opaque(ft.b) * p.o_stride[0] + opaque(ft.h) * p.o_stride[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = (lane >> 2) + 8 * r;
+        const int q[kAxes] = {0, qb1 + i / kBW, qb2 + i % kBW};
+        if (q[1] >= r1 || q[2] >= len2) continue;
+        Elem* out = gdq + token_offset<1>(geo, gr, q, p.o_stride);
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          const int col = j * 8 + t2;
+          if (col < p.dim)
+            *reinterpret_cast<uint32_t*>(out + col) =
+                mma::pack2<T>(acc[0][j][2 * r] * p.scale, acc[0][j][2 * r + 1] * p.scale);
+        }
+      }
+    }
+    release_below(n_release);
+    return;
+  }
   // The next box's Q: at 8 warps it waits in registers (qn) through the current box; at 12 and
   // 16 warps (at most 168 / 128 registers per thread, where qn would spill), and at head dim 128
   // (holding it there took 255 registers at 8 warps), it is loaded into qf once the last chunk's S
@@ -441,7 +524,22 @@ cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma);
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, StripDq{});
+  return cudaGetLastError();
+}
+
+// The backward's strip dQ kernel (kDq): `p` the backward's Q, K, V with dQ as O, `l` the strip
+// plan's launch (as the forward's, no bias), `dq` dO and the statistics.
+template <class T, int kD, int kPhases, int kBH, int kBW>
+cudaError_t launch_dq_strip(const FwdParams& p, const FwdLaunch& l, const StripDq& dq,
+                            cudaStream_t stream) {
+  using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
+  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, false, true>
+                               : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, false, true>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, dq);
   return cudaGetLastError();
 }
 
@@ -456,6 +554,9 @@ size_t fwd_strip_smem_bytes() {
   template cudaError_t launch_fwd_strip<mma::DT, D, PH, BH, BW>(                               \
       const FwdParams&, const FwdLaunch&, cudaStream_t);                                       \
   template size_t fwd_strip_smem_bytes<mma::DT, D, PH, BH, BW>();
+#define FNA_DQ_STRIP_INSTANTIATE(D, PH, BH, BW, DT)                                             \
+  template cudaError_t launch_dq_strip<mma::DT, D, PH, BH, BW>(                                \
+      const FwdParams&, const FwdLaunch&, const StripDq&, cudaStream_t);
 
 }  // namespace fused
 }  // namespace fna
