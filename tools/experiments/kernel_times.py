@@ -3,7 +3,8 @@
 (CUDA events, no profiler: --reps calls back to back, and the median of --reps calls each
 synchronized after, as the benchmark times), so that gaps between the kernels show up too:
 
-    python3 tools/experiments/kernel_times.py 2d-nat [--bwd] [--reps 10]   (or a small-window problem)
+    python3 tools/experiments/kernel_times.py 2d-nat [--bwd] [--reps 10] [--tuning K=V,K=V]
+        (or a small-window problem; --tuning: Options::tuning for the call, as fna-bench's)
 
 With --bwd the call is the benchmark's forward+backward step (`out.backward(dO)`, random dO).
 """
@@ -21,7 +22,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("problem", choices=sorted(PROBLEMS) + sorted(SMALL))
 ap.add_argument("--bwd", action="store_true")
 ap.add_argument("--reps", type=int, default=10)
+ap.add_argument("--tuning", default="")
 args = ap.parse_args()
+tuning = dict(kv.split("=", 1) for kv in args.tuning.split(",") if kv) or None
 case = make_case(args.problem, "base")
 B, H, shape, D, kernel = (case[k] for k in ("B", "H", "shape", "D", "kernel"))
 dil = case["dilation"]
@@ -33,7 +36,7 @@ d_out = torch.randn((B, *shape, H, D), device="cuda", dtype=torch.bfloat16, gene
 
 
 def call():
-    out = fn(q, k, v, kernel, dilation=dil, backend="cuda-fused")
+    out = fn(q, k, v, kernel, dilation=dil, backend="cuda-fused", tuning=tuning)
     if args.bwd:
         q.grad = k.grad = v.grad = None
         out.backward(d_out)
@@ -56,7 +59,8 @@ for e in prof.key_averages():
 rows.sort(reverse=True)
 total = sum(r[0] for r in rows)
 print(f"{args.problem} ({'forward+backward' if args.bwd else 'forward'}), per call, "
-      f"config {fna.fused_plan(list(q.shape), kernel, dilation=dil, dtype=torch.bfloat16)['config']}")
+      f"config {fna.fused_plan(list(q.shape), kernel, dilation=dil, dtype=torch.bfloat16)['config']}"
+      f"{' tuning ' + args.tuning if args.tuning else ''}")
 for t, n, name in rows:
     print(f"{t / 1000:9.3f} ms  {n:5.1f}x  {100 * t / total:5.1f}%  {name[:110]}")
 print(f"{total / 1000:9.3f} ms  total device time")

@@ -14,10 +14,11 @@
 // The strip dQ kernel (kernel/strip/fwd_strip.cuh with kDq: the strip forward's CTAs and ring of
 // K / V halo rows, per warp box of 16 queries P from the saved LSE, dS and dQ = scale dS K), which
 // follows the plain Hopper dK / dV kernel without its dQ on rank-2 problems
-// (Tuning::bwd_dq_strip): X(head_dim, phases, box_h, box_w, dtype), 8 warps each (a box's Q, dO
-// and dQ take the registers of 12 or 16 warps). Built with the Hopper kernels (sm_90a).
+// (Tuning::bwd_dq_strip): X(head_dim, phases, box_h, box_w, dtype): 12 warps at head dim 32, 8
+// above (a box's Q, dO and dQ fragments take more than 12 warps' registers). Built with the
+// Hopper kernels (sm_90a).
 #define FNA_BWD_DQ_STRIP_CONFIGS(X, DT)                                                   \
-  X(32, 4, 2, 8, DT) X(32, 2, 4, 4, DT) X(64, 4, 2, 8, DT) X(64, 2, 4, 4, DT)             \
+  X(32, 6, 2, 8, DT) X(32, 3, 4, 4, DT) X(64, 4, 2, 8, DT) X(64, 2, 4, 4, DT)             \
       X(128, 4, 2, 8, DT) X(128, 2, 4, 4, DT)
 
 // The Hopper backward's instantiations: X(dtype, padded head dim).

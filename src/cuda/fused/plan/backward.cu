@@ -228,8 +228,9 @@ Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DevicePro
   fused::StripPlan best;
   int bh = 0, bw = 0;
   std::string why;
+  const int warps = kd == 32 ? 12 : 8;  // configs/backward.h FNA_BWD_DQ_STRIP_CONFIGS
   for (const int box_h : {2, 4}) {
-    const int box_w = 16 / box_h, phases = box_w / 2;  // 8 warps: 16 / box_w boxes x phases
+    const int box_w = 16 / box_h, phases = warps * box_w / 16;  // 16 / box_w boxes x phases
     const fused::StripPlan sp =
         fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
                           double(p.batch) * double(p.heads), kd, false);
@@ -242,7 +243,8 @@ Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DevicePro
   if (!best.ok) return no(why);
   const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * best.sp.strips * best.sp.segs;
   if (ctas > INT32_MAX) return no(std::to_string(ctas) + " CTAs");
-  l->dq_strip_dim = kd, l->dq_strip_bh = bh, l->dq_strip_bw = bw, l->dq_strip_phases = bw / 2;
+  l->dq_strip_dim = kd, l->dq_strip_bh = bh, l->dq_strip_bw = bw;
+  l->dq_strip_phases = warps * bw / 16;
   fused::FwdLaunch& fl = l->dq_strip;
   fl = fused::FwdLaunch{};
   fl.strip = best.sp;
@@ -254,10 +256,11 @@ Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DevicePro
   return Status::Ok();
 }
 
-// The strip dQ kernel's name (FusedPlan::backward_dq): fna_dq_strip_d<cols>_b<box>_w8.
+// The strip dQ kernel's name (FusedPlan::backward_dq): fna_dq_strip_d<cols>_b<box>_w<warps>.
 std::string dq_strip_name(const BwdLaunch& l) {
   return "fna_dq_strip_d" + std::to_string(l.dq_strip_dim) + "_b" + std::to_string(l.dq_strip_bh) +
-         "x" + std::to_string(l.dq_strip_bw) + "_w8";
+         "x" + std::to_string(l.dq_strip_bw) + "_w" +
+         std::to_string(16 / l.dq_strip_bw * l.dq_strip_phases);
 }
 
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {

@@ -207,6 +207,56 @@ __device__ __forceinline__ void box_dq_update(float (&acc)[1][Tr::kD / 8][4], fl
   }
 }
 
+// box_dq_update's work for one union row of a chunk (16 keys at shared-memory row `row`) from
+// the products on: S and dP of the row, its mask `keep[r]` (bit 2 h + e: column 8 h + t2 + e of
+// the row is in the window of the thread's row r), P, dS and acc += dS K. S and dP take 16
+// registers instead of a chunk's 64 (the strip dQ kernel at head dim 128).
+template <class Tr>
+__device__ __forceinline__ void box_dq_row(float (&acc)[1][Tr::kD / 8][4],
+                                           const uint32_t (&qf)[Tr::kD / 16][4],
+                                           const uint32_t (&of)[Tr::kD / 16][4],
+                                           const float2 (&stat)[2], int row, uint32_t sK,
+                                           uint32_t sV, int kcol, int ksel, int vcol, int vsel,
+                                           const unsigned (&keep)[2], float scale_log2,
+                                           uint32_t plane) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+  float s[2][4] = {}, dp[2][4] = {};
+  const uint32_t koff = box_sw(row + kcol, ksel);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t b[4];
+    mma::ldsm_x4(b, box_step(sK, koff, kk, plane));
+    mma::mma_16816<T>(s[0], qf[kk], b[0], b[1]);
+    mma::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
+    mma::ldsm_x4(b, box_step(sV, koff, kk, plane));
+    mma::mma_16816<T>(dp[0], of[kk], b[0], b[1]);
+    mma::mma_16816<T>(dp[1], of[kk], b[2], b[3]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float pr = ((keep[r] >> (2 * h + (e & 1))) & 1u) != 0u
+                           ? mma::fast_exp2(s[h][e] * scale_log2 - stat[r].x)
+                           : 0.f;
+      s[h][e] = pr * (dp[h][e] - stat[r].y);
+    }
+  uint32_t pa[4];
+  pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
+  pa[1] = mma::pack2<T>(s[0][2], s[0][3]);
+  pa[2] = mma::pack2<T>(s[1][0], s[1][1]);
+  pa[3] = mma::pack2<T>(s[1][2], s[1][3]);
+  const uint32_t voff = box_sw(row + vcol, vsel);
+#pragma unroll
+  for (int jd = 0; jd < kD / 16; ++jd) {
+    uint32_t b[4];
+    mma::ldsm_x4_trans(b, box_step(sK, voff, jd, plane));
+    mma::mma_16816<T>(acc[0][2 * jd], pa, b[0], b[1]);
+    mma::mma_16816<T>(acc[0][2 * jd + 1], pa, b[2], b[3]);
+  }
+}
 
 }  // namespace fused
 }  // namespace fna

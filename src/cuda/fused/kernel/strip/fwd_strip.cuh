@@ -370,16 +370,24 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         }
       }
     };
+    // A box's Q and dO fragments and statistics; the next box's are loaded during the last
+    // chunk, Q once S is computed, dO once dP is, the statistics into `stn`. At head dim 128 the
+    // chunk's rows go one at a time (kRowWise, box_dq_row: with whole chunks ptxas spilled
+    // 60-104 bytes) and the next box's loads follow the last row.
+    constexpr bool kRowWise = kD == 128;
     uint32_t qf[kD / 16][4], of[kD / 16][4];
-    float2 stat[2];
+    float2 stat[2], stn[2];
+    if (col_active && r0 + phase * kBH < r1) {
+      load_q(r0 + phase * kBH, qf);
+      load_q(r0 + phase * kBH, of, dq.d_o, dq.do_stride, p.dim_v);
+      load_stat(r0 + phase * kBH, stat);
+    }
     for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
       const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
       const int u_off = u1.begin - y0;
       release_below(u_off / kStripBandRows);
       if (!col_active) continue;
-      load_q(qb1, qf);
-      load_q(qb1, of, dq.d_o, dq.do_stride, p.dim_v);
-      load_stat(qb1, stat);
+      const bool more = qb1 + kStep < r1;
       unsigned rowbits[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -406,11 +414,39 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
           y -= y >= sp.ring_rows ? sp.ring_rows : 0;
           row[a] = y * sp.pitch;
         }
+        const bool last = more && ch == n_chunks - 1;
+        if constexpr (kRowWise) {
+          // Row by row (box_dq_row); the chunk's rows past the union repeat its last row: masked.
+#pragma unroll
+          for (int a = 0; a < kBoxChunkRows; ++a) {
+            unsigned keep[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              keep[r] = kBoxChunkRows * ch + a < un &&
+                                ((rowbits[r] >> (kBoxChunkRows * ch + a)) & 1u) != 0u
+                            ? pat[r]
+                            : 0u;
+            box_dq_row<Tr>(acc, qf, of, stat, row[a], sK, sV, kcol, ksel, vcol, vsel, keep,
+                           p.scale_log2, plane_bytes);
+          }
+          if (last) {
+            load_q(qb1 + kStep, qf);
+            load_q(qb1 + kStep, of, dq.d_o, dq.do_stride, p.dim_v);
+            load_stat(qb1 + kStep, stn);
+          }
+          continue;
+        }
         float sc[1][8][4], dp[1][8][4];
         box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
+        if (last) load_q(qb1 + kStep, qf);
         box_products<Tr>(dp, of, row, sV, kcol, ksel, plane_bytes);
+        if (last) {
+          load_q(qb1 + kStep, of, dq.d_o, dq.do_stride, p.dim_v);
+          load_stat(qb1 + kStep, stn);
+        }
         box_dq_update<Tr>(acc, sc, dp, stat, row, sK, vcol, vsel, p.scale_log2, plane_bytes);
       }
+      stat[0] = stn[0], stat[1] = stn[1];
       // dQ = scale dS K at the thread's two rows (columns below D).
       Elem* gdq = static_cast<Elem*>(p.o) + opaque(ft.b) * p.o_stride[0] + opaque(ft.h) * p.o_stride[4];
 #pragma unroll
