@@ -697,8 +697,8 @@ def test_head_dim_256_backward_wgmma(rank):
 def test_backward_dq_strip(dtype):
     """dQ by the strip dQ kernel after the plain Hopper dK / dV kernel without its dQ (tuning
     bwd_dq_strip; rank 2, head dims up to 128, no bias, additional keys or query region): the
-    plan's default where it applies, reported as backward_dq with its head-dim columns and warp
-    box; 'off' keeps the atomics; deterministic mode keeps the dQ kernel; 'on' where it cannot run
+    plan's default at head dims above 32 where dilation groups are at least a strip wide,
+    reported as backward_dq with its head-dim columns, warp box and warps; 'off' keeps the atomics; deterministic mode keeps the dQ kernel; 'on' where it cannot run
     (rank 1, a bias, additional keys, head dim 256, the warp-specialized family) is an error
     naming the field. Both modes give the float64 oracle's gradients with 2x8 and 4x4 warp boxes
     at head dims 32, 64 and 128, dilation, stride, causal axes, GQA and D_v != D."""
@@ -709,9 +709,16 @@ def test_backward_dq_strip(dtype):
             fna.fused_plan((2, 56, 56, 3, 32), (7, 7), dtype=dt, tuning=on)
         return
     nat = ((2, 56, 56, 3, 32), (7, 7))
-    assert fna.fused_plan(*nat, dtype=dt)["backward_dq"].startswith("fna_dq_strip_d32_b2x8"), \
-        fna.fused_plan(*nat, dtype=dt)
-    assert fna.fused_plan(*nat, dtype=dt, tuning={"bwd_dq_strip": "off"})["backward_dq"] == "atomic"
+    # Automatic: head dims above 32 and dilation groups at least a strip (16 columns) wide.
+    wide = ((1, 64, 64, 4, 64), (7, 7))
+    assert fna.fused_plan(*wide, dtype=dt)["backward_dq"].startswith("fna_dq_strip_d64_b2x8"), \
+        fna.fused_plan(*wide, dtype=dt)
+    assert fna.fused_plan(*wide, dtype=dt, dilation=(1, 5))["backward_dq"] == "atomic"
+    assert fna.fused_plan(*nat, dtype=dt)["backward_dq"] == "atomic"
+    assert fna.fused_plan(*nat, dtype=dt, tuning=on)["backward_dq"].startswith(
+        "fna_dq_strip_d32_b2x8_w12")
+    assert fna.fused_plan(*wide, dtype=dt, tuning={"bwd_dq_strip": "off"})["backward_dq"] == \
+        "atomic"
     assert fna.fused_plan(*nat, dtype=dt, deterministic=True)["backward_dq"] == "kernel"
     assert fna.fused_plan(*nat, dtype=dt, rpb=True)["backward_dq"] == "atomic"
     for shape, ks, kw in (((1, 300, 2, 64), (33,), {}), (nat[0], nat[1], dict(rpb=True)),

@@ -225,6 +225,17 @@ Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DevicePro
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   if (dmax > 128) return no("head dim " + std::to_string(dmax) + " (at most 128)");
   const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
+  // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
+  // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
+  // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
+  // columns, nat-t 1.085 and nat-late 1.16; dinat-t (7-column dilation groups in 16-column
+  // strips) 2.23.
+  if (t.bwd_dq_strip == Switch::automatic) {
+    int narrowest = p.geo.axis[2].length;
+    for (int g = 0; g < p.geo.axis[2].dilation; ++g)
+      narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
+    if (kd == 32 || narrowest < fused::kStripCols) return Status::Ok();
+  }
   fused::StripPlan best;
   int bh = 0, bw = 0;
   std::string why;
