@@ -160,9 +160,11 @@ struct Tuning {
   Switch bwd_q_pairs = Switch::automatic;    // Hopper dK / dV kernels at padded head dim 64 with
                                              // 128-key tiles, no bias: two query tiles per step
                                              // (automatic: off)
-  Switch bwd_dq_strip = Switch::automatic;   // plain Hopper backward (sm90), rank 2, no bias: dQ
-                                             // by the strip dQ kernel instead of atomics in the
-                                             // dK / dV kernel (automatic: wherever it applies)
+  Switch bwd_dq_strip = Switch::automatic;   // Hopper backward, rank 2, no bias: dQ by the strip
+                                             // dQ kernel instead of atomics in the dK / dV kernel
+  Switch bwd_strip = Switch::automatic;      // Hopper backward, rank 2, no bias or GQA, head dims
+                                             // up to 64: dK / dV by the strip dK / dV kernel
+                                             // (with the strip dQ kernel)
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;

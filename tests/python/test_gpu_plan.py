@@ -757,3 +757,58 @@ def test_backward_dq_strip(dtype):
                 mag = max(1.0, float(np.abs(ref[key]).max()))
                 err = float(np.abs(np64(got) - ref[key]).max())
                 assert err <= 3e-2 * mag, f"{spatial} {mode}: {key} error {err} ({mag})"
+
+
+@pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_strip_dkdv(dtype):
+    """dK / dV by the strip dK / dV kernel (tuning bwd_strip: boxes of 16 keys against the query
+    rows of their inverse neighborhoods, then the strip dQ kernel; rank 2, head dims up to 64, no
+    GQA, bias, additional keys or query region): reported as the 'strip' family with both
+    kernels' names; 'on' where it cannot run (GQA, head dim 128, rank 1, deterministic mode,
+    bwd_dq_strip='off', a named kernel) is an error naming the field; the gradients match the
+    float64 oracle with 2x8 and 4x4 key boxes at head dims 32 and 64, dilation, stride, causal
+    axes and D_v != D, against the default plan's too."""
+    dt = str(dtype).split(".")[1]
+    on = {"bwd_strip": "on"}
+    nat = ((2, 56, 56, 3, 32), (7, 7))
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError, match="bwd_strip"):
+            fna.fused_plan(*nat, dtype=dt, tuning=on)
+        return
+    plan = fna.fused_plan(*nat, dtype=dt, tuning=on)
+    assert plan["backward_family"] == "strip", plan
+    assert plan["backward_config"].startswith(f"fna_bwd_strip_{dt}_d32_b2x8_w8"), plan
+    assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_d32"), plan
+    for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 128), (7, 7), {}),
+                          ((1, 300, 2, 32), (33,), {}), (nat[0], nat[1], dict(deterministic=True)),
+                          (nat[0], nat[1], dict(tuning={**on, "bwd_dq_strip": "off"})),
+                          (nat[0], nat[1], dict(tuning={**on, "bwd_kernel": "sm90"}))):
+        with pytest.raises(NotImplementedError, match="bwd_strip"):
+            fna.fused_plan(shape, ks, dtype=dt, **{"tuning": on, **kw})
+    g = torch.Generator(device="cuda").manual_seed(seed_of("bwd-strip-dkdv", dt))
+    rnd = lambda *s: torch.randn(s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    # (spatial, kernel, stride, dilation, causal, D, D_v, the key box)
+    cases = (((20, 24), (7, 7), (1, 1), (1, 1), (False, False), 32, 32, "d32_b2x8"),
+             ((23, 37), (3, 3), (1, 1), (1, 1), (False, False), 64, 64, "d64_b2x8"),
+             ((30, 40), (5, 9), (1, 1), (2, 1), (True, False), 48, 64, "d64_b4x4"),
+             ((19, 26), (7, 5), (2, 1), (1, 2), (False, True), 40, 24, "d64_b"))
+    for spatial, ks, st, dil, causal, D, Dv, name in cases:
+        q = rnd(2, *spatial, 3, D).requires_grad_()
+        k = rnd(2, *spatial, 3, D).requires_grad_()
+        v = rnd(2, *spatial, 3, Dv).requires_grad_()
+        d_out = rnd(2, *spatial, 3, Dv)
+        kw = dict(stride=st, dilation=dil, is_causal=causal)
+        ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=list(dil),
+                          causal=list(causal), add_k=None, add_v=None), d_out=d_out)
+        for tuning in (on, None):
+            plan = fna.fused_plan((2, *spatial, 3, D), ks, dim_v=Dv, dtype=dt, tuning=tuning, **kw)
+            if tuning:
+                assert plan["backward_config"].startswith(f"fna_bwd_strip_{dt}_{name}"), plan
+            out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
+            grads = torch.autograd.grad(out, [q, k, v], d_out)
+            assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+            for got, key in zip(grads, ("dq", "dk", "dv")):
+                mag = max(1.0, float(np.abs(ref[key]).max()))
+                err = float(np.abs(np64(got) - ref[key]).max())
+                assert err <= 3e-2 * mag, f"{spatial} {tuning}: {key} error {err} ({mag})"

@@ -11,15 +11,18 @@
       X(__nv_bfloat16, 256) X(mma::F32, 64) X(mma::F32, 128) X(mma::F32, 256) X(mma::TF32, 64) \
           X(mma::TF32, 128) X(mma::TF32, 256)
 
-// The strip dQ kernel (kernel/strip/fwd_strip.cuh with kDq: the strip forward's CTAs and ring of
-// K / V halo rows, per warp box of 16 queries P from the saved LSE, dS and dQ = scale dS K), which
-// follows the plain Hopper dK / dV kernel without its dQ on rank-2 problems
-// (Tuning::bwd_dq_strip): X(head_dim, phases, box_h, box_w, dtype): 12 warps at head dim 32, 8
-// above (a box's Q, dO and dQ fragments take more than 12 warps' registers). Built with the
-// Hopper kernels (sm_90a).
-#define FNA_BWD_DQ_STRIP_CONFIGS(X, DT)                                                   \
-  X(32, 6, 2, 8, DT) X(32, 3, 4, 4, DT) X(64, 4, 2, 8, DT) X(64, 2, 4, 4, DT)             \
-      X(128, 4, 2, 8, DT) X(128, 2, 4, 4, DT)
+// The strip backward kernels (kernel/strip/fwd_strip.cuh: the strip forward's CTAs and ring of
+// halo rows), rank 2, 16-bit, built with the Hopper kernels (sm_90a). dQ (role 1): per warp box
+// of 16 queries, P from the saved LSE, dS and dQ = scale dS K over the K / V ring, after the plain
+// Hopper dK / dV kernel without its dQ (Tuning::bwd_dq_strip). dK / dV (role 2): per box of 16
+// keys, the query rows of their inverse neighborhoods (Q, dO) through the ring
+// (Tuning::bwd_strip). X(role, head_dim, phases, box_h, box_w, dtype): dQ at head dim 32 on 12
+// warps, everything else on 8 (more fragments and accumulators than 12 warps' registers hold).
+#define FNA_BWD_STRIP_CONFIGS(X, DT)                                                      \
+  X(1, 32, 6, 2, 8, DT) X(1, 32, 3, 4, 4, DT) X(1, 64, 4, 2, 8, DT) X(1, 64, 2, 4, 4, DT)     \
+      X(1, 128, 4, 2, 8, DT) X(1, 128, 2, 4, 4, DT) X(2, 32, 4, 2, 8, DT)                   \
+          X(2, 32, 2, 4, 4, DT) X(2, 64, 4, 2, 8, DT) X(2, 64, 2, 4, 4, DT)                 \
+              X(2, 128, 4, 2, 8, DT) X(2, 128, 2, 4, 4, DT)
 
 // The Hopper backward's instantiations: X(dtype, padded head dim).
 #define FNA_BWD_SM90_INSTANCES(X)                                                   \

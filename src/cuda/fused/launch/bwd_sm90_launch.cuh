@@ -22,11 +22,11 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV, kSteps>;
   auto kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, kSteps>;
   if constexpr (kSteps == 1) {
-    if (p.rpb != nullptr && l.dq_strip_dim != 0)  // the plan never asks for it
+    if (p.rpb != nullptr && l.dq_strip.dim != 0)  // the plan never asks for it
       return {Code::runtime_error, "dkdv (sm90): the strip dQ kernel with a bias"};
     if (p.rpb != nullptr) kernel = dkdv_sm90_kernel<T, kD, kKV, true, kDn>;
-    if (l.dq_strip_dim != 0) kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, 1, false>;
-  } else if (p.rpb != nullptr || l.dq_strip_dim != 0) {  // the plan never asks for it
+    if (l.dq_strip.dim != 0) kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, 1, false>;
+  } else if (p.rpb != nullptr || l.dq_strip.dim != 0) {  // the plan never asks for it
     return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias or the strip dQ"};
   }
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
@@ -39,34 +39,31 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   return launch_error("dkdv (sm90, additional, atomic dq)");
 }
 
-// The strip dQ kernel the plan chose (l.dq_strip_*; FNA_BWD_DQ_STRIP_CONFIGS), dQ straight into
-// p.dq.
+// A strip backward kernel the plan chose (`step`: l.dq_strip or l.dkdv_strip;
+// FNA_BWD_STRIP_CONFIGS): dQ, or dK and dV, straight into their tensors.
 template <typename T>
-Status launch_dq_strip(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
+Status launch_strip(const Params& p, const StripStep& step, fused::StripRole role,
+                    cudaStream_t stream) {
   using Tag = typename MmaTag<T>::type;
-  const fused::FwdParams fp = dq_strip_params(p);
-  fused::StripDq dq{};
-  dq.d_o = p.d_o;
-  dq.do_stride[0] = p.sdo.b;
-  for (int a = 0; a < kAxes; ++a) dq.do_stride[1 + a] = p.sdo.x[a];
-  dq.do_stride[4] = p.sdo.h;
-  dq.stats = p.stats;
+  const fused::FwdParams fp = strip_params(p, role);
+  const fused::StripBwd bw = strip_bwd(p, role);
   cudaError_t err = cudaErrorInvalidConfiguration;
   bool found = false;
-#define FNA_DQ_STRIP_CASE(D, PH, BH, BW, DT)                                               \
-  if (!found && std::is_same<Tag, mma::DT>::value && l.dq_strip_dim == D &&               \
-      l.dq_strip_phases == PH && l.dq_strip_bh == BH && l.dq_strip_bw == BW) {             \
-    found = true;                                                                          \
-    err = fused::launch_dq_strip<mma::DT, D, PH, BH, BW>(fp, l.dq_strip, dq, stream);      \
+#define FNA_BWD_STRIP_CASE(ROLE, D, PH, BH, BW, DT)                                           \
+  if (!found && std::is_same<Tag, mma::DT>::value && int(role) == ROLE && step.dim == D &&   \
+      step.phases == PH && step.bh == BH && step.bw == BW) {                                  \
+    found = true;                                                                             \
+    err = fused::launch_bwd_strip<mma::DT, ROLE, D, PH, BH, BW>(fp, step.launch, bw, stream); \
   }
-  FNA_BWD_DQ_STRIP_CONFIGS(FNA_DQ_STRIP_CASE, BF16)
-  FNA_BWD_DQ_STRIP_CONFIGS(FNA_DQ_STRIP_CASE, F16)
-#undef FNA_DQ_STRIP_CASE
+  FNA_BWD_STRIP_CONFIGS(FNA_BWD_STRIP_CASE, BF16)
+  FNA_BWD_STRIP_CONFIGS(FNA_BWD_STRIP_CASE, F16)
+#undef FNA_BWD_STRIP_CASE
+  const char* what = role == fused::StripRole::dq ? "dq (strip)" : "dkdv (strip)";
   if (!found)  // the plan never asks for it
-    return {Code::runtime_error, "dq (strip): no instance for head dim " +
-                                     std::to_string(l.dq_strip_dim)};
+    return {Code::runtime_error, std::string(what) + ": no instance for head dim " +
+                                     std::to_string(step.dim)};
   if (err != cudaSuccess)
-    return {Code::runtime_error, std::string("dq (strip): ") + cudaGetErrorString(err)};
+    return {Code::runtime_error, std::string(what) + ": " + cudaGetErrorString(err)};
   return Status::Ok();
 }
 
@@ -114,6 +111,11 @@ Status launch_d256(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
 template <typename T, int kD>
 Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   Status st;
+  if (l.dkdv_strip.dim != 0) {  // the strip dK / dV kernel, then the strip dQ kernel
+    st = launch_strip<T>(p, l.dkdv_strip, fused::StripRole::dkdv, stream);
+    if (!st.ok()) return st;
+    return launch_strip<T>(p, l.dq_strip, fused::StripRole::dq, stream);
+  }
   if constexpr (kD == 256) {
     if (l.family != fused::BwdFamily::sm90ws)  // the plan never asks for it
       return {Code::runtime_error, "dkdv (sm90): head dim 256 has the warp-specialized kernel only"};
@@ -143,7 +145,7 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
     st = launch_plain<T, kD, 128>(p, l, stream);
     if (!st.ok()) return st;
   }
-  if (l.dq_strip_dim != 0) return launch_dq_strip<T>(p, l, stream);
+  if (l.dq_strip.dim != 0) return launch_strip<T>(p, l.dq_strip, fused::StripRole::dq, stream);
   launch_dq_convert<T>(p, stream);
   return launch_error("dq convert");
 }

@@ -197,34 +197,125 @@ double bwd_visits_per_key_tile(const Problem& pr, const Params& p, int dpad) {
   return key_tiles > 0 ? visited / key_tiles : 0.0;
 }
 
-// dQ by the strip dQ kernel (Tuning::bwd_dq_strip; BwdLaunch::dq_strip_*): after the plain Hopper
-// dK / dV kernel without its dQ, the strip forward's CTAs recompute S and dP per 16-query warp
-// box over its K / V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into
-// an accumulator the statistics kernel zeroes and a last pass converts. Rank 2, 16-bit, head dims
-// up to 128, one query tile per step, no bias, additional keys or query region, rows aligned;
-// the warp box of fewer 64-key chunks (2x8 or 4x4) where the strip plan takes it. `on` asks for
-// it (unsupported where it does not apply), `off` never, automatic wherever it applies.
-Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DeviceProps& dev,
-                     const Params& p, BwdLaunch* l) {
-  l->dq_strip_dim = 0;
+// What rules a call out of the strip backward kernels ("" where they take it): rank 2, 16-bit
+// (the plan runs them with the Hopper kernels), head dims up to 128, no bias, additional keys or
+// query region, rows 16-byte aligned.
+std::string strip_bwd_rules(const Problem& pr, const Params& p) {
+  if (pr.rpb) return "a relative positional bias";
+  if (p.num_add > 0) return "additional keys";
+  if (p.region) return "a query region";
+  if (!p.aligned) return "rows that are not 16-byte aligned";
+  if (pr.rank != 2) return "rank " + std::to_string(pr.rank) + " (they take rank 2)";
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 128) return "head dim " + std::to_string(dmax) + " (at most 128)";
+  return "";
+}
+
+// The strip backward kernel of `role` over `kd` head-dim columns into *out: the warp box (2x8 or
+// 4x4) of fewer 64-key chunks where the strip plan takes it (inverse windows for dK / dV), its
+// warps (configs/backward.h FNA_BWD_STRIP_CONFIGS: 12 for dQ at head dim 32, else 8), CTAs and
+// TMA bands where the tensors allow; false with `why`.
+bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::StripRole role,
+                     int kd, StripStep* out, std::string* why) {
+  const bool inverse = role == fused::StripRole::dkdv;
+  const int warps = role == fused::StripRole::dq && kd == 32 ? 12 : 8;
+  fused::StripPlan best;
+  int bh = 0, bw = 0;
+  for (const int box_h : {2, 4}) {
+    const int box_w = 16 / box_h, phases = warps * box_w / 16;  // 16 / box_w boxes x phases
+    const fused::StripPlan sp =
+        fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
+                          double(p.batch) * double(p.heads), kd, false, inverse);
+    if (!sp.ok) {
+      if (why->empty()) *why = sp.why;
+      continue;
+    }
+    if (!best.ok || sp.box.chunks < best.box.chunks) best = sp, bh = box_h, bw = box_w;
+  }
+  if (!best.ok) return false;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * best.sp.strips * best.sp.segs;
+  if (ctas > INT32_MAX) {
+    *why = std::to_string(ctas) + " CTAs";
+    return false;
+  }
+  *out = StripStep{};
+  out->dim = kd, out->bh = bh, out->bw = bw, out->phases = warps * bw / 16;
+  fused::FwdLaunch& fl = out->launch;
+  fl.strip = best.sp;
+  fl.smem = best.smem;
+  fl.ctas = ctas;
+  fl.grid = static_cast<unsigned>(ctas);
+  std::string no_tma;
+  fl.strip_tma = fused::strip_tma_maps(strip_params(p, role), best.sp, &no_tma);
+  out->chunks = best.box.chunks;
+  out->computed = best.box.computed;
+  return true;
+}
+
+// The strip backward kernels (BwdLaunch::dq_strip, dkdv_strip), decided after the rest of the
+// plan. dQ by the strip dQ kernel (Tuning::bwd_dq_strip): after the plain Hopper dK / dV kernel
+// without its dQ, the strip forward's CTAs recompute S and dP per 16-query warp box over its K /
+// V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into an accumulator
+// the statistics kernel zeroes and a last pass converts. dK / dV by the strip dK / dV kernel
+// (Tuning::bwd_strip): boxes of 16 keys against the query rows of their inverse neighborhoods,
+// no GQA, head dims up to 64, with the plan's own choice of kernel (no backward_config or
+// bwd_kernel); it needs the strip dQ kernel (dQ has no accumulator then). Neither runs in
+// deterministic mode (its kernels are the sm80 ones). `on` asks for a kernel (unsupported where
+// it does not apply), `off` never, automatic as measured below.
+Status plan_strips(const Problem& pr, const Options& opt, bool named,
+                   const detail::DeviceProps& dev, const Params& p, BwdLaunch* l) {
+  const Tuning& t = opt.tuning;
+  l->dq_strip = l->dkdv_strip = StripStep{};
+  const std::string rules = strip_bwd_rules(pr, p);
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
+  std::string why;
+  // dK / dV.
+  if (t.bwd_strip != Switch::off) {
+    auto no = [&](const std::string& w) {
+      return t.bwd_strip == Switch::on
+                 ? unsupported("tuning bwd_strip='on': the strip dK / dV kernel does not take " + w)
+                 : Status::Ok();
+    };
+    Status st = Status::Ok();
+    if (named || t.bwd_kernel != BwdKernel::automatic)
+      st = no("a named backward kernel (backward_config or tuning bwd_kernel)");
+    else if (opt.deterministic || l->family == fused::BwdFamily::sm80)
+      st = no("this call: its backward runs the sm80 kernels (deterministic=true, a device "
+              "other than compute capability 9.0, or a build without sm_90a)");
+    else if (t.bwd_dq_strip == Switch::off)
+      st = no("tuning bwd_dq_strip='off' (it needs the strip dQ kernel)");
+    else if (!rules.empty())
+      st = no(rules);
+    else if (p.heads_per_kv != 1)
+      st = no("grouped-query attention (" + std::to_string(p.heads_per_kv) +
+              " query heads per key / value head)");
+    else if (kd > 64)
+      st = no("head dim " + std::to_string(dmax) + " (at most 64)");
+    else {
+      StripStep dkdv, dq;
+      if (plan_strip_step(p, dev, fused::StripRole::dkdv, kd, &dkdv, &why) &&
+          plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) {
+        l->dkdv_strip = dkdv;
+        l->dq_strip = dq;
+        return Status::Ok();
+      }
+      st = no(why);
+    }
+    if (!st.ok()) return st;
+  }
+  // dQ alone, after the plain Hopper dK / dV kernel.
   if (t.bwd_dq_strip == Switch::off) return Status::Ok();
-  auto no = [&](const std::string& why) {
+  auto no = [&](const std::string& w) {
     return t.bwd_dq_strip == Switch::on
-               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + why)
+               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + w)
                : Status::Ok();
   };
   if (l->family != fused::BwdFamily::sm90)
     return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
               std::string(fused::family_name(l->family)));
   if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
-  if (pr.rpb) return no("a relative positional bias");
-  if (p.num_add > 0) return no("additional keys");
-  if (p.region) return no("a query region");
-  if (!p.aligned) return no("rows that are not 16-byte aligned");
-  if (pr.rank != 2) return no("rank " + std::to_string(pr.rank) + " (it takes rank 2)");
-  const int64_t dmax = std::max(pr.dim, pr.dim_v);
-  if (dmax > 128) return no("head dim " + std::to_string(dmax) + " (at most 128)");
-  const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
+  if (!rules.empty()) return no(rules);
   // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
   // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
   // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
@@ -236,42 +327,24 @@ Status plan_dq_strip(const Problem& pr, const Tuning& t, const detail::DevicePro
       narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
     if (kd == 32 || narrowest < fused::kStripCols) return Status::Ok();
   }
-  fused::StripPlan best;
-  int bh = 0, bw = 0;
-  std::string why;
-  const int warps = kd == 32 ? 12 : 8;  // configs/backward.h FNA_BWD_DQ_STRIP_CONFIGS
-  for (const int box_h : {2, 4}) {
-    const int box_w = 16 / box_h, phases = warps * box_w / 16;  // 16 / box_w boxes x phases
-    const fused::StripPlan sp =
-        fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
-                          double(p.batch) * double(p.heads), kd, false);
-    if (!sp.ok) {
-      if (why.empty()) why = sp.why;
-      continue;
-    }
-    if (!best.ok || sp.box.chunks < best.box.chunks) best = sp, bh = box_h, bw = box_w;
-  }
-  if (!best.ok) return no(why);
-  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * best.sp.strips * best.sp.segs;
-  if (ctas > INT32_MAX) return no(std::to_string(ctas) + " CTAs");
-  l->dq_strip_dim = kd, l->dq_strip_bh = bh, l->dq_strip_bw = bw;
-  l->dq_strip_phases = warps * bw / 16;
-  fused::FwdLaunch& fl = l->dq_strip;
-  fl = fused::FwdLaunch{};
-  fl.strip = best.sp;
-  fl.smem = best.smem;
-  fl.ctas = ctas;
-  fl.grid = static_cast<unsigned>(ctas);
-  // TMA bands (sm_90: the plan runs the Hopper kernels) where the tensors allow.
-  fl.strip_tma = fused::strip_tma_maps(dq_strip_params(p), best.sp, &why);
+  StripStep dq;
+  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) return no(why);
+  l->dq_strip = dq;
   return Status::Ok();
 }
 
-// The strip dQ kernel's name (FusedPlan::backward_dq): fna_dq_strip_d<cols>_b<box>_w<warps>.
-std::string dq_strip_name(const BwdLaunch& l) {
-  return "fna_dq_strip_d" + std::to_string(l.dq_strip_dim) + "_b" + std::to_string(l.dq_strip_bh) +
-         "x" + std::to_string(l.dq_strip_bw) + "_w" +
-         std::to_string(16 / l.dq_strip_bw * l.dq_strip_phases);
+// A strip kernel's name: fna_<dq|bwd>_strip_<dtype>_d<cols>_b<box>_w<warps>.
+std::string strip_name(const StripStep& s, fused::StripRole role, DType dtype) {
+  return std::string(role == fused::StripRole::dq ? "fna_dq_strip_" : "fna_bwd_strip_") +
+         (dtype == DType::f16 ? "f16" : "bf16") + "_d" + std::to_string(s.dim) + "_b" +
+         std::to_string(s.bh) + "x" + std::to_string(s.bw) + "_w" + std::to_string(s.warps());
+}
+
+// The dK / dV kernel's name as the launch records it and the plan reports it.
+std::string backward_name(const BwdPlan& plan, DType dtype) {
+  return plan.launch.dkdv_strip.dim != 0
+             ? strip_name(plan.launch.dkdv_strip, fused::StripRole::dkdv, dtype)
+             : plan.cfg.name();
 }
 
 Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, BwdPlan* plan) {
@@ -503,7 +576,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (!l.tma.on && t.bwd_copy == CopyEngine::tma)
       return unsupported("tuning bwd_copy='tma': TMA cannot load this call's query tiles: " + why);
   }
-  st = plan_dq_strip(pr, t, dev, pk, &l);
+  st = plan_strips(pr, opt, named != nullptr, dev, pk, &l);
   if (!st.ok()) return st;
   // The configuration that runs, by name.
   plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
@@ -553,7 +626,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
   detail::Workspace ws_dq(stream);
-  if (!plan.launch.deterministic && plan.launch.dq_strip_dim == 0) {
+  if (!plan.launch.deterministic && plan.launch.dq_strip.dim == 0) {
     p.dq_row = (p.dim + 7) / 8 * 8;
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
@@ -722,7 +795,9 @@ Status cuda_fused_backward(const Problem& pr, const BackwardArgs& a, const Optio
   if (!(st = resolve_autotune(pr, opt_in, p, &a, &opt)).ok()) return st;
   BwdPlan plan;
   if (!(st = make_bwd_plan(pr, opt, p, &plan)).ok()) return st;
-  record_backward_launch(plan.cfg.name(), plan.launch.tma.on != 0);
+  const StripStep& ss = plan.launch.dkdv_strip;
+  record_backward_launch(backward_name(plan, pr.dtype),
+                         ss.dim != 0 ? ss.launch.strip_tma.on != 0 : plan.launch.tma.on != 0);
   return run_plan(pr, a, opt, plan);
 }
 
@@ -761,9 +836,9 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_q_steps = plan.launch.q_steps;
   out->backward_dq = plan.launch.deterministic ? "kernel"
-                     : plan.launch.dq_strip_dim != 0
-                         ? dq_strip_name(plan.launch) +
-                               (plan.launch.dq_strip.strip_tma.on ? " (tma)" : " (cp_async)")
+                     : plan.launch.dq_strip.dim != 0
+                         ? strip_name(plan.launch.dq_strip, fused::StripRole::dq, pr.dtype) +
+                               (plan.launch.dq_strip.launch.strip_tma.on ? " (tma)" : " (cp_async)")
                          : "atomic";
   out->backward_grid =
       int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
@@ -776,6 +851,21 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   const double computed = visited * double(plan.rows.dkdv_keys) * double(plan.rows.dkdv_queries);
   out->backward_needed_fraction = computed > 0 ? fused::needed_pairs(pk.geo) / computed : 0.0;
   out->backward_walk = fused::walk_axes(pr.rank, plan.walk);
+  const StripStep& ss = plan.launch.dkdv_strip;
+  if (ss.dim != 0) {  // the strip dK / dV kernel: its boxes of keys and 4 x 16-query chunks
+    out->backward_config = backward_name(plan, pr.dtype);
+    out->backward_family = "strip";
+    out->backward_copy = ss.launch.strip_tma.on ? "tma" : "cp_async";
+    out->backward_head_dim = ss.dim;
+    out->backward_kv_tile = {ss.bh, ss.bw};
+    out->backward_q_tile = {fused::kBoxChunkRows, fused::kStripCols};
+    out->backward_grid = ss.launch.ctas;
+    out->backward_smem = static_cast<int64_t>(
+        std::max(ss.launch.smem, plan.launch.dq_strip.launch.smem));
+    out->backward_visited_tiles = ss.chunks * double(pr.batch) * double(pr.heads);
+    out->backward_needed_fraction = ss.computed > 0 ? fused::needed_pairs(pk.geo) / ss.computed
+                                                    : 0.0;
+  }
   return Status::Ok();
 }
 

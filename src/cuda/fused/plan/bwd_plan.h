@@ -50,6 +50,16 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
   return t;
 }
 
+// One strip backward kernel the plan runs (configs/backward.h FNA_BWD_STRIP_CONFIGS): the head-dim
+// columns its products cover (32, 64, 128; 0: the kernel does not run), its warp box, the box
+// rows side by side, and its launch (the strip plan's CTAs, ring and TMA maps).
+struct StripStep {
+  int dim = 0, bh = 0, bw = 0, phases = 0;
+  fused::FwdLaunch launch{};
+  double chunks = 0, computed = 0;  // the warps' 64-pair chunks and pairs per (batch, head)
+  int warps() const { return 16 / (bw > 0 ? bw : 16) * phases; }
+};
+
 // Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
@@ -70,31 +80,53 @@ struct BwdLaunch {
   size_t rpb_part_bytes = 0;   // deterministic with a bias: the CTAs' d rpb slots
                                // (Params::d_rpb_part)
   BwdTma tma{};                // sm90ws: the neighborhood launch's maps (on = 0: cp.async)
-  // dQ by the strip dQ kernel after the plain Hopper dK / dV kernel without dQ
-  // (Tuning::bwd_dq_strip; no accumulator, no atomics, no conversion): the head-dim columns its
-  // products cover (32, 64, 128; 0: dQ by atomics or the deterministic dQ kernel), its warp box
-  // and box rows side by side (configs/backward.h FNA_BWD_DQ_STRIP_CONFIGS), and its launch.
-  int dq_strip_dim = 0, dq_strip_bh = 0, dq_strip_bw = 0, dq_strip_phases = 0;
-  fused::FwdLaunch dq_strip{};
+  // dQ by the strip dQ kernel after a dK / dV kernel without dQ (Tuning::bwd_dq_strip; no
+  // accumulator, no atomics, no conversion), and dK / dV by the strip dK / dV kernel instead of
+  // the Hopper one (Tuning::bwd_strip; needs the strip dQ).
+  StripStep dq_strip, dkdv_strip;
 };
 
-// The strip dQ kernel's FwdParams from the backward's: the problem block, Q, K, V and their
-// strides, dQ in place of O (its strides in o_stride), no LSE output, no bias.
-inline fused::FwdParams dq_strip_params(const Params& p) {
+inline void lift_strides(const TokStrides& s, int64_t (&out)[5]) {
+  out[0] = s.b;
+  for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
+  out[4] = s.h;
+}
+
+// A strip backward kernel's FwdParams from the backward's (the problem block, no LSE output, no
+// bias): dQ (role dq) takes Q as its box tensor, K and V as its rings and writes dQ; dK / dV
+// (role dkdv, no GQA: heads_per_kv 1) takes K as its box tensor, Q and dO as its rings and writes
+// dK.
+inline fused::FwdParams strip_params(const Params& p, fused::StripRole role) {
   fused::FwdParams f{};
   static_cast<fused::ProblemBlock&>(f) = p;
   f.rpb = nullptr;
-  f.q = p.q, f.k = p.k, f.v = p.v, f.o = p.dq, f.lse = nullptr;
-  auto lift = [](const TokStrides& s, int64_t (&out)[5]) {
-    out[0] = s.b;
-    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
-    out[4] = s.h;
-  };
-  lift(p.sq, f.q_stride);
-  lift(p.sk, f.k_stride);
-  lift(p.sv, f.v_stride);
-  lift(p.sdq, f.o_stride);
+  f.lse = nullptr;
+  if (role == fused::StripRole::dq) {
+    f.q = p.q, f.k = p.k, f.v = p.v, f.o = p.dq;
+    lift_strides(p.sq, f.q_stride);
+    lift_strides(p.sk, f.k_stride);
+    lift_strides(p.sv, f.v_stride);
+    lift_strides(p.sdq, f.o_stride);
+  } else {
+    f.q = p.k, f.k = p.q, f.v = p.d_o, f.o = p.dk;
+    lift_strides(p.sk, f.q_stride);
+    lift_strides(p.sq, f.k_stride);
+    lift_strides(p.sdo, f.v_stride);
+    lift_strides(p.sdk, f.o_stride);
+  }
   return f;
+}
+
+// Its StripBwd: dO (dq) or V and dV (dkdv), and the statistics.
+inline fused::StripBwd strip_bwd(const Params& p, fused::StripRole role) {
+  fused::StripBwd b{};
+  const bool dq = role == fused::StripRole::dq;
+  b.a2 = dq ? p.d_o : p.v;
+  lift_strides(dq ? p.sdo : p.sv, b.a2_stride);
+  b.out2 = dq ? nullptr : p.dv;
+  lift_strides(p.sdv, b.out2_stride);
+  b.stats = p.stats;
+  return b;
 }
 
 }  // namespace bwd

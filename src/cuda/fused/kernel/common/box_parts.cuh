@@ -257,6 +257,116 @@ __device__ __forceinline__ void box_dq_row(float (&acc)[1][Tr::kD / 8][4],
     mma::mma_16816<T>(acc[0][2 * jd + 1], pa, b[2], b[3]);
   }
 }
+// One 64-query chunk of the strip dK / dV kernel's box of 16 keys (the transposed products: rows
+// are keys, columns queries): s = S^T masked (box_scores with K fragments against the Q ring), dp
+// = dP^T (V fragments against the dO ring), cs[a][2 h + e] the statistics of the thread's query
+// column 8 h + t2 + e of union row 4 ch + a. P^T = exp2(S^T scale log2(e) - LSE log2(e)), dS^T =
+// P^T (dP^T - rowsum(dO O)), then dV += P^T dO and dK += dS^T Q, dO and Q read transposed from
+// the rings (sO, sQ) as box_update reads V.
+template <class Tr>
+__device__ __forceinline__ void box_dkdv_update(float (&dk)[1][Tr::kD / 8][4],
+                                                float (&dv)[1][Tr::kD / 8][4],
+                                                float (&s)[1][8][4], float (&dp)[1][8][4],
+                                                const float2 (&cs)[kBoxChunkRows][4],
+                                                const int (&row)[kBoxChunkRows], uint32_t sQ,
+                                                uint32_t sO, int vcol, int vsel, float scale_log2,
+                                                uint32_t plane = 0) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 st = cs[a][2 * h + (e & 1)];
+        const float pr = mma::fast_exp2(s[0][2 * a + h][e] * scale_log2 - st.x);
+        s[0][2 * a + h][e] = pr;
+        dp[0][2 * a + h][e] = pr * (dp[0][2 * a + h][e] - st.y);
+      }
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    uint32_t pa[4], da[4];
+    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
+    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
+    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
+    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    da[0] = mma::pack2<T>(dp[0][2 * a][0], dp[0][2 * a][1]);
+    da[1] = mma::pack2<T>(dp[0][2 * a][2], dp[0][2 * a][3]);
+    da[2] = mma::pack2<T>(dp[0][2 * a + 1][0], dp[0][2 * a + 1][1]);
+    da[3] = mma::pack2<T>(dp[0][2 * a + 1][2], dp[0][2 * a + 1][3]);
+    const uint32_t off = box_sw(row[a] + vcol, vsel);
+#pragma unroll
+    for (int jd = 0; jd < kD / 16; ++jd) {
+      uint32_t b[4];
+      mma::ldsm_x4_trans(b, box_step(sO, off, jd, plane));
+      mma::mma_16816<T>(dv[0][2 * jd], pa, b[0], b[1]);
+      mma::mma_16816<T>(dv[0][2 * jd + 1], pa, b[2], b[3]);
+      mma::ldsm_x4_trans(b, box_step(sQ, off, jd, plane));
+      mma::mma_16816<T>(dk[0][2 * jd], da, b[0], b[1]);
+      mma::mma_16816<T>(dk[0][2 * jd + 1], da, b[2], b[3]);
+    }
+  }
+}
+
+// box_dkdv_update for one union row of a chunk (16 queries at ring row `row`), from the products
+// on, with its mask `keep` (box_dq_row's) and its columns' statistics cs[2 h + e]: S^T and dP^T
+// take 16 registers (the strip dK / dV kernel at head dim 128).
+template <class Tr>
+__device__ __forceinline__ void box_dkdv_row(float (&dk)[1][Tr::kD / 8][4],
+                                             float (&dv)[1][Tr::kD / 8][4],
+                                             const uint32_t (&kf)[Tr::kD / 16][4],
+                                             const uint32_t (&vf)[Tr::kD / 16][4],
+                                             const float2 (&cs)[4], int row, uint32_t sQ,
+                                             uint32_t sO, int kcol, int ksel, int vcol, int vsel,
+                                             const unsigned (&keep)[2], float scale_log2,
+                                             uint32_t plane) {
+  using T = typename Tr::Tag;
+  constexpr int kD = Tr::kD;
+  float s[2][4] = {}, dp[2][4] = {};
+  const uint32_t koff = box_sw(row + kcol, ksel);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t b[4];
+    mma::ldsm_x4(b, box_step(sQ, koff, kk, plane));
+    mma::mma_16816<T>(s[0], kf[kk], b[0], b[1]);
+    mma::mma_16816<T>(s[1], kf[kk], b[2], b[3]);
+    mma::ldsm_x4(b, box_step(sO, koff, kk, plane));
+    mma::mma_16816<T>(dp[0], vf[kk], b[0], b[1]);
+    mma::mma_16816<T>(dp[1], vf[kk], b[2], b[3]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 st = cs[2 * h + (e & 1)];
+      const float pr = ((keep[e >> 1] >> (2 * h + (e & 1))) & 1u) != 0u
+                           ? mma::fast_exp2(s[h][e] * scale_log2 - st.x)
+                           : 0.f;
+      s[h][e] = pr;
+      dp[h][e] = pr * (dp[h][e] - st.y);
+    }
+  uint32_t pa[4], da[4];
+  pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
+  pa[1] = mma::pack2<T>(s[0][2], s[0][3]);
+  pa[2] = mma::pack2<T>(s[1][0], s[1][1]);
+  pa[3] = mma::pack2<T>(s[1][2], s[1][3]);
+  da[0] = mma::pack2<T>(dp[0][0], dp[0][1]);
+  da[1] = mma::pack2<T>(dp[0][2], dp[0][3]);
+  da[2] = mma::pack2<T>(dp[1][0], dp[1][1]);
+  da[3] = mma::pack2<T>(dp[1][2], dp[1][3]);
+  const uint32_t voff = box_sw(row + vcol, vsel);
+#pragma unroll
+  for (int jd = 0; jd < kD / 16; ++jd) {
+    uint32_t b[4];
+    mma::ldsm_x4_trans(b, box_step(sO, voff, jd, plane));
+    mma::mma_16816<T>(dv[0][2 * jd], pa, b[0], b[1]);
+    mma::mma_16816<T>(dv[0][2 * jd + 1], pa, b[2], b[3]);
+    mma::ldsm_x4_trans(b, box_step(sQ, voff, jd, plane));
+    mma::mma_16816<T>(dk[0][2 * jd], da, b[0], b[1]);
+    mma::mma_16816<T>(dk[0][2 * jd + 1], da, b[2], b[3]);
+  }
+}
 
 }  // namespace fused
 }  // namespace fna

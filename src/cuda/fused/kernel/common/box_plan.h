@@ -60,9 +60,13 @@ struct BoxPlan {
 
 // `q` is the CTA tile lifted to three axes (q[0] == 1), `dim` the padded head dim, `wb` the warp
 // box (16 queries: 4x4, or 2x8 for the strip forward, whose 2-row boxes' unions span fewer rows).
+// `inverse` (the strip dK / dV kernel): boxes of keys against their inverse neighborhoods.
 inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim,
-                        const int (&wb)[kAxes] = {1, kBoxExt, kBoxExt}) {
+                        const int (&wb)[kAxes] = {1, kBoxExt, kBoxExt}, bool inverse = false) {
   BoxPlan bp;
+  auto uni = [inverse](const nbr::Axis& a, int len, int i0, int i1) {
+    return inverse ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+  };
   if (geo.axis[0].length != 1 || q[0] != 1) {
     bp.why = "the box forward takes rank-2 problems only";
     return bp;
@@ -76,11 +80,11 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim,
       const int len = nbr::group_length(a, g);
       for (int i0 = 0; i0 < len; i0 += q[ax]) {
         const int i1 = std::min(i0 + q[ax], len);
-        const int hn = nbr::tile_union(a, len, i0, i1).size();
+        const int hn = uni(a, len, i0, i1).size();
         bp.halo_rows[ax] = std::max(bp.halo_rows[ax], hn);
         halo += hn;
         for (int j0 = i0; j0 < i0 + q[ax] && j0 < len; j0 += wb[ax]) {
-          const int u = nbr::tile_union(a, len, j0, std::min(j0 + wb[ax], len)).size();
+          const int u = uni(a, len, j0, std::min(j0 + wb[ax], len)).size();
           max_box[ax] = std::max(max_box[ax], u);
           fill += double(std::min(u, kBoxCols)) / kBoxCols;
           boxes += 1;

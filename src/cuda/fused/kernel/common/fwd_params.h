@@ -114,11 +114,12 @@ template <class T, int kD, int kPhases, int kBH, int kBW>
 cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kPhases, int kBH, int kBW>
 size_t fwd_strip_smem_bytes();
-// The backward's strip dQ kernel (fwd_strip.cuh with kDq; rank 2, 16-bit, sm_90a builds): `p` the
-// backward's Q, K, V with dQ in place of O, `l` a strip plan's launch, `dq` dO and the statistics.
-template <class T, int kD, int kPhases, int kBH, int kBW>
-cudaError_t launch_dq_strip(const FwdParams& p, const FwdLaunch& l, const StripDq& dq,
-                            cudaStream_t stream);
+// The backward's strip kernels (fwd_strip.cuh, kRole: StripRole::dq or dkdv as int; rank 2,
+// 16-bit, sm_90a builds): `p` the box tensor, ring tensors and first output, `l` a strip plan's
+// launch, `bw` the second box tensor and output and the statistics (StripBwd).
+template <class T, int kRole, int kD, int kPhases, int kBH, int kBW>
+cudaError_t launch_bwd_strip(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
+                             cudaStream_t stream);
 
 }  // namespace fused
 }  // namespace fna

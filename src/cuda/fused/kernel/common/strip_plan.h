@@ -47,15 +47,22 @@ struct StripParams {
 // offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring's
 // planes of ring_rows x pitch key rows each (one plane per 64 columns), then the V ring's; a band
 // is kStripBandRows ring rows of one plane.
-// The strip dQ kernel's tensors beyond FwdParams (fwd_strip.cuh with kDq; FwdParams::o and
-// o_stride are dQ's, q / k / v and their strides the backward's): dO and its strides ([batch,
-// axis 0, axis 1, axis 2, head]), and the backward's per-query statistics, one float2 per
-// (batch, token, head) row: {LSE log2(e), rowsum(dO O) - d_lse} (bwd_stats.cuh).
-struct StripDq {
-  const void* d_o;
-  int64_t do_stride[5];
+// The strip backward kernels' tensors beyond FwdParams (fwd_strip.cuh, roles StripRole::dq and
+// dkdv). FwdParams carries the box tensor (q: Q for dQ, K for dK / dV), the ring tensors (k, v:
+// K and V for dQ, Q and dO for dK / dV) and the first output (o: dQ, or dK); here the second box
+// tensor `a2` (dO, or V), the second output `out2` (dV; none for dQ), their strides ([batch,
+// axis 0, axis 1, axis 2, head]), and the backward's per-query statistics, one float2 per (batch,
+// token, head) row: {LSE log2(e), rowsum(dO O) - d_lse} (bwd_stats.cuh).
+struct StripBwd {
+  const void* a2;
+  int64_t a2_stride[5];
+  void* out2;
+  int64_t out2_stride[5];
   const float2* stats;
 };
+// What a strip kernel computes: the forward, the backward's dQ (query boxes over K / V rings),
+// or its dK / dV (key boxes over rings of Q and dO rows: the inverse neighborhoods).
+enum class StripRole : int { fwd = 0, dq = 1, dkdv = 2 };
 
 struct StripSmem {
   uint32_t row_bytes;  // one key row of a plane: kStripRowBytes (64 16-bit elements, zeros past D)
@@ -83,9 +90,14 @@ struct StripPlan {
 // segments); `smem_optin`: the most dynamic shared memory a CTA may take; `heads_items`: batch x
 // heads (work items scale with it); `dim`: the kernel's padded head dim (32, 64 or 128: its
 // rings' planes); `bias`: whether the call has a relative positional bias.
+// `inverse`: boxes of keys whose rings hold the query rows of their inverse neighborhoods (the
+// dK / dV kernel), unions of inverse windows in place of windows.
 inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_in_flight,
                             int sms, int smem_optin, double heads_items, int dim,
-                            bool bias = false) {
+                            bool bias = false, bool inverse = false) {
+  auto uni = [inverse](const nbr::Axis& a, int len, int i0, int i1) {
+    return inverse ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+  };
   StripPlan sp;
   if (dim != 32 && dim != 64 && dim != 128) {
     sp.why = "head dim " + std::to_string(dim) + " (the strip forward's are 32, 64 and 128)";
@@ -101,7 +113,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
   if (bias && !box_bias_bytes(geo, &bias_bytes, &sp.why)) return sp;
   const int q[kAxes] = {1, box_h, kStripCols};
   const int wb[kAxes] = {1, box_h, box_w};
-  sp.box = box_plan(geo, q, kStripRowBytes / 2, wb);
+  sp.box = box_plan(geo, q, kStripRowBytes / 2, wb, inverse);
   if (!sp.box.ok) {
     sp.why = sp.box.why;  // the strip forward multiplies the box forward's boxes
     return sp;
@@ -115,13 +127,13 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
     const int len = nbr::group_length(a2, g);
     max_len2 = std::max(max_len2, len);
     for (int c0 = 0; c0 < len; c0 += kStripCols)
-      pitch = std::max(pitch, nbr::tile_union(a2, len, c0, std::min(c0 + kStripCols, len)).size());
+      pitch = std::max(pitch, uni(a2, len, c0, std::min(c0 + kStripCols, len)).size());
   }
   for (int g = 0; g < a1.dilation; ++g) {
     const int len = nbr::group_length(a1, g);
     max_len1 = std::max(max_len1, len);
     for (int r0 = 0; r0 < len; r0 += box_h)
-      box_rows = std::max(box_rows, nbr::tile_union(a1, len, r0, std::min(r0 + box_h, len)).size());
+      box_rows = std::max(box_rows, uni(a1, len, r0, std::min(r0 + box_h, len)).size());
   }
   // Ring rows hold a multiple of 4 columns, so that a band (2 rows) is a multiple of 1024 bytes
   // and each band's TMA box starts on the 128-byte swizzle's period.
@@ -168,11 +180,11 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
     const int len1 = nbr::group_length(a1, g1);
     double rows = 0;
     for (int r0 = 0; r0 < len1; r0 += sp.sp.seg_rows)
-      rows += nbr::tile_union(a1, len1, r0, std::min(r0 + sp.sp.seg_rows, len1)).size();
+      rows += uni(a1, len1, r0, std::min(r0 + sp.sp.seg_rows, len1)).size();
     for (int g2 = 0; g2 < a2.dilation; ++g2) {
       const int len2 = nbr::group_length(a2, g2);
       for (int c0 = 0; c0 < len2; c0 += kStripCols)
-        loaded += rows * nbr::tile_union(a2, len2, c0, std::min(c0 + kStripCols, len2)).size();
+        loaded += rows * uni(a2, len2, c0, std::min(c0 + kStripCols, len2)).size();
     }
   }
   sp.loaded = loaded;

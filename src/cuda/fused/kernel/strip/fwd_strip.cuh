@@ -110,14 +110,26 @@ struct RingCursor {
 };
 
 
-// kDq: the backward's strip dQ kernel instead of the forward (the same CTAs, ring and chunks;
+// kRole (StripRole): the forward; the backward's strip dQ kernel (the same CTAs, ring and chunks;
 // per box Q and dO fragments, P from the saved LSE, dS = P (dP - rowsum(dO O)), dQ = scale dS K
-// into p.o: box_dq_update). The plan runs it after a Hopper dK / dV kernel that leaves dQ out.
-template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias, bool kDq = false>
+// into p.o: box_dq_update), which the plan runs after a Hopper dK / dV kernel that leaves dQ out;
+// or the backward's strip dK / dV kernel: boxes of 16 keys (K and V fragments), the ring holding
+// the query rows (Q and dO) of their inverse neighborhoods, S^T = K Q^T and dP^T = V dO^T per
+// chunk, P^T and dS^T from the queries' statistics, dV += P^T dO and dK += dS^T Q
+// (box_dkdv_update), stored once per box: no atomics.
+template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias, int kRole = 0>
 __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThreads, 1)
     fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
-                         const __grid_constant__ StripTma tm, const StripDq dq) {
-  static_assert(!(kDq && kBias), "strip dQ: no bias");
+                         const __grid_constant__ StripTma tm, const StripBwd bw) {
+  constexpr bool kDq = kRole == int(StripRole::dq), kDkdv = kRole == int(StripRole::dkdv);
+  static_assert(kRole == 0 || !kBias, "strip backward: no bias");
+  // A box's union on one axis and one box position's window: inverse ones for dK / dV.
+  auto uni = [](const nbr::Axis& a, int len, int i0, int i1) {
+    return kDkdv ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+  };
+  auto win = [](const nbr::Axis& a, int len, int i) {
+    return kDkdv ? nbr::inverse_window(a, len, i) : nbr::window(a, len, i);
+  };
   using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
   using Elem = typename Tr::Elem;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -161,8 +173,8 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   const int hkv = ft.h / p.heads_per_kv;
 
   // The strip's halo: columns h2 (every box row), rows h1 (the segment's union).
-  const nbr::Range h2 = nbr::tile_union(geo.axis[2], len2, c0, min(c0 + kStripCols, len2));
-  const nbr::Range h1 = nbr::tile_union(geo.axis[1], len1, r0, r1);
+  const nbr::Range h2 = uni(geo.axis[2], len2, c0, min(c0 + kStripCols, len2));
+  const nbr::Range h1 = uni(geo.axis[1], len1, r0, r1);
   const int hn2 = h2.size(), y0 = h1.begin;
   const int n_bands = (h1.size() + kStripBandRows - 1) / kStripBandRows;
   const int slots = sp.ring_rows / kStripBandRows;
@@ -262,12 +274,12 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   nbr::Range u2{0, 0};
   unsigned pat[2] = {0u, 0u};
   if (col_active) {
-    u2 = nbr::tile_union(geo.axis[2], len2, qb2, min(qb2 + kBW, len2));
+    u2 = uni(geo.axis[2], len2, qb2, min(qb2 + kBW, len2));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int q2 = qb2 + ((lane >> 2) + 8 * r) % kBW;
       if (q2 < len2) {
-        const nbr::Range w2 = nbr::window(geo.axis[2], len2, q2);
+        const nbr::Range w2 = win(geo.axis[2], len2, q2);
         const unsigned cb = box_bits(w2.begin - u2.begin, w2.end - u2.begin) >> t2;
         pat[r] = (cb & 3u) | ((cb >> 6) & 0xcu);
       }
@@ -355,35 +367,49 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
     }
   };
   constexpr int kStep = kPhases * kBH;
-  if constexpr (kDq) {
-    // The statistics of the thread's two query rows ({+inf, 0} past the group's ends: P = 0).
+  if constexpr (kDq || kDkdv) {
+    // dQ: the statistics of the thread's two query rows ({+inf, 0} past the group's ends: P =
+    // 0), per box.
     auto load_stat = [&](int qb1, float2 (&stat)[2]) {
+      if constexpr (kDq) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = (lane >> 2) + 8 * r;
-        const int q1 = qb1 + i / kBW, q2 = qb2 + i % kBW;
-        stat[r] = make_float2(INFINITY, 0.f);
-        if (q1 < r1 && q2 < len2) {
-          const int64_t tok = int64_t(gr.global(geo, 1, q1)) * geo.axis[2].length +
-                              gr.global(geo, 2, q2);
-          stat[r] = __ldg(dq.stats + (int64_t(ft.b) * p.tokens + tok) * p.heads + ft.h);
+        for (int r = 0; r < 2; ++r) {
+          const int i = (lane >> 2) + 8 * r;
+          const int q1 = qb1 + i / kBW, q2 = qb2 + i % kBW;
+          stat[r] = make_float2(INFINITY, 0.f);
+          if (q1 < r1 && q2 < len2) {
+            const int64_t tok = int64_t(gr.global(geo, 1, q1)) * geo.axis[2].length +
+                                gr.global(geo, 2, q2);
+            stat[r] = __ldg(bw.stats + (int64_t(ft.b) * p.tokens + tok) * p.heads + ft.h);
+          }
         }
       }
     };
-    // A box's Q and dO fragments and statistics; the next box's are loaded during the last
-    // chunk, Q once S is computed, dO once dP is, the statistics into `stn`. At head dim 128 the
-    // chunk's rows go one at a time (kRowWise, box_dq_row: with whole chunks ptxas spilled
-    // 60-104 bytes) and the next box's loads follow the last row.
+    // dK / dV: the statistics of a chunk's query columns, per chunk: the thread's four columns
+    // (8 h + t2 + e of the union's 16) at `col_tok` (their global column, clamped to the group:
+    // past its end the mask removes them), the chunk's union rows at `row_tok`.
+    int64_t col_tok[4] = {0, 0, 0, 0};
+    const float2* stats_bh = bw.stats + (int64_t(ft.b) * p.tokens) * p.heads + ft.h;
+    if constexpr (kDkdv) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        col_tok[c] = gr.global(geo, 2, min(u2.begin + 8 * (c >> 1) + t2 + (c & 1), len2 - 1));
+    }
+    // A box's fragments (dQ: Q and dO; dK / dV: K and V) and statistics; the next box's are
+    // loaded during the last chunk, the first once S is computed, the second once dP is, the
+    // statistics into `stn`. At head dim 128 the chunk's rows go one at a time (kRowWise,
+    // box_dq_row / box_dkdv_row: with whole chunks ptxas spilled 60-104 bytes) and the next box's
+    // loads follow the last row.
     constexpr bool kRowWise = kD == 128;
     uint32_t qf[kD / 16][4], of[kD / 16][4];
     float2 stat[2], stn[2];
     if (col_active && r0 + phase * kBH < r1) {
       load_q(r0 + phase * kBH, qf);
-      load_q(r0 + phase * kBH, of, dq.d_o, dq.do_stride, p.dim_v);
+      load_q(r0 + phase * kBH, of, bw.a2, bw.a2_stride, p.dim_v);
       load_stat(r0 + phase * kBH, stat);
     }
     for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
-      const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
+      const nbr::Range u1 = uni(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
       const int u_off = u1.begin - y0;
       release_below(u_off / kStripBandRows);
       if (!col_active) continue;
@@ -394,16 +420,20 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBW;
         rowbits[r] = 0u;
         if (q1 < r1) {
-          const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+          const nbr::Range w1 = win(geo.axis[1], len1, q1);
           rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
         }
       }
       const int ring_base = u_off % sp.ring_rows;
       const int un = u1.size();
       const int n_chunks = (un + kBoxChunkRows - 1) / kBoxChunkRows;
-      float acc[1][kD / 8][4];
+      // dQ, or dK; dV (dK / dV only).
+      float acc[1][kD / 8][4], acc2[1][kDkdv ? kD / 8 : 1][4];
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < (kDkdv ? kD / 8 : 1); ++j)
+        acc2[0][j][0] = acc2[0][j][1] = acc2[0][j][2] = acc2[0][j][3] = 0.f;
       for (int ch = 0; ch < n_chunks; ++ch) {
         wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
         int row[kBoxChunkRows];
@@ -414,9 +444,17 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
           y -= y >= sp.ring_rows ? sp.ring_rows : 0;
           row[a] = y * sp.pitch;
         }
+        // dK / dV: the statistics of chunk row a's four columns (h * 2 + e), loaded where they
+        // are used (held for the whole chunk they spilled).
+        auto load_cs = [&](int a, float2 (&cs)[4]) {
+          const int ua = min(kBoxChunkRows * ch + a, un - 1);
+          const int64_t rt = int64_t(gr.global(geo, 1, u1.begin + ua)) * geo.axis[2].length;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) cs[c] = __ldg(stats_bh + (rt + col_tok[c]) * p.heads);
+        };
         const bool last = more && ch == n_chunks - 1;
         if constexpr (kRowWise) {
-          // Row by row (box_dq_row); the chunk's rows past the union repeat its last row: masked.
+          // Row by row; the chunk's rows past the union repeat its last row: masked.
 #pragma unroll
           for (int a = 0; a < kBoxChunkRows; ++a) {
             unsigned keep[2];
@@ -426,12 +464,19 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
                                 ((rowbits[r] >> (kBoxChunkRows * ch + a)) & 1u) != 0u
                             ? pat[r]
                             : 0u;
-            box_dq_row<Tr>(acc, qf, of, stat, row[a], sK, sV, kcol, ksel, vcol, vsel, keep,
-                           p.scale_log2, plane_bytes);
+            if constexpr (kDkdv) {
+              float2 cs[4];
+              load_cs(a, cs);
+              box_dkdv_row<Tr>(acc, acc2, qf, of, cs, row[a], sK, sV, kcol, ksel, vcol, vsel,
+                               keep, p.scale_log2, plane_bytes);
+            } else {
+              box_dq_row<Tr>(acc, qf, of, stat, row[a], sK, sV, kcol, ksel, vcol, vsel, keep,
+                             p.scale_log2, plane_bytes);
+            }
           }
           if (last) {
             load_q(qb1 + kStep, qf);
-            load_q(qb1 + kStep, of, dq.d_o, dq.do_stride, p.dim_v);
+            load_q(qb1 + kStep, of, bw.a2, bw.a2_stride, p.dim_v);
             load_stat(qb1 + kStep, stn);
           }
           continue;
@@ -441,26 +486,48 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         if (last) load_q(qb1 + kStep, qf);
         box_products<Tr>(dp, of, row, sV, kcol, ksel, plane_bytes);
         if (last) {
-          load_q(qb1 + kStep, of, dq.d_o, dq.do_stride, p.dim_v);
+          load_q(qb1 + kStep, of, bw.a2, bw.a2_stride, p.dim_v);
           load_stat(qb1 + kStep, stn);
         }
-        box_dq_update<Tr>(acc, sc, dp, stat, row, sK, vcol, vsel, p.scale_log2, plane_bytes);
+        if constexpr (kDkdv) {
+          float2 cs[kBoxChunkRows][4];
+#pragma unroll
+          for (int a = 0; a < kBoxChunkRows; ++a) load_cs(a, cs[a]);
+          box_dkdv_update<Tr>(acc, acc2, sc, dp, cs, row, sK, sV, vcol, vsel, p.scale_log2,
+                              plane_bytes);
+        } else
+          box_dq_update<Tr>(acc, sc, dp, stat, row, sK, vcol, vsel, p.scale_log2, plane_bytes);
       }
       stat[0] = stn[0], stat[1] = stn[1];
-      // dQ = scale dS K at the thread's two rows (columns below D).
-      Elem* gdq = static_cast<Elem*>(p.o) + opaque(ft.b) * p.o_stride[0] + opaque(ft.h) * p.o_stride[4];
+      // dQ = scale dS K (columns below D); dK = scale dS^T Q (below D), dV = P^T dO (below D_v):
+      // at the thread's two box rows.
+      const int b = opaque(ft.b), h = opaque(ft.h);
+      Elem* g1 = static_cast<Elem*>(p.o) + b * p.o_stride[0] + h * p.o_stride[4];
+      Elem* g2 = kDkdv ? static_cast<Elem*>(bw.out2) + b * bw.out2_stride[0] +
+                             h * bw.out2_stride[4]
+                       : nullptr;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = (lane >> 2) + 8 * r;
         const int q[kAxes] = {0, qb1 + i / kBW, qb2 + i % kBW};
         if (q[1] >= r1 || q[2] >= len2) continue;
-        Elem* out = gdq + token_offset<1>(geo, gr, q, p.o_stride);
+        Elem* out = g1 + token_offset<1>(geo, gr, q, p.o_stride);
 #pragma unroll
         for (int j = 0; j < kD / 8; ++j) {
           const int col = j * 8 + t2;
           if (col < p.dim)
             *reinterpret_cast<uint32_t*>(out + col) =
                 mma::pack2<T>(acc[0][j][2 * r] * p.scale, acc[0][j][2 * r + 1] * p.scale);
+        }
+        if constexpr (kDkdv) {
+          Elem* out_v = g2 + token_offset<1>(geo, gr, q, bw.out2_stride);
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j) {
+            const int col = j * 8 + t2;
+            if (col < p.dim_v)
+              *reinterpret_cast<uint32_t*>(out_v + col) =
+                  mma::pack2<T>(acc2[0][j][2 * r], acc2[0][j][2 * r + 1]);
+          }
         }
       }
     }
@@ -475,7 +542,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   uint32_t qn[kD / 16][4], qf[kD / 16][4];
   load_q(r0 + phase * kBH, kPrefetchQ ? qn : qf);
   for (int qb1 = r0 + phase * kBH; qb1 < r1; qb1 += kStep) {
-    const nbr::Range u1 = nbr::tile_union(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
+    const nbr::Range u1 = uni(geo.axis[1], len1, qb1, min(qb1 + kBH, len1));
     const int u_off = u1.begin - y0;  // the union's first row, relative to the halo
     release_below(u_off / kStripBandRows);
     if (!col_active) continue;
@@ -493,7 +560,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
       const int q1 = qb1 + ((lane >> 2) + 8 * r) / kBW;
       rowbits[r] = 0u;
       if (q1 < r1) {
-        const nbr::Range w1 = nbr::window(geo.axis[1], len1, q1);
+        const nbr::Range w1 = win(geo.axis[1], len1, q1);
         rowbits[r] = box_bits(w1.begin - u1.begin, w1.end - u1.begin);
       }
     }
@@ -560,22 +627,24 @@ cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, StripDq{});
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, StripBwd{});
   return cudaGetLastError();
 }
 
-// The backward's strip dQ kernel (kDq): `p` the backward's Q, K, V with dQ as O, `l` the strip
-// plan's launch (as the forward's, no bias), `dq` dO and the statistics.
-template <class T, int kD, int kPhases, int kBH, int kBW>
-cudaError_t launch_dq_strip(const FwdParams& p, const FwdLaunch& l, const StripDq& dq,
-                            cudaStream_t stream) {
+// The backward's strip kernels (kRole: StripRole::dq or dkdv): `p` the box tensor, the ring
+// tensors and the first output (dQ: Q, K / V, dQ; dK / dV: K, Q / dO, dK), `l` the strip plan's
+// launch (no bias; inverse windows for dK / dV), `bw` the second box tensor and output and the
+// statistics.
+template <class T, int kRole, int kD, int kPhases, int kBH, int kBW>
+cudaError_t launch_bwd_strip(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
+                             cudaStream_t stream) {
   using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
-  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, false, true>
-                               : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, false, true>;
+  auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, false, kRole>
+                               : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, false, kRole>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, dq);
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.strip, l.strip_tma, bw);
   return cudaGetLastError();
 }
 
@@ -590,9 +659,9 @@ size_t fwd_strip_smem_bytes() {
   template cudaError_t launch_fwd_strip<mma::DT, D, PH, BH, BW>(                               \
       const FwdParams&, const FwdLaunch&, cudaStream_t);                                       \
   template size_t fwd_strip_smem_bytes<mma::DT, D, PH, BH, BW>();
-#define FNA_DQ_STRIP_INSTANTIATE(D, PH, BH, BW, DT)                                             \
-  template cudaError_t launch_dq_strip<mma::DT, D, PH, BH, BW>(                                \
-      const FwdParams&, const FwdLaunch&, const StripDq&, cudaStream_t);
+#define FNA_BWD_STRIP_INSTANTIATE(ROLE, D, PH, BH, BW, DT)                                      \
+  template cudaError_t launch_bwd_strip<mma::DT, ROLE, D, PH, BH, BW>(                         \
+      const FwdParams&, const FwdLaunch&, const StripBwd&, cudaStream_t);
 
 }  // namespace fused
 }  // namespace fna
