@@ -703,7 +703,8 @@ def test_backward_dq_strip(dtype):
     naming the field. Both modes give the float64 oracle's gradients with 2x8 and 4x4 warp boxes
     at head dims 32, 64 and 128, dilation, stride, causal axes, GQA and D_v != D."""
     dt = str(dtype).split(".")[1]
-    on = {"bwd_dq_strip": "on"}
+    on = {"bwd_dq_strip": "on", "bwd_strip": "off"}
+    off = {"bwd_strip": "off"}  # dK / dV by the Hopper kernel
     if torch.cuda.get_device_capability() != (9, 0):
         with pytest.raises(NotImplementedError, match="bwd_dq_strip"):
             fna.fused_plan((2, 56, 56, 3, 32), (7, 7), dtype=dt, tuning=on)
@@ -711,14 +712,14 @@ def test_backward_dq_strip(dtype):
     nat = ((2, 56, 56, 3, 32), (7, 7))
     # Automatic: head dims above 32 and dilation groups at least a strip (16 columns) wide.
     wide = ((1, 64, 64, 4, 64), (7, 7))
-    assert fna.fused_plan(*wide, dtype=dt)["backward_dq"].startswith("fna_dq_strip_d64_b2x8"), \
-        fna.fused_plan(*wide, dtype=dt)
-    assert fna.fused_plan(*wide, dtype=dt, dilation=(1, 5))["backward_dq"] == "atomic"
-    assert fna.fused_plan(*nat, dtype=dt)["backward_dq"] == "atomic"
+    plan = fna.fused_plan(*wide, dtype=dt, tuning=off)
+    assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_d64_b2x8_w8"), plan
+    assert fna.fused_plan(*wide, dtype=dt, dilation=(1, 5), tuning=off)["backward_dq"] == "atomic"
+    assert fna.fused_plan(*nat, dtype=dt, tuning=off)["backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, tuning=on)["backward_dq"].startswith(
-        "fna_dq_strip_d32_b2x8_w12")
-    assert fna.fused_plan(*wide, dtype=dt, tuning={"bwd_dq_strip": "off"})["backward_dq"] == \
-        "atomic"
+        f"fna_dq_strip_{dt}_d32_b2x8_w12")
+    assert fna.fused_plan(*wide, dtype=dt, tuning={**off, "bwd_dq_strip": "off"})[
+        "backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, deterministic=True)["backward_dq"] == "kernel"
     assert fna.fused_plan(*nat, dtype=dt, rpb=True)["backward_dq"] == "atomic"
     for shape, ks, kw in (((1, 300, 2, 64), (33,), {}), (nat[0], nat[1], dict(rpb=True)),
@@ -743,12 +744,12 @@ def test_backward_dq_strip(dtype):
         ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=list(dil),
                           causal=list(causal), add_k=None, add_v=None), d_out=d_out)
         for mode in ("on", "off"):
-            tuning = {"bwd_dq_strip": mode}
+            tuning = {"bwd_dq_strip": mode, **off}
             plan = fna.fused_plan((2, *spatial, 4, D), ks, heads_kv=2, dim_v=Dv, dtype=dt,
                                   tuning=tuning, **kw)
             assert plan["backward_family"] == "sm90", plan
             if mode == "on":
-                assert plan["backward_dq"].startswith("fna_dq_strip_" + name), plan
+                assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_{name}"), plan
             else:
                 assert plan["backward_dq"] == "atomic", plan
             out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
@@ -765,10 +766,10 @@ def test_backward_strip_dkdv(dtype):
     """dK / dV by the strip dK / dV kernel (tuning bwd_strip: boxes of 16 keys against the query
     rows of their inverse neighborhoods, then the strip dQ kernel; rank 2, head dims up to 64, no
     GQA, bias, additional keys or query region): reported as the 'strip' family with both
-    kernels' names; 'on' where it cannot run (GQA, head dim 128, rank 1, deterministic mode,
+    kernels' names; 'on' where it cannot run (GQA, head dim 256, rank 1, deterministic mode,
     bwd_dq_strip='off', a named kernel) is an error naming the field; the gradients match the
-    float64 oracle with 2x8 and 4x4 key boxes at head dims 32 and 64, dilation, stride, causal
-    axes and D_v != D, against the default plan's too."""
+    float64 oracle with 2x8 and 4x4 key boxes at head dims 32, 64 and 128 (two warps per box),
+    dilation, stride, causal axes and D_v != D, and the default plan's too."""
     dt = str(dtype).split(".")[1]
     on = {"bwd_strip": "on"}
     nat = ((2, 56, 56, 3, 32), (7, 7))
@@ -780,7 +781,7 @@ def test_backward_strip_dkdv(dtype):
     assert plan["backward_family"] == "strip", plan
     assert plan["backward_config"].startswith(f"fna_bwd_strip_{dt}_d32_b2x8_w8"), plan
     assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_d32"), plan
-    for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 128), (7, 7), {}),
+    for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 256), (7, 7), {}),
                           ((1, 300, 2, 32), (33,), {}), (nat[0], nat[1], dict(deterministic=True)),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_dq_strip": "off"})),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_kernel": "sm90"}))):
@@ -792,8 +793,11 @@ def test_backward_strip_dkdv(dtype):
     cases = (((20, 24), (7, 7), (1, 1), (1, 1), (False, False), 32, 32, "d32_b2x8"),
              ((23, 37), (3, 3), (1, 1), (1, 1), (False, False), 64, 64, "d64_b2x8"),
              ((30, 40), (5, 9), (1, 1), (2, 1), (True, False), 48, 64, "d64_b4x4"),
-             ((19, 26), (7, 5), (2, 1), (1, 2), (False, True), 40, 24, "d64_b"))
+             ((19, 26), (7, 5), (2, 1), (1, 2), (False, True), 40, 24, "d64_b"),
+             ((18, 21), (3, 3), (1, 1), (1, 1), (False, False), 128, 128, "d128_b2x8_w8"),
+             ((20, 26), (7, 5), (1, 1), (1, 2), (False, True), 96, 80, "d128_b"))
     for spatial, ks, st, dil, causal, D, Dv, name in cases:
+        print(spatial, ks, st, dil, causal, D, Dv, flush=True)
         q = rnd(2, *spatial, 3, D).requires_grad_()
         k = rnd(2, *spatial, 3, D).requires_grad_()
         v = rnd(2, *spatial, 3, Dv).requires_grad_()

@@ -17,12 +17,13 @@
 // Hopper dK / dV kernel without its dQ (Tuning::bwd_dq_strip). dK / dV (role 2): per box of 16
 // keys, the query rows of their inverse neighborhoods (Q, dO) through the ring
 // (Tuning::bwd_strip). X(role, head_dim, phases, box_h, box_w, dtype): dQ at head dim 32 on 12
-// warps, everything else on 8 (more fragments and accumulators than 12 warps' registers hold).
+// warps, everything else on 8 (more fragments and accumulators than 12 warps' registers hold);
+// dK / dV at head dim 128 with two warps per box, each accumulating 64 of the columns.
 #define FNA_BWD_STRIP_CONFIGS(X, DT)                                                      \
   X(1, 32, 6, 2, 8, DT) X(1, 32, 3, 4, 4, DT) X(1, 64, 4, 2, 8, DT) X(1, 64, 2, 4, 4, DT)     \
       X(1, 128, 4, 2, 8, DT) X(1, 128, 2, 4, 4, DT) X(2, 32, 4, 2, 8, DT)                   \
           X(2, 32, 2, 4, 4, DT) X(2, 64, 4, 2, 8, DT) X(2, 64, 2, 4, 4, DT)                 \
-              X(2, 128, 4, 2, 8, DT) X(2, 128, 2, 4, 4, DT)
+              X(2, 128, 2, 2, 8, DT) X(2, 128, 1, 4, 4, DT)
 
 // The Hopper backward's instantiations: X(dtype, padded head dim).
 #define FNA_BWD_SM90_INSTANCES(X)                                                   \

@@ -219,10 +219,12 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
                      int kd, StripStep* out, std::string* why) {
   const bool inverse = role == fused::StripRole::dkdv;
   const int warps = role == fused::StripRole::dq && kd == 32 ? 12 : 8;
+  const int split = inverse && kd == 128 ? 2 : 1;  // fwd_strip.cuh strip_split
   fused::StripPlan best;
   int bh = 0, bw = 0;
   for (const int box_h : {2, 4}) {
-    const int box_w = 16 / box_h, phases = warps * box_w / 16;  // 16 / box_w boxes x phases
+    // 16 / box_w boxes x phases x split
+    const int box_w = 16 / box_h, phases = warps * box_w / 16 / split;
     const fused::StripPlan sp =
         fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
                           double(p.batch) * double(p.heads), kd, false, inverse);
@@ -239,7 +241,8 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
     return false;
   }
   *out = StripStep{};
-  out->dim = kd, out->bh = bh, out->bw = bw, out->phases = warps * bw / 16;
+  out->dim = kd, out->bh = bh, out->bw = bw, out->phases = warps * bw / 16 / split;
+  out->split = split;
   fused::FwdLaunch& fl = out->launch;
   fl.strip = best.sp;
   fl.smem = best.smem;
@@ -258,7 +261,7 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
 // V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into an accumulator
 // the statistics kernel zeroes and a last pass converts. dK / dV by the strip dK / dV kernel
 // (Tuning::bwd_strip): boxes of 16 keys against the query rows of their inverse neighborhoods,
-// no GQA, head dims up to 64, with the plan's own choice of kernel (no backward_config or
+// no GQA, with the plan's own choice of kernel (no backward_config or
 // bwd_kernel); it needs the strip dQ kernel (dQ has no accumulator then). Neither runs in
 // deterministic mode (its kernels are the sm80 ones). `on` asks for a kernel (unsupported where
 // it does not apply), `off` never, automatic as measured below.
@@ -290,8 +293,6 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     else if (p.heads_per_kv != 1)
       st = no("grouped-query attention (" + std::to_string(p.heads_per_kv) +
               " query heads per key / value head)");
-    else if (kd > 64)
-      st = no("head dim " + std::to_string(dmax) + " (at most 64)");
     else {
       StripStep dkdv, dq;
       if (plan_strip_step(p, dev, fused::StripRole::dkdv, kd, &dkdv, &why) &&

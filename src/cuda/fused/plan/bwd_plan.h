@@ -55,9 +55,10 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
 // rows side by side, and its launch (the strip plan's CTAs, ring and TMA maps).
 struct StripStep {
   int dim = 0, bh = 0, bw = 0, phases = 0;
+  int split = 1;  // warps per box (2: dK / dV at head dim 128)
   fused::FwdLaunch launch{};
   double chunks = 0, computed = 0;  // the warps' 64-pair chunks and pairs per (batch, head)
-  int warps() const { return 16 / (bw > 0 ? bw : 16) * phases; }
+  int warps() const { return 16 / (bw > 0 ? bw : 16) * phases * split; }
 };
 
 // Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).

@@ -311,16 +311,17 @@ __device__ __forceinline__ void box_dkdv_update(float (&dk)[1][Tr::kD / 8][4],
 
 // box_dkdv_update for one union row of a chunk (16 queries at ring row `row`), from the products
 // on, with its mask `keep` (box_dq_row's) and its columns' statistics cs[2 h + e]: S^T and dP^T
-// take 16 registers (the strip dK / dV kernel at head dim 128).
-template <class Tr>
-__device__ __forceinline__ void box_dkdv_row(float (&dk)[1][Tr::kD / 8][4],
-                                             float (&dv)[1][Tr::kD / 8][4],
+// take 16 registers (the strip dK / dV kernel at head dim 128). dK and dV accumulate kCols
+// head-dim columns from col0 (the warp's share: two warps per box at head dim 128).
+template <class Tr, int kCols = Tr::kD>
+__device__ __forceinline__ void box_dkdv_row(float (&dk)[1][kCols / 8][4],
+                                             float (&dv)[1][kCols / 8][4],
                                              const uint32_t (&kf)[Tr::kD / 16][4],
                                              const uint32_t (&vf)[Tr::kD / 16][4],
                                              const float2 (&cs)[4], int row, uint32_t sQ,
                                              uint32_t sO, int kcol, int ksel, int vcol, int vsel,
                                              const unsigned (&keep)[2], float scale_log2,
-                                             uint32_t plane) {
+                                             uint32_t plane, int col0 = 0) {
   using T = typename Tr::Tag;
   constexpr int kD = Tr::kD;
   float s[2][4] = {}, dp[2][4] = {};
@@ -357,12 +358,13 @@ __device__ __forceinline__ void box_dkdv_row(float (&dk)[1][Tr::kD / 8][4],
   da[3] = mma::pack2<T>(dp[1][2], dp[1][3]);
   const uint32_t voff = box_sw(row + vcol, vsel);
 #pragma unroll
-  for (int jd = 0; jd < kD / 16; ++jd) {
+  for (int jd = 0; jd < kCols / 16; ++jd) {
+    const int step = col0 / 16 + jd;
     uint32_t b[4];
-    mma::ldsm_x4_trans(b, box_step(sO, voff, jd, plane));
+    mma::ldsm_x4_trans(b, box_step(sO, voff, step, plane));
     mma::mma_16816<T>(dv[0][2 * jd], pa, b[0], b[1]);
     mma::mma_16816<T>(dv[0][2 * jd + 1], pa, b[2], b[3]);
-    mma::ldsm_x4_trans(b, box_step(sQ, voff, jd, plane));
+    mma::ldsm_x4_trans(b, box_step(sQ, voff, step, plane));
     mma::mma_16816<T>(dk[0][2 * jd], da, b[0], b[1]);
     mma::mma_16816<T>(dk[0][2 * jd + 1], da, b[2], b[3]);
   }

@@ -57,7 +57,9 @@ namespace fused {
 // kD: the head dim the products cover (64; 32 where max(D, D_v) <= 32: the ring rows keep 64
 // columns, the k-steps of S and the n8 blocks of O past 32 are skipped; 128: two planes per ring);
 // kBH x kBW: the warp box.
-template <class T, int kD_, int kPhases_, int kBH_, int kBW_>
+// kSplit: warps per box, each accumulating its share of the head-dim columns (2: the strip dK /
+// dV kernel at head dim 128, whose dK and dV take 128 registers a thread over all 128 columns).
+template <class T, int kD_, int kPhases_, int kBH_, int kBW_, int kSplit_ = 1>
 struct StripTraits {
   using Elem = typename T::type;
   using Tag = T;  // the MMA's element type (mma::BF16, mma::F16)
@@ -71,7 +73,8 @@ struct StripTraits {
   static constexpr int kPhases = kPhases_;
   static constexpr int kBH = kBH_, kBW = kBW_;
   static constexpr int kBoxCols = kStripCols / kBW;  // boxes across the strip
-  static constexpr int kWarps = kBoxCols * kPhases;
+  static constexpr int kSplit = kSplit_;
+  static constexpr int kWarps = kBoxCols * kPhases * kSplit;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowBytes = kStripRowBytes;
   static constexpr int kPlanes = strip_planes(kD);
@@ -117,8 +120,13 @@ struct RingCursor {
 // the query rows (Q and dO) of their inverse neighborhoods, S^T = K Q^T and dP^T = V dO^T per
 // chunk, P^T and dS^T from the queries' statistics, dV += P^T dO and dK += dS^T Q
 // (box_dkdv_update), stored once per box: no atomics.
+// At head dim 128 the dK / dV kernel's boxes take two warps each (StripTraits::kSplit).
+template <int kRole, int kD>
+constexpr int strip_split() { return kRole == int(StripRole::dkdv) && kD == 128 ? 2 : 1; }
+
 template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias, int kRole = 0>
-__global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThreads, 1)
+__global__ void __launch_bounds__(
+    StripTraits<T, kD, kPhases, kBH, kBW, strip_split<kRole, kD>()>::kThreads, 1)
     fna_fwd_strip_kernel(const FwdParams p, const StripParams sp,
                          const __grid_constant__ StripTma tm, const StripBwd bw) {
   constexpr bool kDq = kRole == int(StripRole::dq), kDkdv = kRole == int(StripRole::dkdv);
@@ -130,7 +138,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
   auto win = [](const nbr::Axis& a, int len, int i) {
     return kDkdv ? nbr::inverse_window(a, len, i) : nbr::window(a, len, i);
   };
-  using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
+  using Tr = StripTraits<T, kD, kPhases, kBH, kBW, strip_split<kRole, kD>()>;
   using Elem = typename Tr::Elem;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kTma) {
@@ -267,8 +275,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
 
   // Consumers. Fixed per warp: the box column, its union's columns and the thread's column
   // patterns (the four columns t2, t2 + 1, t2 + 8, t2 + 9 of a 16-column chunk row).
-  const int phase = warp / Tr::kBoxCols;
-  const int qb2 = c0 + (warp % Tr::kBoxCols) * kBW;
+  // (kSplit warps per box: `half` picks the warp's head-dim columns.)
+  const int wbox = warp / Tr::kSplit, half = warp % Tr::kSplit;
+  const int phase = wbox / Tr::kBoxCols;
+  const int qb2 = c0 + (wbox % Tr::kBoxCols) * kBW;
   const bool col_active = qb2 < len2;
   const int t2 = 2 * (lane & 3);
   nbr::Range u2{0, 0};
@@ -401,6 +411,8 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
     // box_dq_row / box_dkdv_row: with whole chunks ptxas spilled 60-104 bytes) and the next box's
     // loads follow the last row.
     constexpr bool kRowWise = kD == 128;
+    constexpr int kCols = kD / Tr::kSplit;
+    const int col0 = half * kCols;
     uint32_t qf[kD / 16][4], of[kD / 16][4];
     float2 stat[2], stn[2];
     if (col_active && r0 + phase * kBH < r1) {
@@ -427,12 +439,13 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
       const int ring_base = u_off % sp.ring_rows;
       const int un = u1.size();
       const int n_chunks = (un + kBoxChunkRows - 1) / kBoxChunkRows;
-      // dQ, or dK; dV (dK / dV only).
-      float acc[1][kD / 8][4], acc2[1][kDkdv ? kD / 8 : 1][4];
+      // dQ, or dK; dV (dK / dV only): the warp's kCols head-dim columns from col0.
+      float acc[1][kCols / 8][4], acc2[1][kDkdv ? kCols / 8 : 1][4];
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+      for (int j = 0; j < kCols / 8; ++j)
+        acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
 #pragma unroll
-      for (int j = 0; j < (kDkdv ? kD / 8 : 1); ++j)
+      for (int j = 0; j < (kDkdv ? kCols / 8 : 1); ++j)
         acc2[0][j][0] = acc2[0][j][1] = acc2[0][j][2] = acc2[0][j][3] = 0.f;
       for (int ch = 0; ch < n_chunks; ++ch) {
         wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
@@ -467,8 +480,8 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
             if constexpr (kDkdv) {
               float2 cs[4];
               load_cs(a, cs);
-              box_dkdv_row<Tr>(acc, acc2, qf, of, cs, row[a], sK, sV, kcol, ksel, vcol, vsel,
-                               keep, p.scale_log2, plane_bytes);
+              box_dkdv_row<Tr, kCols>(acc, acc2, qf, of, cs, row[a], sK, sV, kcol, ksel, vcol,
+                                      vsel, keep, p.scale_log2, plane_bytes, col0);
             } else {
               box_dq_row<Tr>(acc, qf, of, stat, row[a], sK, sV, kcol, ksel, vcol, vsel, keep,
                              p.scale_log2, plane_bytes);
@@ -479,8 +492,7 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
             load_q(qb1 + kStep, of, bw.a2, bw.a2_stride, p.dim_v);
             load_stat(qb1 + kStep, stn);
           }
-          continue;
-        }
+        } else {
         float sc[1][8][4], dp[1][8][4];
         box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
         if (last) load_q(qb1 + kStep, qf);
@@ -495,8 +507,10 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
           for (int a = 0; a < kBoxChunkRows; ++a) load_cs(a, cs[a]);
           box_dkdv_update<Tr>(acc, acc2, sc, dp, cs, row, sK, sV, vcol, vsel, p.scale_log2,
                               plane_bytes);
-        } else
+        } else {
           box_dq_update<Tr>(acc, sc, dp, stat, row, sK, vcol, vsel, p.scale_log2, plane_bytes);
+        }
+        }  // kRowWise
       }
       stat[0] = stn[0], stat[1] = stn[1];
       // dQ = scale dS K (columns below D); dK = scale dS^T Q (below D), dV = P^T dO (below D_v):
@@ -513,8 +527,8 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         if (q[1] >= r1 || q[2] >= len2) continue;
         Elem* out = g1 + token_offset<1>(geo, gr, q, p.o_stride);
 #pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          const int col = j * 8 + t2;
+        for (int j = 0; j < kCols / 8; ++j) {
+          const int col = col0 + j * 8 + t2;
           if (col < p.dim)
             *reinterpret_cast<uint32_t*>(out + col) =
                 mma::pack2<T>(acc[0][j][2 * r] * p.scale, acc[0][j][2 * r + 1] * p.scale);
@@ -522,8 +536,8 @@ __global__ void __launch_bounds__(StripTraits<T, kD, kPhases, kBH, kBW>::kThread
         if constexpr (kDkdv) {
           Elem* out_v = g2 + token_offset<1>(geo, gr, q, bw.out2_stride);
 #pragma unroll
-          for (int j = 0; j < kD / 8; ++j) {
-            const int col = j * 8 + t2;
+          for (int j = 0; j < kCols / 8; ++j) {
+            const int col = col0 + j * 8 + t2;
             if (col < p.dim_v)
               *reinterpret_cast<uint32_t*>(out_v + col) =
                   mma::pack2<T>(acc2[0][j][2 * r], acc2[0][j][2 * r + 1]);
@@ -638,7 +652,7 @@ cudaError_t launch_fwd_strip(const FwdParams& p, const FwdLaunch& l, cudaStream_
 template <class T, int kRole, int kD, int kPhases, int kBH, int kBW>
 cudaError_t launch_bwd_strip(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
                              cudaStream_t stream) {
-  using Tr = StripTraits<T, kD, kPhases, kBH, kBW>;
+  using Tr = StripTraits<T, kD, kPhases, kBH, kBW, strip_split<kRole, kD>()>;
   auto kernel = l.strip_tma.on ? fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, true, false, kRole>
                                : fna_fwd_strip_kernel<T, kD, kPhases, kBH, kBW, false, false, kRole>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
