@@ -703,6 +703,7 @@ def test_backward_dq_strip(dtype):
     naming the field. Both modes give the float64 oracle's gradients with 2x8 and 4x4 warp boxes
     at head dims 32, 64 and 128, dilation, stride, causal axes, GQA and D_v != D."""
     dt = str(dtype).split(".")[1]
+    sd = "bf16" if dtype == torch.bfloat16 else "f16"  # as kernel names spell it
     on = {"bwd_dq_strip": "on", "bwd_strip": "off"}
     off = {"bwd_strip": "off"}  # dK / dV by the Hopper kernel
     if torch.cuda.get_device_capability() != (9, 0):
@@ -713,11 +714,11 @@ def test_backward_dq_strip(dtype):
     # Automatic: head dims above 32 and dilation groups at least a strip (16 columns) wide.
     wide = ((1, 64, 64, 4, 64), (7, 7))
     plan = fna.fused_plan(*wide, dtype=dt, tuning=off)
-    assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_d64_b2x8_w8"), plan
+    assert plan["backward_dq"].startswith(f"fna_dq_strip_{sd}_d64_b2x8_w8"), plan
     assert fna.fused_plan(*wide, dtype=dt, dilation=(1, 5), tuning=off)["backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, tuning=off)["backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, tuning=on)["backward_dq"].startswith(
-        f"fna_dq_strip_{dt}_d32_b2x8_w12")
+        f"fna_dq_strip_{sd}_d32_b2x8_w12")
     assert fna.fused_plan(*wide, dtype=dt, tuning={**off, "bwd_dq_strip": "off"})[
         "backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, deterministic=True)["backward_dq"] == "kernel"
@@ -749,7 +750,7 @@ def test_backward_dq_strip(dtype):
                                   tuning=tuning, **kw)
             assert plan["backward_family"] == "sm90", plan
             if mode == "on":
-                assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_{name}"), plan
+                assert plan["backward_dq"].startswith(f"fna_dq_strip_{sd}_{name}"), plan
             else:
                 assert plan["backward_dq"] == "atomic", plan
             out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
@@ -764,23 +765,31 @@ def test_backward_dq_strip(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_backward_strip_dkdv(dtype):
     """dK / dV by the strip dK / dV kernel (tuning bwd_strip: boxes of 16 keys against the query
-    rows of their inverse neighborhoods, then the strip dQ kernel; rank 2, head dims up to 64, no
-    GQA, bias, additional keys or query region): reported as the 'strip' family with both
+    rows of their inverse neighborhoods, then the strip dQ kernel; rank 2, head dims up to 128, no
+    GQA, bias, additional keys or query region; by default at padded head dim 128 where dilation
+    groups are at least a strip wide): reported as the 'strip' family with both
     kernels' names; 'on' where it cannot run (GQA, head dim 256, rank 1, deterministic mode,
     bwd_dq_strip='off', a named kernel) is an error naming the field; the gradients match the
     float64 oracle with 2x8 and 4x4 key boxes at head dims 32, 64 and 128 (two warps per box),
     dilation, stride, causal axes and D_v != D, and the default plan's too."""
     dt = str(dtype).split(".")[1]
+    sd = "bf16" if dtype == torch.bfloat16 else "f16"  # as kernel names spell it
     on = {"bwd_strip": "on"}
     nat = ((2, 56, 56, 3, 32), (7, 7))
     if torch.cuda.get_device_capability() != (9, 0):
         with pytest.raises(NotImplementedError, match="bwd_strip"):
             fna.fused_plan(*nat, dtype=dt, tuning=on)
         return
+    # Automatic: padded head dim 128 where dilation groups are a strip wide (not at 32).
+    k3 = ((1, 64, 64, 4, 128), (3, 3))
+    assert fna.fused_plan(*k3, dtype=dt)["backward_family"] == "strip"
+    assert fna.fused_plan(*k3, dtype=dt, dilation=(1, 5))["backward_family"] == "sm90"
+    assert fna.fused_plan(*k3, dtype=dt, heads_kv=2)["backward_family"] == "sm90"
+    assert fna.fused_plan(*nat, dtype=dt)["backward_family"] != "strip"
     plan = fna.fused_plan(*nat, dtype=dt, tuning=on)
     assert plan["backward_family"] == "strip", plan
-    assert plan["backward_config"].startswith(f"fna_bwd_strip_{dt}_d32_b2x8_w8"), plan
-    assert plan["backward_dq"].startswith(f"fna_dq_strip_{dt}_d32"), plan
+    assert plan["backward_config"].startswith(f"fna_bwd_strip_{sd}_d32_b2x8_w8"), plan
+    assert plan["backward_dq"].startswith(f"fna_dq_strip_{sd}_d32"), plan
     for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 256), (7, 7), {}),
                           ((1, 300, 2, 32), (33,), {}), (nat[0], nat[1], dict(deterministic=True)),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_dq_strip": "off"})),
@@ -797,7 +806,6 @@ def test_backward_strip_dkdv(dtype):
              ((18, 21), (3, 3), (1, 1), (1, 1), (False, False), 128, 128, "d128_b2x8_w8"),
              ((20, 26), (7, 5), (1, 1), (1, 2), (False, True), 96, 80, "d128_b"))
     for spatial, ks, st, dil, causal, D, Dv, name in cases:
-        print(spatial, ks, st, dil, causal, D, Dv, flush=True)
         q = rnd(2, *spatial, 3, D).requires_grad_()
         k = rnd(2, *spatial, 3, D).requires_grad_()
         v = rnd(2, *spatial, 3, Dv).requires_grad_()
@@ -808,7 +816,7 @@ def test_backward_strip_dkdv(dtype):
         for tuning in (on, None):
             plan = fna.fused_plan((2, *spatial, 3, D), ks, dim_v=Dv, dtype=dt, tuning=tuning, **kw)
             if tuning:
-                assert plan["backward_config"].startswith(f"fna_bwd_strip_{dt}_{name}"), plan
+                assert plan["backward_config"].startswith(f"fna_bwd_strip_{sd}_{name}"), plan
             out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)
             grads = torch.autograd.grad(out, [q, k, v], d_out)
             assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]

@@ -273,8 +273,21 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
   const int64_t dmax = std::max(pr.dim, pr.dim_v);
   const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
   std::string why;
-  // dK / dV.
-  if (t.bwd_strip != Switch::off) {
+  // The narrowest dilation group on the last axis: a strip's 16 columns over fewer waste most of
+  // its work.
+  int narrowest = p.geo.axis[2].length;
+  for (int g = 0; g < p.geo.axis[2].dilation; ++g)
+    narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
+  // dK / dV. Automatic: head dim 128 (padded) where dilation groups are at least a strip wide.
+  // Forward+backward with the strip dK / dV and dQ kernels over the plan's Hopper kernels
+  // (tools/experiments/tuning_ab.py, H200, 2026-11-27): 2d-k3 0.841, 2d-k7 0.948; at head dim 32
+  // nat-t 1.03, nat-late 1.18, dinat-t (7-column groups) 3.86.
+  const bool dkdv_auto = kd == 128 && narrowest >= fused::kStripCols;
+  if (t.bwd_strip == Switch::on || (t.bwd_strip == Switch::automatic && dkdv_auto && !named &&
+                                    t.bwd_kernel == BwdKernel::automatic &&
+                                    !opt.deterministic && l->family != fused::BwdFamily::sm80 &&
+                                    t.bwd_dq_strip != Switch::off && rules.empty() &&
+                                    p.heads_per_kv == 1)) {
     auto no = [&](const std::string& w) {
       return t.bwd_strip == Switch::on
                  ? unsupported("tuning bwd_strip='on': the strip dK / dV kernel does not take " + w)
@@ -322,12 +335,8 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
   // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
   // columns, nat-t 1.085 and nat-late 1.16; dinat-t (7-column dilation groups in 16-column
   // strips) 2.23.
-  if (t.bwd_dq_strip == Switch::automatic) {
-    int narrowest = p.geo.axis[2].length;
-    for (int g = 0; g < p.geo.axis[2].dilation; ++g)
-      narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
-    if (kd == 32 || narrowest < fused::kStripCols) return Status::Ok();
-  }
+  if (t.bwd_dq_strip == Switch::automatic && (kd == 32 || narrowest < fused::kStripCols))
+    return Status::Ok();
   StripStep dq;
   if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) return no(why);
   l->dq_strip = dq;
