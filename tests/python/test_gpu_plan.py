@@ -500,7 +500,8 @@ def test_backward_64_key_tiles(dim):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper backward needs compute capability 9.0")
     shape, ks = (1, 22, 19, 4, dim), (7, 7)
-    plan = fna.fused_plan(shape, ks, dtype="bfloat16")
+    # (At padded head dim 128 the plan's default is the strip dK / dV kernel: here it is off.)
+    plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning={"bwd_strip": "off"})
     # The heuristic takes them at padded head dim 64 only (at 128 they ran slower).
     assert plan["backward_family"] == "sm90"
     assert int(np.prod(plan["backward_kv_tile"])) == (64 if dim <= 64 else 128), plan
