@@ -1,0 +1,177 @@
+// Host: the plan of the strip backward kernels (bwd_strip.h).
+#include "cuda/fused/plan/bwd_strip.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "core/neighborhood.h"
+#include "cuda/fused/kernel/common/strip_plan.h"
+#include "cuda/fused/plan/fwd_tma.h"
+
+namespace fna {
+namespace bwd {
+
+namespace {
+
+Status unsupported(const std::string& why) {
+  return {Code::unsupported, "backend=cuda-fused backward: " + why};
+}
+
+// What rules a call out of the strip backward kernels ("" where they take it): rank 2, 16-bit
+// (the plan runs them with the Hopper kernels), head dims up to 128, no bias, additional keys or
+// query region, rows 16-byte aligned.
+std::string strip_bwd_rules(const Problem& pr, const Params& p) {
+  if (pr.rpb) return "a relative positional bias";
+  if (p.num_add > 0) return "additional keys";
+  if (p.region) return "a query region";
+  if (!p.aligned) return "rows that are not 16-byte aligned";
+  if (pr.rank != 2) return "rank " + std::to_string(pr.rank) + " (they take rank 2)";
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  if (dmax > 128) return "head dim " + std::to_string(dmax) + " (at most 128)";
+  return "";
+}
+
+// The strip backward kernel of `role` over `kd` head-dim columns into *out: the warp box (2x8 or
+// 4x4) of fewer 64-key chunks where the strip plan takes it (inverse windows for dK / dV), its
+// warps (configs/backward.h FNA_BWD_STRIP_CONFIGS: 12 for dQ at head dim 32, else 8), CTAs and
+// TMA bands where the tensors allow; false with `why`.
+bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::StripRole role,
+                     int kd, StripStep* out, std::string* why) {
+  const bool inverse = role == fused::StripRole::dkdv;
+  const int warps = role == fused::StripRole::dq && kd == 32 ? 12 : 8;
+  const int split = inverse && kd == 128 ? 2 : 1;  // fwd_strip.cuh strip_split
+  fused::StripPlan best;
+  int bh = 0, bw = 0;
+  for (const int box_h : {2, 4}) {
+    // 16 / box_w boxes x phases x split
+    const int box_w = 16 / box_h, phases = warps * box_w / 16 / split;
+    const fused::StripPlan sp =
+        fused::strip_plan(p.geo, box_h, box_w, phases, dev.sms, dev.smem_optin,
+                          double(p.batch) * double(p.heads), kd, false, inverse);
+    if (!sp.ok) {
+      if (why->empty()) *why = sp.why;
+      continue;
+    }
+    if (!best.ok || sp.box.chunks < best.box.chunks) best = sp, bh = box_h, bw = box_w;
+  }
+  if (!best.ok) return false;
+  const int64_t ctas = int64_t(p.batch) * p.heads * p.groups * best.sp.strips * best.sp.segs;
+  if (ctas > INT32_MAX) {
+    *why = std::to_string(ctas) + " CTAs";
+    return false;
+  }
+  *out = StripStep{};
+  out->dim = kd, out->bh = bh, out->bw = bw, out->phases = warps * bw / 16 / split;
+  out->split = split;
+  fused::FwdLaunch& fl = out->launch;
+  fl.strip = best.sp;
+  fl.smem = best.smem;
+  fl.ctas = ctas;
+  fl.grid = static_cast<unsigned>(ctas);
+  std::string no_tma;
+  fl.strip_tma = fused::strip_tma_maps(strip_params(p, role), best.sp, &no_tma);
+  out->chunks = best.box.chunks;
+  out->computed = best.box.computed;
+  return true;
+}
+
+}  // namespace
+
+// The strip backward kernels (BwdLaunch::dq_strip, dkdv_strip), decided after the rest of the
+// plan. dQ by the strip dQ kernel (Tuning::bwd_dq_strip): after the plain Hopper dK / dV kernel
+// without its dQ, the strip forward's CTAs recompute S and dP per 16-query warp box over its K /
+// V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into an accumulator
+// the statistics kernel zeroes and a last pass converts. dK / dV by the strip dK / dV kernel
+// (Tuning::bwd_strip): boxes of 16 keys against the query rows of their inverse neighborhoods,
+// no GQA, with the plan's own choice of kernel (no backward_config or
+// bwd_kernel); it needs the strip dQ kernel (dQ has no accumulator then). Neither runs in
+// deterministic mode (its kernels are the sm80 ones). `on` asks for a kernel (unsupported where
+// it does not apply), `off` never, automatic as measured below.
+Status plan_strips(const Problem& pr, const Options& opt, bool named,
+                   const detail::DeviceProps& dev, const Params& p, BwdLaunch* l) {
+  const Tuning& t = opt.tuning;
+  l->dq_strip = l->dkdv_strip = StripStep{};
+  const std::string rules = strip_bwd_rules(pr, p);
+  const int64_t dmax = std::max(pr.dim, pr.dim_v);
+  const int kd = dmax <= 32 ? 32 : dmax <= 64 ? 64 : 128;
+  std::string why;
+  // The narrowest dilation group on the last axis: a strip's 16 columns over fewer waste most of
+  // its work.
+  int narrowest = p.geo.axis[2].length;
+  for (int g = 0; g < p.geo.axis[2].dilation; ++g)
+    narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
+  // dK / dV. Automatic: head dim 128 (padded) where dilation groups are at least a strip wide.
+  // Forward+backward with the strip dK / dV and dQ kernels over the plan's Hopper kernels
+  // (tools/experiments/tuning_ab.py, H200, 2026-11-27): 2d-k3 0.841, 2d-k7 0.948; at head dim 32
+  // nat-t 1.03, nat-late 1.18, dinat-t (7-column groups) 3.86.
+  const bool dkdv_auto = kd == 128 && narrowest >= fused::kStripCols;
+  if (t.bwd_strip == Switch::on || (t.bwd_strip == Switch::automatic && dkdv_auto && !named &&
+                                    t.bwd_kernel == BwdKernel::automatic &&
+                                    !opt.deterministic && l->family != fused::BwdFamily::sm80 &&
+                                    t.bwd_dq_strip != Switch::off && rules.empty() &&
+                                    p.heads_per_kv == 1)) {
+    auto no = [&](const std::string& w) {
+      return t.bwd_strip == Switch::on
+                 ? unsupported("tuning bwd_strip='on': the strip dK / dV kernel does not take " + w)
+                 : Status::Ok();
+    };
+    Status st = Status::Ok();
+    if (named || t.bwd_kernel != BwdKernel::automatic)
+      st = no("a named backward kernel (backward_config or tuning bwd_kernel)");
+    else if (opt.deterministic || l->family == fused::BwdFamily::sm80)
+      st = no("this call: its backward runs the sm80 kernels (deterministic=true, a device "
+              "other than compute capability 9.0, or a build without sm_90a)");
+    else if (t.bwd_dq_strip == Switch::off)
+      st = no("tuning bwd_dq_strip='off' (it needs the strip dQ kernel)");
+    else if (!rules.empty())
+      st = no(rules);
+    else if (p.heads_per_kv != 1)
+      st = no("grouped-query attention (" + std::to_string(p.heads_per_kv) +
+              " query heads per key / value head)");
+    else {
+      StripStep dkdv, dq;
+      if (plan_strip_step(p, dev, fused::StripRole::dkdv, kd, &dkdv, &why) &&
+          plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) {
+        l->dkdv_strip = dkdv;
+        l->dq_strip = dq;
+        return Status::Ok();
+      }
+      st = no(why);
+    }
+    if (!st.ok()) return st;
+  }
+  // dQ alone, after the plain Hopper dK / dV kernel.
+  if (t.bwd_dq_strip == Switch::off) return Status::Ok();
+  auto no = [&](const std::string& w) {
+    return t.bwd_dq_strip == Switch::on
+               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + w)
+               : Status::Ok();
+  };
+  if (l->family != fused::BwdFamily::sm90)
+    return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
+              std::string(fused::family_name(l->family)));
+  if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
+  if (!rules.empty()) return no(rules);
+  // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
+  // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
+  // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
+  // columns, nat-t 1.085 and nat-late 1.16; dinat-t (7-column dilation groups in 16-column
+  // strips) 2.23.
+  if (t.bwd_dq_strip == Switch::automatic && (kd == 32 || narrowest < fused::kStripCols))
+    return Status::Ok();
+  StripStep dq;
+  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) return no(why);
+  l->dq_strip = dq;
+  return Status::Ok();
+}
+
+std::string strip_name(const StripStep& s, fused::StripRole role, DType dtype) {
+  return std::string(role == fused::StripRole::dq ? "fna_dq_strip_" : "fna_bwd_strip_") +
+         (dtype == DType::f16 ? "f16" : "bf16") + "_d" + std::to_string(s.dim) + "_b" +
+         std::to_string(s.bh) + "x" + std::to_string(s.bw) + "_w" + std::to_string(s.warps());
+}
+
+}  // namespace bwd
+}  // namespace fna
