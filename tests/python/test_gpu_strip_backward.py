@@ -92,8 +92,10 @@ def test_backward_strip_dkdv(dtype):
     rows of their inverse neighborhoods, then the strip dQ kernel; rank 2, head dims up to 128, no
     GQA, bias, additional keys or query region; by default at padded head dim 128 where dilation
     groups are at least a strip wide): reported as the 'strip' family with both
-    kernels' names; 'on' where it cannot run (GQA, head dim 256, rank 1, deterministic mode,
-    bwd_dq_strip='off', a named kernel) is an error naming the field; the gradients match the
+    kernels' names; 'on' where it cannot run (GQA, head dim 256, rank 1, bwd_dq_strip='off', a
+    named kernel) is an error naming the field; deterministic calls take it wherever it applies
+    (at every head dim: no atomics), with bitwise identical gradients run after run; the
+    gradients match the
     float64 oracle with 2x8 and 4x4 key boxes at head dims 32, 64 and 128 (two warps per box),
     dilation, stride, causal axes and D_v != D, and the default plan's too."""
     dt = str(dtype).split(".")[1]
@@ -110,12 +112,18 @@ def test_backward_strip_dkdv(dtype):
     assert fna.fused_plan(*k3, dtype=dt, dilation=(1, 5))["backward_family"] == "sm90"
     assert fna.fused_plan(*k3, dtype=dt, heads_kv=2)["backward_family"] == "sm90"
     assert fna.fused_plan(*nat, dtype=dt)["backward_family"] != "strip"
+    # Deterministic calls take both strip kernels wherever they apply (no atomics), else sm80.
+    det = fna.fused_plan(*nat, dtype=dt, deterministic=True)
+    assert det["backward_family"] == "strip" and det["backward_deterministic"], det
+    assert det["backward_dq"].startswith(f"fna_dq_strip_{sd}_d32"), det
+    assert fna.fused_plan(*nat, dtype=dt, deterministic=True, heads_kv=1)[
+        "backward_family"] == "sm80"
     plan = fna.fused_plan(*nat, dtype=dt, tuning=on)
     assert plan["backward_family"] == "strip", plan
     assert plan["backward_config"].startswith(f"fna_bwd_strip_{sd}_d32_b2x8_w8"), plan
     assert plan["backward_dq"].startswith(f"fna_dq_strip_{sd}_d32"), plan
     for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 256), (7, 7), {}),
-                          ((1, 300, 2, 32), (33,), {}), (nat[0], nat[1], dict(deterministic=True)),
+                          ((1, 300, 2, 32), (33,), {}),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_dq_strip": "off"})),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_kernel": "sm90"}))):
         with pytest.raises(NotImplementedError, match="bwd_strip"):
@@ -139,6 +147,13 @@ def test_backward_strip_dkdv(dtype):
                           causal=list(causal), add_k=None, add_v=None), d_out=d_out)
         for tuning in (on, None):
             plan = fna.fused_plan((2, *spatial, 3, D), ks, dim_v=Dv, dtype=dt, tuning=tuning, **kw)
+            if tuning:
+                # Deterministic: the same kernels, the same bits run after run.
+                runs = [torch.autograd.grad(fna.na2d(q, k, v, ks, backend="cuda-fused",
+                                                     tuning=tuning, deterministic=True, **kw),
+                                            [q, k, v], d_out) for _ in range(2)]
+                for a, b in zip(*runs):
+                    assert torch.equal(a, b), spatial
             if tuning:
                 assert plan["backward_config"].startswith(f"fna_bwd_strip_{sd}_{name}"), plan
             out = fna.na2d(q, k, v, ks, backend="cuda-fused", tuning=tuning, **kw)

@@ -6,6 +6,7 @@ output from the first's.
 
     python3 tools/experiments/tuning_ab.py --tuning "fwd_schedule=plain;fwd_schedule=warp_specialized"
         [--problems 1d-long,2d-large] [--variants base,dil2,causal0] [--rounds 3] [--reps 10] [--bwd]
+        [--deterministic]
 
 --tuning lists the settings separated by `;`, each a comma-separated K=V list (as
 `fna-bench --tuning`) or `-` for the defaults, e.g. "-;fwd_copy=cp_async" or
@@ -55,6 +56,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--bwd", action="store_true", help="also time forward+backward")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="every call with deterministic=True")
     args = ap.parse_args()
     settings = parse_tunings(args.tuning)
     labels = [label for label, _ in settings]
@@ -70,6 +73,8 @@ def main():
                        for _ in range(3))
             fn = {1: fna.na1d, 2: fna.na2d, 3: fna.na3d}[len(shape)]
             kw = dict(dilation=case["dilation"], is_causal=case["causal"])
+            if args.deterministic:
+                kw["deterministic"] = True
             flops = 4.0 * B * H * attended_pairs(case) * D
             qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
             do = torch.randn_like(q)

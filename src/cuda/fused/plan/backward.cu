@@ -692,11 +692,11 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_kv_tile.assign(pk.tkv + kAxes - pr.rank, pk.tkv + kAxes);
   out->backward_q_tile.assign(pk.tq + kAxes - pr.rank, pk.tq + kAxes);
   out->backward_q_steps = plan.launch.q_steps;
-  out->backward_dq = plan.launch.deterministic ? "kernel"
-                     : plan.launch.dq_strip.dim != 0
+  out->backward_dq = plan.launch.dq_strip.dim != 0
                          ? strip_name(plan.launch.dq_strip, fused::StripRole::dq, pr.dtype) +
                                (plan.launch.dq_strip.launch.strip_tma.on ? " (tma)" : " (cp_async)")
-                         : "atomic";
+                     : plan.launch.deterministic ? "kernel"
+                                                 : "atomic";
   out->backward_grid =
       int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
   out->backward_smem = static_cast<int64_t>(plan.launch.smem);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/neighborhood.h"
+#include "cuda/fused/configs/backward_table.h"
 #include "cuda/fused/kernel/common/strip_plan.h"
 #include "cuda/fused/plan/fwd_tma.h"
 
@@ -85,10 +86,11 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
 // V halo rows and write dQ, instead of the dK / dV kernel's float32 atomics into an accumulator
 // the statistics kernel zeroes and a last pass converts. dK / dV by the strip dK / dV kernel
 // (Tuning::bwd_strip): boxes of 16 keys against the query rows of their inverse neighborhoods,
-// no GQA, with the plan's own choice of kernel (no backward_config or
-// bwd_kernel); it needs the strip dQ kernel (dQ has no accumulator then). Neither runs in
-// deterministic mode (its kernels are the sm80 ones). `on` asks for a kernel (unsupported where
-// it does not apply), `off` never, automatic as measured below.
+// no GQA, in place of the plan's own choice of kernel (not a backward_config or bwd_kernel); it
+// needs the strip dQ kernel (dQ has no accumulator then). The two add nothing by atomics, so they
+// also serve deterministic calls (whose kernels are otherwise the sm80 ones); the strip dQ kernel
+// alone follows the Hopper kernel, which deterministic calls do not run. `on` asks for a kernel
+// (unsupported where it does not apply), `off` never, automatic as measured below.
 Status plan_strips(const Problem& pr, const Options& opt, bool named,
                    const detail::DeviceProps& dev, const Params& p, BwdLaunch* l) {
   const Tuning& t = opt.tuning;
@@ -102,14 +104,21 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
   int narrowest = p.geo.axis[2].length;
   for (int g = 0; g < p.geo.axis[2].dilation; ++g)
     narrowest = std::min(narrowest, nbr::group_length(p.geo.axis[2], g));
+  // The strip kernels are built with the Hopper ones (sm_90a) and run on 9.0.
+  const bool hopper = dev.hopper() && sm90_built(pr.dtype, kd <= 64 ? 64 : 128,
+                                                 fused::BwdFamily::sm90);
   // dK / dV. Automatic: head dim 128 (padded) where dilation groups are at least a strip wide.
   // Forward+backward with the strip dK / dV and dQ kernels over the plan's Hopper kernels
   // (tools/experiments/tuning_ab.py, H200, 2026-11-27): 2d-k3 0.841, 2d-k7 0.948; at head dim 32
-  // nat-t 1.03, nat-late 1.18, dinat-t (7-column groups) 3.86.
-  const bool dkdv_auto = kd == 128 && narrowest >= fused::kStripCols;
+  // nat-t 1.03, nat-late 1.18, dinat-t (7-column groups) 3.86. In deterministic mode (the strip
+  // kernels add nothing by atomics; the alternative is the sm80 kernels with a second dQ pass)
+  // at every head dim where the groups are a strip wide.
+  const bool dkdv_auto =
+      narrowest >= fused::kStripCols && (opt.deterministic ? hopper
+                                                           : kd == 128 &&
+                                                                 l->family != fused::BwdFamily::sm80);
   if (t.bwd_strip == Switch::on || (t.bwd_strip == Switch::automatic && dkdv_auto && !named &&
                                     t.bwd_kernel == BwdKernel::automatic &&
-                                    !opt.deterministic && l->family != fused::BwdFamily::sm80 &&
                                     t.bwd_dq_strip != Switch::off && rules.empty() &&
                                     p.heads_per_kv == 1)) {
     auto no = [&](const std::string& w) {
@@ -120,9 +129,9 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     Status st = Status::Ok();
     if (named || t.bwd_kernel != BwdKernel::automatic)
       st = no("a named backward kernel (backward_config or tuning bwd_kernel)");
-    else if (opt.deterministic || l->family == fused::BwdFamily::sm80)
-      st = no("this call: its backward runs the sm80 kernels (deterministic=true, a device "
-              "other than compute capability 9.0, or a build without sm_90a)");
+    else if (!hopper)
+      st = no("this call: it needs 16-bit tensors, compute capability 9.0 and a build for "
+              "sm_90a");
     else if (t.bwd_dq_strip == Switch::off)
       st = no("tuning bwd_dq_strip='off' (it needs the strip dQ kernel)");
     else if (!rules.empty())
@@ -136,6 +145,9 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
           plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) {
         l->dkdv_strip = dkdv;
         l->dq_strip = dq;
+        // The launch goes through the Hopper launcher (deterministic calls were planned for the
+        // sm80 kernels, which then do not run).
+        l->family = fused::BwdFamily::sm90;
         return Status::Ok();
       }
       st = no(why);
