@@ -493,6 +493,14 @@ __global__ void __launch_bounds__(
             load_stat(qb1 + kStep, stn);
           }
         } else {
+        // dK / dV: the chunk's column statistics, loaded before the products at head dim 32
+        // (their latency behind the MMAs), after them at 64 (held through them, they spilled).
+        constexpr bool kEarlyCs = kDkdv && kD <= 32;
+        float2 cs[kDkdv ? kBoxChunkRows : 1][4];
+        if constexpr (kEarlyCs) {
+#pragma unroll
+          for (int a = 0; a < kBoxChunkRows; ++a) load_cs(a, cs[a]);
+        }
         float sc[1][8][4], dp[1][8][4];
         box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
         if (last) load_q(qb1 + kStep, qf);
@@ -502,9 +510,10 @@ __global__ void __launch_bounds__(
           load_stat(qb1 + kStep, stn);
         }
         if constexpr (kDkdv) {
-          float2 cs[kBoxChunkRows][4];
+          if constexpr (!kEarlyCs) {
 #pragma unroll
-          for (int a = 0; a < kBoxChunkRows; ++a) load_cs(a, cs[a]);
+            for (int a = 0; a < kBoxChunkRows; ++a) load_cs(a, cs[a]);
+          }
           box_dkdv_update<Tr>(acc, acc2, sc, dp, cs, row, sK, sV, vcol, vsel, p.scale_log2,
                               plane_bytes);
         } else {
