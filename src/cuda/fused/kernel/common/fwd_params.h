@@ -55,6 +55,19 @@ struct FwdTma {
   tma::TokenMap q, k, v;
   int on;
 };
+// The strip backward kernels' tensors beyond FwdParams (fwd_strip.cuh, roles StripRole::dq and
+// dkdv). FwdParams carries the box tensor (q: Q for dQ, K for dK / dV), the ring tensors (k, v:
+// K and V for dQ, Q and dO for dK / dV) and the first output (o: dQ, or dK); here the second box
+// tensor `a2` (dO, or V), the second output `out2` (dV; none for dQ), their strides ([batch,
+// axis 0, axis 1, axis 2, head]), and the backward's per-query statistics, one float2 per (batch,
+// token, head) row: {LSE log2(e), rowsum(dO O) - d_lse} (bwd_stats.cuh).
+struct StripBwd {
+  const void* a2;
+  int64_t a2_stride[5];
+  void* out2;
+  int64_t out2_stride[5];
+  const float2* stats;
+};
 struct StripTma {
   tma::TokenMap k, v;
   int on;
