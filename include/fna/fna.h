@@ -163,8 +163,8 @@ struct Tuning {
   Switch bwd_dq_strip = Switch::automatic;   // Hopper backward, rank 2, no bias: dQ by the strip
                                              // dQ kernel instead of atomics in the dK / dV kernel
   Switch bwd_strip = Switch::automatic;      // Hopper backward, rank 2, no bias or GQA, head dims
-                                             // up to 64: dK / dV by the strip dK / dV kernel
-                                             // (with the strip dQ kernel)
+                                             // up to 128: dK / dV by the strip dK / dV kernel
+                                             // (with the strip dQ kernel; deterministic too)
   // cuda-naive, cuda-gemm: workspace budget of the composed forward / backward in bytes (0: half
   // the free memory, at most 4 GiB); a small budget makes the kernels run in chunks.
   int64_t naive_workspace_bytes = 0;
@@ -340,14 +340,15 @@ struct FusedPlan {
   // head's table into shared memory) or "global"; empty without a bias.
   std::string rpb_table;
   // Backward (empty / zero when the fused backward does not take the problem): its configuration
-  // name, dK / dV kernel family (sm80, sm90, sm90ws), copy engine of its query tiles, whether dQ
-  // runs in its own kernel (deterministic) rather than by atomics, the dK / dV kernel's key tile
-  // and the query tiles it visits, the (key tile, query tile) pairs it visits (all heads), its
-  // needed score pairs / score pairs computed, and its walk.
+  // name, dK / dV kernel family (sm80, sm90, sm90ws, strip), copy engine of its query tiles (the
+  // strip kernel's bands), whether the call is deterministic, the dK / dV kernel's key tile and
+  // the query tiles it visits (strip: its key box and 4 x 16-query chunk), the (key tile, query
+  // tile) pairs it visits (all heads; strip: its chunks), its needed score pairs / score pairs
+  // computed, and its walk.
   std::string backward_config, backward_family, backward_copy;
   bool backward_deterministic = false;
   // The head-dim columns the dK / dV kernel's products cover: the padded head dim (64, 128,
-  // 256), or 32 where max(D, D_v) <= 32 on the sm90 kernel with 64-key tiles.
+  // 256), or 32 where max(D, D_v) <= 32 on the sm90 kernel with 64-key tiles or the strip one.
   int backward_head_dim = 0;
   std::vector<int> backward_kv_tile, backward_q_tile;
   // Query tiles the dK / dV kernel takes per step: 2 where the sm90 kernel pairs consecutive
@@ -355,7 +356,7 @@ struct FusedPlan {
   int backward_q_steps = 0;
   // How dQ is made: "atomic" (float32 atomics in the dK / dV kernel, then converted), "kernel"
   // (deterministic: the sm80 dQ kernel), or the strip dQ kernel's name and copy engine
-  // ("fna_dq_strip_d64_b2x8_w8 (tma)"; Tuning::bwd_dq_strip).
+  // ("fna_dq_strip_bf16_d64_b2x8_w8 (tma)"; Tuning::bwd_dq_strip).
   std::string backward_dq;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes

@@ -123,6 +123,12 @@ FNA_HD Range inverse_tile_union(const Axis& a, int lg, int j0, int j1) {
   return {first, inverse_end(a, lg, j1 - 1, first)};
 }
 
+// tile_union, or with `inverse` inverse_tile_union: the union a box of queries, or of keys (the
+// strip dK / dV kernel's), needs on one axis.
+FNA_HD Range tile_union_of(const Axis& a, int lg, int i0, int i1, bool inverse) {
+  return inverse ? inverse_tile_union(a, lg, i0, i1) : tile_union(a, lg, i0, i1);
+}
+
 // Number of keys attended by the query (product over axes of window sizes); used for FLOP counts.
 FNA_HD int window_size(const Axis& a, int lg, int i) { return window(a, lg, i).size(); }
 

@@ -38,7 +38,9 @@ def test_backward_dq_strip(dtype):
     # Automatic: head dims above 32 and dilation groups at least a strip (16 columns) wide.
     wide = ((1, 64, 64, 4, 64), (7, 7))
     plan = fna.fused_plan(*wide, dtype=dt, tuning=off)
-    assert plan["backward_dq"].startswith(f"fna_dq_strip_{sd}_d64_b2x8_w8"), plan
+    assert plan["backward_dq"] == f"fna_dq_strip_{sd}_d64_b2x8_w8 (tma)", plan
+    assert fna.fused_plan(*wide, dtype=dt, tuning={**off, "bwd_copy": "cp_async"})[
+        "backward_dq"].endswith("(cp_async)")
     assert fna.fused_plan(*wide, dtype=dt, dilation=(1, 5), tuning=off)["backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, tuning=off)["backward_dq"] == "atomic"
     assert fna.fused_plan(*nat, dtype=dt, tuning=on)["backward_dq"].startswith(
@@ -127,6 +129,7 @@ def test_backward_strip_dkdv(dtype):
     for shape, ks, kw in ((nat[0], nat[1], dict(heads_kv=1)), ((1, 40, 40, 2, 256), (7, 7), {}),
                           ((1, 300, 2, 32), (33,), {}),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_dq_strip": "off"})),
+                          (nat[0], nat[1], dict(tuning={**on, "bwd_walk": "01"})),
                           (nat[0], nat[1], dict(tuning={**on, "bwd_kernel": "sm90"}))):
         with pytest.raises(NotImplementedError, match="bwd_strip"):
             fna.fused_plan(shape, ks, dtype=dt, **{"tuning": on, **kw})
@@ -147,9 +150,12 @@ def test_backward_strip_dkdv(dtype):
         kw = dict(stride=st, dilation=dil, is_causal=causal)
         ref = oracle(dict(q=q, k=k, v=v, ks=list(ks), st=list(st), dil=list(dil),
                           causal=list(causal), add_k=None, add_v=None), d_out=d_out)
-        for tuning in (on, None):
+        for tuning in (on, {**on, "bwd_copy": "cp_async"}, None):
             plan = fna.fused_plan((2, *spatial, 3, D), ks, dim_v=Dv, dtype=dt, tuning=tuning, **kw)
-            if tuning:
+            if tuning and "bwd_copy" in tuning:  # the strip kernels' bands by cp.async
+                assert plan["backward_copy"] == "cp_async", plan
+                assert plan["backward_dq"].endswith("(cp_async)"), plan
+            if tuning == on:
                 # Deterministic: the same kernels, the same bits run after run.
                 runs = [torch.autograd.grad(fna.na2d(q, k, v, ks, backend="cuda-fused",
                                                      tuning=tuning, deterministic=True, **kw),

@@ -97,6 +97,7 @@ for s in "${steps[@]}"; do
       suite bwd gpu_test_bwd_sm80 bwd_kernel=sm80
       suite bwd gpu_test_bwd_dq_strip bwd_dq_strip=on,bwd_strip=off --rank 2
       suite bwd gpu_test_bwd_strip bwd_strip=on --rank 2
+      suite bwd gpu_test_bwd_strip_cpasync bwd_strip=on,bwd_copy=cp_async --rank 2
       suite fwd,bwd gpu_test_walk3 fwd_walk=012,bwd_walk=102 --rank 3
       suite fwd,bwd gpu_test_walk2 fwd_walk=01,bwd_walk=01 --rank 2 ;;
     sanitize)

@@ -16,7 +16,7 @@ namespace bwd {
 
 // The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys,
 // its products over kDn head-dim columns, kSteps query tiles per step (2: no bias).
-// With l.dq_strip_dim set, the instance without dQ (the strip dQ kernel follows).
+// With l.dq_strip set (dim != 0), the instance without dQ (the strip dQ kernel follows).
 template <typename T, int kD, int kKV, int kDn = kD, int kSteps = 1>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV, kSteps>;
@@ -30,10 +30,11 @@ Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
     return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias or the strip dQ"};
   }
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
-  Status st = set_smem(kernel, smem, "dkdv kernel (sm90, atomic dq)");
+  const char* what = l.dq_strip.dim != 0 ? "dkdv (sm90, no dq)" : "dkdv (sm90, atomic dq)";
+  Status st = set_smem(kernel, smem, what);
   if (!st.ok()) return st;
   kernel<<<l.grid_dkdv, Tr::kThreads, smem, stream>>>(p, false);
-  st = launch_error("dkdv (sm90, atomic dq)");
+  st = launch_error(what);
   if (!st.ok() || l.grid_add.x == 0) return st;
   kernel<<<l.grid_add, Tr::kThreads, smem, stream>>>(p, true);
   return launch_error("dkdv (sm90, additional, atomic dq)");

@@ -376,9 +376,6 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     return unsupported(std::string(fused::family_name(family)) + " kernels need " +
                        std::to_string(l.smem) + " bytes of shared memory per block, the device has " +
                        std::to_string(dev.smem_optin));
-  if (t.bwd_copy != CopyEngine::automatic && family != fused::BwdFamily::sm90ws)
-    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), but "
-                       "the plan runs " + std::string(fused::family_name(family)));
 
   // Tiles and walks.
   plan->rows = tr;
@@ -435,6 +432,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   }
   st = plan_strips(pr, opt, named != nullptr, dev, pk, &l);
   if (!st.ok()) return st;
+  if (t.bwd_copy != CopyEngine::automatic && l.family != fused::BwdFamily::sm90ws &&
+      l.dq_strip.dim == 0)
+    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws) or "
+                       "the strip backward kernels (tuning bwd_dq_strip / bwd_strip), but the "
+                       "plan runs " + std::string(fused::family_name(l.family)));
   // The configuration that runs, by name.
   plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
   for (int a = 0; a < kAxes; ++a) {
@@ -672,7 +674,9 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   };
   dense(p.heads, p.dim, &p.sq);
   dense(p.heads, p.dim_v, &p.sdo);
-  p.q = p.d_o = placeholder;
+  dense(p.heads_kv, p.dim, &p.sk);
+  dense(p.heads_kv, p.dim_v, &p.sv);
+  p.q = p.d_o = p.k = p.v = placeholder;
   p.aligned = true;
   Options opt;
   Status st = resolve_autotune(pr, opt_in, p, nullptr, &opt);
@@ -699,7 +703,8 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
                                                  : "atomic";
   out->backward_grid =
       int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
-  out->backward_smem = static_cast<int64_t>(plan.launch.smem);
+  out->backward_smem =
+      static_cast<int64_t>(std::max(plan.launch.smem, plan.launch.dq_strip.launch.smem));
   out->backward_rpb_sums = !pr.rpb                     ? ""
                            : plan.launch.d_rpb_global    ? "global"
                            : plan.launch.d_rpb_warps > 0 ? "warps"

@@ -20,6 +20,13 @@ struct BwdTma {
   int on;
 };
 
+// Strides [batch, axis 0, axis 1, axis 2, head] of a token tensor (TMA maps, FwdParams).
+inline void lift_strides(const TokStrides& s, int64_t (&out)[5]) {
+  out[0] = s.b;
+  for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
+  out[4] = s.h;
+}
+
 // The maps for the neighborhood launch of `p` (its query tile p.tq), or on = 0 with `why` where
 // TMA cannot load the tiles: tensors or dilations TMA cannot describe (tma::token_map).
 inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
@@ -32,17 +39,12 @@ inline BwdTma bwd_tma_maps(const Params& p, std::string* why) {
   // region's end read as zeros (TMA's out-of-bounds fill).
   const int64_t len[5] = {p.batch, p.qhi[0] - p.qlo[0], p.qhi[1] - p.qlo[1], p.qhi[2] - p.qlo[2],
                           p.heads};
-  auto strides = [](const TokStrides& s, int64_t (&out)[5]) {
-    out[0] = s.b;
-    for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
-    out[4] = s.h;
-  };
   auto data = [&](const void* shifted, const TokStrides& s) {  // 16-bit elements
     return fused::moved(shifted, fused::region_elements(p, s.x), 2);
   };
   int64_t sq[5], so[5];
-  strides(p.sq, sq);
-  strides(p.sdo, so);
+  lift_strides(p.sq, sq);
+  lift_strides(p.sdo, so);
   if (!tma::token_map(&t.q, data(p.q, p.sq), p.dim, len, sq, p.tq, dil, why) ||
       !tma::token_map(&t.o, data(p.d_o, p.sdo), p.dim_v, len, so, p.tq, dil, why))
     return t;
@@ -86,12 +88,6 @@ struct BwdLaunch {
   // the Hopper one (Tuning::bwd_strip; needs the strip dQ).
   StripStep dq_strip, dkdv_strip;
 };
-
-inline void lift_strides(const TokStrides& s, int64_t (&out)[5]) {
-  out[0] = s.b;
-  for (int a = 0; a < kAxes; ++a) out[1 + a] = s.x[a];
-  out[4] = s.h;
-}
 
 // A strip backward kernel's FwdParams from the backward's (the problem block, no LSE output, no
 // bias): dQ (role dq) takes Q as its box tensor, K and V as its rings and writes dQ; dK / dV

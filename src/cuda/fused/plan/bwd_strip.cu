@@ -37,9 +37,10 @@ std::string strip_bwd_rules(const Problem& pr, const Params& p) {
 // The strip backward kernel of `role` over `kd` head-dim columns into *out: the warp box (2x8 or
 // 4x4) of fewer 64-key chunks where the strip plan takes it (inverse windows for dK / dV), its
 // warps (configs/backward.h FNA_BWD_STRIP_CONFIGS: 12 for dQ at head dim 32, else 8), CTAs and
-// TMA bands where the tensors allow; false with `why`.
+// copies (`copy`: Tuning::bwd_copy; automatic: TMA bands where the maps describe the tensors);
+// false with `why`.
 bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::StripRole role,
-                     int kd, StripStep* out, std::string* why) {
+                     int kd, CopyEngine copy, StripStep* out, std::string* why) {
   const bool inverse = role == fused::StripRole::dkdv;
   const int warps = role == fused::StripRole::dq && kd == 32 ? 12 : 8;
   const int split = inverse && kd == 128 ? 2 : 1;  // fwd_strip.cuh strip_split
@@ -71,8 +72,15 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
   fl.smem = best.smem;
   fl.ctas = ctas;
   fl.grid = static_cast<unsigned>(ctas);
-  std::string no_tma;
-  fl.strip_tma = fused::strip_tma_maps(strip_params(p, role), best.sp, &no_tma);
+  // TMA bands (Tuning::bwd_copy) where the maps describe the tensors.
+  if (copy != CopyEngine::cp_async) {
+    std::string no_tma;
+    fl.strip_tma = fused::strip_tma_maps(strip_params(p, role), best.sp, &no_tma);
+    if (!fl.strip_tma.on && copy == CopyEngine::tma) {
+      *why = "tuning bwd_copy='tma': TMA cannot load its bands: " + no_tma;
+      return false;
+    }
+  }
   out->chunks = best.box.chunks;
   out->computed = best.box.computed;
   return true;
@@ -117,8 +125,10 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
       narrowest >= fused::kStripCols && (opt.deterministic ? hopper
                                                            : kd == 128 &&
                                                                  l->family != fused::BwdFamily::sm80);
+  // Tuning the strip kernels would not honour (the Hopper kernels' walk and paired tiles).
+  const bool other_tuning = !t.bwd_walk.empty() || t.bwd_q_pairs != Switch::automatic;
   if (t.bwd_strip == Switch::on || (t.bwd_strip == Switch::automatic && dkdv_auto && !named &&
-                                    t.bwd_kernel == BwdKernel::automatic &&
+                                    t.bwd_kernel == BwdKernel::automatic && !other_tuning &&
                                     t.bwd_dq_strip != Switch::off && rules.empty() &&
                                     p.heads_per_kv == 1)) {
     auto no = [&](const std::string& w) {
@@ -129,6 +139,8 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     Status st = Status::Ok();
     if (named || t.bwd_kernel != BwdKernel::automatic)
       st = no("a named backward kernel (backward_config or tuning bwd_kernel)");
+    else if (other_tuning)
+      st = no("tuning bwd_walk or bwd_q_pairs (the Hopper kernels' tile walk and paired tiles)");
     else if (!hopper)
       st = no("this call: it needs 16-bit tensors, compute capability 9.0 and a build for "
               "sm_90a");
@@ -141,8 +153,8 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
               " query heads per key / value head)");
     else {
       StripStep dkdv, dq;
-      if (plan_strip_step(p, dev, fused::StripRole::dkdv, kd, &dkdv, &why) &&
-          plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) {
+      if (plan_strip_step(p, dev, fused::StripRole::dkdv, kd, t.bwd_copy, &dkdv, &why) &&
+          plan_strip_step(p, dev, fused::StripRole::dq, kd, t.bwd_copy, &dq, &why)) {
         l->dkdv_strip = dkdv;
         l->dq_strip = dq;
         // The launch goes through the Hopper launcher (deterministic calls were planned for the
@@ -165,6 +177,7 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
               std::string(fused::family_name(l->family)));
   if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
+  if (!t.bwd_walk.empty()) return no("tuning bwd_walk (its CTAs walk strips)");
   if (!rules.empty()) return no(rules);
   // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
   // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
@@ -174,7 +187,8 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
   if (t.bwd_dq_strip == Switch::automatic && (kd == 32 || narrowest < fused::kStripCols))
     return Status::Ok();
   StripStep dq;
-  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, &dq, &why)) return no(why);
+  why.clear();  // (what ruled out the dK / dV kernel, if anything)
+  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, t.bwd_copy, &dq, &why)) return no(why);
   l->dq_strip = dq;
   return Status::Ok();
 }

@@ -65,7 +65,7 @@ inline BoxPlan box_plan(const Geometry& geo, const int (&q)[kAxes], int dim,
                         const int (&wb)[kAxes] = {1, kBoxExt, kBoxExt}, bool inverse = false) {
   BoxPlan bp;
   auto uni = [inverse](const nbr::Axis& a, int len, int i0, int i1) {
-    return inverse ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+    return nbr::tile_union_of(a, len, i0, i1, inverse);
   };
   if (geo.axis[0].length != 1 || q[0] != 1) {
     bp.why = "the box forward takes rank-2 problems only";

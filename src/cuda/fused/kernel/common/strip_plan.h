@@ -46,11 +46,8 @@ struct StripParams {
 // The strip forward's shared memory, one layout for the host (its size) and the kernel (its
 // offsets): after up to 1024 bytes of alignment (the 128-byte swizzle's period), the K ring's
 // planes of ring_rows x pitch key rows each (one plane per 64 columns), then the V ring's; a band
-// is kStripBandRows ring rows of one plane.
-// What a strip kernel computes: the forward, the backward's dQ (query boxes over K / V rings),
-// or its dK / dV (key boxes over rings of Q and dO rows: the inverse neighborhoods).
-enum class StripRole : int { fwd = 0, dq = 1, dkdv = 2 };
-
+// is kStripBandRows ring rows of one plane. (The backward's strip kernels use it alike: dQ with K
+// / V rings, dK / dV with rings of Q / dO rows.)
 struct StripSmem {
   uint32_t row_bytes;  // one key row of a plane: kStripRowBytes (64 16-bit elements, zeros past D)
   int ring_rows, pitch;
@@ -60,6 +57,10 @@ struct StripSmem {
   FNA_HD uint32_t band_bytes() const { return uint32_t(kStripBandRows * pitch) * row_bytes; }
   FNA_HD size_t bytes() const { return 2 * size_t(v_offset()) + 1024; }
 };
+
+// What a strip kernel computes: the forward, the backward's dQ (query boxes over K / V rings),
+// or its dK / dV (key boxes over rings of Q and dO rows: the inverse neighborhoods).
+enum class StripRole : int { fwd = 0, dq = 1, dkdv = 2 };
 
 struct StripPlan {
   bool ok = false;
@@ -83,7 +84,7 @@ inline StripPlan strip_plan(const Geometry& geo, int box_h, int box_w, int rows_
                             int sms, int smem_optin, double heads_items, int dim,
                             bool bias = false, bool inverse = false) {
   auto uni = [inverse](const nbr::Axis& a, int len, int i0, int i1) {
-    return inverse ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+    return nbr::tile_union_of(a, len, i0, i1, inverse);
   };
   StripPlan sp;
   if (dim != 32 && dim != 64 && dim != 128) {

@@ -113,17 +113,17 @@ struct RingCursor {
 };
 
 
-// kRole (StripRole): the forward; the backward's strip dQ kernel (the same CTAs, ring and chunks;
-// per box Q and dO fragments, P from the saved LSE, dS = P (dP - rowsum(dO O)), dQ = scale dS K
-// into p.o: box_dq_update), which the plan runs after a Hopper dK / dV kernel that leaves dQ out;
-// or the backward's strip dK / dV kernel: boxes of 16 keys (K and V fragments), the ring holding
-// the query rows (Q and dO) of their inverse neighborhoods, S^T = K Q^T and dP^T = V dO^T per
-// chunk, P^T and dS^T from the queries' statistics, dV += P^T dO and dK += dS^T Q
-// (box_dkdv_update), stored once per box: no atomics.
 // At head dim 128 the dK / dV kernel's boxes take two warps each (StripTraits::kSplit).
 template <int kRole, int kD>
 constexpr int strip_split() { return kRole == int(StripRole::dkdv) && kD == 128 ? 2 : 1; }
 
+// kRole (StripRole): the forward; the backward's strip dQ kernel (the same CTAs, ring and chunks;
+// per box Q and dO fragments, P from the saved LSE, dS = P (dP - rowsum(dO O)), dQ = scale dS K
+// into p.o: box_dq_update), which the plan runs after a dK / dV kernel that leaves dQ out (the
+// plain Hopper one, or the strip one); or the backward's strip dK / dV kernel: boxes of 16 keys (K
+// and V fragments), the ring holding the query rows (Q and dO) of their inverse neighborhoods,
+// S^T = K Q^T and dP^T = V dO^T per chunk, P^T and dS^T from the queries' statistics, dV += P^T
+// dO and dK += dS^T Q (box_dkdv_update), stored once per box: no atomics.
 template <class T, int kD, int kPhases, int kBH, int kBW, bool kTma, bool kBias, int kRole = 0>
 __global__ void __launch_bounds__(
     StripTraits<T, kD, kPhases, kBH, kBW, strip_split<kRole, kD>()>::kThreads, 1)
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(
   static_assert(kRole == 0 || !kBias, "strip backward: no bias");
   // A box's union on one axis and one box position's window: inverse ones for dK / dV.
   auto uni = [](const nbr::Axis& a, int len, int i0, int i1) {
-    return kDkdv ? nbr::inverse_tile_union(a, len, i0, i1) : nbr::tile_union(a, len, i0, i1);
+    return nbr::tile_union_of(a, len, i0, i1, kDkdv);
   };
   auto win = [](const nbr::Axis& a, int len, int i) {
     return kDkdv ? nbr::inverse_window(a, len, i) : nbr::window(a, len, i);
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(
     };
     // dK / dV: the statistics of a chunk's query columns, per chunk: the thread's four columns
     // (8 h + t2 + e of the union's 16) at `col_tok` (their global column, clamped to the group:
-    // past its end the mask removes them), the chunk's union rows at `row_tok`.
+    // past its end the mask removes them), each chunk row's offset computed in `load_cs`.
     int64_t col_tok[4] = {0, 0, 0, 0};
     const float2* stats_bh = bw.stats + (int64_t(ft.b) * p.tokens) * p.heads + ft.h;
     if constexpr (kDkdv) {
@@ -457,8 +457,9 @@ __global__ void __launch_bounds__(
           y -= y >= sp.ring_rows ? sp.ring_rows : 0;
           row[a] = y * sp.pitch;
         }
-        // dK / dV: the statistics of chunk row a's four columns (h * 2 + e), loaded where they
-        // are used (held for the whole chunk they spilled).
+        // dK / dV: the statistics of chunk row a's four columns (h * 2 + e): loaded before the
+        // chunk's products at head dim 32, after them at 64 (held through them, they spilled),
+        // before each row's at 128.
         auto load_cs = [&](int a, float2 (&cs)[4]) {
           const int ua = min(kBoxChunkRows * ch + a, un - 1);
           const int64_t rt = int64_t(gr.global(geo, 1, u1.begin + ua)) * geo.axis[2].length;
