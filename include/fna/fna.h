@@ -153,7 +153,8 @@ struct Tuning {
                                              // forward, which always copies it, then never runs)
   // cuda-fused backward.
   BwdKernel bwd_kernel = BwdKernel::automatic;
-  CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads
+  CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads, or the
+                                                // strip backward kernels' bands
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
   RpbSums bwd_rpb_sums = RpbSums::automatic;  // with a bias: d rpb summed in a shared-memory
                                               // table per warp, one table, or global memory
