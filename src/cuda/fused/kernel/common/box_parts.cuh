@@ -60,6 +60,17 @@ __device__ __forceinline__ unsigned box_bits(int lo, int hi) {
   return below_hi & ~below_lo;
 }
 
+// An m16n8k16 A fragment from a pair of n8 accumulator blocks (lo: k 0-7, hi: k 8-15): P, dS or
+// their transposes as the left operand of the next product.
+template <class T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = mma::pack2<T>(lo[0], lo[1]);
+  a[1] = mma::pack2<T>(lo[2], lo[3]);
+  a[2] = mma::pack2<T>(hi[0], hi[1]);
+  a[3] = mma::pack2<T>(hi[2], hi[3]);
+}
+
 // One 64-key chunk of a warp's box (the box and strip forwards): S = Q K^T over union rows
 // 4 ch .. 4 ch + 3, whose 16 columns start at shared-memory row `row[a]` (K and V at sK / sV,
 // the lane's ldmatrix columns kcol / vcol and halves ksel / vsel), the mask from the thread's two
@@ -153,10 +164,7 @@ __device__ __forceinline__ void box_update(FwdState<Tr>& st, float (&s)[1][8][4]
 #pragma unroll
   for (int a = 0; a < kBoxChunkRows; ++a) {
     uint32_t pa[4];
-    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
-    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
-    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
-    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    pack_a<T>(pa, s[0][2 * a], s[0][2 * a + 1]);
     const uint32_t off = box_sw(row[a] + vcol, vsel);
 #pragma unroll
     for (int jd = 0; jd < kD / 16; ++jd) {
@@ -192,10 +200,7 @@ __device__ __forceinline__ void box_dq_update(float (&acc)[1][Tr::kD / 8][4], fl
 #pragma unroll
   for (int a = 0; a < kBoxChunkRows; ++a) {
     uint32_t pa[4];
-    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
-    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
-    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
-    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
+    pack_a<T>(pa, s[0][2 * a], s[0][2 * a + 1]);
     const uint32_t off = box_sw(row[a] + vcol, vsel);
 #pragma unroll
     for (int jd = 0; jd < kD / 16; ++jd) {
@@ -244,10 +249,7 @@ __device__ __forceinline__ void box_dq_row(float (&acc)[1][Tr::kD / 8][4],
       s[h][e] = pr * (dp[h][e] - stat[r].y);
     }
   uint32_t pa[4];
-  pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
-  pa[1] = mma::pack2<T>(s[0][2], s[0][3]);
-  pa[2] = mma::pack2<T>(s[1][0], s[1][1]);
-  pa[3] = mma::pack2<T>(s[1][2], s[1][3]);
+  pack_a<T>(pa, s[0], s[1]);
   const uint32_t voff = box_sw(row + vcol, vsel);
 #pragma unroll
   for (int jd = 0; jd < kD / 16; ++jd) {
@@ -287,14 +289,8 @@ __device__ __forceinline__ void box_dkdv_update(float (&dk)[1][Tr::kD / 8][4],
 #pragma unroll
   for (int a = 0; a < kBoxChunkRows; ++a) {
     uint32_t pa[4], da[4];
-    pa[0] = mma::pack2<T>(s[0][2 * a][0], s[0][2 * a][1]);
-    pa[1] = mma::pack2<T>(s[0][2 * a][2], s[0][2 * a][3]);
-    pa[2] = mma::pack2<T>(s[0][2 * a + 1][0], s[0][2 * a + 1][1]);
-    pa[3] = mma::pack2<T>(s[0][2 * a + 1][2], s[0][2 * a + 1][3]);
-    da[0] = mma::pack2<T>(dp[0][2 * a][0], dp[0][2 * a][1]);
-    da[1] = mma::pack2<T>(dp[0][2 * a][2], dp[0][2 * a][3]);
-    da[2] = mma::pack2<T>(dp[0][2 * a + 1][0], dp[0][2 * a + 1][1]);
-    da[3] = mma::pack2<T>(dp[0][2 * a + 1][2], dp[0][2 * a + 1][3]);
+    pack_a<T>(pa, s[0][2 * a], s[0][2 * a + 1]);
+    pack_a<T>(da, dp[0][2 * a], dp[0][2 * a + 1]);
     const uint32_t off = box_sw(row[a] + vcol, vsel);
 #pragma unroll
     for (int jd = 0; jd < kD / 16; ++jd) {
@@ -348,14 +344,8 @@ __device__ __forceinline__ void box_dkdv_row(float (&dk)[1][kCols / 8][4],
       dp[h][e] = pr * (dp[h][e] - st.y);
     }
   uint32_t pa[4], da[4];
-  pa[0] = mma::pack2<T>(s[0][0], s[0][1]);
-  pa[1] = mma::pack2<T>(s[0][2], s[0][3]);
-  pa[2] = mma::pack2<T>(s[1][0], s[1][1]);
-  pa[3] = mma::pack2<T>(s[1][2], s[1][3]);
-  da[0] = mma::pack2<T>(dp[0][0], dp[0][1]);
-  da[1] = mma::pack2<T>(dp[0][2], dp[0][3]);
-  da[2] = mma::pack2<T>(dp[1][0], dp[1][1]);
-  da[3] = mma::pack2<T>(dp[1][2], dp[1][3]);
+  pack_a<T>(pa, s[0], s[1]);
+  pack_a<T>(da, dp[0], dp[1]);
   const uint32_t voff = box_sw(row + vcol, vsel);
 #pragma unroll
   for (int jd = 0; jd < kCols / 16; ++jd) {
