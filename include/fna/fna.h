@@ -163,6 +163,11 @@ struct Tuning {
                                              // (automatic: off)
   Switch bwd_dq_strip = Switch::automatic;   // Hopper backward, rank 2, no bias: dQ by the strip
                                              // dQ kernel instead of atomics in the dK / dV kernel
+  Switch bwd_dq_sm90 = Switch::automatic;    // Hopper backward, 16-bit, head dims up to 128, no
+                                             // bias: dQ by the Hopper dQ kernel on the plain
+                                             // forward's tiles after the dK / dV kernel
+                                             // (automatic: deterministic calls the strips do not
+                                             // take)
   Switch bwd_strip = Switch::automatic;      // Hopper backward, rank 2, no bias or GQA, head dims
                                              // up to 128: dK / dV by the strip dK / dV kernel
                                              // (with the strip dQ kernel; deterministic too)

@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       FNA_ENUM_FIELD(bwd_rpb_sums, Backend::cuda_fused, kRpbSums),
       FNA_ENUM_FIELD(bwd_q_pairs, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(bwd_dq_strip, Backend::cuda_fused, kSwitch),
+      FNA_ENUM_FIELD(bwd_dq_sm90, Backend::cuda_fused, kSwitch),
       FNA_ENUM_FIELD(bwd_strip, Backend::cuda_fused, kSwitch),
       FNA_INT_FIELD(naive_workspace_bytes, Backend::cuda_naive),
       FNA_ENUM_FIELD(cpu_isa, Backend::cpu, kIsa),

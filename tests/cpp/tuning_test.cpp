@@ -40,6 +40,7 @@ const std::map<std::string, std::vector<std::string>>& valid_values() {
       {"bwd_rpb_sums", {"automatic", "warps", "shared", "global"}},
       {"bwd_q_pairs", sw},
       {"bwd_dq_strip", sw},
+      {"bwd_dq_sm90", sw},
       {"bwd_strip", sw},
       {"naive_workspace_bytes", {"0", "1", "4096", "1073741824"}},
       {"cpu_isa", {"automatic", "generic", "avx2", "avx512"}},

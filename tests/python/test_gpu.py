@@ -180,9 +180,10 @@ def test_cuda_module_natten_keywords():
 
 @pytest.mark.skipif(not fna.backend_compiled("cuda-fused"), reason="cuda-fused not compiled")
 def test_cuda_deterministic_flag():
-    """torch.use_deterministic_algorithms(True) reaches the fused backward: on a Hopper, where the
-    plan's bfloat16 backward at head dim 64 is a (non-deterministic) Hopper kernel, it runs the
-    deterministic sm80 one instead; gradients are bitwise reproducible."""
+    """torch.use_deterministic_algorithms(True) reaches the fused backward: it runs the plan's
+    deterministic backward (fused_plan(deterministic=True): the sm80 kernels, or on a Hopper the
+    strip or the plain Hopper kernels with a dQ kernel, no atomics) instead of the default one,
+    whose dQ on a Hopper comes from atomics; gradients are bitwise reproducible."""
     hopper = torch.cuda.get_device_capability() == (9, 0)
     g = torch.Generator(device="cuda").manual_seed(seed_of("cuda-det-flag"))
     q, k, v = (torch.randn(1, 40, 36, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -192,16 +193,20 @@ def test_cuda_deterministic_flag():
         torch.use_deterministic_algorithms(False)
         fna.na2d(q, k, v, (9, 7)).float().square().sum().backward()
         free = fna._C.last_fused_launch()["backward"]
+        plan = fna.fused_plan(q.shape, (9, 7), dtype="bfloat16")
+        assert plan["backward_config"] == free and plan["backward_dq"] != "kernel", (plan, free)
+        det = fna.fused_plan(q.shape, (9, 7), dtype="bfloat16", deterministic=True)
+        assert det["backward_deterministic"] and det["backward_dq"] != "atomic", det
         torch.use_deterministic_algorithms(True)
         grads = []
         for _ in range(2):
             grads.append(torch.autograd.grad(fna.na2d(q, k, v, (9, 7)).float().square().sum(),
                                              (q, k, v)))
-            assert fna._C.last_fused_launch()["backward"].startswith("fna_bwd_sm80_")
+            assert fna._C.last_fused_launch()["backward"] == det["backward_config"]
         for a, b in zip(*grads):
             assert torch.equal(a, b)
-        if hopper:
-            assert not free.startswith("fna_bwd_sm80_"), free
+        if not hopper:
+            assert det["backward_config"].startswith("fna_bwd_sm80_"), det
         with pytest.raises(RuntimeError, match="deterministic=False"):
             fna.na2d(q, k, v, (9, 7), deterministic=False)
     finally:

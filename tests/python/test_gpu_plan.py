@@ -228,7 +228,8 @@ def test_plan_is_what_runs():
         assert ran["backward"] == plan["backward_config"], (ran, plan["backward_config"])
         assert ran["backward_tma"] == (plan["backward_copy"] == "tma")
     assert seen >= ({"sm80", "strip", "box", "simt"} | ({"sm90", "sm90ws"} if hopper else set()))
-    # Every backward family, named through tuning, and the deterministic mode (sm80 only).
+    # Every backward family, named through tuning, and the deterministic mode (sm80, and the
+    # plain Hopper kernel with a dQ kernel after it).
     shape, ks = (1, 24, 20, 2, 64), (5, 7)
     families = ["sm80"] + (["sm90", "sm90ws"] if hopper else [])
     g = torch.Generator(device="cuda").manual_seed(seed_of("plan-is-what-runs-bwd"))
@@ -236,7 +237,7 @@ def test_plan_is_what_runs():
                for _ in range(3))
     grads = {}
     for fam in families:
-        for det in ((False, True) if fam == "sm80" else (False,)):
+        for det in ((False, True) if fam in ("sm80", "sm90") else (False,)):
             tuning = {"bwd_kernel": fam}
             plan = fna.fused_plan(shape, ks, dtype="bfloat16", tuning=tuning, deterministic=det)
             assert plan["backward_family"] == fam and plan["backward_deterministic"] == det

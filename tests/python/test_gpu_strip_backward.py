@@ -47,9 +47,9 @@ def test_backward_dq_strip(dtype):
         f"fna_dq_strip_{sd}_d32_b2x8_w12")
     assert fna.fused_plan(*wide, dtype=dt, tuning={**off, "bwd_dq_strip": "off"})[
         "backward_dq"] == "atomic"
-    # Deterministic calls the strip dK / dV kernel cannot take (GQA) run the sm80 dQ kernel.
-    assert fna.fused_plan(*nat, dtype=dt, deterministic=True, heads_kv=1)["backward_dq"] == \
-        "kernel"
+    # Deterministic calls the strip dK / dV kernel cannot take (GQA) run the Hopper dQ kernel.
+    assert fna.fused_plan(*nat, dtype=dt, deterministic=True, heads_kv=1)[
+        "backward_dq"].startswith(f"fna_dq_sm90_{sd}_d64_")
     assert fna.fused_plan(*nat, dtype=dt, rpb=True)["backward_dq"] == "atomic"
     for shape, ks, kw in (((1, 300, 2, 64), (33,), {}), (nat[0], nat[1], dict(rpb=True)),
                           ((1, 40, 40, 2, 256), (7, 7), {}),
@@ -116,12 +116,13 @@ def test_backward_strip_dkdv(dtype):
     assert fna.fused_plan(*k3, dtype=dt, dilation=(1, 5))["backward_family"] == "sm90"
     assert fna.fused_plan(*k3, dtype=dt, heads_kv=2)["backward_family"] == "sm90"
     assert fna.fused_plan(*nat, dtype=dt)["backward_family"] != "strip"
-    # Deterministic calls take both strip kernels wherever they apply (no atomics), else sm80.
+    # Deterministic calls take both strip kernels wherever they apply (no atomics), else the
+    # plain Hopper dK / dV kernel with the Hopper dQ kernel (test_gpu_dq_sm90.py).
     det = fna.fused_plan(*nat, dtype=dt, deterministic=True)
     assert det["backward_family"] == "strip" and det["backward_deterministic"], det
     assert det["backward_dq"].startswith(f"fna_dq_strip_{sd}_d32"), det
     assert fna.fused_plan(*nat, dtype=dt, deterministic=True, heads_kv=1)[
-        "backward_family"] == "sm80"
+        "backward_family"] == "sm90"
     plan = fna.fused_plan(*nat, dtype=dt, tuning=on)
     assert plan["backward_family"] == "strip", plan
     assert plan["backward_config"].startswith(f"fna_bwd_strip_{sd}_d32_b2x8_w8"), plan

@@ -80,7 +80,8 @@ for s in "${steps[@]}"; do
       # schedule on every rank, the plain one with and without spread copies, the
       # warp-specialized one persistent and with cp.async copies; each Hopper backward kernel
       # with TMA and cp.async copies; the strip dQ kernel wherever it applies (head dim 32 too),
-      # after the plain Hopper dK / dV kernel and after the strip one;
+      # after the plain Hopper dK / dV kernel and after the strip one; the Hopper dQ kernel
+      # wherever it applies (every rank; deterministic cases take it by default);
       # the strip forward wherever it applies, with cp.async bands;
       # tile walks other than the heuristic's.
       suite fwd gpu_test_plain fwd_schedule=plain
@@ -97,6 +98,7 @@ for s in "${steps[@]}"; do
       suite bwd gpu_test_bwd_sm80 bwd_kernel=sm80
       suite bwd gpu_test_bwd_dq_strip bwd_dq_strip=on,bwd_strip=off --rank 2
       suite bwd gpu_test_bwd_strip bwd_strip=on --rank 2
+      suite bwd gpu_test_bwd_dq_sm90 bwd_kernel=sm90,bwd_dq_sm90=on
       suite bwd gpu_test_bwd_strip_cpasync bwd_strip=on,bwd_copy=cp_async --rank 2
       suite fwd,bwd gpu_test_walk3 fwd_walk=012,bwd_walk=102 --rank 3
       suite fwd,bwd gpu_test_walk2 fwd_walk=01,bwd_walk=01 --rank 2 ;;
@@ -117,7 +119,7 @@ for s in "${steps[@]}"; do
         : > "$OUT/$tool.log"
         tunings=("" fwd_schedule=plain fwd_schedule=warp_specialized fwd_strip=on fwd_simt=on
                  bwd_kernel=sm90 bwd_kernel=sm90,bwd_q_pairs=on bwd_kernel=sm90ws
-                 bwd_kernel=sm90,bwd_dq_strip=on bwd_strip=on)
+                 bwd_kernel=sm90,bwd_dq_strip=on bwd_strip=on bwd_kernel=sm90,bwd_dq_sm90=on)
         for tun in "${tunings[@]}"; do
           echo "---- --tuning '$tun'" >> "$OUT/$tool.log"
           compute-sanitizer --tool $tool --error-exitcode 9 ./build/gpu/fna-gpu-test --sanitize \

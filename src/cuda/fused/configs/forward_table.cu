@@ -52,7 +52,9 @@ constexpr bool plain_tf32() {
   FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
            (Q0) * (Q1) * (Q2) / 16, FwdFamily::sm90,                                           \
            &launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,          \
-           &fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+           &fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,      \
+           &launch_dq_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,           \
+           &dq_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 #define FNA_FWD_SM90_ENTRY_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                             \
   FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
            (Q0) * (Q1) * (Q2) / 16 + 4, FwdFamily::sm90ws,                                     \

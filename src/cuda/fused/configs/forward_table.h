@@ -27,6 +27,10 @@ struct FwdEntry {
   FwdFamily family;
   cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);
   size_t (*smem)();  // the box / strip families: a lower bound (their plans size it)
+  // The plain sm90 family: the backward's dQ kernel on this entry's tiles (launch_dq_sm90).
+  cudaError_t (*launch_dq)(const FwdParams&, const FwdLaunch&, const StripBwd&,
+                           cudaStream_t) = nullptr;
+  size_t (*dq_smem)() = nullptr;
 
   int q_size() const { return q[0] * q[1] * q[2]; }
   int kv_size() const { return kv[0] * kv[1] * kv[2]; }

@@ -16,21 +16,22 @@ namespace bwd {
 
 // The plain Hopper dK / dV kernel with kKV-key tiles over the neighborhood and the additional keys,
 // its products over kDn head-dim columns, kSteps query tiles per step (2: no bias).
-// With l.dq_strip set (dim != 0), the instance without dQ (the strip dQ kernel follows).
+// With a dQ kernel after it (l.dq_after(): the strip or the Hopper dQ kernel), the instance
+// without dQ.
 template <typename T, int kD, int kKV, int kDn = kD, int kSteps = 1>
 Status launch_plain(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90Traits<T, kD, kKV, kSteps>;
   auto kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, kSteps>;
   if constexpr (kSteps == 1) {
-    if (p.rpb != nullptr && l.dq_strip.dim != 0)  // the plan never asks for it
-      return {Code::runtime_error, "dkdv (sm90): the strip dQ kernel with a bias"};
+    if (p.rpb != nullptr && l.dq_after())  // the plan never asks for it
+      return {Code::runtime_error, "dkdv (sm90): a dQ kernel after it with a bias"};
     if (p.rpb != nullptr) kernel = dkdv_sm90_kernel<T, kD, kKV, true, kDn>;
-    if (l.dq_strip.dim != 0) kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, 1, false>;
-  } else if (p.rpb != nullptr || l.dq_strip.dim != 0) {  // the plan never asks for it
+    if (l.dq_after()) kernel = dkdv_sm90_kernel<T, kD, kKV, false, kDn, 1, false>;
+  } else if (p.rpb != nullptr || l.dq_after()) {  // the plan never asks for it
     return {Code::runtime_error, "dkdv (sm90): paired query tiles with a bias or the strip dQ"};
   }
   const size_t smem = Tr::kSmem + l.bias_smem;  // (bias: its d rpb table after the kernel's own)
-  const char* what = l.dq_strip.dim != 0 ? "dkdv (sm90, no dq)" : "dkdv (sm90, atomic dq)";
+  const char* what = l.dq_after() ? "dkdv (sm90, no dq)" : "dkdv (sm90, atomic dq)";
   Status st = set_smem(kernel, smem, what);
   if (!st.ok()) return st;
   kernel<<<l.grid_dkdv, Tr::kThreads, smem, stream>>>(p, false);
@@ -147,6 +148,13 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
     if (!st.ok()) return st;
   }
   if (l.dq_strip.dim != 0) return launch_strip<T>(p, l.dq_strip, fused::StripRole::dq, stream);
+  if (l.dq_sm90.on) {  // the Hopper dQ kernel on the plain forward's tiles
+    const cudaError_t err =
+        l.dq_sm90.run(l.dq_sm90.fp, l.dq_sm90.launch, strip_bwd(p, fused::StripRole::dq), stream);
+    if (err != cudaSuccess)
+      return {Code::runtime_error, "dq (sm90): " + std::string(cudaGetErrorString(err))};
+    return Status::Ok();
+  }
   launch_dq_convert<T>(p, stream);
   return launch_error("dq convert");
 }

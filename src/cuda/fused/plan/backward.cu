@@ -235,6 +235,18 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   // 256, H200, 2026-11-27: 367-370 against 207-208 TFLOP/s).
   const bool hopper_d256 = dev.hopper() && dpad == 256 &&
                            sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90ws);
+  // Deterministic calls run the plain Hopper dK / dV kernel without its dQ, then a dQ kernel (the
+  // Hopper one, or a strip one: plan_strips), where the Hopper dQ kernel takes the call; else the
+  // sm80 kernels with their dQ kernel. Forward+backward, sm80 / Hopper (H100, 2026-11-28):
+  // measured in docs/benchmarks.md.
+  bool det_hopper = false;
+  if (opt.deterministic && named == nullptr && hopper_ok && t.bwd_dq_sm90 != Switch::off &&
+      t.bwd_q_pairs != Switch::on &&
+      (t.bwd_kernel == BwdKernel::automatic || t.bwd_kernel == BwdKernel::sm90)) {
+    Sm90DqStep probe;
+    std::string why;
+    det_hopper = plan_dq_sm90(pr, opt, dev, p, &probe, &why);
+  }
   fused::BwdFamily family = fused::BwdFamily::sm80;
   if (named != nullptr) {
     family = named->family;
@@ -247,6 +259,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     family = static_cast<fused::BwdFamily>(static_cast<int>(t.bwd_kernel) - 1);
   } else if (hopper_d256 && !opt.deterministic) {
     family = fused::BwdFamily::sm90ws;
+  } else if (det_hopper) {
+    family = fused::BwdFamily::sm90;
   } else if (hopper_ok && !opt.deterministic) {
     // The warp-specialized kernel where each key tile visits many query tiles (its pipeline's
     // fill and drain amortized: 1d-long, 2d-large, 3d-video, whole-grid windows), else the
@@ -272,9 +286,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"
                                               : "tuning bwd_kernel='" +
                                                     std::string(fused::family_name(family)) + "'";
-    if (opt.deterministic)
-      return invalid(what + ": the Hopper dK / dV kernels accumulate dQ by atomics; "
-                            "deterministic=true runs the sm80 kernels");
+    if (opt.deterministic && !(det_hopper && family == fused::BwdFamily::sm90))
+      return invalid(what + ": deterministic=true runs the plain Hopper dK / dV kernel (sm90) "
+                            "with the Hopper dQ kernel where that takes the call (16-bit, head "
+                            "dims up to 128, no bias, tuning bwd_dq_sm90 not 'off'), else the "
+                            "sm80 kernels; the others accumulate dQ by atomics");
     if (!sm90_built(pr.dtype, dpad, family))
       return unsupported(what + " needs 16-bit tensors, head dims up to 128 (up to 256: sm90ws) "
                          "and a build for sm_90a");
@@ -377,7 +393,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
                        std::to_string(l.smem) + " bytes of shared memory per block, the device has " +
                        std::to_string(dev.smem_optin));
 
-  // Tiles and walks.
+  // Tiles and walks (the sm80 dQ kernel's in deterministic calls on the sm80 kernels).
+  const bool dq_sm80 = l.deterministic && family == fused::BwdFamily::sm80;
   plan->rows = tr;
   plan->rows.dkdv_keys = l.kv_rows;
   Params& pk = plan->p_dkdv;
@@ -389,14 +406,14 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   int64_t n_dkdv = 0, n_dq = 0;
   set_tiles(&pk, tr.dkdv_queries, l.kv_rows, true, named ? named->q : nullptr,
             named ? named->kv : nullptr, &n_dkdv);
-  if (l.deterministic)
+  if (dq_sm80)
     set_tiles(&pq, tr.dq_queries, tr.dq_keys, false, named ? named->dq_q : nullptr,
               named ? named->dq_kv : nullptr, &n_dq);
   if (!t.bwd_walk.empty() && static_cast<int>(t.bwd_walk.size()) != pr.rank)
     return invalid("tuning bwd_walk='" + t.bwd_walk + "' must name each of the problem's " +
                    std::to_string(pr.rank) + " axes once, fastest first");
   set_walk(&pk, true, dev.sms, t.bwd_walk, pr.rank, plan->walk);
-  if (l.deterministic) {
+  if (dq_sm80) {
     int order[kAxes];
     set_walk(&pq, false, dev.sms, t.bwd_walk, pr.rank, order);
   }
@@ -409,7 +426,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     return unsupported("batch * kv heads * dilation groups = " + std::to_string(y_dkdv) +
                        " with " + std::to_string(n_dkdv) + " key tiles each exceeds the "
                        "backward's grid");
-  if (l.deterministic && (y_dq > kMaxGridRows || n_dq > INT32_MAX))
+  if (dq_sm80 && (y_dq > kMaxGridRows || n_dq > INT32_MAX))
     return unsupported("deterministic=true: batch * heads * dilation groups = " +
                        std::to_string(y_dq) + " with " + std::to_string(n_dq) +
                        " query tiles each exceeds the dQ kernel's grid");
@@ -441,8 +458,8 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
   for (int a = 0; a < kAxes; ++a) {
     plan->cfg.kv[a] = pk.tkv[a], plan->cfg.q[a] = pk.tq[a];
-    plan->cfg.dq_q[a] = l.deterministic ? pq.tq[a] : 1;
-    plan->cfg.dq_kv[a] = l.deterministic ? pq.tkv[a] : 1;
+    plan->cfg.dq_q[a] = dq_sm80 ? pq.tq[a] : 1;
+    plan->cfg.dq_kv[a] = dq_sm80 ? pq.tkv[a] : 1;
   }
   if (named != nullptr) plan->cfg = *named;
   return Status::Ok();
@@ -485,7 +502,7 @@ Status run(const Problem& pr, const BackwardArgs& a, const Options& opt, const B
   // Atomic mode: dQ accumulated with float32 atomics inside the dK/dV kernel (one pass over the
   // pairs instead of two); the deterministic mode runs the separate dQ kernel instead.
   detail::Workspace ws_dq(stream);
-  if (!plan.launch.deterministic && plan.launch.dq_strip.dim == 0) {
+  if (!plan.launch.deterministic && !plan.launch.dq_after()) {
     p.dq_row = (p.dim + 7) / 8 * 8;
     const size_t bytes = size_t(rows) * p.dq_row * sizeof(float);
     st = ws_dq.allocate(bytes, "backward dQ accumulator");
@@ -699,12 +716,13 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_dq = plan.launch.dq_strip.dim != 0
                          ? strip_name(plan.launch.dq_strip, fused::StripRole::dq, pr.dtype) +
                                (plan.launch.dq_strip.launch.strip_tma.on ? " (tma)" : " (cp_async)")
+                     : plan.launch.dq_sm90.on    ? plan.launch.dq_sm90.name
                      : plan.launch.deterministic ? "kernel"
                                                  : "atomic";
   out->backward_grid =
       int64_t(plan.launch.grid_dkdv.x) * plan.launch.grid_dkdv.y * plan.launch.grid_dkdv.z;
-  out->backward_smem =
-      static_cast<int64_t>(std::max(plan.launch.smem, plan.launch.dq_strip.launch.smem));
+  out->backward_smem = static_cast<int64_t>(std::max(
+      {plan.launch.smem, plan.launch.dq_strip.launch.smem, plan.launch.dq_sm90.smem}));
   out->backward_rpb_sums = !pr.rpb                     ? ""
                            : plan.launch.d_rpb_global    ? "global"
                            : plan.launch.d_rpb_warps > 0 ? "warps"

@@ -63,6 +63,19 @@ struct StripStep {
   int warps() const { return 16 / (bw > 0 ? bw : 16) * phases * split; }
 };
 
+// The Hopper dQ kernel's step (fwd_sm90.cuh's dQ role, Tuning::bwd_dq_sm90): the plain Hopper
+// forward's plan for the call (tiles, walk, CTAs) and the launcher of that configuration's dQ
+// instance; `fp` holds the call's tensors as strip_params gives them for dQ, with the tiles.
+struct Sm90DqStep {
+  bool on = false;
+  fused::FwdParams fp{};
+  fused::FwdLaunch launch{};
+  cudaError_t (*run)(const fused::FwdParams&, const fused::FwdLaunch&, const fused::StripBwd&,
+                     cudaStream_t) = nullptr;
+  size_t smem = 0;
+  std::string name;  // fna_dq_sm90_<dtype>_d<head dim>_q<tile>_kv<tile>_w<warps>
+};
+
 // Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
@@ -87,6 +100,10 @@ struct BwdLaunch {
   // accumulator, no atomics, no conversion), and dK / dV by the strip dK / dV kernel instead of
   // the Hopper one (Tuning::bwd_strip; needs the strip dQ).
   StripStep dq_strip, dkdv_strip;
+  // dQ by the Hopper dQ kernel after the plain Hopper dK / dV kernel without its dQ.
+  Sm90DqStep dq_sm90;
+  // The dK / dV kernel writes no dQ (a dQ kernel follows it: strip or Hopper).
+  bool dq_after() const { return dq_strip.dim != 0 || dq_sm90.on; }
 };
 
 // A strip backward kernel's FwdParams from the backward's (the problem block, no LSE output, no

@@ -86,6 +86,37 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
   return true;
 }
 
+// The strip dQ kernel alone, after the plain Hopper dK / dV kernel (plan_strips): `rules` what
+// rules the strip kernels out ("" where nothing does), `kd` the head-dim columns, `narrowest` the
+// narrowest dilation group on the last axis.
+Status plan_dq_strip(const Tuning& t, const detail::DeviceProps& dev, const Params& p,
+                     const std::string& rules, int kd, int narrowest, BwdLaunch* l) {
+  std::string why;
+  if (t.bwd_dq_strip == Switch::off) return Status::Ok();
+  auto no = [&](const std::string& w) {
+    return t.bwd_dq_strip == Switch::on
+               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + w)
+               : Status::Ok();
+  };
+  if (l->family != fused::BwdFamily::sm90)
+    return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
+              std::string(fused::family_name(l->family)));
+  if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
+  if (!t.bwd_walk.empty()) return no("tuning bwd_walk (its CTAs walk strips)");
+  if (!rules.empty()) return no(rules);
+  // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
+  // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
+  // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
+  // columns, nat-t 1.085 and nat-late 1.16; dinat-t (7-column dilation groups in 16-column
+  // strips) 2.23.
+  if (t.bwd_dq_strip == Switch::automatic && (kd == 32 || narrowest < fused::kStripCols))
+    return Status::Ok();
+  StripStep dq;
+  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, t.bwd_copy, &dq, &why)) return no(why);
+  l->dq_strip = dq;
+  return Status::Ok();
+}
+
 }  // namespace
 
 // The strip backward kernels (BwdLaunch::dq_strip, dkdv_strip), decided after the rest of the
@@ -96,8 +127,9 @@ bool plan_strip_step(const Params& p, const detail::DeviceProps& dev, fused::Str
 // (Tuning::bwd_strip): boxes of 16 keys against the query rows of their inverse neighborhoods,
 // no GQA, in place of the plan's own choice of kernel (not a backward_config or bwd_kernel); it
 // needs the strip dQ kernel (dQ has no accumulator then). The two add nothing by atomics, so they
-// also serve deterministic calls (whose kernels are otherwise the sm80 ones); the strip dQ kernel
-// alone follows the Hopper kernel, which deterministic calls do not run. `on` asks for a kernel
+// also serve deterministic calls. Where neither strip dQ kernel runs after the plain Hopper dK /
+// dV kernel, the Hopper dQ kernel may (Tuning::bwd_dq_sm90, plan_dq_sm90): deterministic calls
+// that make_bwd_plan gave the plain Hopper kernel, or where tuning asks. `on` asks for a kernel
 // (unsupported where it does not apply), `off` never, automatic as measured below.
 Status plan_strips(const Problem& pr, const Options& opt, bool named,
                    const detail::DeviceProps& dev, const Params& p, BwdLaunch* l) {
@@ -129,7 +161,8 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
   const bool other_tuning = !t.bwd_walk.empty() || t.bwd_q_pairs != Switch::automatic;
   if (t.bwd_strip == Switch::on || (t.bwd_strip == Switch::automatic && dkdv_auto && !named &&
                                     t.bwd_kernel == BwdKernel::automatic && !other_tuning &&
-                                    t.bwd_dq_strip != Switch::off && rules.empty() &&
+                                    t.bwd_dq_strip != Switch::off &&
+                                    t.bwd_dq_sm90 != Switch::on && rules.empty() &&
                                     p.heads_per_kv == 1)) {
     auto no = [&](const std::string& w) {
       return t.bwd_strip == Switch::on
@@ -144,8 +177,10 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     else if (!hopper)
       st = no("this call: it needs 16-bit tensors, compute capability 9.0 and a build for "
               "sm_90a");
-    else if (t.bwd_dq_strip == Switch::off)
-      st = no("tuning bwd_dq_strip='off' (it needs the strip dQ kernel)");
+    else if (t.bwd_dq_strip == Switch::off || t.bwd_dq_sm90 == Switch::on)
+      st = no(std::string(t.bwd_dq_strip == Switch::off ? "tuning bwd_dq_strip='off'"
+                                                        : "tuning bwd_dq_sm90='on'") +
+              " (it needs the strip dQ kernel)");
     else if (!rules.empty())
       st = no(rules);
     else if (p.heads_per_kv != 1)
@@ -166,30 +201,38 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
     }
     if (!st.ok()) return st;
   }
-  // dQ alone, after the plain Hopper dK / dV kernel.
-  if (t.bwd_dq_strip == Switch::off) return Status::Ok();
+  // dQ alone, after the plain Hopper dK / dV kernel: the strip dQ kernel, else the Hopper dQ
+  // kernel, else (deterministic calls aside) the dK / dV kernel's atomics.
+  if (t.bwd_dq_strip == Switch::on && t.bwd_dq_sm90 == Switch::on)
+    return unsupported("tuning bwd_dq_strip='on' and bwd_dq_sm90='on' ask for two dQ kernels");
+  if (t.bwd_dq_sm90 != Switch::on) {
+    Status st = plan_dq_strip(t, dev, p, rules, kd, narrowest, l);
+    if (!st.ok() || l->dq_strip.dim != 0) return st;
+  }
+  // The Hopper dQ kernel. Automatic: deterministic calls (make_bwd_plan gives them the plain
+  // Hopper dK / dV kernel where this kernel takes the call), and rank 1. Forward+backward with
+  // it over the atomics after the plain Hopper dK / dV kernel (tools/experiments/tuning_ab.py,
+  // H100, 2026-11-28): 1d-small 0.944; 3d-small 1.02, nat-t 1.15, dinat-t 1.13, nat-late 1.25.
+  // Deterministic calls, over the sm80 kernels: 1d-small 0.53, 3d-small 0.52, dinat-t 0.39,
+  // 2d-nat (with the strip dQ kernel) 0.46.
+  const bool dq_auto = l->family == fused::BwdFamily::sm90 && (opt.deterministic || pr.rank == 1);
+  if (t.bwd_dq_sm90 == Switch::off || (t.bwd_dq_sm90 == Switch::automatic && !dq_auto))
+    return Status::Ok();
+  // What rules it out: an error where tuning asks for it (or a deterministic call, which
+  // make_bwd_plan gave the plain Hopper kernel only where it applies), else the atomics.
   auto no = [&](const std::string& w) {
-    return t.bwd_dq_strip == Switch::on
-               ? unsupported("tuning bwd_dq_strip='on': the strip dQ kernel does not take " + w)
-               : Status::Ok();
+    if (t.bwd_dq_sm90 != Switch::on && !opt.deterministic) return Status::Ok();
+    return unsupported(std::string(t.bwd_dq_sm90 == Switch::on ? "tuning bwd_dq_sm90='on'"
+                                                               : "deterministic=true") +
+                       ": the Hopper dQ kernel does not take " + w);
   };
   if (l->family != fused::BwdFamily::sm90)
     return no("this call: it follows the plain Hopper dK / dV kernel (sm90), the plan runs " +
               std::string(fused::family_name(l->family)));
   if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
-  if (!t.bwd_walk.empty()) return no("tuning bwd_walk (its CTAs walk strips)");
-  if (!rules.empty()) return no(rules);
-  // Automatic: head dims above 32 and dilation groups at least a strip wide on the last axis.
-  // Forward+backward with it over without (tools/experiments/tuning_ab.py, H200, 2026-11-27):
-  // 2d-nat 0.961, 2d-k3 0.956, 2d-k7 0.964; at head dim 32, whose float32 atomics cover 32
-  // columns, nat-t 1.085 and nat-late 1.16; dinat-t (7-column dilation groups in 16-column
-  // strips) 2.23.
-  if (t.bwd_dq_strip == Switch::automatic && (kd == 32 || narrowest < fused::kStripCols))
-    return Status::Ok();
-  StripStep dq;
-  why.clear();  // (what ruled out the dK / dV kernel, if anything)
-  if (!plan_strip_step(p, dev, fused::StripRole::dq, kd, t.bwd_copy, &dq, &why)) return no(why);
-  l->dq_strip = dq;
+  Sm90DqStep dq;
+  if (!plan_dq_sm90(pr, opt, dev, p, &dq, &why)) return no(why);
+  l->dq_sm90 = dq;
   return Status::Ok();
 }
 

@@ -515,7 +515,8 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   const bool asked = !opt.backward_config.empty() || t.bwd_kernel != BwdKernel::automatic ||
                      t.bwd_copy != CopyEngine::automatic || !t.bwd_walk.empty() ||
                      t.bwd_rpb_sums != RpbSums::automatic || t.bwd_q_pairs != Switch::automatic ||
-                     t.bwd_dq_strip != Switch::automatic || t.bwd_strip != Switch::automatic;
+                     t.bwd_dq_strip != Switch::automatic || t.bwd_dq_sm90 != Switch::automatic ||
+                     t.bwd_strip != Switch::automatic;
   if (st.ok())
     *out = bwd;
   else if (asked || st.code == Code::invalid_argument)

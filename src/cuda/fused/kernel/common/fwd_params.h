@@ -102,6 +102,14 @@ template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes();
+// The backward's dQ kernel on a plain sm90 configuration's tiles (fwd_sm90.cuh's dQ role): `p`
+// as strip_params gives it for dQ (Q, K, V, dQ in o, no LSE, no bias), `l` the plain forward
+// plan's launch, `bw` dO (a2) and the statistics.
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_dq_sm90(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
+                           cudaStream_t stream);
+template <class T, int kD, int kRank, class QT, class KT>
+size_t dq_sm90_smem_bytes();
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>

@@ -15,6 +15,9 @@
 // For 2-D and 3-D 128-query tiles a warp-specialized variant (fna_fwd_sm90_ws_kernel,
 // fwd_sm90_ws.cuh, with the launchers) moves the loads to a loader warpgroup and overlaps each
 // compute warpgroup's MMAs and softmax.
+// The same body runs the backward's dQ kernel (fna_dq_sm90_kernel, Tuning::bwd_dq_sm90): the
+// forward's tiles and walk, per key tile S = Q K^T and dP = dO V^T, dS from the saved statistics
+// and dQ += dS K, dQ written once per row.
 #pragma once
 
 #include "cuda/fused/kernel/common/sm90_fwd_parts.cuh"
@@ -22,20 +25,88 @@
 namespace fna {
 namespace fused {
 
-// kBias: the call has a relative positional bias (its own instantiation, as fwd_sm80.cuh's).
-template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false>
-__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
-                                  Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
-    fna_fwd_sm90_kernel(const FwdParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The dQ role's layout (fna_dq_sm90_kernel): the forward's, then dO's tile (Q's layout) on the
+// next 1024-byte boundary; as many CTAs per SM as shared memory holds, at most 4, with at least
+// 168 registers per thread (S, dP and dQ take 96 of them at 64-key tiles and head dim 64).
+template <class Tr>
+struct Sm90DqLayout {
+  static constexpr uint32_t kOffO =
+      (uint32_t(Tr::kWinOffset + Tr::kQ * sizeof(RowWindow)) + 1023u) / 1024u * 1024u;
+  static constexpr size_t kSmemBytes = 1024 + size_t(kOffO) + size_t(Tr::kQBytes);
+  static constexpr int kBySmem = int((228 * 1024) / (kSmemBytes + 1024));
+  static constexpr int kByThreads = 65536 / (Tr::kThreads * 168);
+  static constexpr int kMin0 = kBySmem < kByThreads ? kBySmem : kByThreads;
+  static constexpr int kMinBlocks = kMin0 > 4 ? 4 : (kMin0 < 1 ? 1 : kMin0);
+};
+
+// One key tile of the dQ role for one warpgroup: S = Q K^T and dP = dO V^T (one wgmma group
+// each), the mask, P = exp2(S scale log2(e) - LSE log2(e)) (0 where masked: S = -inf, or where
+// the row holds no query: LSE = +inf), dS = P (dP - rowsum(dO O)), dQ += dS K with K read
+// transposed as the forward reads V. stat[r]: the statistics of the thread's row r.
+template <class Tr, class T, class KT, bool kMasked>
+__device__ __forceinline__ void sm90_dq_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sOw,
+                                             uint32_t sK, uint32_t sV, const KvTile& tile,
+                                             const RowWindow* sWin, const float2 (&stat)[2],
+                                             const FwdParams& p) {
+  constexpr int kN = Tr::kN;
+  using MmaS = wgmma::Mma<T, kN>;
+  float s[1][kN / 8][4], dp[1][kN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[0][j][e] = dp[0][j][e] = 0.f;
+  // Both products in flight together (issue_s's trailing operand fence would make ptxas wait
+  // for S before dP is issued).
+  wgmma::fence_operands(s[0]);
+  wgmma::fence_operands(dp[0]);
+  wgmma::fence();
+  const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024), dk = wgmma::desc_sw128(sK, 16, 1024);
+  const uint64_t dO = wgmma::desc_sw128(sOw, 16, 1024), dv = wgmma::desc_sw128(sV, 16, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Tr::kD / 16; ++kk) {
+    const uint32_t a = ((kk >> 2) * (Tr::kQ * 128) + (kk & 3) * 32) / 16;
+    const uint32_t b = ((kk >> 2) * (kN * 128) + (kk & 3) * 32) / 16;
+    MmaS::ss(s[0], dq + a, dk + b, 1);
+    MmaS::ss(dp[0], dO + a, dv + b, 1);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operands(s[0]);
+  wgmma::fence_operands(dp[0]);
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
+#pragma unroll
+  for (int j = 0; j < Tr::kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 r = stat[e >> 1];
+      s[0][j][e] = mma::fast_exp2(s[0][j][e] * p.scale_log2 - r.x) * (dp[0][j][e] - r.y);
+    }
+  uint32_t a[Tr::kN / 16][4];
+  pack_p<Tr, T>(s, a);
+  issue_pv<Tr, T>(st, a, sK);
+  wgmma::wait<0>();
+  wgmma::fence_operands(st.o[0]);
+  wgmma::fence_operands(a);
+}
+
+// The plain Hopper kernel's body. kDq = false: the forward (p: Q, K, V, O, LSE). kDq = true: the
+// backward's dQ kernel on the same tiles and walk (p as strip_params gives it: Q, K, V, and dQ
+// in o; bw: dO in a2 and the statistics), after the plain Hopper dK / dV kernel without its dQ:
+// per key tile S, dP, dS and dQ += dS K (sm90_dq_step), dQ = scale dS K written once per row,
+// no atomics. kBias: the call has a relative positional bias (its own instantiation, as
+// fwd_sm80.cuh's; the forward only).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread, bool kBias, bool kDq>
+__device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd& bw) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   static_assert(kD <= 128, "head dim 256 runs the warp-specialized kernel only");
+  static_assert(!(kDq && kBias), "the dQ role takes no bias");
   using Elem = typename Tr::Elem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
+  const uint32_t sO = sQ + Sm90DqLayout<Tr>::kOffO;  // the dQ role's dO tile
   RowWindow* sWin = reinterpret_cast<RowWindow*>(smem_raw + pad + Tr::kWinOffset);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -48,6 +119,43 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
   copy_q_tile<Tr, QT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, sQ);
+  float2 stat[2];
+  if constexpr (kDq) {
+    // dO's tile as Q's (its D_v columns), and the statistics of this thread's two rows.
+    const Elem* gO = static_cast<const Elem*>(bw.a2) + ft.b * bw.a2_stride[0] +
+                     ft.h * bw.a2_stride[4];
+    auto src = [&](int row, const Elem*& a, const Elem*&) {
+      int c[kAxes];
+      QT::coord(row, c);
+      bool ok = true;
+#pragma unroll
+      for (int ax = 0; ax < kAxes; ++ax) {
+        c[ax] += ft.qo[ax];
+        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
+      }
+      a = gO + token_offset<Tr::kFirstAxis>(geo, gr, c, bw.a2_stride);
+      return ok;
+    };
+    copy_rows_sw<Tr, Tr::kQ, false, Tr::kThreads, decltype(src), kSpread>(
+        threadIdx.x, sO, p.dim_v, bw.a2, 0, 0, nullptr, src);
+    // Token strides of the statistics' [batch, token, head] rows, lifted like the tensors'.
+    const int64_t ts[5] = {0, int64_t(geo.axis[1].length) * geo.axis[2].length,
+                           geo.axis[2].length, 1, 0};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int c[kAxes];
+      QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c);
+      bool ok = true;
+#pragma unroll
+      for (int ax = 0; ax < kAxes; ++ax) {
+        c[ax] += ft.qo[ax];
+        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
+      }
+      const int64_t tok = token_offset<Tr::kFirstAxis>(geo, gr, c, ts);
+      stat[r] = ok ? __ldg(bw.stats + (int64_t(ft.b) * p.tokens + tok) * p.heads + ft.h)
+                   : make_float2(INFINITY, 0.f);
+    }
+  }
   mma::cp_async_commit();
 
   // The span (one axis per warp) and the rows' windows are computed side by side while Q loads.
@@ -77,6 +185,7 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
   init_state(st);
   if constexpr (kBias) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
+  const uint32_t sOw = sO + (warp >> 2) * 64 * 128;
   for (int it = 0; it < n_tiles; ++it) {
     mma::cp_async_wait<0>();
     wgmma::fence_proxy_async();
@@ -88,13 +197,64 @@ __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
     const KvTile t = cur;
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
-    if (t.inside)
-      sm90_step<Tr, T, KT, false, kBias>(st, sQw, sK, sV, t, sWin, br, p);
-    else
-      sm90_step<Tr, T, KT, true, kBias>(st, sQw, sK, sV, t, sWin, br, p);
+    if constexpr (kDq) {
+      if (t.inside)
+        sm90_dq_step<Tr, T, KT, false>(st, sQw, sOw, sK, sV, t, sWin, stat, p);
+      else
+        sm90_dq_step<Tr, T, KT, true>(st, sQw, sOw, sK, sV, t, sWin, stat, p);
+    } else {
+      if (t.inside)
+        sm90_step<Tr, T, KT, false, kBias>(st, sQw, sK, sV, t, sWin, br, p);
+      else
+        sm90_step<Tr, T, KT, true, kBias>(st, sQw, sK, sV, t, sWin, br, p);
+    }
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
   }
-  store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+  if constexpr (kDq) {
+    // dQ = scale dS K, columns below D, rows of the call's queries.
+    Elem* gdQ = static_cast<Elem*>(p.o) + ft.b * p.o_stride[0] + ft.h * p.o_stride[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int c[kAxes];
+      QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c);
+      bool ok = true;
+#pragma unroll
+      for (int ax = 0; ax < kAxes; ++ax) {
+        c[ax] += ft.qo[ax];
+        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
+      }
+      if (!ok) continue;
+      Elem* row = gdQ + token_offset<Tr::kFirstAxis>(geo, gr, c, p.o_stride);
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = j * 8 + 2 * (lane & 3);
+        if (col < p.dim)
+          *reinterpret_cast<uint32_t*>(row + col) =
+              mma::pack2<T>(st.o[0][j][2 * r] * p.scale, st.o[0][j][2 * r + 1] * p.scale);
+      }
+    }
+  } else {
+    store_output<Tr, T, QT>(st, p, ft, warp * Tr::kWarpRows, lane);
+  }
+}
+
+// The plain Hopper forward (kBias: the call has a relative positional bias).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false>
+__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
+                                  Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
+    fna_fwd_sm90_kernel(const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, kBias, false>(p, StripBwd{});
+#endif
+}
+
+// The backward's dQ kernel on the plain forward's tiles (fwd_sm90_body's dQ role).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread>
+__global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
+                                  Sm90DqLayout<Sm90Traits<T, kD, kRank, QT, KT>>::kMinBlocks)
+    fna_dq_sm90_kernel(const FwdParams p, const StripBwd bw) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, false, true>(p, bw);
 #endif
 }
 
@@ -115,6 +275,25 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
   kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+size_t dq_sm90_smem_bytes() {
+  return Sm90DqLayout<Sm90Traits<T, kD, kRank, QT, KT>>::kSmemBytes;
+}
+
+template <class T, int kD, int kRank, class QT, class KT>
+cudaError_t launch_dq_sm90(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
+                           cudaStream_t stream) {
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  auto kernel = l.spread ? fna_dq_sm90_kernel<T, kD, kRank, QT, KT, true>
+                         : fna_dq_sm90_kernel<T, kD, kRank, QT, KT, false>;
+  constexpr size_t smem = Sm90DqLayout<Tr>::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<l.grid, Tr::kThreads, smem, stream>>>(p, bw);
   return cudaGetLastError();
 }
 
