@@ -361,8 +361,9 @@ struct FusedPlan {
   // tiles of its walk (Tuning::bwd_q_pairs), else 1.
   int backward_q_steps = 0;
   // How dQ is made: "atomic" (float32 atomics in the dK / dV kernel, then converted), "kernel"
-  // (deterministic: the sm80 dQ kernel), or the strip dQ kernel's name and copy engine
-  // ("fna_dq_strip_bf16_d64_b2x8_w8 (tma)"; Tuning::bwd_dq_strip).
+  // (deterministic: the sm80 dQ kernel), the strip dQ kernel's name and copy engine
+  // ("fna_dq_strip_bf16_d64_b2x8_w8 (tma)"; Tuning::bwd_dq_strip), or the Hopper dQ kernel's
+  // name ("fna_dq_sm90_bf16_d64_q64_kv64_w4"; Tuning::bwd_dq_sm90).
   std::string backward_dq;
   int64_t backward_grid = 0;       // dK / dV CTAs over the neighborhood
   int64_t backward_smem = 0;       // the most dynamic shared memory one of its kernels takes

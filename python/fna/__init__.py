@@ -152,8 +152,9 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     kernel with 64-key tiles), ``backward_kv_tile`` / ``backward_q_tile`` (the dK / dV kernel's
     key tile and the query tiles it visits), ``backward_q_steps`` (query tiles per step of that
     kernel: 2 where the Hopper kernel pairs consecutive tiles, tuning ``bwd_q_pairs``),
-    ``backward_dq`` (how dQ is made: ``"atomic"``, ``"kernel"`` (deterministic), or the strip dQ
-    kernel's name and copy engine, tuning ``bwd_dq_strip``), ``backward_grid``, ``backward_smem``,
+    ``backward_dq`` (how dQ is made: ``"atomic"``, ``"kernel"`` (deterministic, sm80), the strip
+    dQ kernel's name and copy engine, tuning ``bwd_dq_strip``, or the Hopper dQ kernel's name,
+    tuning ``bwd_dq_sm90``), ``backward_grid``, ``backward_smem``,
     ``backward_visited_tiles``,
     ``backward_needed_fraction`` and ``backward_walk`` (empty / zero when the fused backward does
     not take the problem). ``query_offset`` with ``grid_shape`` (the key grid's spatial shape):
