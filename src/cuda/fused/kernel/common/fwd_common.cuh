@@ -369,15 +369,10 @@ __device__ __forceinline__ bool fwd_tile(const FwdParams& p, int block, FwdTile&
   return in;
 }
 
-// Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
-// neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
-// is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the group's
-// queries [ft.qlo, ft.qhi) (with a query region, Q holds no other rows).
-template <class QT, int kFirst, class Elem>
-__device__ __forceinline__ bool q_row_src(const FwdParams& p, const FwdTile& ft, const Elem* gQ,
-                                          int row, const Elem*& a) {
-  const Group& gr = ft.gr;
-  int c[kAxes];
+// Row `row` of the CTA's query tile: its coordinates in the group (c) and whether it is one of
+// the call's queries (inside the group's [ft.qlo, ft.qhi) on every axis).
+template <class QT>
+__device__ __forceinline__ bool query_row(const FwdTile& ft, int row, int (&c)[kAxes]) {
   QT::coord(row, c);
   bool ok = true;
 #pragma unroll
@@ -385,7 +380,19 @@ __device__ __forceinline__ bool q_row_src(const FwdParams& p, const FwdTile& ft,
     c[ax] += ft.qo[ax];
     ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
   }
-  a = gQ + token_offset<kFirst>(p.geo, gr, c, p.q_stride);
+  return ok;
+}
+
+// Row sources for copy_rows: query row `row` of the tile at `qo`, key/value row `row` of
+// neighborhood tile `t`, additional key/value row `row` of tile `t`. False: past the end (the row
+// is zero-filled; masked, and 0 * 0 keeps O finite). Query rows: false also outside the group's
+// queries [ft.qlo, ft.qhi) (with a query region, Q holds no other rows).
+template <class QT, int kFirst, class Elem>
+__device__ __forceinline__ bool q_row_src(const FwdParams& p, const FwdTile& ft, const Elem* gQ,
+                                          int row, const Elem*& a) {
+  int c[kAxes];
+  const bool ok = query_row<QT>(ft, row, c);
+  a = gQ + token_offset<kFirst>(p.geo, ft.gr, c, p.q_stride);
   return ok;
 }
 

@@ -126,13 +126,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
                      ft.h * bw.a2_stride[4];
     auto src = [&](int row, const Elem*& a, const Elem*&) {
       int c[kAxes];
-      QT::coord(row, c);
-      bool ok = true;
-#pragma unroll
-      for (int ax = 0; ax < kAxes; ++ax) {
-        c[ax] += ft.qo[ax];
-        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
-      }
+      const bool ok = query_row<QT>(ft, row, c);
       a = gO + token_offset<Tr::kFirstAxis>(geo, gr, c, bw.a2_stride);
       return ok;
     };
@@ -144,13 +138,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       int c[kAxes];
-      QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c);
-      bool ok = true;
-#pragma unroll
-      for (int ax = 0; ax < kAxes; ++ax) {
-        c[ax] += ft.qo[ax];
-        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
-      }
+      const bool ok = query_row<QT>(ft, warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c);
       const int64_t tok = token_offset<Tr::kFirstAxis>(geo, gr, c, ts);
       stat[r] = ok ? __ldg(bw.stats + (int64_t(ft.b) * p.tokens + tok) * p.heads + ft.h)
                    : make_float2(INFINITY, 0.f);
@@ -216,14 +204,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       int c[kAxes];
-      QT::coord(warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c);
-      bool ok = true;
-#pragma unroll
-      for (int ax = 0; ax < kAxes; ++ax) {
-        c[ax] += ft.qo[ax];
-        ok = ok && c[ax] >= ft.qlo[ax] && c[ax] < ft.qhi[ax];
-      }
-      if (!ok) continue;
+      if (!query_row<QT>(ft, warp * Tr::kWarpRows + (lane >> 2) + 8 * r, c)) continue;
       Elem* row = gdQ + token_offset<Tr::kFirstAxis>(geo, gr, c, p.o_stride);
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) {
