@@ -113,6 +113,21 @@ struct RingCursor {
 };
 
 
+// The shared-memory row offsets of chunk `ch`'s kBoxChunkRows union rows (rows past the union's
+// `un` repeat its last), the union starting at ring row `ring_base`: a union spans at most 32
+// rows and ring_rows >= 16, so two conditional subtractions keep a row inside the ring.
+__device__ __forceinline__ void chunk_rows(int (&row)[kBoxChunkRows], int ring_base, int ch,
+                                           int un, int ring_rows, int pitch) {
+#pragma unroll
+  for (int a = 0; a < kBoxChunkRows; ++a) {
+    int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
+    y -= y >= ring_rows ? ring_rows : 0;
+    y -= y >= ring_rows ? ring_rows : 0;
+    row[a] = y * pitch;
+  }
+}
+
+
 // At head dim 128 the dK / dV kernel's boxes take two warps each (StripTraits::kSplit).
 template <int kRole, int kD>
 constexpr int strip_split() { return kRole == int(StripRole::dkdv) && kD == 128 ? 2 : 1; }
@@ -450,13 +465,7 @@ __global__ void __launch_bounds__(
       for (int ch = 0; ch < n_chunks; ++ch) {
         wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
         int row[kBoxChunkRows];
-#pragma unroll
-        for (int a = 0; a < kBoxChunkRows; ++a) {
-          int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
-          y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-          y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-          row[a] = y * sp.pitch;
-        }
+        chunk_rows(row, ring_base, ch, un, sp.ring_rows, sp.pitch);
         // dK / dV: the statistics of chunk row a's four columns (h * 2 + e): loaded before the
         // chunk's products at head dim 32, after them at 64 (held through them, they spilled),
         // before each row's at 128.
@@ -610,13 +619,7 @@ __global__ void __launch_bounds__(
     for (int ch = 0; ch < n_chunks; ++ch) {
       wait_filled((u_off + min(kBoxChunkRows * ch + kBoxChunkRows, un) - 1) / kStripBandRows);
       int row[kBoxChunkRows];
-#pragma unroll
-      for (int a = 0; a < kBoxChunkRows; ++a) {
-        int y = ring_base + min(kBoxChunkRows * ch + a, un - 1);
-        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-        y -= y >= sp.ring_rows ? sp.ring_rows : 0;
-        row[a] = y * sp.pitch;
-      }
+      chunk_rows(row, ring_base, ch, un, sp.ring_rows, sp.pitch);
       float sc[1][8][4];
       box_scores<Tr>(sc, qf, row, sK, kcol, ksel, ch, rowbits, pat, plane_bytes);
       if constexpr (kBias) box_bias(sc, bias_at, ch);
