@@ -141,8 +141,9 @@ struct Tuning {
                                              // its own rows' key tiles (automatic: on)
   Switch fwd_spread = Switch::automatic;     // plain Hopper forward: whole-row copies per warp
                                              // instruction (automatic: at padded head dim 64)
-  CopyEngine fwd_copy = CopyEngine::automatic;  // warp-specialized and strip forwards (automatic:
-                                                // TMA where the device and tensors allow)
+  CopyEngine fwd_copy = CopyEngine::automatic;  // Hopper (plain and warp-specialized) and strip
+                                                // forwards (automatic: TMA where the device and
+                                                // tensors allow; fwd_spread asks for cp.async)
   Switch persistent = Switch::automatic;     // warp-specialized forward: one CTA per SM taking
                                              // tiles from a counter (automatic: off)
   std::string fwd_walk;                      // CTA tile walk, the problem's axes fastest first
@@ -153,8 +154,9 @@ struct Tuning {
                                              // forward, which always copies it, then never runs)
   // cuda-fused backward.
   BwdKernel bwd_kernel = BwdKernel::automatic;
-  CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads, or the
-                                                // strip backward kernels' bands
+  CopyEngine bwd_copy = CopyEngine::automatic;  // sm90ws dK / dV kernel's Q / dO loads, the
+                                                // strip backward kernels' bands, or the Hopper
+                                                // dQ kernel's tiles
   std::string bwd_walk;                      // as fwd_walk, for the dK / dV (and dQ) kernels
   RpbSums bwd_rpb_sums = RpbSums::automatic;  // with a bias: d rpb summed in a shared-memory
                                               // table per warp, one table, or global memory

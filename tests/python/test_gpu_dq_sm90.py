@@ -39,7 +39,7 @@ def test_dq_sm90_plan(dtype):
         return
     plan = fna.fused_plan(*one, dtype=dt, tuning=ON)
     assert plan["backward_family"] == "sm90", plan
-    assert plan["backward_dq"] == f"fna_dq_sm90_{sd}_d64_q64_kv64_w4", plan
+    assert plan["backward_dq"] == f"fna_dq_sm90_{sd}_d64_q64_kv64_w4 (cp_async)", plan
     # Automatic: rank 1 (forward+backward 0.94x the atomics on 1d-small), not ranks 2 and 3.
     assert fna.fused_plan(*one, dtype=dt)["backward_dq"] == plan["backward_dq"]
     assert fna.fused_plan(*one, dtype=dt, tuning={"bwd_dq_sm90": "off"})["backward_dq"] == \

@@ -77,11 +77,12 @@ for s in "${steps[@]}"; do
       summary+=("gpu-test: rc=$rc $(tail -1 "$OUT/gpu_test.log") ($(( $(date +%s) - t0 ))s)")
       # What the default plans do not reach on the random cases, through tuning (calls whose
       # problem the asked-for kernel cannot take count as unsupported): each Hopper forward
-      # schedule on every rank, the plain one with and without spread copies, the
+      # schedule on every rank, the plain one with TMA and with cp.async (spread and not) copies, the
       # warp-specialized one persistent and with cp.async copies; each Hopper backward kernel
       # with TMA and cp.async copies; the strip dQ kernel wherever it applies (head dim 32 too),
       # after the plain Hopper dK / dV kernel and after the strip one; the Hopper dQ kernel
-      # wherever it applies (every rank; deterministic cases take it by default);
+      # wherever it applies, with TMA and cp.async copies (every rank; deterministic cases take
+      # it by default);
       # the strip forward wherever it applies, with cp.async bands;
       # tile walks other than the heuristic's.
       suite fwd gpu_test_plain fwd_schedule=plain
@@ -99,6 +100,7 @@ for s in "${steps[@]}"; do
       suite bwd gpu_test_bwd_dq_strip bwd_dq_strip=on,bwd_strip=off --rank 2
       suite bwd gpu_test_bwd_strip bwd_strip=on --rank 2
       suite bwd gpu_test_bwd_dq_sm90 bwd_kernel=sm90,bwd_dq_sm90=on
+      suite bwd gpu_test_bwd_dq_sm90_cpasync bwd_kernel=sm90,bwd_dq_sm90=on,bwd_copy=cp_async
       suite bwd gpu_test_bwd_strip_cpasync bwd_strip=on,bwd_copy=cp_async --rank 2
       suite fwd,bwd gpu_test_walk3 fwd_walk=012,bwd_walk=102 --rank 3
       suite fwd,bwd gpu_test_walk2 fwd_walk=01,bwd_walk=01 --rank 2 ;;

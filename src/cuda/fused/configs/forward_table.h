@@ -28,7 +28,7 @@ struct FwdEntry {
   cudaError_t (*launch)(const FwdParams&, const FwdLaunch&, cudaStream_t);
   size_t (*smem)();  // the box / strip families: a lower bound (their plans size it)
   // The plain sm90 family: the backward's dQ kernel on this entry's tiles (launch_dq_sm90).
-  cudaError_t (*launch_dq)(const FwdParams&, const FwdLaunch&, const StripBwd&,
+  cudaError_t (*launch_dq)(const FwdParams&, const FwdLaunch&, const StripBwd&, const DqTma&,
                            cudaStream_t) = nullptr;
   size_t (*dq_smem)() = nullptr;
 

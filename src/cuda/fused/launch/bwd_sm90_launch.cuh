@@ -150,7 +150,8 @@ Status launch_dkdv_sm90(const Params& p, const BwdLaunch& l, cudaStream_t stream
   if (l.dq_strip.dim != 0) return launch_strip<T>(p, l.dq_strip, fused::StripRole::dq, stream);
   if (l.dq_sm90.on) {  // the Hopper dQ kernel on the plain forward's tiles
     const cudaError_t err =
-        l.dq_sm90.run(l.dq_sm90.fp, l.dq_sm90.launch, strip_bwd(p, fused::StripRole::dq), stream);
+        l.dq_sm90.run(l.dq_sm90.fp, l.dq_sm90.launch, strip_bwd(p, fused::StripRole::dq),
+                      l.dq_sm90.tma, stream);
     if (err != cudaSuccess)
       return {Code::runtime_error, "dq (sm90): " + std::string(cudaGetErrorString(err))};
     return Status::Ok();

@@ -15,7 +15,7 @@ namespace fused {
   template cudaError_t launch_fwd_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>(     \
       const FwdParams&, const FwdLaunch&, cudaStream_t);                                      \
   template cudaError_t launch_dq_sm90<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>(      \
-      const FwdParams&, const FwdLaunch&, const StripBwd&, cudaStream_t);                     \
+      const FwdParams&, const FwdLaunch&, const StripBwd&, const DqTma&, cudaStream_t);       \
   template size_t dq_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();    \
   template size_t fwd_sm90_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
 #define FNA_FWD_SM90_INSTANTIATE_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                      \

@@ -450,10 +450,11 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   st = plan_strips(pr, opt, named != nullptr, dev, pk, &l);
   if (!st.ok()) return st;
   if (t.bwd_copy != CopyEngine::automatic && l.family != fused::BwdFamily::sm90ws &&
-      l.dq_strip.dim == 0)
-    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws) or "
-                       "the strip backward kernels (tuning bwd_dq_strip / bwd_strip), but the "
-                       "plan runs " + std::string(fused::family_name(l.family)));
+      l.dq_strip.dim == 0 && !l.dq_sm90.on)
+    return unsupported("tuning bwd_copy needs the warp-specialized Hopper backward (sm90ws), "
+                       "the strip backward kernels (tuning bwd_dq_strip / bwd_strip) or the "
+                       "Hopper dQ kernel (tuning bwd_dq_sm90), but the plan runs " +
+                       std::string(fused::family_name(l.family)));
   // The configuration that runs, by name.
   plan->cfg = BwdConfig{family, pr.rank, pr.dtype, dpad, {}, {}, {}, {}};
   for (int a = 0; a < kAxes; ++a) {
@@ -716,7 +717,9 @@ Status cuda_fused_backward_plan(const Problem& pr, const Options& opt_in, FusedP
   out->backward_dq = plan.launch.dq_strip.dim != 0
                          ? strip_name(plan.launch.dq_strip, fused::StripRole::dq, pr.dtype) +
                                (plan.launch.dq_strip.launch.strip_tma.on ? " (tma)" : " (cp_async)")
-                     : plan.launch.dq_sm90.on    ? plan.launch.dq_sm90.name
+                     : plan.launch.dq_sm90.on
+                         ? plan.launch.dq_sm90.name +
+                               (plan.launch.dq_sm90.tma.fwd.on ? " (tma)" : " (cp_async)")
                      : plan.launch.deterministic ? "kernel"
                                                  : "atomic";
   out->backward_grid =

@@ -35,9 +35,36 @@ bool plan_dq_sm90(const Problem& pr, const Options& opt, const detail::DevicePro
   o.device_index = opt.device_index;
   o.scale = opt.scale;
   o.tuning.fwd_schedule = FwdSchedule::plain;
+  // Copies: Tuning::bwd_copy; automatic: cp.async (TMA ran forward+backward 0.98-1.0x as fast:
+  // 1d-small, 3d-small, dinat-t, nat-late, H200, docs/benchmarks.md).
+  const CopyEngine copy = opt.tuning.bwd_copy;
+  o.tuning.fwd_copy = copy == CopyEngine::tma ? CopyEngine::automatic : CopyEngine::cp_async;
   fused::FwdPlan fplan;
   const Status st = detail::make_fwd_plan(pr, o, &fp, &fplan);
   if (!st.ok()) return *why = st.message, false;
+  fused::DqTma tm{};
+  tm.fwd = fplan.launch.tma;
+  std::string no_tma = tm.fwd.on ? "" : "its Q, K and V tiles";
+  if (tm.fwd.on) {
+    // dO as Q: over the query region (the pointer moved back to the grid's origin), query-tile
+    // boxes of one warpgroup's 64 rows.
+    const fused::StripBwd bw = strip_bwd(p, fused::StripRole::dq);
+    int part[kAxes] = {fplan.q[0], fplan.q[1], fplan.q[2]};
+    const int parts = part[0] * part[1] * part[2] / 64;
+    part[fused::part_axis(fplan.q, parts)] /= parts;
+    const int dil[kAxes] = {fp.geo.axis[0].dilation, fp.geo.axis[1].dilation,
+                            fp.geo.axis[2].dilation};
+    const int64_t lq[5] = {fp.batch, fp.qhi[0] - fp.qlo[0], fp.qhi[1] - fp.qlo[1],
+                           fp.qhi[2] - fp.qlo[2], fp.heads};
+    const void* data = fused::moved(bw.a2, fused::region_elements(fp, bw.a2_stride + 1), 2);
+    std::string w;
+    if (!tma::token_map(&tm.dout, data, fp.dim_v, lq, bw.a2_stride, part, dil, &w)) {
+      tm.fwd.on = 0;
+      no_tma = "dO: " + w;
+    }
+  }
+  if (!tm.fwd.on && copy == CopyEngine::tma)
+    return *why = "tuning bwd_copy='tma': TMA cannot load " + no_tma, false;
   const fused::FwdEntry* entry = nullptr;
   for (const fused::FwdEntry& e : fused::forward_table())
     if (e.launch_dq != nullptr && e.name() == fplan.config) entry = &e;
@@ -46,6 +73,7 @@ bool plan_dq_sm90(const Problem& pr, const Options& opt, const detail::DevicePro
   out->on = true;
   out->fp = fp;
   out->launch = fplan.launch;
+  out->tma = tm;
   out->run = entry->launch_dq;
   out->smem = entry->dq_smem();
   if (out->smem > static_cast<size_t>(dev.smem_optin)) {

@@ -71,7 +71,8 @@ struct Sm90DqStep {
   fused::FwdParams fp{};
   fused::FwdLaunch launch{};
   cudaError_t (*run)(const fused::FwdParams&, const fused::FwdLaunch&, const fused::StripBwd&,
-                     cudaStream_t) = nullptr;
+                     const fused::DqTma&, cudaStream_t) = nullptr;
+  fused::DqTma tma{};  // tma.fwd.on: tiles by TMA (Tuning::bwd_copy), dO's map in tma.dout
   size_t smem = 0;
   std::string name;  // fna_dq_sm90_<dtype>_d<head dim>_q<tile>_kv<tile>_w<warps>
 };

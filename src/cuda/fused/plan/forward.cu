@@ -139,8 +139,9 @@ Status check_family_options(const Tuning& t, const fused::FwdPlan& plan) {
     return needs("fwd_wg_skip", "warp-specialized Hopper (fna_fwd_sm90ws_*)");
   if (t.fwd_spread != Switch::automatic && f != FwdFamily::sm90)
     return needs("fwd_spread", "plain Hopper (fna_fwd_sm90_*)");
-  if (t.fwd_copy != CopyEngine::automatic && f != FwdFamily::sm90ws && f != FwdFamily::strip)
-    return needs("fwd_copy", "warp-specialized Hopper or the strip");
+  if (t.fwd_copy != CopyEngine::automatic && f != FwdFamily::sm90 && f != FwdFamily::sm90ws &&
+      f != FwdFamily::strip)
+    return needs("fwd_copy", "Hopper (fna_fwd_sm90_* / fna_fwd_sm90ws_*) or the strip");
   return Status::Ok();
 }
 
@@ -216,26 +217,38 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
 
   // Per family: shared memory, the launch's flags, copy engine.
   std::string why;
+  // The Hopper forwards' TMA maps (Tuning::fwd_copy; automatic: where they describe the call).
+  // Q's map holds one warpgroup's box of 64 rows (the kernels load one per warpgroup).
+  auto hopper_maps = [&]() -> Status {
+    if (t.fwd_copy == CopyEngine::cp_async) return Status::Ok();
+    int part[kAxes] = {cfg->q[0], cfg->q[1], cfg->q[2]};
+    const int split = fused::part_axis(cfg->q, cfg->q_size() / 64);
+    if (split < 0)  // (unreachable: the kernels' TMA instances assert the split)
+      return unsupported(plan->config + ": query tile not in 64-row boxes");
+    part[split] /= cfg->q_size() / 64;
+    l.tma = fused::fwd_tma_maps(*fp, part, cfg->kv, &why);
+    if (!l.tma.on && t.fwd_copy == CopyEngine::tma)
+      return unsupported("tuning fwd_copy='tma': TMA cannot load this call's tiles: " + why);
+    plan->tma = l.tma.on != 0;
+    return Status::Ok();
+  };
   switch (cfg->family) {
     case FwdFamily::sm80: break;
     case FwdFamily::sm90:
-      l.spread = t.fwd_spread == Switch::automatic ? cfg->dim == 64 : t.fwd_spread == Switch::on;
+      // Spread copies are cp.async copies: asking for them keeps cp.async.
+      if (t.fwd_spread != Switch::automatic) {
+        if (t.fwd_copy == CopyEngine::tma)
+          return unsupported("tuning fwd_spread concerns cp.async copies, not fwd_copy='tma'");
+      } else if (Status ms = hopper_maps(); !ms.ok()) {
+        return ms;
+      }
+      l.spread = !l.tma.on &&
+                 (t.fwd_spread == Switch::automatic ? cfg->dim == 64 : t.fwd_spread == Switch::on);
       break;
     case FwdFamily::sm90ws:
       l.wg_skip = wg_skip_on(t);
       l.persistent = t.persistent == Switch::on;
-      if (t.fwd_copy != CopyEngine::cp_async) {
-        // Q's map holds one compute warpgroup's box of 64 rows (the kernel loads one per part).
-        int part[kAxes] = {cfg->q[0], cfg->q[1], cfg->q[2]};
-        const int split = fused::part_axis(cfg->q, cfg->q_size() / 64);
-        if (split < 0)  // (unreachable: the kernel's TMA instance asserts the split)
-          return unsupported(plan->config + ": query tile not in 64-row boxes");
-        part[split] /= cfg->q_size() / 64;
-        l.tma = fused::fwd_tma_maps(*fp, part, cfg->kv, &why);
-        if (!l.tma.on && t.fwd_copy == CopyEngine::tma)
-          return unsupported("tuning fwd_copy='tma': TMA cannot load this call's tiles: " + why);
-      }
-      plan->tma = l.tma.on != 0;
+      if (Status ms = hopper_maps(); !ms.ok()) return ms;
       break;
     case FwdFamily::simt: {
       const fused::SimtPlan sp = fused::simt_plan(geo, cfg->q, cfg->dim);
@@ -490,9 +503,7 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   *out = FusedPlan{};
   out->config = plan.config;
   out->family = fused::family_name(plan.family);
-  out->copy = plan.family == FwdFamily::sm90ws || plan.family == FwdFamily::strip
-                  ? (plan.tma ? "tma" : "cp_async")
-                  : "cp_async";
+  out->copy = plan.tma ? "tma" : "cp_async";
   out->persistent = plan.launch.persistent;
   out->spread = plan.launch.spread;
   out->wg_skip = plan.launch.wg_skip;

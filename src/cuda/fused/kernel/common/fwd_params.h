@@ -55,6 +55,12 @@ struct FwdTma {
   tma::TokenMap q, k, v;
   int on;
 };
+// The Hopper dQ kernel's maps (fwd_sm90.cuh's dQ role): the plain forward's (fwd.on = 0: cp.async
+// copies) and dO's, described as Q's.
+struct DqTma {
+  FwdTma fwd;
+  tma::TokenMap dout;
+};
 // The strip backward kernels' tensors beyond FwdParams (fwd_strip.cuh, roles StripRole::dq and
 // dkdv). FwdParams carries the box tensor (q: Q for dQ, K for dK / dV), the ring tensors (k, v:
 // K and V for dQ, Q and dO for dK / dV) and the first output (o: dQ, or dK); here the second box
@@ -85,7 +91,7 @@ struct FwdLaunch {
   bool wg_skip = false;     // warp-specialized: warpgroups visit only their own rows' key tiles
   int halo_cap = 0;         // box / SIMT forwards: halo rows their shared memory holds
   StripParams strip{};      // strip forward: strips, row segments, ring
-  FwdTma tma{};             // warp-specialized forward's maps
+  FwdTma tma{};             // Hopper forwards' maps (plain and warp-specialized)
   StripTma strip_tma{};     // strip forward's maps
 };
 
@@ -104,10 +110,10 @@ template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90_smem_bytes();
 // The backward's dQ kernel on a plain sm90 configuration's tiles (fwd_sm90.cuh's dQ role): `p`
 // as strip_params gives it for dQ (Q, K, V, dQ in o, no LSE, no bias), `l` the plain forward
-// plan's launch, `bw` dO (a2) and the statistics.
+// plan's launch, `bw` dO (a2) and the statistics, `tm` the TMA maps (tm.fwd.on = 0: cp.async).
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_dq_sm90(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
-                           cudaStream_t stream);
+                           const DqTma& tm, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>
 size_t dq_sm90_smem_bytes();
 template <class T, int kD, int kRank, class QT, class KT>

@@ -8,6 +8,7 @@
 
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/runtime.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/fused/kernel/common/fwd_bias.cuh"
 #include "cuda/fused/kernel/common/fwd_common.cuh"
@@ -187,6 +188,59 @@ __device__ __forceinline__ void copy_kv_half(int tid, const FwdParams& p, const 
     copy_rows_sw<Tr, Tr::kN, false, kThr>(tid, dst, dim, kWhich == 0 ? p.add_k : p.add_v, 0, 0,
                                           nullptr, src);
   }
+}
+
+// TMA copies (docs/design.md "TMA loads"; one thread issues them, the caller sets the barrier's
+// expected bytes). One box of map `m` whose first row lies at global grid coordinate `og` (batch
+// b, head h): the head dim's 64-column blocks kRows * 128 bytes apart from `dst`, completing on
+// `bar`.
+template <class Tr, int kRows>
+__device__ __forceinline__ void tma_box(const tma::TokenMap& m, int b, const int (&og)[kAxes],
+                                        int h, uint32_t dst, uint32_t bar) {
+  int c[4];
+  tma::box_coords(m, b, og, h, c);
+#pragma unroll
+  for (int cb = 0; cb < Tr::kD / 64; ++cb) tma::load_box(dst + cb * kRows * 128, m, 64 * cb, c, bar);
+}
+
+// The CTA's query-tile rows of map `m` (Q, or the dQ role's dO: maps that span the query region,
+// so coordinates start at its first row) into `dst`, as kParts boxes of 64 rows (the map's box),
+// warpgroup w's rows from the w-th.
+template <class Tr, class QT, int kParts>
+__device__ __forceinline__ void tma_query_tile(const tma::TokenMap& m, const FwdParams& p,
+                                               const FwdTile& ft, uint32_t dst, uint32_t bar) {
+  constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
+  constexpr int kPartAxis = part_axis(kQExt, kParts);
+  static_assert(kPartAxis >= 0, "query tile in warpgroup boxes");
+  constexpr int kPartExt = kQExt[kPartAxis] / kParts;
+#pragma unroll
+  for (int w = 0; w < kParts; ++w) {
+    int og[kAxes];
+#pragma unroll
+    for (int a = 0; a < kAxes; ++a)
+      og[a] = ft.gr.global(p.geo, a, ft.qo[a] + (a == kPartAxis ? w * kPartExt : 0)) - p.qlo[a];
+    tma_box<Tr, Tr::kQ>(m, ft.b, og, ft.h, dst + w * 64 * 128, bar);
+  }
+}
+
+// The global coordinate of key tile `t`'s first row (neighborhood keys: the maps exist only
+// without additional keys).
+__device__ __forceinline__ void kv_tile_origin(const FwdParams& p, const FwdTile& ft,
+                                               const KvTile& t, int (&og)[kAxes]) {
+#pragma unroll
+  for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(p.geo, a, t.origin[a]);
+}
+
+// Key / value tile `t` into sK / sV by TMA, both completing on `bar` (arrived on with their bytes).
+template <class Tr>
+__device__ __forceinline__ void tma_kv_tile(const FwdTma& tm, const FwdParams& p,
+                                            const FwdTile& ft, int hkv, const KvTile& t,
+                                            uint32_t sK, uint32_t sV, uint32_t bar) {
+  tma::arrive_expect_tx(bar, 2 * Tr::kTileBytes);
+  int og[kAxes];
+  kv_tile_origin(p, ft, t, og);
+  tma_box<Tr, Tr::kN>(tm.k, ft.b, og, hkv, sK, bar);
+  tma_box<Tr, Tr::kN>(tm.v, ft.b, og, hkv, sV, bar);
 }
 
 // S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one

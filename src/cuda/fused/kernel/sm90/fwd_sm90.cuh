@@ -9,9 +9,10 @@
 //   mask (border tiles), online softmax in registers;
 //   O += P V    wgmma m64nD k16, A = P straight from the S accumulators (registers), B = V read
 //               transposed (MN-major) from the same swizzled layout K uses.
-// Tiles arrive by cp.async (gathered rows: a multi-dimensional tile is not one box of global
-// memory), double buffered, one barrier per tile; fence.proxy.async hands the generic-proxy writes
-// to the MMA's async proxy. Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
+// Tiles arrive double buffered, one barrier per tile: by TMA where the plan's maps describe the
+// problem (one thread issues a tile's boxes, an mbarrier per buffer counts their bytes), else by
+// cp.async (gathered rows; fence.proxy.async hands the generic-proxy writes to the MMA's async
+// proxy). Head dims are padded to 64 or 128 (zero-filled columns), 16-bit only.
 // For 2-D and 3-D 128-query tiles a warp-specialized variant (fna_fwd_sm90_ws_kernel,
 // fwd_sm90_ws.cuh, with the launchers) moves the loads to a loader warpgroup and overlaps each
 // compute warpgroup's MMAs and softmax.
@@ -94,12 +95,16 @@ __device__ __forceinline__ void sm90_dq_step(FwdState<Tr>& st, uint32_t sQw, uin
 // in o; bw: dO in a2 and the statistics), after the plain Hopper dK / dV kernel without its dQ:
 // per key tile S, dP, dS and dQ += dS K (sm90_dq_step), dQ = scale dS K written once per row,
 // no atomics. kBias: the call has a relative positional bias (its own instantiation, as
-// fwd_sm80.cuh's; the forward only).
-template <class T, int kD, int kRank, class QT, class KT, bool kSpread, bool kBias, bool kDq>
-__device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd& bw) {
+// fwd_sm80.cuh's; the forward only). kTma: tiles by TMA (tm: Q, K, V maps; om: the dQ role's dO
+// map), else by cp.async (kSpread: whole-row copies per warp instruction).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread, bool kBias, bool kDq,
+          bool kTma>
+__device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd& bw,
+                                              const FwdTma& tm, const tma::TokenMap& om) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   static_assert(kD <= 128, "head dim 256 runs the warp-specialized kernel only");
   static_assert(!(kDq && kBias), "the dQ role takes no bias");
+  static_assert(!(kTma && kSpread), "spread concerns cp.async copies");
   using Elem = typename Tr::Elem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = mma::smem_u32(smem_raw);
@@ -118,7 +123,24 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
   const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
 
-  copy_q_tile<Tr, QT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, sQ);
+  // TMA: barrier 0 counts the query tile's bytes (Q, and dO in the dQ role), 1 and 2 the K / V
+  // buffers'; thread 0 initializes them and issues every copy.
+  __shared__ __align__(8) uint64_t bars[3];
+  const uint32_t bar_q = mma::smem_u32(bars);
+  auto bar_kv = [&](int buf) { return bar_q + 8u * uint32_t(1 + buf); };
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      mbar::init(bar_q, 1);
+      mbar::init(bar_kv(0), 1);
+      mbar::init(bar_kv(1), 1);
+      mbar::fence_init_for_tma();
+      tma::arrive_expect_tx(bar_q, (kDq ? 2 : 1) * Tr::kQBytes);
+      tma_query_tile<Tr, QT, Tr::kQ / 64>(tm.q, p, ft, sQ, bar_q);
+      if constexpr (kDq) tma_query_tile<Tr, QT, Tr::kQ / 64>(om, p, ft, sO, bar_q);
+    }
+  } else {
+    copy_q_tile<Tr, QT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, sQ);
+  }
   float2 stat[2];
   if constexpr (kDq) {
     // dO's tile as Q's (its D_v columns), and the statistics of this thread's two rows.
@@ -130,8 +152,9 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
       a = gO + token_offset<Tr::kFirstAxis>(geo, gr, c, bw.a2_stride);
       return ok;
     };
-    copy_rows_sw<Tr, Tr::kQ, false, Tr::kThreads, decltype(src), kSpread>(
-        threadIdx.x, sO, p.dim_v, bw.a2, 0, 0, nullptr, src);
+    if constexpr (!kTma)
+      copy_rows_sw<Tr, Tr::kQ, false, Tr::kThreads, decltype(src), kSpread>(
+          threadIdx.x, sO, p.dim_v, bw.a2, 0, 0, nullptr, src);
     // Token strides of the statistics' [batch, token, head] rows, lifted like the tensors'.
     const int64_t ts[5] = {0, int64_t(geo.axis[1].length) * geo.axis[2].length,
                            geo.axis[2].length, 1, 0};
@@ -163,11 +186,15 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
   auto load_kv = [&](const KvTile& t, int buf) {
     const uint32_t sK = sKV + (2 * buf) * Tr::kTileBytes;
-    copy_kv_tile<Tr, KT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, hkv, t, gK, gV, sK,
-                                                sK + Tr::kTileBytes);
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) tma_kv_tile<Tr>(tm, p, ft, hkv, t, sK, sK + Tr::kTileBytes, bar_kv(buf));
+    } else {
+      copy_kv_tile<Tr, KT, Tr::kThreads, kSpread>(threadIdx.x, p, ft, hkv, t, gK, gV, sK,
+                                                  sK + Tr::kTileBytes);
+      mma::cp_async_commit();
+    }
   };
   load_kv(cur, 0);
-  mma::cp_async_commit();
 
   FwdState<Tr> st;
   init_state(st);
@@ -175,13 +202,16 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   const uint32_t sOw = sO + (warp >> 2) * 64 * 128;
   for (int it = 0; it < n_tiles; ++it) {
-    mma::cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    __syncthreads();
-    if (it + 1 < n_tiles) {
-      load_kv(kv_tile_next<Tr, KT>(span, n_nbr, cur, it), (it + 1) & 1);
-      mma::cp_async_commit();
+    if constexpr (kTma) {
+      if (it == 0) mbar::wait(bar_q, 0);
+      mbar::wait(bar_kv(it & 1), uint32_t(it >> 1) & 1u);
+    } else {
+      mma::cp_async_wait<0>();
+      wgmma::fence_proxy_async();
     }
+    // Every warp is done with the other buffer (the previous tile) before it is refilled.
+    __syncthreads();
+    if (it + 1 < n_tiles) load_kv(kv_tile_next<Tr, KT>(span, n_nbr, cur, it), (it + 1) & 1);
     const KvTile t = cur;
     const uint32_t sK = sKV + (2 * (it & 1)) * Tr::kTileBytes;
     const uint32_t sV = sK + Tr::kTileBytes;
@@ -219,23 +249,25 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   }
 }
 
-// The plain Hopper forward (kBias: the call has a relative positional bias).
-template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false>
+// The plain Hopper forward (kBias: the call has a relative positional bias; kTma: tiles by TMA
+// with tm's maps, else cp.async, kSpread: whole-row copies).
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false,
+          bool kTma = false>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
                                   Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
-    fna_fwd_sm90_kernel(const FwdParams p) {
+    fna_fwd_sm90_kernel(const FwdParams p, const __grid_constant__ FwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, kBias, false>(p, StripBwd{});
+  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, kBias, false, kTma>(p, StripBwd{}, tm, tm.q);
 #endif
 }
 
 // The backward's dQ kernel on the plain forward's tiles (fwd_sm90_body's dQ role).
-template <class T, int kD, int kRank, class QT, class KT, bool kSpread>
+template <class T, int kD, int kRank, class QT, class KT, bool kSpread, bool kTma>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
                                   Sm90DqLayout<Sm90Traits<T, kD, kRank, QT, KT>>::kMinBlocks)
-    fna_dq_sm90_kernel(const FwdParams p, const StripBwd bw) {
+    fna_dq_sm90_kernel(const FwdParams p, const StripBwd bw, const __grid_constant__ DqTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, false, true>(p, bw);
+  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, false, true, kTma>(p, bw, tm.fwd, tm.dout);
 #endif
 }
 
@@ -248,14 +280,17 @@ template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
   const bool bias = p.rpb != nullptr;
-  auto kernel = l.spread ? (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, true>
-                                 : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, false>)
-                         : (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true>
-                                 : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, false>);
+  auto kernel =
+      l.tma.on ? (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true, true>
+                       : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, false, true>)
+      : l.spread ? (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, true>
+                         : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, false>)
+                 : (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true>
+                         : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
-  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p);
+  kernel<<<l.grid, Tr::kThreads, l.smem, stream>>>(p, l.tma);
   return cudaGetLastError();
 }
 
@@ -266,15 +301,16 @@ size_t dq_sm90_smem_bytes() {
 
 template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_dq_sm90(const FwdParams& p, const FwdLaunch& l, const StripBwd& bw,
-                           cudaStream_t stream) {
+                           const DqTma& tm, cudaStream_t stream) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  auto kernel = l.spread ? fna_dq_sm90_kernel<T, kD, kRank, QT, KT, true>
-                         : fna_dq_sm90_kernel<T, kD, kRank, QT, KT, false>;
+  auto kernel = tm.fwd.on  ? fna_dq_sm90_kernel<T, kD, kRank, QT, KT, false, true>
+                : l.spread ? fna_dq_sm90_kernel<T, kD, kRank, QT, KT, true, false>
+                           : fna_dq_sm90_kernel<T, kD, kRank, QT, KT, false, false>;
   constexpr size_t smem = Sm90DqLayout<Tr>::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<l.grid, Tr::kThreads, smem, stream>>>(p, bw);
+  kernel<<<l.grid, Tr::kThreads, smem, stream>>>(p, bw, tm);
   return cudaGetLastError();
 }
 

@@ -172,22 +172,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
             // One box per compute warpgroup's 64 rows (Q's map holds a part: a box of the whole
             // tile would pass TMA's 256 rows per dim at 192 rows with dilation 2).
             tma::arrive_expect_tx(q_full, Tr::kQBytes);
-            constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
-            constexpr int kPartAxis = part_axis(kQExt, Ws::kConsumers);
-            constexpr int kPartExt = kQExt[kPartAxis] / Ws::kConsumers;
-            static_assert(kPartAxis >= 0, "query tile in warpgroup boxes");
-#pragma unroll
-            for (int w = 0; w < Ws::kConsumers; ++w) {
-              int cq[4], og[kAxes];
-#pragma unroll
-              for (int a = 0; a < kAxes; ++a)
-                og[a] = ft.gr.global(geo, a, ft.qo[a] + (a == kPartAxis ? w * kPartExt : 0)) -
-                        p.qlo[a];
-              tma::box_coords(tm.q, ft.b, og, ft.h, cq);  // (Q's map spans the query region)
-#pragma unroll
-              for (int c = 0; c < kD / 64; ++c)
-                tma::load_box(sQ + c * Tr::kQ * 128 + w * 64 * 128, tm.q, 64 * c, cq, q_full);
-            }
+            tma_query_tile<Tr, QT, Ws::kConsumers>(tm.q, p, ft, sQ, q_full);
           } else {
             mbar::arrive(q_full);
           }
@@ -213,23 +198,16 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
           // K, then V once its buffer is back (V of tile g - kStages is read one step after K).
           const uint32_t sV = sK + Tr::kTileBytes;
           if constexpr (use_tma) {
-            int c3[4], og[kAxes];
+            int og[kAxes];
             if (tid == 0) {
-#pragma unroll
-              for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, cur.origin[a]);
+              kv_tile_origin(p, ft, cur, og);
               tma::arrive_expect_tx(full(stage), Tr::kTileBytes);
-              tma::box_coords(tm.k, ft.b, og, hkv, c3);
-#pragma unroll
-              for (int c = 0; c < kD / 64; ++c)
-                tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, c3, full(stage));
+              tma_box<Tr, Tr::kN>(tm.k, ft.b, og, hkv, sK, full(stage));
             }
             if (g >= kStages) mbar::wait(empty_v(stage), used);
             if (tid == 0) {
               tma::arrive_expect_tx(full_v(stage), Tr::kTileBytes);
-              tma::box_coords(tm.v, ft.b, og, hkv, c3);
-#pragma unroll
-              for (int c = 0; c < kD / 64; ++c)
-                tma::load_box(sV + c * Tr::kN * 128, tm.v, 64 * c, c3, full_v(stage));
+              tma_box<Tr, Tr::kN>(tm.v, ft.b, og, hkv, sV, full_v(stage));
             }
           } else {
             copy_kv_half<Tr, KT, 128, 0>(tid, p, ft, hkv, cur, gK, gV, sK);
@@ -240,20 +218,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
           }
         } else if constexpr (use_tma) {
           // Neighborhood tiles only (tm.on needs num_add == 0).
-          if (tid == 0) {
-            tma::arrive_expect_tx(full(stage), 2 * Tr::kTileBytes);
-            int ck[4], cv[4], og[kAxes];
-#pragma unroll
-            for (int a = 0; a < kAxes; ++a) og[a] = ft.gr.global(geo, a, cur.origin[a]);
-            tma::box_coords(tm.k, ft.b, og, hkv, ck);
-            tma::box_coords(tm.v, ft.b, og, hkv, cv);
-#pragma unroll
-            for (int c = 0; c < kD / 64; ++c) {
-              tma::load_box(sK + c * Tr::kN * 128, tm.k, 64 * c, ck, full(stage));
-              tma::load_box(sK + Tr::kTileBytes + c * Tr::kN * 128, tm.v, 64 * c, cv,
-                            full(stage));
-            }
-          }
+          if (tid == 0)
+            tma_kv_tile<Tr>(tm, p, ft, hkv, cur, sK, sK + Tr::kTileBytes, full(stage));
         } else {
           copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
           mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
