@@ -4,6 +4,7 @@
 
 #include "cuda/fused/configs/forward_table.h"
 #include "cuda/fused/plan/bwd_strip.h"
+#include "cuda/fused/plan/fwd_tma.h"
 
 namespace fna {
 namespace bwd {
@@ -46,19 +47,12 @@ bool plan_dq_sm90(const Problem& pr, const Options& opt, const detail::DevicePro
   tm.fwd = fplan.launch.tma;
   std::string no_tma = tm.fwd.on ? "" : "its Q, K and V tiles";
   if (tm.fwd.on) {
-    // dO as Q: over the query region (the pointer moved back to the grid's origin), query-tile
-    // boxes of one warpgroup's 64 rows.
+    // dO as Q (its map's boxes one warpgroup's 64 rows, as the forward plan made Q's).
     const fused::StripBwd bw = strip_bwd(p, fused::StripRole::dq);
-    int part[kAxes] = {fplan.q[0], fplan.q[1], fplan.q[2]};
-    const int parts = part[0] * part[1] * part[2] / 64;
-    part[fused::part_axis(fplan.q, parts)] /= parts;
-    const int dil[kAxes] = {fp.geo.axis[0].dilation, fp.geo.axis[1].dilation,
-                            fp.geo.axis[2].dilation};
-    const int64_t lq[5] = {fp.batch, fp.qhi[0] - fp.qlo[0], fp.qhi[1] - fp.qlo[1],
-                           fp.qhi[2] - fp.qlo[2], fp.heads};
-    const void* data = fused::moved(bw.a2, fused::region_elements(fp, bw.a2_stride + 1), 2);
-    std::string w;
-    if (!tma::token_map(&tm.dout, data, fp.dim_v, lq, bw.a2_stride, part, dil, &w)) {
+    int part[kAxes];
+    std::string w = "query tile not in 64-row boxes";
+    if (!fused::warpgroup_box(fplan.q, part) ||
+        !fused::query_map(&tm.dout, fp, bw.a2, fp.dim_v, bw.a2_stride, part, &w)) {
       tm.fwd.on = 0;
       no_tma = "dO: " + w;
     }

@@ -221,11 +221,9 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   // Q's map holds one warpgroup's box of 64 rows (the kernels load one per warpgroup).
   auto hopper_maps = [&]() -> Status {
     if (t.fwd_copy == CopyEngine::cp_async) return Status::Ok();
-    int part[kAxes] = {cfg->q[0], cfg->q[1], cfg->q[2]};
-    const int split = fused::part_axis(cfg->q, cfg->q_size() / 64);
-    if (split < 0)  // (unreachable: the kernels' TMA instances assert the split)
+    int part[kAxes];
+    if (!fused::warpgroup_box(cfg->q, part))  // (unreachable: the TMA instances assert the split)
       return unsupported(plan->config + ": query tile not in 64-row boxes");
-    part[split] /= cfg->q_size() / 64;
     l.tma = fused::fwd_tma_maps(*fp, part, cfg->kv, &why);
     if (!l.tma.on && t.fwd_copy == CopyEngine::tma)
       return unsupported("tuning fwd_copy='tma': TMA cannot load this call's tiles: " + why);
