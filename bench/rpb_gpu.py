@@ -1,5 +1,5 @@
 """Relative positional bias on the GPU: cuda-fused with a bias (added in the tiled forward kernels'
-scores, d rpb summed in the sm80 / plain Hopper dK / dV kernels) against the same call without
+scores, d rpb summed in the sm80 / Hopper dK / dV kernels) against the same call without
 one, forward and forward + backward, on the standard and small-window problem sets (bench/problem_sets.py,
 bfloat16), in one process with the variants in alternating rounds; and the unfused composition
 (qk, gathered bias, softmax, av: what ran before) where its attention tensor fits.
@@ -10,8 +10,9 @@ Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of eac
 ratio with / without the bias (the issue's target: at most 1.15; mode `det`, with
 --deterministic: forward + backward with deterministic=True, both variants), the ratio of another way of
 the same call ("other": for the forward where the plan stages the table in shared memory, the
-table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward where the plan
-sums d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
+table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward on the
+warp-specialized Hopper backward, the plain one, tuning bwd_kernel='sm90'; where the plan sums
+d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
 families, the forward's table and where the backward sums d rpb, and the composition's time. A problem the fused backward does not take with a bias (its d rpb
 table does not fit shared memory) shows the reason instead.
 """
@@ -104,10 +105,16 @@ def main():
             other = None
             if mode == "fwd" and staged:  # the same call reading the table in global memory
                 other = {"fwd_rpb_stage": "off"}
-            if mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "warps":
+            if mode == "fwd+bwd" and bias_plan["backward_family"] == "sm90ws":
+                other = {"bwd_kernel": "sm90"}  # the plain Hopper backward
+            elif mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "warps":
                 other = {"bwd_rpb_sums": "shared"}  # d rpb summed in one table, atomics
             if other is not None:
-                variants.append(("other", rpb, other))
+                try:  # (a variant the plan cannot run is left out of the row)
+                    make(rpb, other)()
+                    variants.append(("other", rpb, other))
+                except Exception:  # noqa: BLE001
+                    other = None
             try:
                 for _ in range(args.rounds):
                     for label, b, tuning in variants:

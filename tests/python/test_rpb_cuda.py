@@ -1,12 +1,12 @@
 """Relative positional bias in the cuda-fused kernels (the forward's tiled families: mma.sync,
-plain and warp-specialized wgmma; the sm80 and plain Hopper dK / dV kernels' bias and d rpb),
-against the float64
-dense reference of test_rpb.py (the bias gathered there from coordinates, no fna code): output,
-LSE and the gradients of q, k, v, rpb and the additional keys / values, on ranks 1-3, odd and even
-kernels, dilation, stride, causal axes, grouped heads, additional keys, head dims 8 to 256 and
-query regions; the strip, box and SIMT forwards' configurations; the plan (the sm80 / plain
-Hopper backward with a bias); the
-deterministic backward (fused; the unfused composition for tables too large) and the errors. Needs a CUDA GPU."""
+plain and warp-specialized wgmma; the sm80, plain and warp-specialized Hopper dK / dV kernels'
+bias and d rpb), against the float64 dense reference of test_rpb.py (the bias gathered there from
+coordinates, no fna code): output, LSE and the gradients of q, k, v, rpb and the additional keys /
+values, on ranks 1-3, odd and even kernels, dilation, stride, causal axes, grouped heads,
+additional keys, head dims 8 to 256 and query regions; the strip, box and SIMT forwards'
+configurations; the plan (the bias keeps the backward family up to padded head dim 128); the
+deterministic backward (fused; the unfused composition for tables too large) and the errors.
+Needs a CUDA GPU."""
 
 import math
 
@@ -36,9 +36,11 @@ def _variants():
     if _hopper():
         v += [("sm90_plain", {"tuning": {"fwd_schedule": "plain", "bwd_kernel": "sm90"}}),
               ("sm90_plain_global", {"tuning": {"fwd_schedule": "plain", "fwd_rpb_stage": "off"}}),
-              ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized"}}),
+              ("sm90_ws", {"tuning": {"fwd_schedule": "warp_specialized",
+                                      "bwd_kernel": "sm90ws"}}),
               ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
-                                         "fwd_copy": "cp_async"}})]
+                                         "fwd_copy": "cp_async", "bwd_kernel": "sm90ws",
+                                         "bwd_copy": "cp_async"}})]
     return v
 
 
@@ -174,7 +176,9 @@ def test_plan_with_rpb():
         assert plan["family"] in ("sm80", "sm90", "sm90ws", "strip", "box", "simt"), (shape, plan)
         if plain["family"] == "strip":  # the strip forward adds the bias
             assert plan["config"] == plain["config"], (plan, plain)
-        assert plan["backward_family"] == ("sm90" if _hopper() else "sm80"), (shape, plan)
+        # (the bias changes no backward kernel up to padded head dim 128)
+        assert plan["backward_family"] == plain["backward_family"], (shape, plan)
+        assert plan["backward_family"] in (("sm90", "sm90ws") if _hopper() else ("sm80",)), plan
         assert plan["rpb_table"] == ("global" if plan["family"] in ("sm90ws", "simt")
                                      else "shared"), plan
         assert plain["rpb_table"] == ""
@@ -234,7 +238,7 @@ def test_backward_large_table():
     for D in (128, 16):
         plan = fna.fused_plan((2, *case[1], case[6], D), case[2], is_causal=case[5], rpb=True,
                               dtype="bfloat16")
-        assert plan["backward_family"] in ("sm80", "sm90"), plan
+        assert plan["backward_family"] in ("sm80", "sm90", "sm90ws"), plan
         modes[D] = plan["backward_rpb_sums"]
         assert plan["backward_smem"] <= optin, plan
         if D == 128:
@@ -251,15 +255,15 @@ def test_backward_large_table():
          D=16, Dv=16, tuning={"bwd_rpb_sums": "shared"})
 
 
-@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
 def test_backward_rpb_sums_modes(kernel):
     """tuning bwd_rpb_sums: the dK / dV kernel sums d rpb in a shared-memory table per warp
     (plain adds), in one shared table (atomics) or straight into d rpb (global atomics); every
     mode gives the reference's gradients, on every test case and a grid whose key tiles visit
     many query tiles, and the plan reports the mode that runs. Small tables get the per-warp
     copies by default; the tuning key needs a bias."""
-    if kernel == "sm90" and not _hopper():
-        pytest.skip("the sm90 dK / dV kernel needs compute capability 9.0")
+    if kernel != "sm80" and not _hopper():
+        pytest.skip(f"the {kernel} dK / dV kernel needs compute capability 9.0")
     cases = list(CASES) + [(2, [40, 36], [7, 7], [1, 1], [1, 1], [False, False], 2, 2, 0)]
     for i, case in enumerate(cases):
         rank, shape, ks = case[:3]
@@ -278,6 +282,36 @@ def test_backward_rpb_sums_modes(kernel):
         assert auto["backward_rpb_sums"] == "warps", auto
     with pytest.raises(NotImplementedError, match="bwd_rpb_sums needs a relative positional"):
         fna.fused_plan((2, 16, 16, 2, 16), 5, tuning={"bwd_rpb_sums": "warps"})
+
+
+def test_warp_specialized_backward():
+    """Where key tiles visit many query tiles (windows of 39 x 37 on 48 x 40) the plan runs the
+    warp-specialized Hopper backward with a bias as without one; its bias instance gives the
+    reference's gradients at head dims 64 and 128, with d rpb by global atomics (the plan's
+    choice for a table of 5,621 entries) and in one shared table, over a query region and with
+    additional keys (whose launch takes no bias), by TMA and by cp.async."""
+    if not _hopper():
+        pytest.skip("the sm90ws dK / dV kernel needs compute capability 9.0")
+    case = (2, [48, 40], [39, 37], [1, 1], [1, 1], [False, False], 4, 2, 3)
+    for D in (64, 128):
+        q = (2, *case[1], case[6], D)
+        kw = dict(is_causal=case[5], heads_kv=case[7], dtype="bfloat16")
+        plain = fna.fused_plan(q, case[2], **kw)
+        plan = fna.fused_plan(q, case[2], rpb=True, **kw)
+        assert plain["backward_family"] == plan["backward_family"] == "sm90ws", (plain, plan)
+        assert plan["backward_rpb_sums"] == "global", plan
+        _run(case, torch.bfloat16, seed_of("rpb-ws", D), f"sm90ws D={D}", D=D, Dv=D)
+        assert fna._C.last_fused_launch()["backward"] == plan["backward_config"]
+        _run(case, torch.bfloat16, seed_of("rpb-ws-region", D), f"sm90ws region D={D}", D=D,
+             Dv=D, query_offset=(9, 4))
+        _run(case, torch.float16, seed_of("rpb-ws-cp", D), f"sm90ws cp.async D={D}", D=D, Dv=D,
+             tuning={"bwd_copy": "cp_async"})
+    shared = {"bwd_rpb_sums": "shared"}
+    plan = fna.fused_plan((2, *case[1], case[6], 64), case[2], rpb=True, is_causal=case[5],
+                          heads_kv=case[7], dtype="bfloat16", tuning=shared)
+    assert plan["backward_rpb_sums"] == "shared" and plan["backward_family"] == "sm90ws", plan
+    _run(case, torch.bfloat16, seed_of("rpb-ws-shared"), "sm90ws shared table", D=64, Dv=64,
+         tuning=shared)
 
 
 def test_deterministic_fused():
@@ -339,9 +373,13 @@ def test_errors():
         fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
                         deterministic=True, tuning={"bwd_rpb_sums": "global"})
     if _hopper():
-        with pytest.raises(Exception, match="rpb: the sm90ws backward adds no bias"):
-            fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused",
-                            tuning={"bwd_kernel": "sm90ws"})
+        # Padded head dim 256: the warp-specialized backward has no bias there.
+        big, _ = _make(case, seed_of("rpb-cuda-err-256"), torch.bfloat16, 256, 256)
+        qb, kb, vb = (big[n].detach() for n in ("q", "k", "v"))
+        ob, lb = fna.na2d(qb, kb, vb, ks, rpb=rpb, return_lse=True, backend="cuda-fused")
+        with pytest.raises(Exception, match="sm90ws backward at padded head dim 256 adds no bias"):
+            fna.na_backward(torch.randn_like(ob), qb, kb, vb, ob, lb, ks, rpb=rpb,
+                            backend="cuda-fused", tuning={"bwd_kernel": "sm90ws"})
     # The explicit backward returns d rpb last, equal to autograd's.
     grads = fna.na_backward(d_out, q, k, v, out, lse, ks, rpb=rpb, backend="cuda-fused")
     x = {n: low[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "rpb")}
@@ -354,14 +392,15 @@ def test_errors():
 
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_every_backward_config(rank):
-    """Every backward tile configuration that takes a bias (the sm80 and plain Hopper ones):
+    """Every backward tile configuration that takes a bias (sm80, plain and warp-specialized
+    Hopper):
     query and key tiles whose last extent is a multiple of 8 sum d rpb along diagonals first,
     the others (3-D cubes of 4) add each value by itself; both against the reference."""
     case = {1: (1, [70], [9], [1], [2], [False], 2, 1, 0),
             2: (2, [18, 20], [5, 7], [1, 1], [1, 2], [False, True], 2, 2, 0),
             3: (3, [9, 10, 12], [3, 5, 5], [1, 1, 1], [1, 1, 2], [False, False, True], 2, 1, 0)}[rank]
     names = [n for n in fna.fused_backward_configs(rank, torch.bfloat16, 16)
-             if "_sm90ws_" not in n and (_hopper() or "_sm90_" not in n)]
+             if _hopper() or "_sm90" not in n]
     assert names
     for name in names:
         _run(case, torch.bfloat16, seed_of("rpb-cuda-cfg", name), name, backward_config=name)

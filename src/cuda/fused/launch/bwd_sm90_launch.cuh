@@ -88,13 +88,23 @@ Status launch_ws_grids(K kernel, K plain, int threads, size_t smem, const std::s
   return launch_error(("dkdv (" + what + ", additional, atomic dq)").c_str());
 }
 
-// The warp-specialized Hopper dK / dV kernel with kSteps query tiles per step.
+// The warp-specialized Hopper dK / dV kernel with kSteps query tiles per step; with a bias, its
+// bias instance over the neighborhood (d rpb tables after its own shared memory: l.bias_smem) and
+// the plain one over the additional keys (which take no bias).
 template <typename T, int kD, int kSteps>
 Status launch_ws(const Params& p, const BwdLaunch& l, cudaStream_t stream) {
   using Tr = DkdvSm90WsTraits<T, kD, 2, kSteps>;
   auto plain = dkdv_sm90_ws_kernel<T, kD, 2, false, kSteps>;
-  return launch_ws_grids(l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, kSteps> : plain, plain,
-                         Tr::kThreads, Tr::kSmem, "sm90ws", p, l, stream);
+  auto kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, kSteps> : plain;
+  if constexpr (kSteps == 1) {
+    if (p.rpb != nullptr)
+      kernel = l.tma.on ? dkdv_sm90_ws_kernel<T, kD, 2, true, 1, true>
+                        : dkdv_sm90_ws_kernel<T, kD, 2, false, 1, true>;
+  } else if (p.rpb != nullptr) {  // the plan never asks for it
+    return {Code::runtime_error, "dkdv (sm90ws): paired query tiles with a bias"};
+  }
+  return launch_ws_grids(kernel, plain, Tr::kThreads, Tr::kSmem + l.bias_smem, "sm90ws", p, l,
+                         stream);
 }
 
 // The padded-head-dim-256 warp-specialized kernel (bwd_dkdv_sm90_d256.cuh; 64-key tiles x 64

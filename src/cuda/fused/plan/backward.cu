@@ -272,15 +272,16 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     family = bwd_visits_per_key_tile(pr, p, dpad) >= 16.0 ? fused::BwdFamily::sm90ws
                                                           : fused::BwdFamily::sm90;
   }
-  if (pr.rpb) {
-    // The bias is in the sm80 and plain Hopper dK / dV kernels (and the sm80 dQ kernel of the
-    // deterministic mode, whose d rpb sums go to per-CTA slots: below).
+  if (pr.rpb && dpad == 256) {
+    // The bias is in the sm80 and Hopper dK / dV kernels up to padded head dim 128 (and the sm80
+    // dQ kernel of the deterministic mode, whose d rpb sums go to per-CTA slots: below); the
+    // head-dim-256 kernel (bwd_dkdv_sm90_d256.cuh) has none.
     if (named == nullptr && t.bwd_kernel == BwdKernel::automatic &&
         family == fused::BwdFamily::sm90ws)
-      family = sm90_built(pr.dtype, dpad, fused::BwdFamily::sm90) ? fused::BwdFamily::sm90
-                                                                  : fused::BwdFamily::sm80;
+      family = fused::BwdFamily::sm80;
     if (family == fused::BwdFamily::sm90ws)
-      return unsupported("rpb: the sm90ws backward adds no bias (the sm80 and sm90 kernels do)");
+      return unsupported("rpb: the sm90ws backward at padded head dim 256 adds no bias (the sm80 "
+                         "kernels do)");
   }
   if (family != fused::BwdFamily::sm80) {
     const std::string what = named != nullptr ? "backward_config='" + opt.backward_config + "'"

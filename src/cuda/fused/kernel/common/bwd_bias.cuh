@@ -1,9 +1,9 @@
-// The relative positional bias in the dK / dV kernels (bwd_dkdv_sm80.cuh, bwd_dkdv_sm90.cuh), on
-// their S^T layout: this thread's key rows wrow + lane / 4 and 8 below, query columns
-// n * 8 + 2 * (lane % 4) + j of the query sub-tile. P^T recomputes the forward's biased logits,
-// and dS^T, the gradient of the logits, is summed per table entry into the current head's table
-// in shared memory, which goes to d rpb with one global atomic per entry when the CTA's walk
-// moves to the next head and at its end. Where shared memory holds a copy per warp
+// The relative positional bias in the dK / dV kernels (bwd_dkdv_sm80.cuh, bwd_dkdv_sm90.cuh,
+// bwd_dkdv_sm90_ws.cuh), on their S^T layout: this thread's key rows wrow + lane / 4 and 8 below,
+// query columns n * 8 + 2 * (lane % 4) + j of the query sub-tile. P^T recomputes the forward's
+// biased logits, and dS^T, the gradient of the logits, is summed per table entry into the current
+// head's table in shared memory, which goes to d rpb with one global atomic per entry when the
+// CTA's walk moves to the next head and at its end. Where shared memory holds a copy per warp
 // (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else the warp's
 // diagonal sums go straight into d rpb (Params::d_rpb_global), or, where tuning asks for it, one
 // table takes shared atomics (compare-and-swap loops on Hopper: slower, plan/backward.cu).
@@ -39,6 +39,13 @@ __host__ __device__ constexpr size_t bias_region_offset(size_t kernel_smem) {
   return (kernel_smem + 15) / 16 * 16;
 }
 
+// The bias functions run on the kThreads threads that compute the scores (the whole CTA, or the
+// warp-specialized kernel's compute warpgroups): `tid` is the thread's index among them (its
+// warp tid / 32 owns table copy tid / 32), `sync` their barrier.
+struct CtaSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
 // The thread's key rows of the key tile at kv0; fills qrel from the tile's packed row offsets
 // `qoff` (kQ rows) and zeroes the table copies when the kernel computes d rpb (`grad`), both made
 // visible by the caller's next barrier; with p.d_rpb_global points the sums straight at head
@@ -46,7 +53,8 @@ __host__ __device__ constexpr size_t bias_region_offset(size_t kernel_smem) {
 template <int kThreads, int kQ>
 __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, bool grad,
                                               const int* kv0, int wrow, int lane, int h0,
-                                              const uint32_t* qoff, unsigned char* region) {
+                                              const uint32_t* qoff, unsigned char* region,
+                                              int tid) {
   BwdBias bb;
   bb.on = p.rpb != nullptr && !additional;
   int* qrel = reinterpret_cast<int*>(region);
@@ -55,7 +63,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
   bb.priv = !p.d_rpb_global && p.d_rpb_warps > 0;
   bb.acc = !(bb.on && grad) ? nullptr
            : p.d_rpb_global ? p.d_rpb + int64_t(h0) * p.rpb_stride[0]
-           : bb.priv        ? bb.table + (threadIdx.x >> 5) * p.rpb_pitch
+           : bb.priv        ? bb.table + (tid >> 5) * p.rpb_pitch
                             : bb.table;
   bb.h = h0;
   bb.kb[0] = bb.kb[1] = 0;
@@ -68,7 +76,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
       bb.kb[half] +=
           (kv0[a] + unpack_offset(off, a) + p.geo.axis[a].kernel - 1) * p.rpb_stride[1 + a];
   }
-  for (int i = threadIdx.x; i < kQ; i += kThreads) {
+  for (int i = tid; i < kQ; i += kThreads) {
     int r = 0;
 #pragma unroll
     for (int a = 0; a < kAxes; ++a) r += unpack_offset(qoff[i], a) * p.rpb_stride[1 + a];
@@ -76,7 +84,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
   }
   if (bb.acc != nullptr && !p.d_rpb_global) {
     const int n = bb.priv ? p.d_rpb_warps * p.rpb_pitch : p.rpb_elems;
-    for (int i = threadIdx.x; i < n; i += kThreads) bb.table[i] = 0.f;
+    for (int i = tid; i < n; i += kThreads) bb.table[i] = 0.f;
   }
   return bb;
 }
@@ -84,7 +92,7 @@ __device__ __forceinline__ BwdBias bias_setup(const Params& p, bool additional, 
 // The table's sums (every copy's, in order) into d rpb of head bb.h (after a barrier that follows
 // every add), zeroing them; with p.d_rpb_part stored into this CTA's slot of the head instead.
 template <int kThreads>
-__device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
+__device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb, int tid) {
   if (p.d_rpb_global) return;  // the adds went to d rpb directly
   float* g = p.d_rpb + int64_t(bb.h) * p.rpb_stride[0];
   float* part = nullptr;
@@ -94,7 +102,7 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
             bb.h % p.heads_per_kv) *
                int64_t(p.rpb_elems);
   const int copies = bb.priv ? p.d_rpb_warps : 1;
-  for (int i = threadIdx.x; i < p.rpb_elems; i += kThreads) {
+  for (int i = tid; i < p.rpb_elems; i += kThreads) {
     float v = 0.f;
     for (int c = 0; c < copies; ++c) {
       float* t = bb.table + c * p.rpb_pitch + i;
@@ -111,17 +119,18 @@ __device__ __forceinline__ void bias_flush(const Params& p, const BwdBias& bb) {
 // At the top of an iteration (after its first barrier) of query head h: a change of head flushes
 // the previous head's sums; the barrier after it (the same branch on every thread) keeps new
 // adds behind the zeroing.
-template <int kThreads>
-__device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int h) {
+template <int kThreads, class Sync = CtaSync>
+__device__ __forceinline__ void bias_next_head(const Params& p, BwdBias& bb, int h, int tid,
+                                               Sync sync = {}) {
   if (bb.acc != nullptr && h != bb.h) {
     if (p.d_rpb_global) {  // (no shared sums, no barrier)
       bb.acc = p.d_rpb + int64_t(h) * p.rpb_stride[0];
       bb.h = h;
       return;
     }
-    bias_flush<kThreads>(p, bb);
+    bias_flush<kThreads>(p, bb, tid);
     bb.h = h;
-    __syncthreads();
+    sync();
   }
 }
 

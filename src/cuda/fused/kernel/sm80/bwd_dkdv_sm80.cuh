@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   BwdBias bias{};
   if constexpr (kBias)
     bias = bias_setup<kThreads, kQ>(p, additional, kDoDk, kv0, wrow, lane, cur.h, s_qoff,
-                                    smem + bias_region_offset(Tr::kSmem));
+                                    smem + bias_region_offset(Tr::kSmem), tid);
 
   if (n_iter > 0) load_q_tile(cur, 0);
   for (int64_t it = 0; it < n_iter; ++it) {
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     cp_async_wait_all();
     __syncthreads();
     if (it + 1 < n_iter) load_q_tile(cur.after(p, additional, qr, nq), buf ^ 1);
-    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h, tid);
     const bool masked = !s_full[buf];
     const int* q0 = cur.q0;
     const uint32_t baseQ = smem_u32(sQ + buf * kQ * kD), baseO = smem_u32(sdO + buf * kQ * kD);
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   if constexpr (kBias) {
     if (bias.acc != nullptr) {
       __syncthreads();  // every thread's adds to the last head's table
-      bias_flush<kThreads>(p, bias);
+      bias_flush<kThreads>(p, bias, tid);
     }
   }
 

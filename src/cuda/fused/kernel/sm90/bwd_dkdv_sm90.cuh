@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
   BwdBias bias{};
   if constexpr (kBias)
     bias = bias_setup<kThreads, kQ>(p, additional, true, kv0, wrow, lane, cur.h, s_qoff,
-                                    smem_raw + bias_region_offset(Tr::kSmem));
+                                    smem_raw + bias_region_offset(Tr::kSmem), tid);
 
   // Steps are loaded kBufs - 1 iterations ahead: `ahead` walks the tile loaded next, `loaded`
   // counts the tiles loaded (or cleared).
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
     wgmma::fence_proxy_async();
     __syncthreads();
     prefetch(it);
-    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h);
+    if constexpr (kBias) bias_next_head<kThreads>(p, bias, cur.h, tid);
     const uint32_t aDs = base + Tr::kOffDs;
     const int* q0 = cur.q0;
     const uint32_t aQ = base + Tr::kOffQ + buf * Tr::kQBytes;
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(2 * kKVRows,
   if constexpr (kBias) {
     if (bias.acc != nullptr) {
       __syncthreads();  // every thread's adds to the last head's table
-      bias_flush<kThreads>(p, bias);
+      bias_flush<kThreads>(p, bias, tid);
     }
   }
 

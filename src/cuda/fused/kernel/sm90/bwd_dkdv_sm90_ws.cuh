@@ -9,6 +9,7 @@
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/fused/plan/bwd_plan.h"
+#include "cuda/fused/kernel/common/bwd_bias.cuh"
 #include "cuda/fused/kernel/common/bwd_sm90_parts.cuh"
 
 namespace fna {
@@ -185,10 +186,14 @@ __device__ __forceinline__ void ws_load(const Params& p, const Group& G, bool ad
   }
 }
 
-template <typename T, int kD, int kStgT = 2, bool kTma = false, int kSteps = 1>
+// kBias: the call has a relative positional bias (its own instantiation; one query tile per step):
+// the compute warpgroups recompute the biased P^T and sum d rpb as the plain kernel does
+// (bwd_bias.cuh, its table copies one per compute warp, in shared memory after Tr::kSmem).
+template <typename T, int kD, int kStgT = 2, bool kTma = false, int kSteps = 1, bool kBias = false>
 __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, const bool additional,
                                                               const __grid_constant__ BwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!kBias || kSteps == 1, "a bias: one query tile per step");
   using Tr = DkdvSm90WsTraits<T, kD, kStgT, kSteps>;
   constexpr int kStg = Tr::kStg;
   constexpr int kStages = Tr::kStages;
@@ -276,10 +281,20 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
   const uint32_t aV = base + Tr::kOffV + c * 64 * 128;
   QWalk cur;
   cur.start(p, additional, hkv, qr);
+  const int ctid = tid - 128;  // 0 .. 255 over the compute warpgroups
+  BwdBias bias{};
+  if constexpr (kBias) {
+    bias = bias_setup<256, kQ>(p, additional, true, kv0, wrow, lane, cur.h, s_qoff,
+                               smem_raw + bias_region_offset(Tr::kSmem), ctid);
+    consumer_sync();  // qrel and the zeroed tables
+  }
   mbar::wait(ring.kv_full(), 0);
 
   for (int64_t it = 0; it < n_iter; ++it) {
     const int st = int(it % kStages);
+    // A new head flushes the last one's d rpb sums: every add of theirs preceded the last step's
+    // barrier before dQ.
+    if constexpr (kBias) bias_next_head<256>(p, bias, cur.h, ctid, [] { consumer_sync(); });
     mbar::wait(ring.full(st), uint32_t(it / kStages) & 1u);
     wgmma::fence_proxy_async();
     const int* q0 = cur.q0;
@@ -297,14 +312,28 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
     // both warpgroups' dQ of the last step have read it before it is rewritten.
     float s[kNB][4], dp[kNB][4];
     uint32_t ap[kNB / 2][4], ad[kNB / 2][4];
-    Step::step_products(
-        s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad, ds, wrow, lane,
-        [&](float (&sm)[kNB][4]) {
-          mask_step<kSteps>(sm, s_full + st * kSteps, s_kinv, s_cm, p, q0, second.q0, wrow, lane);
-        },
-        [&] {
-          if (Tr::kDsBufs == 1) consumer_sync();
-        });
+    auto mask = [&](float (&sm)[kNB][4]) {
+      mask_step<kSteps>(sm, s_full + st * kSteps, s_kinv, s_cm, p, q0, second.q0, wrow, lane);
+    };
+    auto before_ds = [&] {
+      if (Tr::kDsBufs == 1) consumer_sync();
+    };
+    if constexpr (kBias) {
+      // (as the plain kernel's bias instances: P^T and dS^T in turn)
+      Step::sdp(s, dp, aK, aV, aQ, aO);
+      mask(s);
+      before_ds();
+      if (bias.on) {
+        bias_softmax<kNB, true>(p, bias, cur.h, s, dp, stat, bias.qrel, q0, lane);
+        Step::pack(s, dp, ap, ad, ds, wrow, lane);
+      } else {
+        Step::softmax_pack(s, dp, stat, p.scale_log2, ap, ad, ds, wrow, lane);
+      }
+      Step::issue_acc(acc_dv, ap, aO);
+    } else {
+      Step::step_products(s, dp, acc_dv, aK, aV, aQ, aO, stat, p.scale_log2, ap, ad, ds, wrow,
+                          lane, mask, before_ds);
+    }
 
     // Every dS^T row in shared memory (both compute warpgroups), then dQ = dS K.
     wgmma::fence_proxy_async();
@@ -350,6 +379,13 @@ __global__ void __launch_bounds__(384, 1) dkdv_sm90_ws_kernel(const Params p, co
       cur = second.after(p, additional, qr, nq);
     else
       cur.next(p, additional, qr, nq);
+  }
+
+  if constexpr (kBias) {
+    if (bias.acc != nullptr) {
+      consumer_sync();  // every compute thread's adds to the last head's table
+      bias_flush<256>(p, bias, ctid);
+    }
   }
 
   store_dkdv<true, true, kDB, E>(p, G, additional, b, hkv, kv0, n0, wrow, lane, acc_dk, acc_dv);
