@@ -1,7 +1,7 @@
 // The fused backward's instantiation table (its tile configurations are run-time shapes: the
-// table of styles in plan/backward.cu): one row per (element type, padded head dim) of the
+// table of styles in plan/bwd_choice.cu): one row per (element type, padded head dim) of the
 // mma.sync kernels, and the Hopper dK / dV kernels' rows. The build generates one file per row
-// (CMakeLists.txt fna_instantiate), plan/backward.cu declares them from the same table.
+// (CMakeLists.txt fna_instantiate), plan/backward.cu and bwd_choice.cu declare them from the same table.
 #pragma once
 
 // The fused backward's instantiations: X(element type, padded head dim), one per (dtype, head

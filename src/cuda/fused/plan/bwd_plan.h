@@ -1,4 +1,4 @@
-// Host: the backward's launch plan (what make_bwd_plan in backward.cu decides and the launchers
+// Host: the backward's launch plan (what make_bwd_plan in bwd_choice.cu decides and the launchers
 // consume) and the TMA maps of the warp-specialized dK / dV kernel's query tiles.
 #pragma once
 
@@ -77,7 +77,7 @@ struct Sm90DqStep {
   std::string name;  // fna_dq_sm90_<dtype>_d<head dim>_q<tile>_kv<tile>_w<warps>
 };
 
-// Everything the backward launchers consume: decided by make_bwd_plan (backward.cu).
+// Everything the backward launchers consume: decided by make_bwd_plan (bwd_choice.cu).
 struct BwdLaunch {
   fused::BwdFamily family = fused::BwdFamily::sm80;  // the dK / dV kernel
   int kv_rows = 128;           // sm90: keys per dK / dV tile (64 or 128; sm90ws: 128)

@@ -1,5 +1,5 @@
 // Host: the plan of the backward's kernels after the Hopper dK / dV kernel's own choice, part of
-// make_bwd_plan (backward.cu): the strip kernels (fwd_strip.cuh with StripRole::dq / dkdv) and
+// make_bwd_plan (bwd_choice.cu): the strip kernels (fwd_strip.cuh with StripRole::dq / dkdv) and
 // the Hopper dQ kernel (fwd_sm90.cuh's dQ role): whether they run, their tiles, CTAs and TMA
 // maps, and names.
 #pragma once

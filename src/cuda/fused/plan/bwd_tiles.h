@@ -1,6 +1,6 @@
 // Host: the fused backward's heuristic tile shapes (pick_tiles) and the plain Hopper dK / dV
 // kernel's keys per tile (sm90_key_rows), from the lifted geometry alone. make_bwd_plan
-// (backward.cu) decides with them; tests/cpp/bwd_tiles_test.cpp checks their choices on the CPU.
+// (bwd_choice.cu) decides with them; tests/cpp/bwd_tiles_test.cpp checks their choices on the CPU.
 #pragma once
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 // CTA's walk moves to the next head and at its end. Where shared memory holds a copy per warp
 // (Params::d_rpb_warps) each warp adds into its own with plain loads and stores; else the warp's
 // diagonal sums go straight into d rpb (Params::d_rpb_global), or, where tuning asks for it, one
-// table takes shared atomics (compare-and-swap loops on Hopper: slower, plan/backward.cu).
+// table takes shared atomics (compare-and-swap loops on Hopper: slower, plan/bwd_choice.cu).
 //
 // The bias region (shared memory after the kernel's own, BwdLaunch::bias_smem): int qrel[kQ],
 // the table offset of each query-tile row (its packed offsets times the table strides), then

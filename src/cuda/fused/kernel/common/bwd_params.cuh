@@ -66,7 +66,7 @@ struct Params : fused::ProblemBlock {
 };
 
 // The CTA's grid row: (batch, head, group) rows past gridDim.y's limit of 65535 continue over
-// blockIdx.z (fold_rows in plan/backward.cu); rows past the problem's count are the fold's
+// blockIdx.z (fold_rows in plan/bwd_choice.cu); rows past the problem's count are the fold's
 // padding, which the kernels skip.
 __device__ __forceinline__ unsigned grid_row() { return blockIdx.y + gridDim.y * blockIdx.z; }
 

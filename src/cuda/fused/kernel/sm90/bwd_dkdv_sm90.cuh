@@ -19,7 +19,7 @@
 // and dQ per warpgroup over its own keys (no barrier before dQ, twice the atomics) 4-10% slower.
 // The 64-key instance (kKVRows = 64, one warpgroup taking every dQ column block) serves small
 // windows, where a 64-key tile's inverse neighborhood spans fewer query tiles per key (the plan
-// weighs the steps: plan/backward.cu). At head dim 64 it runs three CTAs per SM: at most 168
+// weighs the steps: plan/bwd_choice.cu). At head dim 64 it runs three CTAs per SM: at most 168
 // registers (__launch_bounds__; about 80 bytes spill) and two query-tile buffers (65 KB of shared
 // memory; DkdvSm90Traits::kBufs). Against two CTAs with three buffers (214 registers) that ran
 // forward+backward 0.88x on dinat-t, 0.94x on nat-t and 0.91x on 1d-small (H200, same-run A/B,
@@ -40,7 +40,7 @@
 //
 // dkdv_sm90_ws_kernel (bwd_dkdv_sm90_ws.cuh) is the same step (Sm90Step) in a warp-specialized
 // CTA: a data-movement warpgroup does the copies and the dQ reductions. The plan's default where
-// key tiles visit many query tiles (plan/backward.cu).
+// key tiles visit many query tiles (plan/bwd_choice.cu).
 #pragma once
 
 #include "cuda/fused/kernel/common/bwd_bias.cuh"

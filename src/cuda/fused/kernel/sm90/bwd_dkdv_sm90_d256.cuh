@@ -1,5 +1,5 @@
 // dK / dV (and atomic dQ) kernel of the fused backward on Hopper's warpgroup MMAs at padded head
-// dim 256 (sm_90a): the plan's Hopper backward for head dims 129-256 (plan/backward.cu).
+// dim 256 (sm_90a): the plan's Hopper backward for head dims 129-256 (plan/bwd_choice.cu).
 //
 // At head dim 256 a warpgroup cannot hold dK and dV of 64 keys (128 + 128 float registers per
 // thread), so the two compute warpgroups of a CTA share one 64-key tile and split the head dim:

@@ -1,7 +1,7 @@
 // Warp-specialized dK / dV (and atomic dQ) kernel of the fused backward on Hopper (sm_90a): the
 // step of dkdv_sm90_kernel (bwd_dkdv_sm90.cuh, whose Sm90Step products it shares) in a CTA whose
 // copies and dQ reductions run on a warpgroup of their own. The plan's default where key tiles
-// visit many query tiles (plan/backward.cu).
+// visit many query tiles (plan/bwd_choice.cu).
 #pragma once
 
 #include <string>
