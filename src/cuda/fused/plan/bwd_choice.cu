@@ -150,12 +150,12 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
   // sm80 kernels with their dQ kernel. Forward+backward, sm80 / Hopper (H100, 2026-11-28):
   // measured in docs/benchmarks.md.
   bool det_hopper = false;
+  Sm90DqStep det_dq;  // (its step, passed on to plan_strips)
   if (opt.deterministic && named == nullptr && hopper_ok && t.bwd_dq_sm90 != Switch::off &&
       t.bwd_q_pairs != Switch::on &&
       (t.bwd_kernel == BwdKernel::automatic || t.bwd_kernel == BwdKernel::sm90)) {
-    Sm90DqStep probe;
     std::string why;
-    det_hopper = plan_dq_sm90(pr, opt, dev, p, &probe, &why);
+    det_hopper = plan_dq_sm90(pr, opt, dev, p, &det_dq, &why);
   }
   fused::BwdFamily family = fused::BwdFamily::sm80;
   if (named != nullptr) {
@@ -358,7 +358,7 @@ Status make_bwd_plan(const Problem& pr, const Options& opt, const Params& p, Bwd
     if (!l.tma.on && t.bwd_copy == CopyEngine::tma)
       return unsupported("tuning bwd_copy='tma': TMA cannot load this call's query tiles: " + why);
   }
-  st = plan_strips(pr, opt, named != nullptr, dev, pk, &l);
+  st = plan_strips(pr, opt, named != nullptr, dev, pk, det_hopper ? &det_dq : nullptr, &l);
   if (!st.ok()) return st;
   if (t.bwd_copy != CopyEngine::automatic && l.family != fused::BwdFamily::sm90ws &&
       l.dq_strip.dim == 0 && !l.dq_sm90.on)

@@ -132,7 +132,8 @@ Status plan_dq_strip(const Tuning& t, const detail::DeviceProps& dev, const Para
 // that make_bwd_plan gave the plain Hopper kernel, or where tuning asks. `on` asks for a kernel
 // (unsupported where it does not apply), `off` never, automatic as measured below.
 Status plan_strips(const Problem& pr, const Options& opt, bool named,
-                   const detail::DeviceProps& dev, const Params& p, BwdLaunch* l) {
+                   const detail::DeviceProps& dev, const Params& p, const Sm90DqStep* dq_planned,
+                   BwdLaunch* l) {
   const Tuning& t = opt.tuning;
   l->dq_strip = l->dkdv_strip = StripStep{};
   const std::string rules = strip_bwd_rules(pr, p);
@@ -231,7 +232,10 @@ Status plan_strips(const Problem& pr, const Options& opt, bool named,
               std::string(fused::family_name(l->family)));
   if (l->q_steps != 1) return no("paired query tiles (tuning bwd_q_pairs)");
   Sm90DqStep dq;
-  if (!plan_dq_sm90(pr, opt, dev, p, &dq, &why)) return no(why);
+  if (dq_planned != nullptr)  // (the same call's step: planned once)
+    dq = *dq_planned;
+  else if (!plan_dq_sm90(pr, opt, dev, p, &dq, &why))
+    return no(why);
   l->dq_sm90 = dq;
   return Status::Ok();
 }

@@ -13,10 +13,13 @@
 namespace fna {
 namespace bwd {
 
-// The strip backward kernels (BwdLaunch::dq_strip, dkdv_strip), decided after the rest of the
-// plan (`named`: a backward configuration was named); bwd_strip.cu says when each runs.
+// The strip backward kernels (BwdLaunch::dq_strip, dkdv_strip) and the Hopper dQ kernel
+// (dq_sm90), decided after the rest of the plan (`named`: a backward configuration was named;
+// `dq_planned`: the Hopper dQ kernel's step where make_bwd_plan has planned it for this call, else
+// null); bwd_strip.cu says when each runs.
 Status plan_strips(const Problem& pr, const Options& opt, bool named,
-                   const detail::DeviceProps& dev, const Params& p, BwdLaunch* l);
+                   const detail::DeviceProps& dev, const Params& p, const Sm90DqStep* dq_planned,
+                   BwdLaunch* l);
 
 // The Hopper dQ kernel's step for the call (BwdLaunch::dq_sm90; bwd_dq_sm90.cu): false with `why`
 // where it does not run the call.
