@@ -20,8 +20,8 @@ inline Status unsupported(const std::string& why) {
 }
 
 // Everything the backward runs, decided once: tiles and walks of both kernels, the dK / dV
-// kernel's family, the dQ mode, grids, and the TMA maps. `p` carries the call's geometry, sizes
-// and strides (placeholders when planning without tensors); p_dkdv / p_dq receive the tiles.
+// kernel's family, the dQ mode, grids, and the TMA maps; p_dkdv / p_dq are the call's Params with
+// each kernel's tiles.
 struct BwdPlan {
   BwdConfig cfg{};  // the configuration that runs (Options::backward_config or the plan's)
   int dpad = 64;
