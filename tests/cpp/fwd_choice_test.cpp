@@ -94,10 +94,51 @@ TEST(ForwardChoice, TakesTheFastestMeasuredTilesOnHopper) {
        "fna_fwd_strip_bf16_d128_q8x16_b2x8_w8"},
       {"dinat-t at head dim 128", 32, 3, {56, 56}, {7, 7}, {8, 8}, {false, false}, 128,
        "fna_fwd_sm90_bf16_d128_q8x16_kv8x8_w8"},
+      // Head dim 64, 192-query tiles where no tile is masked (H200, 2026-11-28, every Hopper
+      // configuration timed): a whole 16x32x32 grid 2.224 ms against 2.382 for the plain 2x8x8
+      // tiles (ForwardChoice.NoMaskedTilesForQ192AtHeadDim64: not where tiles are masked).
+      {"3-D whole grid at head dim 64", 1, 16, {16, 32, 32}, {16, 32, 32}, {1, 1, 1},
+       {false, false, false}, 64, "fna_fwd_sm90ws_bf16_d64_q3x8x8_kv2x8x8_w16"},
       {"random-13 (seed 2026, head dim 128)", 1, 2, {96, 128}, {13, 7}, {1, 1}, {false, false},
        128, "fna_fwd_sm90ws_f16_d128_q24x8_kv8x8_w16", fna::DType::f16},
   };
   for (const Case& c : cases) EXPECT_EQ(choice(c, hopper), c.expect) << c.what;
+#endif
+}
+
+// The 192-query tiles at head dim 64 (3x8x8 / 2x8x8) spill on their masked path and ran slower
+// wherever windows mask tiles (H200, 2026-11-28: 3d-video's shape at head dim 64 30.66 ms against
+// 29.96 for the plain 2x8x8 tiles, 9x9x9 1.416 against 1.210, 13x13x13 1.289 against 1.173), so
+// the plan does not offer them there: not with windows smaller than an axis, a causal axis, or
+// dilation groups the windows do not cover. Here the plan may take any other tile.
+TEST(ForwardChoice, NoMaskedTilesForQ192AtHeadDim64) {
+#if !defined(FNA_WITH_CUDA_FUSED)
+  GTEST_SKIP() << "built without the CUDA kernels: no forward configuration table";
+#else
+  if (!has_hopper_kernels()) GTEST_SKIP() << "built without the Hopper (sm_90a) kernels";
+  const fna::detail::DeviceProps hopper{9, 0, 132, 227 * 1024};
+  const std::string q192 = "fna_fwd_sm90ws_bf16_d64_q3x8x8_kv2x8x8_w16";
+  const std::vector<Case> masked = {
+      {"3d-video's shape at head dim 64", 1, 24, {30, 48, 80}, {18, 24, 24}, {1, 1, 1},
+       {false, false, false}, 64, ""},
+      {"9x9x9", 2, 16, {16, 32, 32}, {9, 9, 9}, {1, 1, 1}, {false, false, false}, 64, ""},
+      {"13x13x13", 1, 8, {32, 32, 32}, {13, 13, 13}, {1, 1, 1}, {false, false, false}, 64, ""},
+      {"whole grid, causal frames", 1, 16, {16, 32, 32}, {16, 32, 32}, {1, 1, 1},
+       {true, false, false}, 64, ""},
+      {"whole grid but one axis", 1, 16, {16, 32, 32}, {16, 31, 32}, {1, 1, 1},
+       {false, false, false}, 64, ""},
+      {"dilation 2 on half the grid", 1, 16, {16, 32, 32}, {8, 16, 15}, {2, 2, 2},
+       {false, false, false}, 64, ""},
+  };
+  for (const Case& c : masked) {
+    const std::string got = choice(c, hopper);
+    EXPECT_EQ(got.rfind("fna_fwd_", 0), 0u) << c.what << ": " << got;
+    EXPECT_NE(got, q192) << c.what;
+  }
+  // Dilation whose windows cover their whole groups masks nothing: the tile is offered again.
+  const Case covered{"dilation 2, windows over whole groups", 1, 16, {16, 32, 32}, {8, 16, 16},
+                     {2, 2, 2}, {false, false, false}, 64, ""};
+  EXPECT_EQ(choice(covered, hopper), q192) << covered.what;
 #endif
 }
 

@@ -139,6 +139,14 @@
 // 0.304; on 12 random 1-D problems at head dims 32 / 64 the cost model picks the fastest
 // configuration 10 times, this tile where a SIMT one ran 1.04x / 1.09x faster the other two
 // (H200, same tool and day).
+// Head dim 64, 192 queries over 128-key tiles (3x8x8 / 2x8x8): on a whole-grid 16x32x32 problem
+// (16 heads) 2.224 ms against 2.382 for the plain 2x8x8 / 2x8x8 (1.00x cuDNN against 0.93x);
+// with windows that mask tiles it was slower (3d-video's shape at head dim 64 30.66 against
+// 29.96 ms, 9x9x9 1.416 against 1.210, 13x13x13 1.289 against 1.173; ptxas spills 96 bytes, its
+// masked path in the loop), so the plan offers it only where no tile is masked
+// (plan/fwd_choice.cu deep_enough). Its 1-D (q192 / kv128) and 2-D (24x8 / 8x16) versions spilled
+// more (180 / 256 bytes) and were slower everywhere, whole grids included (1.02x / 1.08x): not
+// listed (H200, 2026-11-28).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
   X(1, 64, 1, 1, 64, 1, 1, 64, Sm90, DT)     \
@@ -166,6 +174,7 @@
   X(3, 64, 2, 8, 8, 2, 4, 8, Sm90, DT)       \
   X(3, 64, 2, 4, 8, 4, 1, 16, Sm90, DT)      \
   X(3, 64, 1, 8, 8, 1, 4, 16, Sm90, DT)      \
+  X(3, 64, 3, 8, 8, 2, 8, 8, Sm90Ws, DT)     \
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90Ws, DT)    \
   X(3, 128, 2, 8, 8, 2, 4, 8, Sm90, DT)      \
   X(3, 128, 3, 8, 8, 2, 4, 8, Sm90Ws, DT)    \

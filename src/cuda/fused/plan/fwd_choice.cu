@@ -96,8 +96,16 @@ fused::Geometry geometry_of(const Problem& p) {
 // ran 2d-k3 1.14x, 2d-k7 1.18x and 2d-large 1.09x faster than the 8x16 tiles the plan took
 // before (H200, tools/experiments/fwd_configs.py). At rank 1 (64 consecutive rows per warpgroup) windows of 32
 // or more are offered them (1d-long: 1.19x).
+// At head dim 64 (3x8x8 / 2x8x8) they are offered only where every window is its whole dilation
+// group on every axis, so that no key tile is masked: there they ran 1.07x faster than the plain
+// 2x8x8 tiles, on masked tiles (whose path spills) 1.02-1.17x slower (configs/forward.h).
 static bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
   if (e.q_size() != 192) return true;
+  if (e.dim == 64) {
+    for (const nbr::Axis& a : geo.axis)
+      if (a.causal || int64_t(a.kernel) * a.dilation < a.length) return false;
+    return true;
+  }
   if (e.rank == 2) return true;
   return geo.axis[kAxes - e.rank].kernel >= (e.rank == 3 ? 9 : 32);
 }
