@@ -94,6 +94,15 @@ TEST(ForwardChoice, TakesTheFastestMeasuredTilesOnHopper) {
        "fna_fwd_strip_bf16_d128_q8x16_b2x8_w8"},
       {"dinat-t at head dim 128", 32, 3, {56, 56}, {7, 7}, {8, 8}, {false, false}, 128,
        "fna_fwd_sm90_bf16_d128_q8x16_kv8x8_w8"},
+      // Head dim 64, rank 1: q192 / kv128 for windows of 1024 or more (H200, 2026-11-28, every
+      // Hopper configuration timed): whole grid 2.118 ms against 2.468 for q128 / kv128, 2048 of
+      // 32768 tokens 0.698 against 0.809; with 513 q64 / kv64 ran fastest (0.297 against 0.319).
+      {"1-D whole grid at head dim 64", 1, 16, {16384}, {16384}, {1}, {false}, 64,
+       "fna_fwd_sm90ws_bf16_d64_q192_kv128_w16"},
+      {"1-D 2048 at head dim 64", 1, 16, {32768}, {2048}, {1}, {false}, 64,
+       "fna_fwd_sm90ws_bf16_d64_q192_kv128_w16"},
+      {"1-D 513 at head dim 64", 4, 16, {8192}, {513}, {1}, {false}, 64,
+       "fna_fwd_sm90_bf16_d64_q64_kv64_w4"},
       // Head dim 64, 192-query tiles where no tile is masked (H200, 2026-11-28, every Hopper
       // configuration timed): a whole 16x32x32 grid 2.224 ms against 2.382 for the plain 2x8x8
       // tiles (ForwardChoice.NoMaskedTilesForQ192AtHeadDim64: not where tiles are masked).

@@ -144,14 +144,18 @@
 // with windows that mask tiles it was slower (3d-video's shape at head dim 64 30.66 against
 // 29.96 ms, 9x9x9 1.416 against 1.210, 13x13x13 1.289 against 1.173; ptxas spills 96 bytes, its
 // masked path in the loop), so the plan offers it only where no tile is masked
-// (plan/fwd_choice.cu deep_enough). Its 1-D (q192 / kv128) and 2-D (24x8 / 8x16) versions spilled
-// more (180 / 256 bytes) and were slower everywhere, whole grids included (1.02x / 1.08x): not
-// listed (H200, 2026-11-28).
+// (plan/fwd_choice.cu deep_enough). At rank 1, q192 / kv128 (28 bytes spilled once the walk no
+// longer carried the lifted axes, 180 before) ran 16384 tokens with whole-grid windows in 2.118 ms
+// against 2.468 for q128 / kv128 (1.05x cuDNN), 2049-token windows 0.368 against 0.420, 8193
+// 1.130 against 1.309, 32768 tokens with 2048 0.698 against 0.809; with 513 0.319 against 0.297
+// for q64 / kv64: offered for windows of 1024 or more. The 2-D 24x8 / 8x16 spilled 236 bytes and
+// ran slower everywhere (whole grid 1.08x): not listed (H200, 2026-11-28).
 #define FNA_FWD_CONFIGS_SM90_RANK1(X, DT)    \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90, DT)    \
   X(1, 64, 1, 1, 64, 1, 1, 64, Sm90, DT)     \
   X(1, 64, 1, 1, 128, 1, 1, 64, Sm90Ws, DT)  \
   X(1, 64, 1, 1, 128, 1, 1, 128, Sm90Ws, DT) \
+  X(1, 64, 1, 1, 192, 1, 1, 128, Sm90Ws, DT) \
   X(1, 128, 1, 1, 128, 1, 1, 64, Sm90, DT)   \
   X(1, 128, 1, 1, 128, 1, 1, 64, Sm90Ws, DT) \
   X(1, 128, 1, 1, 192, 1, 1, 64, Sm90Ws, DT) \

@@ -96,11 +96,14 @@ fused::Geometry geometry_of(const Problem& p) {
 // ran 2d-k3 1.14x, 2d-k7 1.18x and 2d-large 1.09x faster than the 8x16 tiles the plan took
 // before (H200, tools/experiments/fwd_configs.py). At rank 1 (64 consecutive rows per warpgroup) windows of 32
 // or more are offered them (1d-long: 1.19x).
-// At head dim 64 (3x8x8 / 2x8x8) they are offered only where every window is its whole dilation
-// group on every axis, so that no key tile is masked: there they ran 1.07x faster than the plain
-// 2x8x8 tiles, on masked tiles (whose path spills) 1.02-1.17x slower (configs/forward.h).
+// At head dim 64 (configs/forward.h): q192 / kv128 for 1-D windows of 1024 or more (1.14-1.17x
+// faster than q128 / kv128 from 2049 up, 1.07x slower than q64 / kv64 at 513, where the cost
+// model would take it); 3x8x8 / 2x8x8 only where every window is its whole dilation group on
+// every axis, so that no key tile is masked: there it ran 1.07x faster than the plain 2x8x8
+// tiles, on masked tiles (whose path spills) 1.02-1.17x slower.
 static bool deep_enough(const FwdEntry& e, const fused::Geometry& geo) {
   if (e.q_size() != 192) return true;
+  if (e.dim == 64 && e.rank == 1) return geo.axis[kAxes - 1].kernel >= 1024;
   if (e.dim == 64) {
     for (const nbr::Axis& a : geo.axis)
       if (a.causal || int64_t(a.kernel) * a.dilation < a.length) return false;

@@ -71,9 +71,14 @@ __device__ __forceinline__ KvTile kv_tile_next(const KvSpan& s, int n_nbr, const
     n.add_begin = (it + 1 - n_nbr) * Tr::kN;
     return n;
   }
+  // The axes a rank below three lifts (length, kernel and tile extent 1: one tile, inside every
+  // window) keep their origin; walking them too held their span in registers (the head-dim-64
+  // 192-query 1-D kernel spilled 180 bytes, 28 without).
   bool carry = true, inside = true;
 #pragma unroll
-  for (int ax = kAxes - 1; ax >= 0; --ax) {
+  for (int ax = 0; ax < Tr::kFirstAxis; ++ax) n.origin[ax] = t.origin[ax];
+#pragma unroll
+  for (int ax = kAxes - 1; ax >= Tr::kFirstAxis; --ax) {
     int o = t.origin[ax];
     if (carry) {
       o += KT::ext(ax);
