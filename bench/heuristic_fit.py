@@ -20,8 +20,8 @@ with C (per CTA), K (per key tile) and P (per 64^3 multiply-adds of a tile) per 
 much co-resident plain CTAs share an SM) for the plain kernel. A launch cost common to every family
 does not change the argmin and is left out. Rules kept around the model, as in the plan: on Hopper
 only the wgmma families (and box / strip); 192-query tiles only where the first axis's window is 9+
-(deep_enough; at head dim 64 its own rule); the box forward only as its 16-warp entry, the strip forward as its 12-warp entry
-where present.
+(deep_enough; at head dim 64 its own rule); the box forward only as its 16-warp entry, the strip
+forward as its 12-warp entry where present.
 """
 import argparse
 import json
@@ -111,8 +111,9 @@ def problems(path):
         # rank 1 with windows of 32+; at padded head dim 64, rank 1 with windows of 1024+ and
         # rank 3 only where no key tile is masked (every window its whole dilation group).
         deep = rank == 2 or k0 >= (9 if rank == 3 else 32)
-        cands = [c for c in cands if not (c["fam"] == "sm90ws" and c["q"] == 192
-                                          and not (deep_d64(r, rank, k0) if c["D"] == 64 else deep))]
+        cands = [c for c in cands
+                 if not (c["fam"] == "sm90ws" and c["q"] == 192
+                         and not (deep_d64(r, rank, k0) if c["D"] == 64 else deep))]
         cands = [c for c in cands if not (c["fam"] == "box" and c["warps"] != 16)]
         if any(c["fam"] == "strip" and c["warps"] == 12 for c in cands):
             cands = [c for c in cands if not (c["fam"] == "strip" and c["warps"] != 12)]

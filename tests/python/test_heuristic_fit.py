@@ -26,8 +26,9 @@ def test_fit_constants_match_the_plan():
 
 
 def test_head_dim_64_rule_matches_the_plan():
-    # plan/fwd_choice.cu deep_enough at padded head dim 64 (the cases of tests/cpp/fwd_choice_test.cpp
-    # ForwardChoice.NoMaskedTilesForQ192AtHeadDim64 and the rank-1 threshold).
+    # plan/fwd_choice.cu deep_enough at padded head dim 64 (the cases of
+    # tests/cpp/fwd_choice_test.cpp ForwardChoice.NoMaskedTilesForQ192AtHeadDim64 and the rank-1
+    # threshold).
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     try:
         import heuristic_fit
