@@ -40,7 +40,10 @@ def _variants():
                                       "bwd_kernel": "sm90ws"}}),
               ("sm90_ws_cp", {"tuning": {"fwd_schedule": "warp_specialized",
                                          "fwd_copy": "cp_async", "bwd_kernel": "sm90ws",
-                                         "bwd_copy": "cp_async"}})]
+                                         "bwd_copy": "cp_async"}}),
+              # persistent CTAs: the bias slices' buffers carry on from one query tile to the next
+              ("sm90_ws_persistent", {"tuning": {"fwd_schedule": "warp_specialized",
+                                                 "persistent": "on"}})]
     return v
 
 
@@ -179,8 +182,8 @@ def test_plan_with_rpb():
         # (the bias changes no backward kernel up to padded head dim 128)
         assert plan["backward_family"] == plain["backward_family"], (shape, plan)
         assert plan["backward_family"] in (("sm90", "sm90ws") if _hopper() else ("sm80",)), plan
-        assert plan["rpb_table"] == ("global" if plan["family"] in ("sm90ws", "simt")
-                                     else "shared"), plan
+        assert plan["rpb_table"] == {"sm90ws": "tiles", "simt": "global"}.get(plan["family"],
+                                                                            "shared"), plan
         assert plain["rpb_table"] == ""
         assert fna.fused_plan(q, ks, rpb=True, tuning={"fwd_schedule": "mma_sync"})[
             "rpb_table"] == "shared"
@@ -409,7 +412,8 @@ def test_every_backward_config(rank):
 def test_large_table_reads_global_memory():
     """Tables the staged layout does not take (over 20 KiB: a 1-D window of 2600 has 5199
     entries; a 2-D window over 16 on the last axis) are read in global memory by the kernels
-    that otherwise stage them; fused_plan says which."""
+    that otherwise stage them (the warp-specialized forward copies each key tile's slice);
+    fused_plan says which."""
     for case, q in (((1, [2700], [2600], [1], [1], [False], 2, 1, 0), (2, 2700, 2, 16)),
                     ((2, [12, 40], [3, 19], [1, 1], [1, 2], [False, False], 2, 1, 0),
                      (2, 12, 40, 2, 16))):
@@ -417,7 +421,7 @@ def test_large_table_reads_global_memory():
             if name == "auto" or name.endswith("_global"):
                 continue
             plan = fna.fused_plan(q, case[2], dilation=case[4], rpb=True, **kw)
-            assert plan["rpb_table"] == "global", plan
+            assert plan["rpb_table"] == ("tiles" if plan["family"] == "sm90ws" else "global"), plan
             _run(case, torch.bfloat16, seed_of("rpb-cuda-large", name, case[0]),
                  f"large table {name} {case}", **kw)
     plan = fna.fused_plan((2, 2200, 2, 16), 200, rpb=True, tuning={"fwd_schedule": "mma_sync"})

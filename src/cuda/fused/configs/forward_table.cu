@@ -59,7 +59,9 @@ constexpr bool plain_tf32() {
   FwdEntry{R, DTypeOf<mma::DT>::value, false, D, {Q0, Q1, Q2}, {K0, K1, K2},                    \
            (Q0) * (Q1) * (Q2) / 16 + 4, FwdFamily::sm90ws,                                     \
            &launch_fwd_sm90ws<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,        \
-           &fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
+           &fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>,    \
+           nullptr, nullptr,                                                                   \
+           &fwd_sm90ws_bias_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>},
 #define FNA_FWD_SM90_ENTRY(R, D, Q0, Q1, Q2, K0, K1, K2, S, DT) \
   FNA_FWD_SM90_ENTRY_##S(R, D, Q0, Q1, Q2, K0, K1, K2, DT)
 #define FNA_FWD_BOX_ENTRY(D, Q1, Q2, DT)                                                       \

@@ -31,6 +31,8 @@ struct FwdEntry {
   cudaError_t (*launch_dq)(const FwdParams&, const FwdLaunch&, const StripBwd&, const DqTma&,
                            cudaStream_t) = nullptr;
   size_t (*dq_smem)() = nullptr;
+  // The warp-specialized family: its shared memory with a bias (slice buffers, BiasSlice).
+  size_t (*bias_smem)() = nullptr;
 
   int q_size() const { return q[0] * q[1] * q[2]; }
   int kv_size() const { return kv[0] * kv[1] * kv[2]; }

@@ -21,7 +21,8 @@ namespace fused {
 #define FNA_FWD_SM90_INSTANTIATE_Sm90Ws(R, D, Q0, Q1, Q2, K0, K1, K2, DT)                      \
   template cudaError_t launch_fwd_sm90ws<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>(   \
       const FwdParams&, const FwdLaunch&, cudaStream_t);                                      \
-  template size_t fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
+  template size_t fwd_sm90ws_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();  \
+  template size_t fwd_sm90ws_bias_smem_bytes<mma::DT, D, R, Tile<Q0, Q1, Q2>, Tile<K0, K1, K2>>();
 #define FNA_FWD_SM90_INSTANTIATE(R, D, Q0, Q1, Q2, K0, K1, K2, S, DT) \
   FNA_FWD_SM90_INSTANTIATE_##S(R, D, Q0, Q1, Q2, K0, K1, K2, DT)
 

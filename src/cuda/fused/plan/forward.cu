@@ -246,6 +246,7 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     case FwdFamily::sm90ws:
       l.wg_skip = wg_skip_on(t);
       l.persistent = t.persistent == Switch::on;
+      if (p.rpb) l.smem = cfg->bias_smem();  // the bias slices' buffers (fwd_bias.cuh BiasSlice)
       if (Status ms = hopper_maps(); !ms.ok()) return ms;
       break;
     case FwdFamily::simt: {
@@ -350,6 +351,13 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
     if (!std::isfinite(fp->rpb_inv_scale))
       return unsupported("rpb with scale=" + std::to_string(fp->scale) + ": " + plan->config +
                          " stages the table divided by the scale");
+  } else if (p.rpb && cfg->family == FwdFamily::sm90ws && t.fwd_rpb_stage == Switch::automatic) {
+    // The warp-specialized forward copies each key tile's slice of the table, divided by the
+    // scale, into shared memory and starts the tile's scores from it (fwd_bias.cuh BiasSlice).
+    fp->rpb_inv_scale = static_cast<float>(1.0 / double(fp->scale));
+    if (!std::isfinite(fp->rpb_inv_scale))
+      return unsupported("rpb with scale=" + std::to_string(fp->scale) + ": " + plan->config +
+                         " adds the table divided by the scale");
   } else if (t.fwd_rpb_stage != Switch::automatic) {
     return unsupported("tuning fwd_rpb_stage needs the sm80 or plain sm90 forward, but the plan "
                        "runs " + plan->config);
@@ -515,7 +523,10 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
-  out->rpb_table = !p.rpb ? "" : fp.rpb_staged ? "shared" : "global";
+  out->rpb_table = !p.rpb                                ? ""
+                   : fp.rpb_staged                       ? "shared"
+                   : plan.family == FwdFamily::sm90ws    ? "tiles"
+                                                         : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;

@@ -181,5 +181,156 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
   return 1.f;
 }
 
+
+// The warp-specialized forward's bias (fwd_sm90_ws.cuh): per key tile, each compute warpgroup
+// copies the part of the head's table its 64 rows and the tile's keys can address, divided by the
+// scale, into one of two buffers of its own in shared memory (BiasSlice), and the tile's scores
+// start from it: S = Q K^T + bias / scale, the bias preloaded into the MMA's accumulators
+// (bias_preload), so a score costs one shared load at a constant offset from its row's and no
+// add, test or global load. A warpgroup's rows are a box of wge(a) queries per axis and a key
+// tile a box of KT's, so a pair's relative position k - q + K - 1 along axis a spans
+// wge(a) + kv(a) - 1 values over the tile: the slice. Entries outside the table (pairs no window
+// holds, which the mask removes) read 0. A tile's slice is filled (bias_fill) after the previous
+// tile's softmax, while that tile's P V runs, one named barrier per tile and warpgroup; the next
+// fill of a buffer follows the barrier after its last preload.
+template <class Tr, class QT, class KT, int kParts>
+struct BiasSlice {
+  static constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
+  static constexpr int kPartAxis = part_axis(kQExt, kParts);
+  static_assert(kPartAxis >= 0, "query tile in warpgroup boxes");
+  // (Scalars, not arrays: device code folds them.)
+  static constexpr int kQ0 = QT::kExt[0], kQ1 = QT::kExt[1], kQ2 = QT::kExt[2];
+  static constexpr int kK0 = KT::kExt[0], kK1 = KT::kExt[1], kK2 = KT::kExt[2];
+  FNA_HD static constexpr int qext(int a) { return a == 0 ? kQ0 : (a == 1 ? kQ1 : kQ2); }
+  FNA_HD static constexpr int kext(int a) { return a == 0 ? kK0 : (a == 1 ? kK1 : kK2); }
+  FNA_HD static constexpr int wge(int a) { return a == kPartAxis ? qext(a) / kParts : qext(a); }
+  FNA_HD static constexpr int ext(int a) { return wge(a) + kext(a) - 1; }
+  FNA_HD static constexpr int stride(int a) {
+    return a == 2 ? 1 : (a == 1 ? ext(2) : ext(1) * ext(2));
+  }
+  static constexpr int kFloats = ext(0) * ext(1) * ext(2);
+  static constexpr int kPitch = (kFloats + 3) / 4 * 4;  // floats per buffer (16-byte multiple)
+  static constexpr int kPer = (kFloats + 127) / 128;    // entries per thread of a warpgroup
+  static constexpr size_t kBytes = size_t(2) * kParts * kPitch * sizeof(float);
+  // The key tile's fast axis a multiple of 8 keys: a thread's columns 2 (lane % 4) + 0, 1 of
+  // each 8 then lie on it, so its scores' entries sit at constant offsets from its row's.
+  static_assert(kK2 % 8 == 0, "key tiles of 8k keys on the fast axis");
+  // A thread's second row (8 rows after its first, in a warp's 16 consecutive rows) is 8 keys on
+  // along a fast axis of 16k queries, or the next row of a fast axis of 8 (an even number of
+  // them): its slice offset is kRowDelta from the first's.
+  static_assert(kQ2 % 16 == 0 || (kQ2 == 8 && kQ1 % 2 == 0), "rows 8 apart one step apart");
+  static constexpr int kRowDelta = kQ2 % 16 == 0 ? -8 : -stride(1);
+};
+
+// A compute thread's state for BiasSlice (per CTA tile): its first row's address in its
+// warpgroup's first buffer (its second row, 8 rows on, is a constant kRowDelta entries away), the
+// slices filled so far (the buffer of the next fill: n % 2), the table offset of the warpgroup's
+// slice origin less the key tile's origin, and per axis of the problem's rank K_a - 1 less the
+// warpgroup box's last query.
+template <class Tr, class BS>
+struct BiasTiles {
+  uint32_t row;
+  int n;
+  int hbase;
+  int rel0[kAxes];
+};
+
+// Per CTA tile: the table of head ft.h and the thread's rows (warpgroup `wg`, tile row `row0`
+// of its warp: the FwdState layout, rows row0 + lane / 4 and + 8). `buf`: the warpgroup's first
+// buffer.
+template <class Tr, class QT, class BS>
+__device__ __forceinline__ void bias_tiles_rows(const FwdParams& p, const FwdTile& ft, int wg,
+                                                int row0, uint32_t buf, BiasTiles<Tr, BS>& bt) {
+  const int lane = threadIdx.x & 31;
+  bt.hbase = ft.h * p.rpb_stride[0];
+#pragma unroll
+  for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
+    const int wgo = a == BS::kPartAxis ? wg * BS::wge(a) : 0;
+    bt.rel0[a] = p.geo.axis[a].kernel - 1 - (ft.qo[a] + wgo + BS::wge(a) - 1);
+    bt.hbase += bt.rel0[a] * p.rpb_stride[1 + a];
+  }
+  int q[kAxes];
+  QT::coord(row0 + (lane >> 2), q);
+  int off = 0;
+#pragma unroll
+  for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
+    const int ql = q[a] - (a == BS::kPartAxis ? wg * BS::wge(a) : 0);
+    off += (BS::wge(a) - 1 - ql) * BS::stride(a);
+  }
+  off += 2 * (lane & 3);  // the thread's fast-axis columns (BiasSlice: 8k keys on that axis)
+  bt.row = buf + 4u * uint32_t(off);
+}
+
+// Warpgroup wg's named barrier (ids 2-4, constant so that ptxas counts them; barrier 1 is the
+// cp.async loader's): alone after a tile after which no slice is filled, so that every preload of
+// a buffer is followed by a barrier before its next fill.
+__device__ __forceinline__ void bias_sync(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 2, 128;" ::: "memory");
+  else if (wg == 1)
+    asm volatile("bar.sync 3, 128;" ::: "memory");
+  else
+    asm volatile("bar.sync 4, 128;" ::: "memory");
+}
+
+// The slice of key tile `t` (its table entries divided by the scale, 0 outside the table) into
+// buffer bt.n % 2, then the warpgroup's named barrier.
+template <class Tr, class BS>
+__device__ __forceinline__ void bias_fill(const FwdParams& p, const KvTile& t,
+                                          BiasTiles<Tr, BS>& bt, uint32_t buf, int wg) {
+  const int tid = threadIdx.x & 127;
+  int base = bt.hbase;
+#pragma unroll
+  for (int a = Tr::kFirstAxis; a < kAxes; ++a) base += t.origin[a] * p.rpb_stride[1 + a];
+  float v[BS::kPer];
+#pragma unroll
+  for (int i = 0; i < BS::kPer; ++i) {
+    const int idx = tid + 128 * i;
+    const int c[kAxes] = {idx / (BS::ext(1) * BS::ext(2)), (idx / BS::ext(2)) % BS::ext(1),
+                          idx % BS::ext(2)};
+    bool ok = idx < BS::kFloats;
+    int off = base;
+#pragma unroll
+    for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
+      const int ta = t.origin[a] + bt.rel0[a] + c[a];
+      ok = ok && ta >= 0 && ta < 2 * p.geo.axis[a].kernel - 1;
+      off += c[a] * p.rpb_stride[1 + a];
+    }
+    v[i] = ok ? __ldg(p.rpb + off) * p.rpb_inv_scale : 0.f;
+  }
+  const uint32_t dst = buf + uint32_t(bt.n & 1) * BS::kPitch * 4u;
+#pragma unroll
+  for (int i = 0; i < BS::kPer; ++i) {
+    const int idx = tid + 128 * i;
+    if (idx < BS::kFloats)
+      asm volatile("st.shared.f32 [%0], %1;" ::"r"(dst + 4u * uint32_t(idx)), "f"(v[i]) : "memory");
+  }
+  ++bt.n;
+  bias_sync(wg);
+}
+
+// S's accumulators preloaded with tile `t`'s bias / scale, read from buffer `slot` (the slice
+// filled for it); additional-key tiles start from 0.
+template <class Tr, class KT, class BS>
+__device__ __forceinline__ void bias_preload(float (&s)[1][Tr::kN / 8][4], const KvTile& t,
+                                             const BiasTiles<Tr, BS>& bt, int slot) {
+  if (t.add_begin >= 0) {
+#pragma unroll
+    for (int j = 0; j < Tr::kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+    return;
+  }
+  const uint32_t src = bt.row + uint32_t(slot & 1) * BS::kPitch * 4u;
+#pragma unroll
+  for (int j = 0; j < Tr::kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int c[kAxes];
+      KT::coord(j * 8, c);  // compile-time; the thread's columns are in bt.row
+      const int coff = (c[0] * BS::stride(0) + c[1] * BS::stride(1) + c[2] + e) * 4;
+      s[0][j][e] = staged_entry(src + uint32_t(coff));
+      s[0][j][2 + e] = staged_entry(src + uint32_t(coff + 4 * BS::kRowDelta));
+    }
+}
+
 }  // namespace fused
 }  // namespace fna

@@ -120,6 +120,8 @@ template <class T, int kD, int kRank, class QT, class KT>
 cudaError_t launch_fwd_sm90ws(const FwdParams& p, const FwdLaunch& l, cudaStream_t stream);
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90ws_smem_bytes();
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_bias_smem_bytes();
 
 // The box forward of fwd_box.cuh (rank 2, 16-bit, mma.sync); its shared memory depends on the
 // problem (box_plan), the size below is a lower bound.

@@ -244,16 +244,17 @@ __device__ __forceinline__ void tma_kv_tile(const FwdTma& tm, const FwdParams& p
 }
 
 // S = Q K^T for one warpgroup's 64 rows (sQw) and one key tile (sK), issued and committed as one
-// wgmma group; the caller waits.
-template <class Tr, class T>
+// wgmma group; the caller waits. kPreloaded: S += Q K^T onto the caller's values (a bias).
+template <class Tr, class T, bool kPreloaded = false>
 __device__ __forceinline__ void issue_s(float (&s)[1][Tr::kN / 8][4], uint32_t sQw, uint32_t sK) {
   constexpr int kN = Tr::kN, kD = Tr::kD;
   using MmaS = wgmma::Mma<T, kN>;
   // Descriptors: the k-step's offset only changes the start address field (16-byte units).
   const uint64_t dq = wgmma::desc_sw128(sQw, 16, 1024);
   const uint64_t dk = wgmma::desc_sw128(sK, 16, 1024);
+  if constexpr (!kPreloaded)
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+    for (int j = 0; j < kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
   wgmma::fence_operands(s[0]);
   wgmma::fence();
 #pragma unroll

@@ -39,16 +39,19 @@ namespace fused {
 // barriers of their own (kSplit): K's buffer goes back as soon as S has read it and V's once P V
 // has, so the loader refills K one tile and V two tiles ahead of their MMAs. O takes 128 of a
 // compute thread's registers; P V runs as two n128 halves.
-template <class Tr>
+// kBiasBytes: with a bias, the compute warpgroups' slice buffers (BiasSlice) after the stages,
+// which then number as many as fit beside them.
+template <class Tr, size_t kBiasBytes = 0>
 struct Sm90WsTraits {
   static constexpr int kConsumers = Tr::kQ / 64;  // compute warpgroups
   static constexpr int kThreads = Tr::kThreads + 128;
-  static constexpr int kFit = (226 * 1024 - Tr::kQBytes) / (2 * Tr::kTileBytes);
+  static constexpr int kFit =
+      int((226 * 1024 - Tr::kQBytes - kBiasBytes) / (2 * Tr::kTileBytes));
   static constexpr int kStages = kFit < 6 ? kFit : 6;
   // Fewer than three stages (head dim 256): K and V full / empty barriers apart.
   static constexpr bool kSplit = kStages < 3;
-  static constexpr size_t kSmemBytes =
-      1024 + size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  static constexpr size_t kBiasOffset = size_t(Tr::kQBytes) + size_t(kStages) * 2 * Tr::kTileBytes;
+  static constexpr size_t kSmemBytes = 1024 + kBiasOffset + kBiasBytes;
   // Registers after setmaxnreg: the CTA's 64K split between the loader and the compute
   // warpgroups (multiples of 8).
   static constexpr int kLoaderRegs = kConsumers == 2 ? 56 : 32;
@@ -83,7 +86,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
                            const __grid_constant__ FwdTma tm, const int wg_rows) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
-  using Ws = Sm90WsTraits<Tr>;
+  using BS = BiasSlice<Tr, QT, KT, Tr::kQ / 64>;
+  using Ws = Sm90WsTraits<Tr, kBias ? BS::kBytes : 0>;
   using Elem = typename Tr::Elem;
   constexpr int kStages = Ws::kStages;
   constexpr bool kSplit = Ws::kSplit;
@@ -236,6 +240,10 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   mbar::regs_inc<Ws::template compute_regs<kTma>()>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
+  // With a bias: this warpgroup's two slice buffers.
+  const uint32_t sBias = sQ + uint32_t(Ws::kBiasOffset) + uint32_t(warp >> 2) * 2u * BS::kPitch * 4u;
+  BiasTiles<Tr, BS> bt;
+  bt.n = 0;
   int g = 0;
   for (int j = 0;; ++j) {
     mbar::wait(tile_full(j & 1), uint32_t(j >> 1) & 1u);
@@ -256,14 +264,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       rw[0][r] = row_window<QT>(geo, ft.gr, ft.qo, warp * Tr::kWarpRows + (lane >> 2) + 8 * r);
     FwdState<Tr> st;
     init_state(st);
-    BiasRows<Tr> br;  // (the persistent kernel reads the table in global memory: rpb_staged = 0)
-    if constexpr (kBias) {
-      br.tab = p.rpb + ft.h * p.rpb_stride[0];
-      br.sbase = 0;
-      bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
-    }
-    // With a bias, add_bias leaves the scores in the softmax's log2 units.
-    const float sl2 = kBias ? 1.f : p.scale_log2;
+    // With a bias, S starts from bias / scale (BiasSlice): the softmax's scale is unchanged.
+    const float sl2 = p.scale_log2;
+    if constexpr (kBias) bias_tiles_rows<Tr, QT, BS>(p, ft, warp >> 2, warp * Tr::kWarpRows, sBias, bt);
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
@@ -302,24 +305,33 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       uint32_t a[Tr::kN / 16][4];
       // The run's first tile: S, softmax, P.
       KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, run.first);
+      // With a bias: each tile's slice filled and its scores preloaded just before its S (where
+      // S's registers are free: filling during the previous tile's softmax, its loads issued
+      // there or all of it, spilled 2-5x as many registers in the loops).
+      if constexpr (kBias) {
+        bias_fill<Tr, BS>(p, cur, bt, sBias, warp >> 2);
+        bias_preload<Tr, KT, BS>(s, cur, bt, bt.n - 1);
+      }
       int stage = g % kStages;
       mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
       wgmma::fence_proxy_async();
-      issue_s<Tr, T>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
+      issue_s<Tr, T, kBias>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
       if constexpr (kSplit) mbar::arrive(empty(stage));  // K read
       if (cur.inside) {
-        if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
         softmax_update<Tr, kBias>(st, s, sl2);  // a bias may make a row all -inf
       } else {
         apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-        if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
         softmax_update<Tr, true>(st, s, sl2);
       }
       pack_p<Tr, T>(s, a);
       for (int it = run.first + 1; it < run.last; ++it) {
         cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
+        if constexpr (kBias) {
+          bias_fill<Tr, BS>(p, cur, bt, sBias, warp >> 2);
+          bias_preload<Tr, KT, BS>(s, cur, bt, bt.n - 1);
+        }
         const int prev = stage;
         ++g;
         stage = g % kStages;
@@ -327,7 +339,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         wgmma::fence_proxy_async();
         const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
         const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
-        issue_s<Tr, T>(s, sQw, sK);
+        issue_s<Tr, T, kBias>(s, sQw, sK);
         if constexpr (kSplit) {
           mbar::wait(full_v(prev), uint32_t((g - 1) / kStages) & 1u);
           wgmma::fence_proxy_async();
@@ -339,11 +351,9 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         float alpha[1][2];
         bool rescale;
         if (cur.inside) {
-          if constexpr (kBias) add_bias<Tr, KT, false>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, kBias>(st, s, sl2, alpha);
         } else {
           apply_mask_rw<Tr, KT>(s, cur, rw, p.num_add, 0);
-          if constexpr (kBias) add_bias<Tr, KT, true>(s, cur, br, p, 0);
           rescale = softmax_scores<Tr, true>(st, s, sl2, alpha);
         }
         wgmma::wait<0>();
@@ -377,6 +387,12 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
 template <class T, int kD, int kRank, class QT, class KT>
 size_t fwd_sm90ws_smem_bytes() {
   return Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>::kSmemBytes;
+}
+// With a bias (the slice buffers; fewer stages where they do not fit beside six).
+template <class T, int kD, int kRank, class QT, class KT>
+size_t fwd_sm90ws_bias_smem_bytes() {
+  using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  return Sm90WsTraits<Tr, BiasSlice<Tr, QT, KT, Tr::kQ / 64>::kBytes>::kSmemBytes;
 }
 
 // One CTA per work item, or persistent (l.persistent: l.grid CTAs take work items from a
