@@ -10,7 +10,8 @@ Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of eac
 ratio with / without the bias (the issue's target: at most 1.15; mode `det`, with
 --deterministic: forward + backward with deterministic=True, both variants), the ratio of another way of
 the same call ("other": for the forward where the plan stages the table in shared memory, the
-table read in global memory, tuning fwd_rpb_stage='off'; for forward + backward on the
+table read in global memory, tuning fwd_rpb_stage='off'; where the plain Hopper forward copies
+key-tile slices (rank 3), the staged table, tuning fwd_rpb_stage='on'; for forward + backward on the
 warp-specialized Hopper backward, the plain one, tuning bwd_kernel='sm90'; where the plan sums
 d rpb in a table per warp, one shared table, tuning bwd_rpb_sums='shared'), the plans'
 families, the forward's table and where the backward sums d rpb, and the composition's time. A problem the fused backward does not take with a bias (its d rpb
@@ -105,6 +106,8 @@ def main():
             other = None
             if mode == "fwd" and staged:  # the same call reading the table in global memory
                 other = {"fwd_rpb_stage": "off"}
+            if mode == "fwd" and bias_plan["rpb_table"] == "tiles" and bias_plan["family"] == "sm90":
+                other = {"fwd_rpb_stage": "on"}  # the staged table (a test per score at rank 3)
             if mode == "fwd+bwd" and bias_plan["backward_family"] == "sm90ws":
                 other = {"bwd_kernel": "sm90"}  # the plain Hopper backward
             elif mode == "fwd+bwd" and bias_plan["backward_rpb_sums"] == "warps":

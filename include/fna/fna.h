@@ -345,8 +345,9 @@ struct FusedPlan {
   // The order in which the CTAs take their tiles: the problem's axes, fastest first.
   std::vector<int> walk;
   // With Problem::rpb: where the forward reads the bias table, "shared" (each CTA copies its
-  // head's table into shared memory), "tiles" (the warp-specialized forward copies each key
-  // tile's part of the table into shared memory) or "global"; empty without a bias.
+  // head's table into shared memory), "tiles" (the warp-specialized forward, and the plain
+  // Hopper one at rank 3, copy each key tile's part of the table into shared memory) or
+  // "global"; empty without a bias.
   std::string rpb_table;
   // Backward (empty / zero when the fused backward does not take the problem): its configuration
   // name, dK / dV kernel family (sm80, sm90, sm90ws, strip), copy engine of its query tiles (the

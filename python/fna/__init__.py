@@ -166,8 +166,8 @@ def fused_plan(query_shape, kernel_size, stride=1, dilation=1, is_causal=False,
     which every forward family adds (the warp-specialized backward does not, so the plan runs
     the plain one); ``rpb_table`` then says where the forward reads the table, ``"shared"``
     (each CTA copies its head's table into shared memory), ``"tiles"`` (the warp-specialized
-    forward copies the part of the table each key tile addresses into shared memory and starts
-    the tile's scores from it) or ``"global"``, and
+    forward, and the plain Hopper one at rank 3, copy the part of the table each key tile
+    addresses into shared memory and start the tile's scores from it) or ``"global"``, and
     ``backward_rpb_sums`` where the dK / dV kernel sums ``d rpb``: ``"warps"`` (a shared-memory
     table per warp, plain adds; small tables), ``"shared"`` (one table, shared atomics; only
     where tuning asks) or ``"global"`` (larger tables: atomics into ``d rpb``), the first two

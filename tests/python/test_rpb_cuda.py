@@ -431,6 +431,28 @@ def test_large_table_reads_global_memory():
     assert plan["rpb_table"] == "shared", plan
 
 
+def test_rank3_plain_tiles_and_staged():
+    """The plain Hopper forward at rank 3 adds the bias from key-tile slices of the table
+    (fused_plan: "tiles"); tuning fwd_rpb_stage 'on' keeps the staged table (a test per score)
+    and 'off' the global one: each against the reference."""
+    if not _hopper():
+        pytest.skip("the plain Hopper forward needs compute capability 9.0")
+    plain = {"fwd_schedule": "plain"}
+    q = (2, 8, 12, 12, 2, 64)
+    assert fna.fused_plan(q, (3, 5, 7), rpb=True, tuning=plain)["rpb_table"] == "tiles"
+    assert fna.fused_plan(q, (3, 5, 7), rpb=True, tuning={**plain, "fwd_rpb_stage": "on"})[
+        "rpb_table"] == "shared"
+    assert fna.fused_plan(q, (3, 5, 7), rpb=True, tuning={**plain, "fwd_rpb_stage": "off"})[
+        "rpb_table"] == "global"
+    for i, case in enumerate(CASES):
+        if case[0] != 3:
+            continue
+        for stage in ("on", "off"):
+            _run(case, torch.bfloat16, seed_of("rpb-cuda-rank3", i, stage),
+                 f"case {i} fwd_rpb_stage={stage}", D=64, Dv=64,
+                 tuning={**plain, "fwd_rpb_stage": stage})
+
+
 def test_stage_tuning():
     """tuning fwd_rpb_stage: 'off' reads the table in global memory, 'on' where it cannot be
     staged and without a bias are errors naming the key."""

@@ -300,9 +300,22 @@ Status make_fwd_plan(const Problem& p, const Options& opt, FwdParams* fp, fused:
   fp->rpb_staged = 0;
   fp->rpb_inv_scale = 0.f;
   fp->rpb_front = 0;
+  fp->rpb_tiles = 0;
+  const float inv_scale = static_cast<float>(1.0 / double(fp->scale));
   if (t.fwd_rpb_stage != Switch::automatic && !p.rpb)
     return unsupported("tuning fwd_rpb_stage needs a relative positional bias (rpb)");
-  if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
+  if (p.rpb && cfg->family == FwdFamily::sm90 && p.rank == 3 &&
+      t.fwd_rpb_stage == Switch::automatic && std::isfinite(inv_scale)) {
+    // The plain Hopper kernel at rank 3, whose staged table has no guard zones (a test per
+    // score): each key tile's slice instead, as the warp-specialized kernel (fwd_bias.cuh
+    // BiasSlice); tuning fwd_rpb_stage 'on' / 'off' still asks for the staged / global table.
+    fp->rpb_tiles = 1;
+    fp->rpb_inv_scale = inv_scale;
+    l.smem = fused::bias_stage_offset(l.smem) +
+             fused::bias_slice_bytes(fused::bias_slice_floats(cfg->q[0], cfg->q[1], cfg->q[2],
+                                                              cfg->kv[0], cfg->kv[1], cfg->kv[2]),
+                                     1);
+  } else if (p.rpb && (cfg->family == FwdFamily::sm80 || cfg->family == FwdFamily::sm90)) {
     constexpr size_t kBiasStageBytes = 20 * 1024;
     int ks[kAxes];
     for (int a = 0; a < kAxes; ++a) ks[a] = geo.axis[a].kernel;
@@ -523,10 +536,10 @@ Status cuda_fused_plan(const Problem& p, const Options& opt_in, FusedPlan* out) 
   out->unmasked_fraction = plan.unmasked_fraction;
   out->needed_fraction = plan.needed_fraction;
   out->walk = fused::walk_axes(p.rank, plan.walk);
-  out->rpb_table = !p.rpb                                ? ""
-                   : fp.rpb_staged                       ? "shared"
-                   : plan.family == FwdFamily::sm90ws    ? "tiles"
-                                                         : "global";
+  out->rpb_table = !p.rpb                                             ? ""
+                   : fp.rpb_staged                                    ? "shared"
+                   : fp.rpb_tiles || plan.family == FwdFamily::sm90ws ? "tiles"
+                                                                      : "global";
   // The backward's plan; a problem the fused backward does not take leaves its fields empty,
   // unless the caller asked something of the backward (then its answer is the call's).
   FusedPlan bwd = *out;

@@ -26,5 +26,16 @@ FNA_HD bool bias_stageable(const int* kernel, size_t* bytes) {
   return last && middle;
 }
 
+// The key-tile slices of a table (fwd_bias.cuh BiasSlice): for a box of w[a] query rows against
+// key tiles of k[a] keys per axis, the relative positions one tile's pairs address span
+// w[a] + k[a] - 1 per axis; the floats of a slice, and the bytes of `parts` warpgroups' two
+// buffers of slices (each padded to 16 bytes).
+FNA_HD constexpr int bias_slice_floats(int w0, int w1, int w2, int k0, int k1, int k2) {
+  return (w0 + k0 - 1) * (w1 + k1 - 1) * (w2 + k2 - 1);
+}
+FNA_HD constexpr size_t bias_slice_bytes(int floats, int parts) {
+  return size_t(2) * size_t(parts) * size_t((floats + 3) / 4 * 4) * sizeof(float);
+}
+
 }  // namespace fused
 }  // namespace fna

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/common/mma.cuh"
+#include "cuda/fused/kernel/common/bias_stage.h"
 #include "cuda/fused/kernel/common/fwd_common.cuh"
 #include "cuda/fused/kernel/common/fwd_params.h"
 
@@ -208,10 +209,10 @@ struct BiasSlice {
   FNA_HD static constexpr int stride(int a) {
     return a == 2 ? 1 : (a == 1 ? ext(2) : ext(1) * ext(2));
   }
-  static constexpr int kFloats = ext(0) * ext(1) * ext(2);
+  static constexpr int kFloats = bias_slice_floats(wge(0), wge(1), wge(2), kK0, kK1, kK2);
   static constexpr int kPitch = (kFloats + 3) / 4 * 4;  // floats per buffer (16-byte multiple)
   static constexpr int kPer = (kFloats + 127) / 128;    // entries per thread of a warpgroup
-  static constexpr size_t kBytes = size_t(2) * kParts * kPitch * sizeof(float);
+  static constexpr size_t kBytes = bias_slice_bytes(kFloats, kParts);
   // The key tile's fast axis a multiple of 8 keys: a thread's columns 2 (lane % 4) + 0, 1 of
   // each 8 then lie on it, so its scores' entries sit at constant offsets from its row's.
   static_assert(kK2 % 8 == 0, "key tiles of 8k keys on the fast axis");
@@ -275,9 +276,16 @@ __device__ __forceinline__ void bias_sync(int wg) {
 
 // The slice of key tile `t` (its table entries divided by the scale, 0 outside the table) into
 // buffer bt.n % 2, then the warpgroup's named barrier.
-template <class Tr, class BS>
+// kSync false: the caller's next barrier publishes the slice (the plain kernel's per-tile
+// __syncthreads). Additional-key tiles (no bias; bias_preload gives them zeros) copy nothing.
+template <class Tr, class BS, bool kSync = true>
 __device__ __forceinline__ void bias_fill(const FwdParams& p, const KvTile& t,
                                           BiasTiles<Tr, BS>& bt, uint32_t buf, int wg) {
+  if (t.add_begin >= 0) {
+    ++bt.n;
+    if constexpr (kSync) bias_sync(wg);
+    return;
+  }
   const int tid = threadIdx.x & 127;
   int base = bt.hbase;
 #pragma unroll
@@ -306,7 +314,7 @@ __device__ __forceinline__ void bias_fill(const FwdParams& p, const KvTile& t,
       asm volatile("st.shared.f32 [%0], %1;" ::"r"(dst + 4u * uint32_t(idx)), "f"(v[i]) : "memory");
   }
   ++bt.n;
-  bias_sync(wg);
+  if constexpr (kSync) bias_sync(wg);
 }
 
 // S's accumulators preloaded with tile `t`'s bias / scale, read from buffer `slot` (the slice

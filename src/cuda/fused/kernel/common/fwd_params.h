@@ -45,6 +45,10 @@ struct FwdParams : ProblemBlock {
   // so the scores take the bias before the mask, without a per-score test (add_bias_guarded);
   // 0: no guard, the scores the mask removed read nothing.
   int rpb_front;
+  // The plain sm90 kernel at rank 3 (rpb_staged 0): 1 = each key tile's slice of the table,
+  // times rpb_inv_scale, copied into shared memory after the kernel's own and preloaded into
+  // the scores' accumulators (fwd_bias.cuh BiasSlice, as the warp-specialized kernel always does).
+  int rpb_tiles;
 };
 
 

@@ -329,5 +329,28 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   wgmma::fence_operands(a);
 }
 
+// sm90_step with the bias by key-tile slices (FwdParams::rpb_tiles): S starts from the tile's
+// slice (bias_preload: the last one filled), then the mask and the softmax as without a bias
+// (which may make a row all -inf).
+template <class Tr, class T, class KT, bool kMasked, class BS>
+__device__ __forceinline__ void sm90_step_tiles(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
+                                                uint32_t sV, const KvTile& tile,
+                                                const RowWindow* sWin, const BiasTiles<Tr, BS>& bt,
+                                                const FwdParams& p) {
+  float s[1][Tr::kN / 8][4];
+  bias_preload<Tr, KT, BS>(s, tile, bt, bt.n - 1);
+  issue_s<Tr, T, true>(s, sQw, sK);
+  wgmma::wait<0>();
+  wgmma::fence_operands(s[0]);
+  if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
+  softmax_update<Tr, true>(st, s, p.scale_log2);
+  uint32_t a[Tr::kN / 16][4];
+  pack_p<Tr, T>(s, a);
+  issue_pv<Tr, T>(st, a, sV);
+  wgmma::wait<0>();
+  wgmma::fence_operands(st.o[0]);
+  wgmma::fence_operands(a);
+}
+
 }  // namespace fused
 }  // namespace fna

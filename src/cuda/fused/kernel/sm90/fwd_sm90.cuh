@@ -98,10 +98,12 @@ __device__ __forceinline__ void sm90_dq_step(FwdState<Tr>& st, uint32_t sQw, uin
 // fwd_sm80.cuh's; the forward only). kTma: tiles by TMA (tm: Q, K, V maps; om: the dQ role's dO
 // map), else by cp.async (kSpread: whole-row copies per warp instruction).
 template <class T, int kD, int kRank, class QT, class KT, bool kSpread, bool kBias, bool kDq,
-          bool kTma>
+          bool kTma, bool kBiasTiles = false>
 __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd& bw,
                                               const FwdTma& tm, const tma::TokenMap& om) {
   using Tr = Sm90Traits<T, kD, kRank, QT, KT>;
+  using BS = BiasSlice<Tr, QT, KT, 1>;
+  static_assert(!kBiasTiles || kBias, "slices of a bias");
   static_assert(kD <= 128, "head dim 256 runs the warp-specialized kernel only");
   static_assert(!(kDq && kBias), "the dQ role takes no bias");
   static_assert(!(kTma && kSpread), "spread concerns cp.async copies");
@@ -174,7 +176,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   kv_span_by_warps<QT, KT, Tr::kWarps>(geo, ft, sSpan, warp, lane);
   init_windows<Tr, QT>(geo, gr, ft.qo, sWin);
   BiasRows<Tr> br;
-  if constexpr (kBias)
+  if constexpr (kBias && !kBiasTiles)
     stage_bias<Tr>(p, ft.h, reinterpret_cast<float*>(smem_raw + bias_stage_offset(Tr::kSmemBytes)),
                    br);
   __syncthreads();
@@ -198,7 +200,17 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
 
   FwdState<Tr> st;
   init_state(st);
-  if constexpr (kBias) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+  // kBiasTiles: a key tile's slice of the table is copied into one of two buffers after the
+  // kernel's own shared memory the iteration before the tile's (the first before the loop), and
+  // published by the loop's barrier.
+  BiasTiles<Tr, BS> bt;
+  const uint32_t sBias = raw + uint32_t(bias_stage_offset(Tr::kSmemBytes));
+  if constexpr (kBias && !kBiasTiles) bias_rows<Tr, QT>(p, ft, warp * Tr::kWarpRows, br);
+  if constexpr (kBiasTiles) {
+    bt.n = 0;
+    bias_tiles_rows<Tr, QT, BS>(p, ft, 0, warp * Tr::kWarpRows, sBias, bt);
+    bias_fill<Tr, BS, false>(p, cur, bt, sBias, 0);
+  }
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   const uint32_t sOw = sO + (warp >> 2) * 64 * 128;
   for (int it = 0; it < n_tiles; ++it) {
@@ -221,12 +233,20 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
       else
         sm90_dq_step<Tr, T, KT, true>(st, sQw, sOw, sK, sV, t, sWin, stat, p);
     } else {
-      if (t.inside)
+      if constexpr (kBiasTiles) {
+        if (t.inside)
+          sm90_step_tiles<Tr, T, KT, false>(st, sQw, sK, sV, t, sWin, bt, p);
+        else
+          sm90_step_tiles<Tr, T, KT, true>(st, sQw, sK, sV, t, sWin, bt, p);
+      } else if (t.inside) {
         sm90_step<Tr, T, KT, false, kBias>(st, sQw, sK, sV, t, sWin, br, p);
-      else
+      } else {
         sm90_step<Tr, T, KT, true, kBias>(st, sQw, sK, sV, t, sWin, br, p);
+      }
     }
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+    if constexpr (kBiasTiles)
+      if (it + 1 < n_tiles) bias_fill<Tr, BS, false>(p, cur, bt, sBias, 0);
   }
   if constexpr (kDq) {
     // dQ = scale dS K, columns below D, rows of the call's queries.
@@ -252,12 +272,13 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
 // The plain Hopper forward (kBias: the call has a relative positional bias; kTma: tiles by TMA
 // with tm's maps, else cp.async, kSpread: whole-row copies).
 template <class T, int kD, int kRank, class QT, class KT, bool kSpread = false, bool kBias = false,
-          bool kTma = false>
+          bool kTma = false, bool kBiasTiles = false>
 __global__ void __launch_bounds__(Sm90Traits<T, kD, kRank, QT, KT>::kThreads,
                                   Sm90Traits<T, kD, kRank, QT, KT>::kMinBlocks)
     fna_fwd_sm90_kernel(const FwdParams p, const __grid_constant__ FwdTma tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, kBias, false, kTma>(p, StripBwd{}, tm, tm.q);
+  fwd_sm90_body<T, kD, kRank, QT, KT, kSpread, kBias, false, kTma, kBiasTiles>(p, StripBwd{}, tm,
+                                                                             tm.q);
 #endif
 }
 
@@ -287,6 +308,12 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, const FwdLaunch& l, cudaStream_t
                          : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, false>)
                  : (bias ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true>
                          : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, false>);
+  // Rank 3 (the plan sets rpb_tiles nowhere else): the bias by key-tile slices.
+  if constexpr (kRank == 3)
+    if (bias && p.rpb_tiles)
+      kernel = l.tma.on ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true, true, true>
+               : l.spread ? fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, true, true, false, true>
+                          : fna_fwd_sm90_kernel<T, kD, kRank, QT, KT, false, true, false, true>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.smem));
   if (err != cudaSuccess) return err;
