@@ -182,18 +182,18 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
   return 1.f;
 }
 
-
-// The warp-specialized forward's bias (fwd_sm90_ws.cuh): per key tile, each compute warpgroup
-// copies the part of the head's table its 64 rows and the tile's keys can address, divided by the
-// scale, into one of two buffers of its own in shared memory (BiasSlice), and the tile's scores
-// start from it: S = Q K^T + bias / scale, the bias preloaded into the MMA's accumulators
-// (bias_preload), so a score costs one shared load at a constant offset from its row's and no
-// add, test or global load. A warpgroup's rows are a box of wge(a) queries per axis and a key
-// tile a box of KT's, so a pair's relative position k - q + K - 1 along axis a spans
-// wge(a) + kv(a) - 1 values over the tile: the slice. Entries outside the table (pairs no window
-// holds, which the mask removes) read 0. A tile's slice is filled (bias_fill) after the previous
-// tile's softmax, while that tile's P V runs, one named barrier per tile and warpgroup; the next
-// fill of a buffer follows the barrier after its last preload.
+// The bias by key-tile slices (the warp-specialized forward, fwd_sm90_ws.cuh; the plain one at
+// rank 3, FwdParams::rpb_tiles): per key tile, each compute warpgroup copies the part of the
+// head's table its 64 rows and the tile's keys can address, divided by the scale, into one of two
+// buffers of its own in shared memory (BiasSlice), and the tile's scores start from it:
+// S = Q K^T + bias / scale, the bias preloaded into the MMA's accumulators (bias_preload), so a
+// score costs one shared load at a constant offset from its row's and no add, test or global
+// load. A warpgroup's rows are a box of wge(a) queries per axis and a key tile a box of KT's, so
+// a pair's relative position k - q + K - 1 along axis a spans wge(a) + kv(a) - 1 values over the
+// tile: the slice. Entries outside the table (pairs no window holds, which the mask removes)
+// read 0. A tile's slice is filled (bias_fill) just before its S, where S's registers are free,
+// and published by a barrier (the warp-specialized warpgroup's named one, the plain kernel's
+// per-tile __syncthreads); the next fill of a buffer follows the barrier after its last preload.
 template <class Tr, class QT, class KT, int kParts>
 struct BiasSlice {
   static constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};

@@ -302,6 +302,19 @@ __device__ __forceinline__ void issue_pv(FwdState<Tr>& st, uint32_t (&a)[Tr::kN 
   wgmma::fence_operands(a);
 }
 
+// The plain kernel's tile end: P packed from the softmax'd S (or dS), O += P V (V, or K for dQ,
+// read transposed from sV), waited for.
+template <class Tr, class T>
+__device__ __forceinline__ void pv_and_wait(FwdState<Tr>& st, const float (&s)[1][Tr::kN / 8][4],
+                                            uint32_t sV) {
+  uint32_t a[Tr::kN / 16][4];
+  pack_p<Tr, T>(s, a);
+  issue_pv<Tr, T>(st, a, sV);
+  wgmma::wait<0>();
+  wgmma::fence_operands(st.o[0]);
+  wgmma::fence_operands(a);
+}
+
 // One key/value tile for one warpgroup: S = Q K^T, mask, bias, online softmax, O += P V.
 template <class Tr, class T, class KT, bool kMasked, bool kBias>
 __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32_t sK,
@@ -321,12 +334,7 @@ __device__ __forceinline__ void sm90_step(FwdState<Tr>& st, uint32_t sQw, uint32
   } else {
     softmax_update<Tr, kMasked>(st, s, p.scale_log2);
   }
-  uint32_t a[Tr::kN / 16][4];
-  pack_p<Tr, T>(s, a);
-  issue_pv<Tr, T>(st, a, sV);
-  wgmma::wait<0>();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
+  pv_and_wait<Tr, T>(st, s, sV);
 }
 
 // sm90_step with the bias by key-tile slices (FwdParams::rpb_tiles): S starts from the tile's
@@ -344,12 +352,7 @@ __device__ __forceinline__ void sm90_step_tiles(FwdState<Tr>& st, uint32_t sQw, 
   wgmma::fence_operands(s[0]);
   if constexpr (kMasked) apply_mask<Tr, KT>(s, tile, sWin, p.num_add, 0);
   softmax_update<Tr, true>(st, s, p.scale_log2);
-  uint32_t a[Tr::kN / 16][4];
-  pack_p<Tr, T>(s, a);
-  issue_pv<Tr, T>(st, a, sV);
-  wgmma::wait<0>();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
+  pv_and_wait<Tr, T>(st, s, sV);
 }
 
 }  // namespace fused

@@ -82,12 +82,7 @@ __device__ __forceinline__ void sm90_dq_step(FwdState<Tr>& st, uint32_t sQw, uin
       const float2 r = stat[e >> 1];
       s[0][j][e] = mma::fast_exp2(s[0][j][e] * p.scale_log2 - r.x) * (dp[0][j][e] - r.y);
     }
-  uint32_t a[Tr::kN / 16][4];
-  pack_p<Tr, T>(s, a);
-  issue_pv<Tr, T>(st, a, sK);
-  wgmma::wait<0>();
-  wgmma::fence_operands(st.o[0]);
-  wgmma::fence_operands(a);
+  pv_and_wait<Tr, T>(st, s, sK);  // dQ += dS K
 }
 
 // The plain Hopper kernel's body. kDq = false: the forward (p: Q, K, V, O, LSE). kDq = true: the
