@@ -43,7 +43,10 @@ def _variants():
                                          "bwd_copy": "cp_async"}}),
               # persistent CTAs: the bias slices' buffers carry on from one query tile to the next
               ("sm90_ws_persistent", {"tuning": {"fwd_schedule": "warp_specialized",
-                                                 "persistent": "on"}})]
+                                                 "persistent": "on"}}),
+              # ... and the loader's own threads filling them after their cp.async copies
+              ("sm90_ws_persistent_cp", {"tuning": {"fwd_schedule": "warp_specialized",
+                                                    "persistent": "on", "fwd_copy": "cp_async"}})]
     return v
 
 

@@ -1,11 +1,13 @@
 """The box, strip, SIMT and Hopper forwards with a relative positional bias under
 compute-sanitizer: one small rank-2 call per configuration (and rank-1 / rank-3 calls for SIMT,
 sm90 and sm90ws), the bias table staged in shared memory after the K / V rows (box, strip), read
-per key (SIMT) or copied per key tile into slice buffers (sm90ws, whose warpgroups' named
-barriers racecheck checks; sm90 at rank 3, behind its per-tile barrier). Run on the device after `tools/gpu/run.sh build`:
+per key (SIMT) or copied per key tile into slice buffers (sm90ws: by the loader warpgroup,
+behind mbarriers, which racecheck checks; sm90 at rank 3, behind its per-tile barrier). Run on the device after `tools/gpu/run.sh build`:
 
     compute-sanitizer --tool memcheck python3 tools/experiments/rpb_sanitize.py [--families strip]
     compute-sanitizer --tool racecheck python3 tools/experiments/rpb_sanitize.py --families strip
+    compute-sanitizer --tool racecheck python3 tools/experiments/rpb_sanitize.py --families sm90ws \
+        --tuning fwd_copy=cp_async
 
 Prints one line per call and the number of calls; the sanitizer's summary follows."""
 import argparse
@@ -18,7 +20,10 @@ import fna
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="strip,box,simt")
+    ap.add_argument("--tuning", default="", help="K=V[,K=V]: Options tuning for every call "
+                    "(e.g. fwd_copy=cp_async: sm90ws's loader threads fill the slices)")
     args = ap.parse_args()
+    tuning = dict(kv.split("=", 1) for kv in args.tuning.split(",") if kv)
     fams = args.families.split(",")
     g = torch.Generator(device="cuda").manual_seed(7)
     problems = [((1, 30, 37, 2, 32), (7, 7), (1, 2), (2, 1), (False, True)),
@@ -38,7 +43,7 @@ def main():
                 continue
             try:
                 out = na(q, k, v, ks, dilation=dil, stride=st, is_causal=causal, rpb=rpb,
-                         config=name)
+                         config=name, tuning=tuning or None)
             except NotImplementedError as e:
                 print(f"skip {name}: {str(e)[:80]}")
                 continue

@@ -183,17 +183,18 @@ __device__ __forceinline__ float add_bias(float (&s)[Tr::kMT][Tr::kStepN / 8][4]
 }
 
 // The bias by key-tile slices (the warp-specialized forward, fwd_sm90_ws.cuh; the plain one at
-// rank 3, FwdParams::rpb_tiles): per key tile, each compute warpgroup copies the part of the
-// head's table its 64 rows and the tile's keys can address, divided by the scale, into one of two
-// buffers of its own in shared memory (BiasSlice), and the tile's scores start from it:
-// S = Q K^T + bias / scale, the bias preloaded into the MMA's accumulators (bias_preload), so a
-// score costs one shared load at a constant offset from its row's and no add, test or global
-// load. A warpgroup's rows are a box of wge(a) queries per axis and a key tile a box of KT's, so
-// a pair's relative position k - q + K - 1 along axis a spans wge(a) + kv(a) - 1 values over the
-// tile: the slice. Entries outside the table (pairs no window holds, which the mask removes)
-// read 0. A tile's slice is filled (bias_fill) just before its S, where S's registers are free,
-// and published by a barrier (the warp-specialized warpgroup's named one, the plain kernel's
-// per-tile __syncthreads); the next fill of a buffer follows the barrier after its last preload.
+// rank 3, FwdParams::rpb_tiles): per key tile and compute warpgroup, the part of the head's table
+// the warpgroup's 64 rows and the tile's keys can address, divided by the scale, is copied into
+// one of two buffers of the warpgroup's in shared memory (BiasSlice), and the tile's scores
+// start from it: S = Q K^T + bias / scale, the bias preloaded into the MMA's accumulators
+// (bias_preload), so a score costs one shared load at a constant offset from its row's and no
+// add, test or global load. A warpgroup's rows are a box of wge(a) queries per axis and a key
+// tile a box of KT's, so a pair's relative position k - q + K - 1 along axis a spans
+// wge(a) + kv(a) - 1 values over the tile: the slice. Entries outside the table (pairs no window
+// holds, which the mask removes) read 0. In the warp-specialized kernel the loader warpgroup
+// copies the slices (bias_copy) ahead of the compute warpgroups, behind a full / empty mbarrier
+// pair per buffer; the plain kernel's compute threads fill the next tile's slice after each tile
+// (bias_fill), published by its per-tile __syncthreads.
 template <class Tr, class QT, class KT, int kParts>
 struct BiasSlice {
   static constexpr int kQExt[kAxes] = {QT::kExt[0], QT::kExt[1], QT::kExt[2]};
@@ -223,33 +224,36 @@ struct BiasSlice {
   static constexpr int kRowDelta = kQ2 % 16 == 0 ? -8 : -stride(1);
 };
 
-// A compute thread's state for BiasSlice (per CTA tile): its first row's address in its
-// warpgroup's first buffer (its second row, 8 rows on, is a constant kRowDelta entries away), the
-// slices filled so far (the buffer of the next fill: n % 2), the table offset of the warpgroup's
-// slice origin less the key tile's origin, and per axis of the problem's rank K_a - 1 less the
+// Where a warpgroup's slices come from (per CTA tile): the table offset of the warpgroup's slice
+// origin less the key tile's origin, and per axis of the problem's rank K_a - 1 less the
 // warpgroup box's last query.
-template <class Tr, class BS>
-struct BiasTiles {
-  uint32_t row;
-  int n;
+struct BiasSrc {
   int hbase;
   int rel0[kAxes];
 };
 
-// Per CTA tile: the table of head ft.h and the thread's rows (warpgroup `wg`, tile row `row0`
-// of its warp: the FwdState layout, rows row0 + lane / 4 and + 8). `buf`: the warpgroup's first
-// buffer.
-template <class Tr, class QT, class BS>
-__device__ __forceinline__ void bias_tiles_rows(const FwdParams& p, const FwdTile& ft, int wg,
-                                                int row0, uint32_t buf, BiasTiles<Tr, BS>& bt) {
-  const int lane = threadIdx.x & 31;
-  bt.hbase = ft.h * p.rpb_stride[0];
+template <class Tr, class BS>
+__device__ __forceinline__ BiasSrc bias_src(const FwdParams& p, const FwdTile& ft, int wg) {
+  BiasSrc src;
+  src.hbase = ft.h * p.rpb_stride[0];
+#pragma unroll
+  for (int a = 0; a < kAxes; ++a) src.rel0[a] = 0;
 #pragma unroll
   for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
     const int wgo = a == BS::kPartAxis ? wg * BS::wge(a) : 0;
-    bt.rel0[a] = p.geo.axis[a].kernel - 1 - (ft.qo[a] + wgo + BS::wge(a) - 1);
-    bt.hbase += bt.rel0[a] * p.rpb_stride[1 + a];
+    src.rel0[a] = p.geo.axis[a].kernel - 1 - (ft.qo[a] + wgo + BS::wge(a) - 1);
+    src.hbase += src.rel0[a] * p.rpb_stride[1 + a];
   }
+  return src;
+}
+
+// The address of a compute thread's first row (warpgroup `wg`, tile row `row0` of its warp: the
+// FwdState layout, rows row0 + lane / 4 and + 8) in its warpgroup's first buffer `buf`, its
+// fast-axis columns 2 (lane % 4) included (BiasSlice: 8k keys on that axis); its second row is a
+// constant kRowDelta entries away.
+template <class Tr, class QT, class BS>
+__device__ __forceinline__ uint32_t bias_row(int wg, int row0, uint32_t buf) {
+  const int lane = threadIdx.x & 31;
   int q[kAxes];
   QT::coord(row0 + (lane >> 2), q);
   int off = 0;
@@ -258,76 +262,91 @@ __device__ __forceinline__ void bias_tiles_rows(const FwdParams& p, const FwdTil
     const int ql = q[a] - (a == BS::kPartAxis ? wg * BS::wge(a) : 0);
     off += (BS::wge(a) - 1 - ql) * BS::stride(a);
   }
-  off += 2 * (lane & 3);  // the thread's fast-axis columns (BiasSlice: 8k keys on that axis)
-  bt.row = buf + 4u * uint32_t(off);
+  off += 2 * (lane & 3);
+  return buf + 4u * uint32_t(off);
 }
 
-// Warpgroup wg's named barrier (ids 2-4, constant so that ptxas counts them; barrier 1 is the
-// cp.async loader's): alone after a tile after which no slice is filled, so that every preload of
-// a buffer is followed by a barrier before its next fill.
-__device__ __forceinline__ void bias_sync(int wg) {
-  if (wg == 0)
-    asm volatile("bar.sync 2, 128;" ::: "memory");
-  else if (wg == 1)
-    asm volatile("bar.sync 3, 128;" ::: "memory");
-  else
-    asm volatile("bar.sync 4, 128;" ::: "memory");
+// A compute thread's state for BiasSlice where it fills the slices itself (the plain kernel at
+// rank 3): its first row's address (bias_row), the slices filled so far (the buffer of the next
+// fill: n % 2), and the slices' source.
+template <class Tr, class BS>
+struct BiasTiles {
+  uint32_t row;
+  int n;
+  BiasSrc src;
+};
+
+// Per CTA tile: the table of head ft.h and the thread's rows (warpgroup `wg`, tile row `row0`
+// of its warp). `buf`: the warpgroup's first buffer.
+template <class Tr, class QT, class BS>
+__device__ __forceinline__ void bias_tiles_rows(const FwdParams& p, const FwdTile& ft, int wg,
+                                                int row0, uint32_t buf, BiasTiles<Tr, BS>& bt) {
+  bt.src = bias_src<Tr, BS>(p, ft, wg);
+  bt.row = bias_row<Tr, QT, BS>(wg, row0, buf);
 }
 
 // The slice of key tile `t` (its table entries divided by the scale, 0 outside the table) into
-// buffer bt.n % 2, then the warpgroup's named barrier.
-// kSync false: the caller's next barrier publishes the slice (the plain kernel's per-tile
-// __syncthreads). Additional-key tiles (no bias; bias_preload gives them zeros) copy nothing.
-template <class Tr, class BS, bool kSync = true>
-__device__ __forceinline__ void bias_fill(const FwdParams& p, const KvTile& t,
-                                          BiasTiles<Tr, BS>& bt, uint32_t buf, int wg) {
-  if (t.add_begin >= 0) {
-    ++bt.n;
-    if constexpr (kSync) bias_sync(wg);
-    return;
-  }
-  const int tid = threadIdx.x & 127;
-  int base = bt.hbase;
+// the buffer at shared address `dst`, by kN threads (`tid` in [0, kN)), in chunks of at most
+// twelve entries a thread (the loads of a chunk in flight together). Nothing publishes it: the
+// caller's barrier does.
+template <class Tr, class BS, int kN>
+__device__ __forceinline__ void bias_copy(const FwdParams& p, const KvTile& t, const BiasSrc& src,
+                                          uint32_t dst, int tid) {
+  int base = src.hbase;
 #pragma unroll
   for (int a = Tr::kFirstAxis; a < kAxes; ++a) base += t.origin[a] * p.rpb_stride[1 + a];
-  float v[BS::kPer];
+  constexpr int kPer = (BS::kFloats + kN - 1) / kN;
+  constexpr int kChunk = kPer <= 12 ? kPer : (kPer + 1) / 2 <= 12 ? (kPer + 1) / 2 : 8;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kPer; i0 += kChunk) {
+    float v[kChunk];
 #pragma unroll
-  for (int i = 0; i < BS::kPer; ++i) {
-    const int idx = tid + 128 * i;
-    const int c[kAxes] = {idx / (BS::ext(1) * BS::ext(2)), (idx / BS::ext(2)) % BS::ext(1),
-                          idx % BS::ext(2)};
-    bool ok = idx < BS::kFloats;
-    int off = base;
+    for (int i = 0; i < kChunk; ++i) {
+      const int idx = tid + kN * (i0 + i);
+      const int c[kAxes] = {idx / (BS::ext(1) * BS::ext(2)), (idx / BS::ext(2)) % BS::ext(1),
+                            idx % BS::ext(2)};
+      bool ok = idx < BS::kFloats;
+      int off = base;
 #pragma unroll
-    for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
-      const int ta = t.origin[a] + bt.rel0[a] + c[a];
-      ok = ok && ta >= 0 && ta < 2 * p.geo.axis[a].kernel - 1;
-      off += c[a] * p.rpb_stride[1 + a];
+      for (int a = Tr::kFirstAxis; a < kAxes; ++a) {
+        const int ta = t.origin[a] + src.rel0[a] + c[a];
+        ok = ok && ta >= 0 && ta < 2 * p.geo.axis[a].kernel - 1;
+        off += c[a] * p.rpb_stride[1 + a];
+      }
+      v[i] = ok ? __ldg(p.rpb + off) * p.rpb_inv_scale : 0.f;
     }
-    v[i] = ok ? __ldg(p.rpb + off) * p.rpb_inv_scale : 0.f;
-  }
-  const uint32_t dst = buf + uint32_t(bt.n & 1) * BS::kPitch * 4u;
 #pragma unroll
-  for (int i = 0; i < BS::kPer; ++i) {
-    const int idx = tid + 128 * i;
-    if (idx < BS::kFloats)
-      asm volatile("st.shared.f32 [%0], %1;" ::"r"(dst + 4u * uint32_t(idx)), "f"(v[i]) : "memory");
+    for (int i = 0; i < kChunk; ++i) {
+      const int idx = tid + kN * (i0 + i);
+      if (idx < BS::kFloats)
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(dst + 4u * uint32_t(idx)), "f"(v[i]) : "memory");
+    }
   }
+}
+
+// The compute threads' own fill (the plain kernel at rank 3): the slice of key tile `t` into
+// buffer bt.n % 2 of `buf` by the warpgroup's 128 threads, published by the caller's next barrier.
+// Additional-key tiles (no bias; bias_preload gives them zeros) copy nothing.
+template <class Tr, class BS>
+__device__ __forceinline__ void bias_fill(const FwdParams& p, const KvTile& t,
+                                          BiasTiles<Tr, BS>& bt, uint32_t buf) {
+  if (t.add_begin < 0)
+    bias_copy<Tr, BS, 128>(p, t, bt.src, buf + uint32_t(bt.n & 1) * BS::kPitch * 4u,
+                           threadIdx.x & 127);
   ++bt.n;
-  if constexpr (kSync) bias_sync(wg);
 }
 
 // S's accumulators preloaded with tile `t`'s bias / scale, read from buffer `slot` (the slice
-// filled for it); additional-key tiles start from 0.
+// filled for it) at the thread's rows (`row`: bias_row); additional-key tiles start from 0.
 template <class Tr, class KT, class BS>
 __device__ __forceinline__ void bias_preload(float (&s)[1][Tr::kN / 8][4], const KvTile& t,
-                                             const BiasTiles<Tr, BS>& bt, int slot) {
+                                             uint32_t row, int slot) {
   if (t.add_begin >= 0) {
 #pragma unroll
     for (int j = 0; j < Tr::kN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
     return;
   }
-  const uint32_t src = bt.row + uint32_t(slot & 1) * BS::kPitch * 4u;
+  const uint32_t src = row + uint32_t(slot & 1) * BS::kPitch * 4u;
 #pragma unroll
   for (int j = 0; j < Tr::kN / 8; ++j)
 #pragma unroll

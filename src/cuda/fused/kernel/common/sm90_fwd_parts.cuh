@@ -346,7 +346,7 @@ __device__ __forceinline__ void sm90_step_tiles(FwdState<Tr>& st, uint32_t sQw, 
                                                 const RowWindow* sWin, const BiasTiles<Tr, BS>& bt,
                                                 const FwdParams& p) {
   float s[1][Tr::kN / 8][4];
-  bias_preload<Tr, KT, BS>(s, tile, bt, bt.n - 1);
+  bias_preload<Tr, KT, BS>(s, tile, bt.row, bt.n - 1);
   issue_s<Tr, T, true>(s, sQw, sK);
   wgmma::wait<0>();
   wgmma::fence_operands(s[0]);

@@ -204,7 +204,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
   if constexpr (kBiasTiles) {
     bt.n = 0;
     bias_tiles_rows<Tr, QT, BS>(p, ft, 0, warp * Tr::kWarpRows, sBias, bt);
-    bias_fill<Tr, BS, false>(p, cur, bt, sBias, 0);
+    bias_fill<Tr, BS>(p, cur, bt, sBias);
   }
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
   const uint32_t sOw = sO + (warp >> 2) * 64 * 128;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const StripBwd
     }
     cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
     if constexpr (kBiasTiles)
-      if (it + 1 < n_tiles) bias_fill<Tr, BS, false>(p, cur, bt, sBias, 0);
+      if (it + 1 < n_tiles) bias_fill<Tr, BS>(p, cur, bt, sBias);
   }
   if constexpr (kDq) {
     // dQ = scale dS K, columns below D, rows of the call's queries.

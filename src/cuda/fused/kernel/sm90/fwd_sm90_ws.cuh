@@ -97,8 +97,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   const uint32_t sQ = raw + pad;
   const uint32_t sKV = sQ + Tr::kQBytes;
   // full[s], empty[s], Q full, Q empty, tile id published [2]; kSplit: then V's full[s], empty[s]
-  // (full / empty then count K's buffer alone).
-  __shared__ __align__(8) uint64_t bars[(kSplit ? 4 : 2) * kStages + 4];
+  // (full / empty then count K's buffer alone); kBias: then each compute warpgroup's slice
+  // buffers' full[2], then their empty[2].
+  constexpr int kC = Ws::kConsumers;
+  constexpr int kBars = (kSplit ? 4 : 2) * kStages + 4;
+  __shared__ __align__(8) uint64_t bars[kBars + (kBias ? 4 * kC : 0)];
   __shared__ int s_tile[2];
   const uint32_t bar0 = mma::smem_u32(bars);
   auto full = [&](int stage) { return bar0 + 8u * uint32_t(stage); };
@@ -112,6 +115,19 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   auto empty_v = [&](int stage) {
     return kSplit ? bar0 + 8u * uint32_t(3 * kStages + 4 + stage) : empty(stage);
   };
+  auto bias_full = [&](int wg, int slot) { return bar0 + 8u * uint32_t(kBars + 2 * wg + slot); };
+  auto bias_empty = [&](int wg, int slot) {
+    return bar0 + 8u * uint32_t(kBars + 2 * kC + 2 * wg + slot);
+  };
+  // With a bias the loader warpgroup copies the compute warpgroups' key-tile slices (BiasSlice)
+  // into their buffers (sBias0: the first warpgroup's first), up to two slices ahead: with TMA
+  // its warp 1 + w fills warpgroup w's alone (warp 0 issues the copies; the warps' fills run
+  // side by side, each a warp's loads in flight at once), else its 128 threads fill every
+  // warpgroup's after each tile's cp.async copies. With TMA warps 1-3 read the tile numbers
+  // too, so they also arrive on Q empty once they have.
+  static_assert(kC <= 3, "a loader warp per compute warpgroup");
+  constexpr int kFillers = kTma ? 32 : 128;  // threads per slice
+  const uint32_t sBias0 = sQ + uint32_t(Ws::kBiasOffset);
 
   // With TMA loads (kTma: tm holds the maps) one loader thread arrives on "full" / "Q full" with
   // the tiles' bytes.
@@ -126,7 +142,13 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       }
     }
     mbar::init(q_full, use_tma ? 1 : 128);
-    mbar::init(q_empty, Tr::kThreads);
+    mbar::init(q_empty, Tr::kThreads + (kBias && use_tma ? 96 : 0));
+    if constexpr (kBias) {
+      for (int i = 0; i < 2 * kC; ++i) {
+        mbar::init(bias_full(i / 2, i % 2), kFillers);
+        mbar::init(bias_empty(i / 2, i % 2), 128);  // the warpgroup's threads
+      }
+    }
     mbar::init(tile_full(0), 1);
     mbar::init(tile_full(1), 1);
     if constexpr (use_tma) mbar::fence_init_for_tma();
@@ -147,8 +169,70 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     // Loader warpgroup.
     mbar::regs_dec<Ws::template loader_regs<kTma>()>();
     const int tid = threadIdx.x - Tr::kThreads;
-    // TMA: the loader's first warp alone walks the tiles (its lane 0 issues the copies).
-    if (use_tma && tid >= 32) return;
+    // Warpgroup w's run of key tiles over the walk of a query tile (as it finds it below).
+    auto wg_run = [&](const FwdTile& ft, const KvSpan& span, int n_nbr, int n_tiles, int w) {
+      const RowsSpan rs = wg_rows ? rows_span(geo, ft.gr, ft.qo, ft.qhi, ext_of<QT>(), w * 64, 64)
+                                  : rows_span(geo, ft.gr, ft.qo, ft.qhi, ext_of<QT>(), 0, Tr::kQ);
+      return rows_walk(span, rs, ext_of<KT>(), n_nbr, n_tiles);
+    };
+    // Slice number n (of warpgroup w's, counted over the CTA's walk) for key tile t into buffer
+    // n % 2, once the warpgroup has preloaded slice n - 2 from it (additional-key tiles copy
+    // nothing: bias_preload gives them zeros).
+    auto bias_slice = [&](const KvTile& t, const BiasSrc& src, int w, int n, int ftid) {
+      const int slot = n & 1;
+      if (n >= 2) mbar::wait(bias_empty(w, slot), uint32_t((n >> 1) - 1) & 1u);
+      if (t.add_begin < 0)
+        bias_copy<Tr, BS, kFillers>(p, t, src, sBias0 + uint32_t(2 * w + slot) * BS::kPitch * 4u,
+                                    ftid);
+      mbar::arrive(bias_full(w, slot));
+    };
+    // TMA: the loader's first warp alone walks the tiles (its lane 0 issues the copies); with a
+    // bias warp 1 + w walks warpgroup w's run, filling its slices.
+    if (use_tma && tid >= 32) {
+      if constexpr (kBias) {
+        const int w = (tid >> 5) - 1;
+        int n = 0;
+        for (int j = 0;; ++j) {
+          mbar::wait(tile_full(j & 1), uint32_t(j >> 1) & 1u);
+          const int blk = s_tile[j & 1];
+          if (blk >= num_ctas) break;
+          FwdTile ft;
+          const bool valid = fwd_tile<QT>(p, blk, ft);
+          mbar::arrive(q_empty);  // s_tile[j % 2] read
+          if (!valid || w >= kC) continue;
+          const KvSpan span = kv_span<QT, KT>(geo, ft.gr, ft.qo, ft.qhi);
+          const int n_nbr = span.total();
+          const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
+          const WalkRun run = wg_run(ft, span, n_nbr, n_tiles, w);
+          const BiasSrc src = bias_src<Tr, BS>(p, ft, w);
+          KvTile cur = kv_tile<Tr, KT>(span, n_nbr, run.first);
+          for (int it = run.first; it < run.last; ++it, ++n) {
+            bias_slice(cur, src, w, n, tid & 31);
+            cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
+          }
+        }
+      }
+      return;
+    }
+    // cp.async: every loader thread, for each warpgroup whose run holds the tile.
+    int nb[kC], run_first[kC], run_last[kC];
+    BiasSrc bsrc[kC];
+#pragma unroll
+    for (int w = 0; w < kC; ++w) nb[w] = 0;
+    auto bias_runs = [&](const FwdTile& ft, const KvSpan& span, int n_nbr, int n_tiles) {
+#pragma unroll
+      for (int w = 0; w < kC; ++w) {
+        const WalkRun run = wg_run(ft, span, n_nbr, n_tiles, w);
+        run_first[w] = run.first;
+        run_last[w] = run.last;
+        bsrc[w] = bias_src<Tr, BS>(p, ft, w);
+      }
+    };
+    auto bias_tile = [&](const KvTile& t, int it) {
+#pragma unroll
+      for (int w = 0; w < kC; ++w)
+        if (it >= run_first[w] && it < run_last[w]) bias_slice(t, bsrc[w], w, nb[w]++, tid);
+    };
     if (use_tma && tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.q.map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm.k.map)) : "memory");
@@ -192,6 +276,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       const int n_tiles = n_nbr + (p.num_add + Tr::kN - 1) / Tr::kN;
       const Elem* gK = static_cast<const Elem*>(p.k) + ft.b * p.k_stride[0] + hkv * p.k_stride[4];
       const Elem* gV = static_cast<const Elem*>(p.v) + ft.b * p.v_stride[0] + hkv * p.v_stride[4];
+      if constexpr (kBias && !use_tma) bias_runs(ft, span, n_nbr, n_tiles);
       KvTile cur = kv_tile<Tr, KT>(span, n_nbr, 0);
       for (int it = 0; it < n_tiles; ++it, ++g) {
         const int stage = g % kStages;
@@ -228,6 +313,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
           copy_kv_tile<Tr, KT, 128>(tid, p, ft, hkv, cur, gK, gV, sK, sK + Tr::kTileBytes);
           mbar::arrive_cp_async(full(stage));  // when this thread's copies of the tile land
         }
+        if constexpr (kBias && !use_tma) bias_tile(cur, it);
         cur = kv_tile_next<Tr, KT>(span, n_nbr, cur, it);
       }
     }
@@ -240,10 +326,11 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
   mbar::regs_inc<Ws::template compute_regs<kTma>()>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t sQw = sQ + (warp >> 2) * 64 * 128;  // this warpgroup's 64 rows
-  // With a bias: this warpgroup's two slice buffers.
-  const uint32_t sBias = sQ + uint32_t(Ws::kBiasOffset) + uint32_t(warp >> 2) * 2u * BS::kPitch * 4u;
-  BiasTiles<Tr, BS> bt;
-  bt.n = 0;
+  // With a bias: the slices preloaded so far (the buffer of the next: nb % 2), and the address
+  // of the thread's first row in the warpgroup's first buffer (per query tile).
+  const int wg = warp >> 2;
+  int nb = 0;
+  uint32_t brow = 0;
   int g = 0;
   for (int j = 0;; ++j) {
     mbar::wait(tile_full(j & 1), uint32_t(j >> 1) & 1u);
@@ -266,7 +353,8 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
     init_state(st);
     // With a bias, S starts from bias / scale (BiasSlice): the softmax's scale is unchanged.
     const float sl2 = p.scale_log2;
-    if constexpr (kBias) bias_tiles_rows<Tr, QT, BS>(p, ft, warp >> 2, warp * Tr::kWarpRows, sBias, bt);
+    if constexpr (kBias)
+      brow = bias_row<Tr, QT, BS>(wg, warp * Tr::kWarpRows, sBias0 + uint32_t(wg) * 2u * BS::kPitch * 4u);
     // The loader's cp.async writes reach the MMAs (async proxy) through the barrier's completion
     // and this thread's proxy fence.
     mbar::wait(q_full, uint32_t(j) & 1u);
@@ -305,17 +393,27 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       uint32_t a[Tr::kN / 16][4];
       // The run's first tile: S, softmax, P.
       KvTile cur = kv_tile<Tr, KT>(span_r, n_nbr, run.first);
-      // With a bias: each tile's slice filled and its scores preloaded just before its S (where
-      // S's registers are free: filling during the previous tile's softmax, its loads issued
-      // there or all of it, spilled 2-5x as many registers in the loops).
-      if constexpr (kBias) {
-        bias_fill<Tr, BS>(p, cur, bt, sBias, warp >> 2);
-        bias_preload<Tr, KT, BS>(s, cur, bt, bt.n - 1);
-      }
+      // With a bias: each tile's scores preloaded from its slice once the loader has filled it
+      // (just before its S, where S's registers are free), and the buffer handed back once S
+      // has been issued (the loads are in registers by then).
+      auto preload = [&]() {
+        if constexpr (kBias) {
+          mbar::wait(bias_full(wg, nb & 1), uint32_t(nb >> 1) & 1u);
+          bias_preload<Tr, KT, BS>(s, cur, brow, nb & 1);
+        }
+      };
+      auto preloaded = [&]() {
+        if constexpr (kBias) {
+          mbar::arrive(bias_empty(wg, nb & 1));
+          ++nb;
+        }
+      };
+      preload();
       int stage = g % kStages;
       mbar::wait(full(stage), uint32_t(g / kStages) & 1u);
       wgmma::fence_proxy_async();
       issue_s<Tr, T, kBias>(s, sQw, sKV + (2 * stage) * Tr::kTileBytes);
+      preloaded();
       wgmma::wait<0>();
       wgmma::fence_operands(s[0]);
       if constexpr (kSplit) mbar::arrive(empty(stage));  // K read
@@ -328,10 +426,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
       pack_p<Tr, T>(s, a);
       for (int it = run.first + 1; it < run.last; ++it) {
         cur = kv_tile_next<Tr, KT>(span_r, n_nbr, cur, it - 1);
-        if constexpr (kBias) {
-          bias_fill<Tr, BS>(p, cur, bt, sBias, warp >> 2);
-          bias_preload<Tr, KT, BS>(s, cur, bt, bt.n - 1);
-        }
+        preload();
         const int prev = stage;
         ++g;
         stage = g % kStages;
@@ -340,6 +435,7 @@ __global__ void __launch_bounds__(Sm90WsTraits<Sm90Traits<T, kD, kRank, QT, KT>>
         const uint32_t sK = sKV + (2 * stage) * Tr::kTileBytes;
         const uint32_t sVprev = sKV + (2 * prev + 1) * Tr::kTileBytes;
         issue_s<Tr, T, kBias>(s, sQw, sK);
+        preloaded();
         if constexpr (kSplit) {
           mbar::wait(full_v(prev), uint32_t((g - 1) / kStages) & 1u);
           wgmma::fence_proxy_async();
