@@ -70,8 +70,8 @@ bench-cpu:
 # A release wheel: CPU kernels, and where nvcc is found a CUDA fatbinary for sm_80, sm_86, sm_89,
 # sm_90a plus PTX (FNA_CUDA_ARCHS overrides), repaired to a manylinux tag by auditwheel.
 # WHEEL_BUILD names the build directory: a fresh build/wheel by default; CI passes the test
-# build's (build/py: only the extension goes into the wheel) and WHEEL_ARCHS=auto (the test
-# build's architectures), so that the library is not compiled twice.
+# build's (build/py: only the extension goes into the wheel) with the test build's
+# architectures in FNA_CUDA_ARCHS / FNA_HOPPER, so that the library is not compiled twice.
 WHEEL_ARCHS ?= 80-real;86-real;89-real;90
 WHEEL_BUILD ?= build/wheel
 wheel:
