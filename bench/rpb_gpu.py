@@ -4,7 +4,7 @@ one, forward and forward + backward, on the standard and small-window problem se
 bfloat16), in one process with the variants in alternating rounds; and the unfused composition
 (qk, gathered bias, softmax, av: what ran before) where its attention tensor fits.
 
-    PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...]
+    PYTHONPATH=python python3 bench/rpb_gpu.py [--rounds 5] [--problems nat-t,...] [--modes fwd]
 
 Prints one row per (problem, mode): median GPU milliseconds (CUDA events) of each variant, the
 ratio with / without the bias (the issue's target: at most 1.15; mode `det`, with
@@ -58,9 +58,14 @@ def main():
     ap.add_argument("--problems", default="")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time forward + backward with deterministic=True (mode 'det')")
+    ap.add_argument("--modes", default="fwd,fwd+bwd",
+                    help="which of fwd, fwd+bwd (and det) to time; e.g. --modes fwd")
     ap.add_argument("--composition-gib", type=float, default=6.0,
                     help="run the composition only where its attention tensor is below this")
     args = ap.parse_args()
+    wanted = set(args.modes.split(",")) | ({"det"} if args.deterministic else set())
+    if not wanted <= {"fwd", "fwd+bwd", "det"}:
+        ap.error(f"--modes: unknown {sorted(wanted - {'fwd', 'fwd+bwd', 'det'})}")
     probs = problems()
     if args.problems:
         probs = {k: probs[k] for k in args.problems.split(",")}
@@ -96,9 +101,9 @@ def main():
                 torch.autograd.grad(out, [qq, kk, vv] + ([] if bb is None else [bb]), d_out)
             return step
 
-        modes = [("fwd", fwd), ("fwd+bwd", fb)]
-        if args.deterministic:
-            modes.append(("det", lambda b, tuning=None: fb(b, tuning, det=True)))
+        modes = [("fwd", fwd), ("fwd+bwd", fb),
+                 ("det", lambda b, tuning=None: fb(b, tuning, det=True))]
+        modes = [m for m in modes if m[0] in wanted]
         for mode, make in modes:
             times = {"plain": [], "rpb": [], "other": []}
             err = ""
