@@ -212,7 +212,6 @@ struct BiasSlice {
   }
   static constexpr int kFloats = bias_slice_floats(wge(0), wge(1), wge(2), kK0, kK1, kK2);
   static constexpr int kPitch = (kFloats + 3) / 4 * 4;  // floats per buffer (16-byte multiple)
-  static constexpr int kPer = (kFloats + 127) / 128;    // entries per thread of a warpgroup
   static constexpr size_t kBytes = bias_slice_bytes(kFloats, kParts);
   // The key tile's fast axis a multiple of 8 keys: a thread's columns 2 (lane % 4) + 0, 1 of
   // each 8 then lie on it, so its scores' entries sit at constant offsets from its row's.
